@@ -1,0 +1,130 @@
+//! Argument parsing and output only: every subcommand parses here and calls
+//! into the library. Errors are printed once, here, as a chain.
+
+pub mod explain;
+pub mod image;
+pub mod probe;
+pub mod read;
+pub mod run;
+pub mod runs;
+pub mod vm;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::EXIT_HULL_FAILED;
+
+#[derive(Debug, Parser)]
+#[command(name = "hull", version, about = "Run a command behind an OS-enforced boundary")]
+pub struct Cli {
+    /// More logging (-v info, -vv debug, -vvv trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Only errors.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command in a sandbox.
+    Run(run::RunArgs),
+    /// Show every tier of every OS and whether this host can run it.
+    Probe(probe::ProbeArgs),
+    /// Check or explain a policy.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// List or clean hull instance directories.
+    #[command(subcommand)]
+    Runs(runs::RunsCommand),
+    /// Read UTF-8 text from the project or this instance's spill, in bounded pieces.
+    Read(read::ReadArgs),
+    /// Build, list or remove tier-3 guest images.
+    #[command(subcommand)]
+    Image(image::ImageCommand),
+    /// Keep a tier-3 VM up between runs.
+    #[command(subcommand)]
+    Vm(vm::VmCommand),
+    /// Internal: apply Landlock and seccomp, then exec (used by `--tier landlock`).
+    #[command(name = "__landlock-exec", hide = true)]
+    LandlockExec(LandlockExecArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a policy file (or profile name); exit non-zero with file:line: key: message.
+    Check { policy: String },
+    /// Show what each tier will enforce for a policy.
+    Explain(explain::ExplainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LandlockExecArgs {
+    /// The lowered plan, JSON.
+    #[arg(long)]
+    pub plan: String,
+    #[arg(last = true, required = true)]
+    pub argv: Vec<std::ffi::OsString>,
+}
+
+/// Where `--project` defaults: the current directory.
+pub fn default_project() -> std::io::Result<PathBuf> {
+    std::env::current_dir()
+}
+
+/// Entry point of the `hull` binary; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose, cli.quiet);
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Probe(a) => probe::probe(a),
+        Command::Policy(PolicyCommand::Check { policy }) => explain::check(&policy),
+        Command::Policy(PolicyCommand::Explain(a)) => explain::explain(a),
+        Command::Runs(c) => runs::runs(c),
+        Command::Read(a) => read::read(a),
+        Command::Image(c) => image::image(c),
+        Command::Vm(c) => vm::vm(c),
+        Command::LandlockExec(a) => crate::tier::landlock::exec_main(a.plan, a.argv),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            print_error(&e);
+            EXIT_HULL_FAILED
+        }
+    }
+}
+
+/// Prints an error and its chain of causes, once.
+pub fn print_error(e: &anyhow::Error) {
+    let mut msg = format!("hull: error: {e}");
+    for cause in e.chain().skip(1) {
+        msg.push_str(&format!("\n  caused by: {cause}"));
+    }
+    eprintln!("{msg}");
+}
+
+fn init_tracing(verbose: u8, quiet: bool) {
+    use tracing_subscriber::EnvFilter;
+    let level = if quiet {
+        "error"
+    } else {
+        match verbose {
+            0 => "warn",
+            1 => "info",
+            2 => "debug",
+            _ => "trace",
+        }
+    };
+    let filter = EnvFilter::try_from_env("HULL_LOG").unwrap_or_else(|_| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .try_init();
+}

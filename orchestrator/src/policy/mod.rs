@@ -1,0 +1,196 @@
+//! One policy, every tier.
+//!
+//! A policy says what a sandboxed command may read, read and execute, write,
+//! and reach. It is parsed from TOML ([`file`]), resolved against one hull
+//! instance ([`resolve`]: variables expanded, always-protected paths added),
+//! then lowered by each tier into what that tier's mechanism enforces
+//! ([`lower`]). Lowering is a pure function of the resolved policy and a view
+//! of the host filesystem ([`HostFs`]), so every lowered form is golden-tested.
+//!
+//! What this module protects against: a policy file that says something other
+//! than what the reader thinks (unknown keys, wrong types, relative paths that
+//! escape the project are errors, never ignored). What it does not: a policy
+//! that grants too much. `hull policy explain` shows the boundary for review.
+
+pub mod file;
+pub mod hostfs;
+pub mod lower;
+pub mod profiles;
+pub mod resolve;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use file::{PolicyError, PolicyFile};
+pub use hostfs::{HostFs, NodeKind, RealFs};
+pub use resolve::{resolve, ResolveError, Vars};
+
+/// How a path may be used. Ordered from least to most access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    /// Read files and list directories.
+    Read,
+    /// Read, list, and execute.
+    ReadExec,
+    /// Read, list, execute, create, write, rename, remove.
+    ReadWrite,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::ReadExec => "read_exec",
+            Access::ReadWrite => "read_write",
+        }
+    }
+}
+
+/// Why a path is granted: which policy key, or hull's own runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantOrigin {
+    /// Listed in the policy file under `fs.<key>`.
+    Policy,
+    /// This instance's `tmp/` (always read-write).
+    InstanceTmp,
+    /// This instance's `spill/` (always read-only).
+    InstanceSpill,
+}
+
+/// A path the command may use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Grant {
+    pub path: PathBuf,
+    pub access: Access,
+    pub origin: GrantOrigin,
+}
+
+/// How a protected path is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protection {
+    /// Neither readable nor writable; masked by an empty directory or file.
+    Hidden,
+    /// Readable, but never written, created, renamed or removed.
+    ReadOnly,
+}
+
+/// Why a path is protected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProtectReason {
+    /// Listed in the policy under `fs.deny`.
+    PolicyDeny,
+    /// hull's own config dir inside a writable root.
+    HullConfig,
+    /// `.git` inside a writable root (hooks and config run code on the host).
+    GitMetadata,
+    /// A shell startup file inside a writable root.
+    ShellRc,
+    /// The directory holding every hull instance (other instances' tmp/spill).
+    OtherInstances,
+}
+
+impl ProtectReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProtectReason::PolicyDeny => "policy fs.deny",
+            ProtectReason::HullConfig => "hull config dir",
+            ProtectReason::GitMetadata => "git metadata",
+            ProtectReason::ShellRc => "shell startup file",
+            ProtectReason::OtherInstances => "other hull instances",
+        }
+    }
+}
+
+/// A path the command must not use (or only read), even inside a grant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Protect {
+    pub path: PathBuf,
+    pub protection: Protection,
+    pub reason: ProtectReason,
+}
+
+/// Network access of the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NetMode {
+    /// No network at all: only loopback inside the sandbox's own namespace
+    /// (bwrap, VM) or no IP sockets at all (landlock).
+    #[default]
+    None,
+}
+
+/// Resource limits. `None` means the tier's default.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct Limits {
+    /// Wall time after which the whole process tree is killed.
+    #[serde(with = "opt_duration_secs")]
+    pub wall_time: Option<Duration>,
+    /// Memory in bytes.
+    pub memory: Option<u64>,
+    /// Maximum number of processes/threads.
+    pub pids: Option<u64>,
+    /// CPUs (whole cores).
+    pub cpus: Option<u32>,
+}
+
+mod opt_duration_secs {
+    use serde::Serializer;
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+/// The environment given to the command: nothing from the host but `pass`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct EnvPolicy {
+    /// Host variables passed through when set.
+    pub pass: Vec<String>,
+    /// Variables set to fixed values (after expansion).
+    pub set: BTreeMap<String, String>,
+}
+
+/// A policy resolved for one hull instance: absolute paths, protections added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Policy {
+    /// Profile name or file path it came from.
+    pub name: String,
+    pub grants: Vec<Grant>,
+    pub protects: Vec<Protect>,
+    pub net: NetMode,
+    pub limits: Limits,
+    pub env: EnvPolicy,
+    /// The variables it was resolved with (project, tmp, spill, home, runs).
+    pub vars: Vars,
+}
+
+impl Policy {
+    /// Writable roots other than the instance tmp (the ones protections apply to).
+    pub fn writable_roots(&self) -> impl Iterator<Item = &Grant> {
+        self.grants.iter().filter(|g| g.access == Access::ReadWrite)
+    }
+
+    /// The environment the command starts with, from the host environment given.
+    pub fn command_env(&self, host: &[(String, String)]) -> Vec<(String, String)> {
+        let mut out: BTreeMap<String, String> = BTreeMap::new();
+        for (k, v) in host {
+            if self.env.pass.iter().any(|p| p == k) {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+        for (k, v) in &self.env.set {
+            out.insert(k.clone(), v.clone());
+        }
+        out.into_iter().collect()
+    }
+}

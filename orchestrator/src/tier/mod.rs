@@ -1,0 +1,152 @@
+//! The closed set of tiers, and probing which ones this host can run.
+//!
+//! Every tier enforces the same [`Policy`](crate::policy::Policy) with its own
+//! mechanism. Selection never degrades: a tier that cannot be set up is an
+//! error naming the missing piece; nothing reruns a command under a weaker
+//! tier or unsandboxed.
+
+pub mod landlock;
+
+use serde::Serialize;
+
+/// A tier: one boundary mechanism. Matched exhaustively everywhere it matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Tier 0: no boundary. cwd and environment scrub only; only by name.
+    None,
+    /// Tier 1 (Linux): Landlock + seccomp + no_new_privs.
+    Landlock,
+    /// Tier 1 (Windows): restricted token + low integrity + Job Object.
+    Restricted,
+    /// Tier 2 (Linux): bubblewrap namespaces and mounts + seccomp.
+    Bwrap,
+    /// Tier 2 (macOS): sandbox-exec with a generated SBPL profile.
+    Seatbelt,
+    /// Tier 2 (Windows): AppContainer + ACL grants + Job Object.
+    AppContainer,
+    /// Tier 3: outer VM + unprivileged Incus container.
+    Vm,
+}
+
+/// The operating systems tiers are built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Os {
+    Linux,
+    Macos,
+    Windows,
+}
+
+impl Os {
+    /// The OS this binary was built for.
+    pub const fn current() -> Option<Os> {
+        if cfg!(target_os = "linux") {
+            Some(Os::Linux)
+        } else if cfg!(target_os = "macos") {
+            Some(Os::Macos)
+        } else if cfg!(windows) {
+            Some(Os::Windows)
+        } else {
+            None
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Os::Linux => "Linux",
+            Os::Macos => "macOS",
+            Os::Windows => "Windows",
+        }
+    }
+}
+
+impl Tier {
+    /// Every tier, in the order `hull probe` lists them.
+    pub const ALL: [Tier; 7] = [
+        Tier::None,
+        Tier::Landlock,
+        Tier::Restricted,
+        Tier::Bwrap,
+        Tier::Seatbelt,
+        Tier::AppContainer,
+        Tier::Vm,
+    ];
+
+    /// The name used on the command line and in policy explain.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::None => "none",
+            Tier::Landlock => "landlock",
+            Tier::Restricted => "restricted",
+            Tier::Bwrap => "bwrap",
+            Tier::Seatbelt => "seatbelt",
+            Tier::AppContainer => "appcontainer",
+            Tier::Vm => "vm",
+        }
+    }
+
+    /// The strength level: 0 none, 1 process rules, 2 namespaces/containers, 3 VM.
+    pub fn level(self) -> u8 {
+        match self {
+            Tier::None => 0,
+            Tier::Landlock | Tier::Restricted => 1,
+            Tier::Bwrap | Tier::Seatbelt | Tier::AppContainer => 2,
+            Tier::Vm => 3,
+        }
+    }
+
+    /// The operating systems the tier runs on.
+    pub fn oses(self) -> &'static [Os] {
+        match self {
+            Tier::None | Tier::Vm => &[Os::Linux, Os::Macos, Os::Windows],
+            Tier::Landlock | Tier::Bwrap => &[Os::Linux],
+            Tier::Seatbelt => &[Os::Macos],
+            Tier::Restricted | Tier::AppContainer => &[Os::Windows],
+        }
+    }
+
+    /// Parses a command-line name (`vm` and `tier3` are the same).
+    pub fn from_name(s: &str) -> Option<Tier> {
+        match s {
+            "tier3" => Some(Tier::Vm),
+            _ => Tier::ALL.into_iter().find(|t| t.name() == s),
+        }
+    }
+
+    /// The host's tier 2, which `--tier auto` chooses.
+    pub fn auto_for(os: Os) -> Tier {
+        match os {
+            Os::Linux => Tier::Bwrap,
+            Os::Macos => Tier::Seatbelt,
+            Os::Windows => Tier::AppContainer,
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for t in Tier::ALL {
+            assert_eq!(Tier::from_name(t.name()), Some(t));
+        }
+        assert_eq!(Tier::from_name("tier3"), Some(Tier::Vm));
+        assert_eq!(Tier::from_name("auto"), None);
+    }
+
+    #[test]
+    fn auto_is_tier_two_never_three() {
+        for os in [Os::Linux, Os::Macos, Os::Windows] {
+            assert_eq!(Tier::auto_for(os).level(), 2);
+        }
+    }
+}

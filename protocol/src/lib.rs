@@ -1,0 +1,1 @@
+//! The wire contract between hull and its guest agent. (in progress)

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Installs what hull needs on a fresh Debian 12 (bookworm) or Ubuntu machine.
+# Idempotent: each step checks first and does nothing when already present.
+#   scripts/setup.sh            host tiers (bubblewrap, landlock) + toolchain targets
+#   scripts/setup.sh --tier3    also QEMU 10 (backports), virtiofsd, mmdebstrap
+set -euo pipefail
+
+want_tier3=0
+for a in "$@"; do
+  case "$a" in
+    --tier3) want_tier3=1 ;;
+    *) echo "setup.sh: unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+say() { printf '==> %s\n' "$*" >&2; }
+
+apt_updated=0
+apt_install() {
+  if [ "$apt_updated" -eq 0 ]; then
+    say "apt-get update"
+    $SUDO apt-get update -qq
+    apt_updated=1
+  fi
+  say "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+need_pkgs=()
+command -v bwrap >/dev/null || need_pkgs+=(bubblewrap)
+command -v hyperfine >/dev/null || need_pkgs+=(hyperfine)
+command -v cc >/dev/null || need_pkgs+=(gcc libc6-dev)
+command -v pkg-config >/dev/null || need_pkgs+=(pkg-config)
+command -v git >/dev/null || need_pkgs+=(git)
+if [ "$want_tier3" -eq 1 ]; then
+  command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
+  command -v zstd >/dev/null || need_pkgs+=(zstd)
+  command -v mkfs.ext4 >/dev/null || need_pkgs+=(e2fsprogs)
+  command -v cpio >/dev/null || need_pkgs+=(cpio)
+  command -v mkfs.btrfs >/dev/null || need_pkgs+=(btrfs-progs)
+  dpkg -s libseccomp-dev >/dev/null 2>&1 || need_pkgs+=(libseccomp-dev)
+  dpkg -s libcap-ng-dev >/dev/null 2>&1 || need_pkgs+=(libcap-ng-dev)
+  dpkg -s debian-archive-keyring >/dev/null 2>&1 || need_pkgs+=(debian-archive-keyring)
+fi
+[ "${#need_pkgs[@]}" -eq 0 ] || apt_install "${need_pkgs[@]}"
+
+if [ "$want_tier3" -eq 1 ]; then
+  # QEMU 10 from bookworm-backports (bookworm's 7.2 lacks mapped-ram migration).
+  . /etc/os-release
+  if [ "${VERSION_CODENAME:-}" = bookworm ] && [ ! -f /etc/apt/sources.list.d/bookworm-backports.sources ]; then
+    say "adding bookworm-backports"
+    $SUDO tee /etc/apt/sources.list.d/bookworm-backports.sources >/dev/null <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    apt_updated=0
+  fi
+  qemu_major=0
+  if command -v qemu-system-x86_64 >/dev/null; then
+    qemu_major=$(qemu-system-x86_64 --version | sed -n 's/^QEMU emulator version \([0-9]*\).*/\1/p')
+  fi
+  if [ "${qemu_major:-0}" -lt 9 ]; then
+    if [ "${VERSION_CODENAME:-}" = bookworm ]; then
+      apt_updated=0
+      apt_install -t bookworm-backports qemu-system-x86
+    else
+      apt_install qemu-system-x86
+    fi
+  fi
+  if ! command -v virtiofsd >/dev/null && [ ! -x /usr/libexec/virtiofsd ] && [ ! -x "$HOME/.cargo/bin/virtiofsd" ]; then
+    say "cargo install virtiofsd (a few minutes)"
+    cargo install virtiofsd --version 1.14.0 --locked --quiet
+  fi
+fi
+
+# Foreign targets: the macOS and Windows code type-checks from Linux.
+if command -v rustup >/dev/null; then
+  installed=$(rustup target list --installed)
+  for t in x86_64-pc-windows-gnu aarch64-apple-darwin; do
+    grep -qx "$t" <<<"$installed" || { say "rustup target add $t"; rustup target add "$t" >/dev/null; }
+  done
+fi
+say "setup done"
