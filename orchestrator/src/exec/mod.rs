@@ -1,1 +1,75 @@
-//! (in progress)
+//! Starting a lowered command, streaming its output, and ending its tree.
+//!
+//! The contract every tier shares: the command's stdout and stderr reach the
+//! caller as they are produced (byte for byte, or through the spill sink when
+//! `--spill` is asked for); stdin is passed through; the exit status maps to
+//! hull's exit code ([`ExitStatus::exit_code`]); a timeout or Ctrl-C ends the
+//! whole process tree, including grandchildren that called `setsid`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// What to run, independent of the tier that runs it.
+#[derive(Debug, Clone)]
+pub struct CommandSpec {
+    pub argv: Vec<OsString>,
+    /// Working directory (inside the sandbox's view; the project by default).
+    pub cwd: PathBuf,
+    /// The complete environment of the command (already filtered by policy).
+    pub env: Vec<(String, String)>,
+    /// Wall-time limit for the whole tree.
+    pub timeout: Option<Duration>,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitStatus {
+    /// Exited with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+    /// Killed by hull after the wall-time limit.
+    TimedOut,
+    /// Killed by hull because hull received this signal (Ctrl-C is 2).
+    Interrupted(i32),
+}
+
+impl ExitStatus {
+    /// The exit code hull itself exits with: the command's code, 128+N for
+    /// signal N, 124 after a timeout, 128+N when hull was interrupted by N.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(n) | ExitStatus::Interrupted(n) => 128 + n,
+            ExitStatus::TimedOut => crate::EXIT_TIMEOUT,
+        }
+    }
+}
+
+/// Where the command's output goes. Implementations must not block for long:
+/// they are called as output arrives.
+pub trait OutputSink: Send {
+    fn stdout(&mut self, data: &[u8]) -> std::io::Result<()>;
+    fn stderr(&mut self, data: &[u8]) -> std::io::Result<()>;
+    /// Called once after the command ended and all output was delivered.
+    fn finish(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(ExitStatus::Code(3).exit_code(), 3);
+        assert_eq!(ExitStatus::Signal(9).exit_code(), 137);
+        assert_eq!(ExitStatus::TimedOut.exit_code(), 124);
+        assert_eq!(ExitStatus::Interrupted(2).exit_code(), 130);
+    }
+}
