@@ -6,6 +6,7 @@
 //! tier or unsandboxed.
 
 pub mod landlock;
+pub mod probe;
 
 use serde::Serialize;
 
