@@ -6,6 +6,9 @@
 //! hull's exit code ([`ExitStatus::exit_code`]); a timeout or Ctrl-C ends the
 //! whole process tree, including grandchildren that called `setsid`.
 
+#[cfg(unix)]
+pub mod process;
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;

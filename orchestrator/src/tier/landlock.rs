@@ -1,4 +1,296 @@
-//! Tier 1 on Linux. (in progress)
-pub fn exec_main(_plan: String, _argv: Vec<std::ffi::OsString>) -> anyhow::Result<i32> {
-    anyhow::bail!("not built yet")
+//! Tier 1 on Linux: Landlock path rules, a seccomp filter that refuses IP
+//! sockets and escape syscalls, no_new_privs, and no capabilities.
+//!
+//! hull re-executes itself as `hull __landlock-exec --plan JSON -- CMD`: that
+//! single-threaded process drops every capability, applies the plan and the
+//! filter, and then executes the command, so nothing runs between the
+//! restrictions and the command. It fails closed: a kernel that does not
+//! enforce the Landlock features the plan needs (ABI 3: truncate) is an
+//! error, never a run without them.
+//!
+//! Not protected by this tier (see docs/tiers.md): other processes of the
+//! same user are visible in /proc (but not ptrace-able); without Landlock ABI
+//! 9 pathname unix sockets cannot be mediated, so unix socket creation is
+//! refused entirely; pids limits are not enforced for uid 0.
+
+use std::ffi::OsString;
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::lower::landlock::{LandlockPlan, Right};
+
+/// The minimum Landlock ABI this tier runs with.
+pub const MIN_ABI: i32 = 3;
+/// The ABI from which connecting to pathname unix sockets is mediated.
+pub const UNIX_SOCKET_ABI: i32 = 9;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    #[error("tier landlock: the kernel does not support Landlock (needs Linux 6.2+ with landlock in the `lsm=` list); ask for --tier bwrap, or --tier none to run unsandboxed")]
+    Unsupported,
+    #[error("tier landlock: the kernel's Landlock ABI is {found}, hull needs at least {MIN_ABI} (Linux 6.2)")]
+    TooOld { found: i32 },
+    #[error("tier landlock: cannot open {path} for a rule: {reason}")]
+    Rule { path: String, reason: String },
+    #[error("tier landlock: {0}")]
+    Ruleset(String),
+    #[error("tier landlock: the ruleset was not fully enforced ({0}); refusing to run")]
+    NotEnforced(String),
+    #[error("tier landlock: {0}")]
+    Seccomp(#[from] crate::tier::seccomp::SeccompError),
+    #[error("tier landlock: dropping capabilities failed: {0}")]
+    Caps(std::io::Error),
+    #[error("tier landlock: bad plan: {0}")]
+    Plan(String),
+    #[error("tier landlock: cannot execute {program}: {source}")]
+    Exec {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The Landlock ABI the running kernel supports (0 when none).
+pub fn kernel_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns the ABI
+    // version number (or -1); it reads no memory.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if r < 0 {
+        0
+    } else {
+        r as i32
+    }
+}
+
+/// What `__landlock-exec` receives.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecPlan {
+    pub landlock: LandlockPlan,
+    pub allow_unix_sockets: bool,
+    pub memory: Option<u64>,
+    pub pids: Option<u64>,
+}
+
+/// Probes the tier.
+pub fn probe() -> crate::tier::probe::Probe {
+    use crate::tier::{probe::Probe, Tier};
+    let abi = kernel_abi();
+    if abi == 0 {
+        return Probe::unavailable(Tier::Landlock, LandlockError::Unsupported.to_string());
+    }
+    if abi < MIN_ABI {
+        return Probe::unavailable(Tier::Landlock, LandlockError::TooOld { found: abi }.to_string());
+    }
+    let unix = if abi >= UNIX_SOCKET_ABI {
+        "unix sockets mediated by Landlock"
+    } else {
+        "unix socket creation refused (ABI < 9 cannot mediate them)"
+    };
+    Probe::available(
+        Tier::Landlock,
+        format!("Landlock ABI {abi}; seccomp; {unix}"),
+        Vec::new(),
+    )
+}
+
+/// Builds the command that applies `plan` and then runs `argv`.
+pub fn command(plan: &LandlockPlan, limits: &crate::policy::Limits, argv: &[OsString]) -> Result<Command, LandlockError> {
+    let abi = kernel_abi();
+    if abi == 0 {
+        return Err(LandlockError::Unsupported);
+    }
+    if abi < MIN_ABI {
+        return Err(LandlockError::TooOld { found: abi });
+    }
+    let exec = ExecPlan {
+        landlock: plan.clone(),
+        allow_unix_sockets: abi >= UNIX_SOCKET_ABI,
+        memory: limits.memory,
+        pids: limits.pids,
+    };
+    let json = serde_json::to_string(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
+    let me = std::env::current_exe().map_err(|source| LandlockError::Exec {
+        program: "hull (current executable)".into(),
+        source,
+    })?;
+    let mut cmd = Command::new(me);
+    cmd.arg("__landlock-exec").arg("--plan").arg(json).arg("--");
+    cmd.args(argv);
+    Ok(cmd)
+}
+
+/// `hull __landlock-exec`: restrict this process, then exec the command.
+/// Only returns on error.
+pub fn exec_main(plan_json: String, argv: Vec<OsString>) -> anyhow::Result<i32> {
+    let plan: ExecPlan =
+        serde_json::from_str(&plan_json).map_err(|e| LandlockError::Plan(e.to_string()))?;
+    restrict(&plan)?;
+    let program = argv
+        .first()
+        .ok_or_else(|| LandlockError::Plan("empty command".into()))?;
+    let err = std::os::unix::process::CommandExt::exec(Command::new(program).args(&argv[1..]));
+    Err(LandlockError::Exec {
+        program: program.to_string_lossy().into_owned(),
+        source: err,
+    }
+    .into())
+}
+
+fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
+    use landlock::{
+        Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    };
+    // SAFETY: setsid takes no arguments; a new session detaches the command
+    // from hull's controlling terminal.
+    unsafe {
+        libc::setsid();
+    }
+    set_rlimits(plan);
+    drop_capabilities().map_err(LandlockError::Caps)?;
+
+    let abi = ABI::V3;
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(|e| LandlockError::Ruleset(e.to_string()))?
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(ABI::V5))
+        .map_err(|e| LandlockError::Ruleset(e.to_string()))?
+        .handle_access(AccessNet::from_all(ABI::V4))
+        .map_err(|e| LandlockError::Ruleset(e.to_string()))?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
+    if plan.allow_unix_sockets {
+        ruleset = ruleset
+            .handle_access(AccessFs::ResolveUnix)
+            .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
+    }
+    let mut created = ruleset
+        .create()
+        .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
+    for r in &plan.landlock.rules {
+        let fd = match PathFd::new(&r.path) {
+            Ok(fd) => fd,
+            // A path that vanished since planning grants nothing.
+            Err(_) if !r.path.exists() => continue,
+            Err(e) => {
+                return Err(LandlockError::Rule {
+                    path: r.path.display().to_string(),
+                    reason: e.to_string(),
+                })
+            }
+        };
+        let mut access = landlock::BitFlags::<AccessFs>::empty();
+        for right in &r.rights {
+            access |= to_access(*right);
+        }
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| LandlockError::Rule {
+                path: r.path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+    }
+    let status = created
+        .restrict_self()
+        .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => {}
+        RulesetStatus::NotEnforced => {
+            return Err(LandlockError::NotEnforced("kernel refused the ruleset".into()))
+        }
+    }
+    if !status.no_new_privs {
+        return Err(LandlockError::NotEnforced("no_new_privs not set".into()));
+    }
+    let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Landlock {
+        allow_unix_sockets: plan.allow_unix_sockets,
+    })?;
+    crate::tier::seccomp::apply(&prog)?;
+    Ok(())
+}
+
+fn to_access(r: Right) -> landlock::BitFlags<landlock::AccessFs> {
+    use landlock::AccessFs as A;
+    match r {
+        Right::Execute => A::Execute.into(),
+        Right::WriteFile => A::WriteFile.into(),
+        Right::ReadFile => A::ReadFile.into(),
+        Right::ReadDir => A::ReadDir.into(),
+        Right::RemoveDir => A::RemoveDir.into(),
+        Right::RemoveFile => A::RemoveFile.into(),
+        Right::MakeDir => A::MakeDir.into(),
+        Right::MakeReg => A::MakeReg.into(),
+        Right::MakeSock => A::MakeSock.into(),
+        Right::MakeFifo => A::MakeFifo.into(),
+        Right::MakeSym => A::MakeSym.into(),
+        Right::Refer => A::Refer.into(),
+        Right::Truncate => A::Truncate.into(),
+        Right::IoctlDev => A::IoctlDev.into(),
+        Right::ResolveUnix => A::ResolveUnix.into(),
+    }
+}
+
+fn set_rlimits(plan: &ExecPlan) {
+    if let Some(m) = plan.memory {
+        let r = libc::rlimit { rlim_cur: m, rlim_max: m };
+        // SAFETY: setrlimit with a valid pointer to a local struct.
+        unsafe {
+            libc::setrlimit(libc::RLIMIT_DATA, &r);
+        }
+    }
+    if let Some(p) = plan.pids {
+        let r = libc::rlimit { rlim_cur: p, rlim_max: p };
+        // SAFETY: as above.
+        unsafe {
+            libc::setrlimit(libc::RLIMIT_NPROC, &r);
+        }
+    }
+}
+
+/// Drops every capability for good: bounding set, ambient set, securebits
+/// that stop uid 0 from regaining them at exec, then the current sets.
+pub fn drop_capabilities() -> std::io::Result<()> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    for cap in 0..=63 {
+        // SAFETY: prctl(PR_CAPBSET_DROP, n) takes integers only; EINVAL for
+        // numbers past the kernel's last capability is expected.
+        unsafe {
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+    }
+    // SAFETY: integer-only prctl calls.
+    unsafe {
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+        // SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP(_LOCKED)
+        // | SECBIT_KEEP_CAPS_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE(_LOCKED).
+        // Fails with EPERM without CAP_SETPCAP (non-root): then there is
+        // nothing to regain anyway.
+        libc::prctl(libc::PR_SET_SECUREBITS, 0x3f | 0xc0, 0, 0, 0);
+    }
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: CapabilitySet::empty(),
+            permitted: CapabilitySet::empty(),
+            inheritable: CapabilitySet::empty(),
+        },
+    )
+    .map_err(std::io::Error::from)?;
+    // Verify: nothing effective or permitted is left.
+    let now = rustix::thread::capabilities(None).map_err(std::io::Error::from)?;
+    if !now.effective.is_empty() || !now.permitted.is_empty() {
+        return Err(std::io::Error::other("capabilities still present after dropping"));
+    }
+    Ok(())
 }

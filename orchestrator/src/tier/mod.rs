@@ -5,8 +5,37 @@
 //! error naming the missing piece; nothing reruns a command under a weaker
 //! tier or unsandboxed.
 
+#[cfg(target_os = "linux")]
+pub mod bwrap;
+#[cfg(target_os = "linux")]
 pub mod landlock;
+#[cfg(target_os = "linux")]
+pub mod launch;
+pub mod none;
 pub mod probe;
+#[cfg(target_os = "linux")]
+pub mod seccomp;
+
+/// Off Linux, the Linux tiers exist only to say so.
+#[cfg(not(target_os = "linux"))]
+pub mod landlock {
+    use crate::tier::{probe::Probe, Tier};
+    pub fn probe() -> Probe {
+        Probe::wrong_os(Tier::Landlock)
+    }
+    pub fn exec_main(_plan: String, _argv: Vec<std::ffi::OsString>) -> anyhow::Result<i32> {
+        anyhow::bail!("tier landlock needs Linux")
+    }
+}
+
+/// Off Linux, the Linux tiers exist only to say so.
+#[cfg(not(target_os = "linux"))]
+pub mod bwrap {
+    use crate::tier::{probe::Probe, Tier};
+    pub fn probe() -> Probe {
+        Probe::wrong_os(Tier::Bwrap)
+    }
+}
 
 use serde::Serialize;
 

@@ -1,1 +1,198 @@
-//! (in progress)
+//! Lowering for tier 2 on Linux: the bubblewrap argv.
+//!
+//! The sandbox root is an empty tmpfs, remounted read-only at the end; only
+//! granted paths are bound into it (read-only unless `read_write`), protected
+//! paths are covered by an empty read-only dir or file (hidden) or re-bound
+//! read-only on top of their writable parent. Every namespace is unshared
+//! (network and pid included), the session is new (no TIOCSTI into the
+//! caller's terminal), bwrap dies with hull, and every capability is dropped
+//! even when hull runs as root.
+//!
+//! Not enforced by bwrap: the difference between `read` and `read_exec`
+//! (bind mounts here carry no per-path `noexec`); see docs/tiers.md.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::plan::{self, FsPlan, PlanError, Placeholder, Step};
+use crate::policy::{Access, HostFs, Policy};
+
+/// The empty nodes protections are masked with (made by the runtime, in the
+/// instance dir, mode 0500 / 0400).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Masks {
+    pub empty_dir: PathBuf,
+    pub empty_file: PathBuf,
+}
+
+/// What `bwrap` is given, between the binary and `--`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BwrapPlan {
+    pub args: Vec<OsString>,
+    pub placeholders: Vec<Placeholder>,
+    pub notes: Vec<String>,
+}
+
+impl BwrapPlan {
+    /// The argv as one shell-like line per option, for `hull policy explain`.
+    pub fn display_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = Vec::new();
+        for a in &self.args {
+            let s = a.to_string_lossy();
+            if s.starts_with("--") || lines.is_empty() {
+                lines.push(s.into_owned());
+            } else if let Some(last) = lines.last_mut() {
+                last.push(' ');
+                last.push_str(&s);
+            }
+        }
+        lines
+    }
+}
+
+/// Lowers a policy to bwrap arguments. `cwd` is where the command starts.
+pub fn lower(
+    policy: &Policy,
+    fs: &dyn HostFs,
+    masks: &Masks,
+    cwd: &Path,
+) -> Result<BwrapPlan, PlanError> {
+    let FsPlan {
+        steps,
+        placeholders,
+        notes,
+    } = plan::plan(policy, fs)?;
+    let mut a = Args::default();
+    a.flag("--die-with-parent");
+    a.flag("--new-session");
+    a.flag("--unshare-all");
+    a.flag("--unshare-user");
+    a.flag("--cap-drop");
+    a.flag("ALL");
+    a.opt("--hostname", "hull");
+    // A fresh tmpfs root is bwrap's default; /proc and a minimal /dev on it.
+    a.opt("--proc", "/proc");
+    a.opt("--dev", "/dev");
+    for s in &steps {
+        match s {
+            Step::Grant { path, access, .. } => {
+                let op = match access {
+                    Access::ReadWrite => "--bind",
+                    Access::Read | Access::ReadExec => "--ro-bind",
+                };
+                a.two(op, path, path);
+            }
+            Step::Symlink { path, target } => a.two("--symlink", target, path),
+            Step::Hide { path, dir, .. } => {
+                let mask = if *dir { &masks.empty_dir } else { &masks.empty_file };
+                a.two("--ro-bind", mask, path);
+            }
+            Step::ReadOnly { path, .. } => a.two("--ro-bind", path, path),
+        }
+    }
+    a.opt("--remount-ro", "/");
+    a.opt("--chdir", cwd);
+    Ok(BwrapPlan {
+        args: a.0,
+        placeholders,
+        notes,
+    })
+}
+
+#[derive(Default)]
+struct Args(Vec<OsString>);
+
+impl Args {
+    fn flag(&mut self, f: &str) {
+        self.0.push(f.into());
+    }
+    fn opt(&mut self, f: &str, v: impl AsRef<std::ffi::OsStr>) {
+        self.0.push(f.into());
+        self.0.push(v.as_ref().to_os_string());
+    }
+    fn two(&mut self, f: &str, x: impl AsRef<std::ffi::OsStr>, y: impl AsRef<std::ffi::OsStr>) {
+        self.0.push(f.into());
+        self.0.push(x.as_ref().to_os_string());
+        self.0.push(y.as_ref().to_os_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::hostfs::FakeFs;
+    use crate::policy::lower::testing::{golden, host, vars};
+    use crate::policy::{profiles, resolve};
+
+    fn masks() -> Masks {
+        Masks {
+            empty_dir: "/tmp/hull-runs/ID/mask/dir".into(),
+            empty_file: "/tmp/hull-runs/ID/mask/file".into(),
+        }
+    }
+
+    fn lowered(profile: &str, fs: &FakeFs) -> BwrapPlan {
+        let pf = profiles::load(profile).unwrap();
+        let p = resolve(&pf, &vars()).unwrap();
+        lower(&p, fs, &masks(), &vars().project).unwrap()
+    }
+
+    #[test]
+    fn golden_shipped_profiles() {
+        for name in ["default", "readonly", "build"] {
+            let plan = lowered(name, &host());
+            let mut text = plan.display_lines().join("\n");
+            text.push_str("\n# placeholders\n");
+            for p in &plan.placeholders {
+                text.push_str(&format!("{}\n", p.path.display()));
+            }
+            text.push_str("# notes\n");
+            for n in &plan.notes {
+                text.push_str(&format!("{n}\n"));
+            }
+            golden(&format!("bwrap-{name}.txt"), &text);
+        }
+    }
+
+    #[test]
+    fn protections_come_after_the_writable_bind_and_own_dirs_after_the_runs_mask() {
+        let plan = lowered("default", &host());
+        let l = plan.display_lines();
+        let pos = |s: &str| l.iter().position(|x| x == s).unwrap_or_else(|| panic!("{s} not in {l:#?}"));
+        assert!(pos("--bind /work/proj /work/proj") < pos("--ro-bind /work/proj/.git /work/proj/.git"));
+        assert!(pos("--bind /work/proj /work/proj") < pos("--ro-bind /tmp/hull-runs/ID/mask/dir /work/proj/.hull"));
+        assert_eq!(l.last().unwrap(), "--chdir /work/proj");
+        assert!(l.contains(&"--unshare-all".to_string()));
+        assert!(l.contains(&"--new-session".to_string()));
+    }
+
+    #[test]
+    fn missing_hull_dir_gets_a_placeholder() {
+        let plan = lowered("default", &host());
+        assert!(plan.placeholders.iter().any(|p| p.path == Path::new("/work/proj/.hull")));
+    }
+
+    #[test]
+    fn project_containing_the_runs_dir_masks_other_instances() {
+        let mut v = vars();
+        v.project = "/tmp".into();
+        let pf = profiles::load("default").unwrap();
+        let p = resolve(&pf, &v).unwrap();
+        let plan = lower(&p, &host(), &masks(), Path::new("/tmp")).unwrap();
+        let l = plan.display_lines();
+        let mask = l.iter().position(|x| x == "--ro-bind /tmp/hull-runs/ID/mask/dir /tmp/hull-runs").unwrap();
+        let own = l.iter().position(|x| x == "--bind /tmp/hull-runs/ID/tmp /tmp/hull-runs/ID/tmp").unwrap();
+        assert!(mask < own, "{l:#?}");
+    }
+
+    #[test]
+    fn a_symlinked_protected_path_fails_closed() {
+        let fs = host().symlink("/work/proj/.git", "/elsewhere");
+        let pf = profiles::load("default").unwrap();
+        let p = resolve(&pf, &vars()).unwrap();
+        let e = lower(&p, &fs, &masks(), Path::new("/work/proj")).unwrap_err();
+        assert!(e.to_string().contains("/work/proj/.git"), "{e}");
+    }
+}

@@ -1,1 +1,285 @@
-//! (in progress)
+//! Lowering for tier 1 on Linux: Landlock path rules.
+//!
+//! Landlock only adds access: a right granted on a directory holds for
+//! everything beneath it, and nothing can take it back for a subpath. So a
+//! grant that contains a protected path is split: the granted directory keeps
+//! only `read_dir`, each of its entries (found on the host at launch) gets the
+//! grant, and the split recurses down to the protected path, which gets
+//! read-only rights (`ReadOnly`) or none (`Hidden`). The price, documented in
+//! docs/tiers.md: the command cannot create, rename or remove entries
+//! directly in a directory that was split (for example the project root,
+//! which holds `.git` and `.hull`); it can in every subdirectory.
+//!
+//! Not enforced here: network (seccomp does that, see `tier::landlock`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::plan::{self, PlanError, Step};
+use crate::policy::{Access, HostFs, NodeKind, Policy};
+
+/// A Landlock filesystem right (the kernel's `LANDLOCK_ACCESS_FS_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Right {
+    Execute,
+    WriteFile,
+    ReadFile,
+    ReadDir,
+    RemoveDir,
+    RemoveFile,
+    MakeDir,
+    MakeReg,
+    MakeSock,
+    MakeFifo,
+    MakeSym,
+    Refer,
+    Truncate,
+    IoctlDev,
+    ResolveUnix,
+}
+
+/// One rule: `rights` beneath `path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rule {
+    pub path: PathBuf,
+    pub rights: Vec<Right>,
+}
+
+/// What `hull __landlock-exec` applies before it executes the command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LandlockPlan {
+    pub rules: Vec<Rule>,
+    /// Placeholders the launcher creates first (see `plan::Placeholder`).
+    pub placeholders: Vec<PathBuf>,
+    pub notes: Vec<String>,
+}
+
+const DEVICES_RW: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
+
+fn file_rights(access: Access) -> Vec<Right> {
+    use Right::*;
+    match access {
+        Access::Read => vec![ReadFile],
+        Access::ReadExec => vec![ReadFile, Execute],
+        Access::ReadWrite => vec![ReadFile, Execute, WriteFile, Truncate],
+    }
+}
+
+fn dir_rights(access: Access) -> Vec<Right> {
+    use Right::*;
+    match access {
+        Access::Read => vec![ReadFile, ReadDir],
+        Access::ReadExec => vec![ReadFile, ReadDir, Execute],
+        Access::ReadWrite => vec![
+            ReadFile, ReadDir, Execute, WriteFile, Truncate, RemoveDir, RemoveFile, MakeDir,
+            MakeReg, MakeSock, MakeFifo, MakeSym, Refer, ResolveUnix,
+        ],
+    }
+}
+
+fn rights(access: Access, dir: bool) -> Vec<Right> {
+    if dir {
+        dir_rights(access)
+    } else {
+        file_rights(access)
+    }
+}
+
+/// Lowers a policy to Landlock rules.
+pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError> {
+    let fsplan = plan::plan(policy, fs)?;
+    let mut notes = fsplan.notes.clone();
+    // Protections that some grant would otherwise expose: (path, read-only?).
+    let protected: Vec<(PathBuf, bool)> = fsplan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Hide { path, .. } => Some((path.clone(), false)),
+            Step::ReadOnly { path, .. } => Some((path.clone(), true)),
+            _ => None,
+        })
+        .collect();
+    let placeholders: Vec<PathBuf> = fsplan.placeholders.iter().map(|p| p.path.clone()).collect();
+    let mut rules = Vec::new();
+    for s in &fsplan.steps {
+        let Step::Grant { path, access, dir } = s else {
+            continue;
+        };
+        let inside: Vec<&(PathBuf, bool)> = protected
+            .iter()
+            .filter(|(p, _)| p.starts_with(path) && p != path)
+            .collect();
+        // A read grant around read-only protections needs no split.
+        let needs_split = inside.iter().any(|(_, ro)| !ro) || (*access == Access::ReadWrite && !inside.is_empty());
+        if !*dir || !needs_split {
+            rules.push(Rule {
+                path: path.clone(),
+                rights: rights(*access, *dir),
+            });
+            continue;
+        }
+        notes.push(format!(
+            "{} is split around protected paths: no entries can be created, renamed or removed directly in it",
+            path.display()
+        ));
+        split(path, *access, &inside, &placeholders, fs, &mut rules, &mut notes);
+    }
+    for d in DEVICES_RW {
+        rules.push(Rule {
+            path: PathBuf::from(d),
+            rights: vec![Right::ReadFile, Right::WriteFile],
+        });
+    }
+    rules.push(Rule {
+        path: PathBuf::from("/dev/tty"),
+        rights: vec![Right::ReadFile, Right::WriteFile, Right::IoctlDev],
+    });
+    rules.push(Rule {
+        path: PathBuf::from("/proc"),
+        rights: dir_rights(Access::Read),
+    });
+    Ok(LandlockPlan {
+        rules,
+        placeholders,
+        notes,
+    })
+}
+
+fn split(
+    dir: &Path,
+    access: Access,
+    inside: &[&(PathBuf, bool)],
+    placeholders: &[PathBuf],
+    fs: &dyn HostFs,
+    rules: &mut Vec<Rule>,
+    notes: &mut Vec<String>,
+) {
+    rules.push(Rule {
+        path: dir.to_path_buf(),
+        rights: vec![Right::ReadDir],
+    });
+    let mut names = fs.children(dir);
+    // Placeholders are created just before launch: plan for them now.
+    for p in placeholders {
+        if p.parent() == Some(dir) {
+            if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
+                if !names.iter().any(|x| x == n) {
+                    names.push(n.to_string());
+                }
+            }
+        }
+    }
+    names.sort();
+    for name in names {
+        let child = dir.join(&name);
+        let kind = if placeholders.contains(&child) {
+            NodeKind::Dir
+        } else {
+            fs.kind(&child)
+        };
+        if let Some((_, ro)) = inside.iter().find(|(p, _)| *p == child) {
+            if *ro {
+                let is_dir = kind == NodeKind::Dir;
+                rules.push(Rule {
+                    path: child,
+                    rights: rights(access.min(Access::ReadExec), is_dir),
+                });
+            }
+            continue;
+        }
+        let below: Vec<&(PathBuf, bool)> = inside
+            .iter()
+            .copied()
+            .filter(|(p, _)| p.starts_with(&child))
+            .collect();
+        match kind {
+            NodeKind::Dir if !below.is_empty() => {
+                split(&child, access, &below, placeholders, fs, rules, notes)
+            }
+            NodeKind::Dir => rules.push(Rule {
+                path: child,
+                rights: rights(access, true),
+            }),
+            NodeKind::File => rules.push(Rule {
+                path: child,
+                rights: rights(access, false),
+            }),
+            NodeKind::Symlink(_) => notes.push(format!(
+                "{} is a symlink in a split directory: not granted",
+                child.display()
+            )),
+            NodeKind::Missing => {}
+        }
+    }
+}
+
+impl LandlockPlan {
+    /// One line per rule, for `hull policy explain`.
+    pub fn display_lines(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .map(|r| {
+                let names: Vec<String> = r
+                    .rights
+                    .iter()
+                    .map(|x| serde_json::to_value(x).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default())
+                    .collect();
+                format!("{}: {}", r.path.display(), names.join(","))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::lower::testing::{golden, host, vars};
+    use crate::policy::{profiles, resolve};
+
+    fn lowered(profile: &str) -> LandlockPlan {
+        let pf = profiles::load(profile).unwrap();
+        let p = resolve(&pf, &vars()).unwrap();
+        lower(&p, &host()).unwrap()
+    }
+
+    #[test]
+    fn golden_shipped_profiles() {
+        for name in ["default", "readonly", "build"] {
+            let plan = lowered(name);
+            let mut text = plan.display_lines().join("\n");
+            text.push_str("\n# notes\n");
+            for n in &plan.notes {
+                text.push_str(&format!("{n}\n"));
+            }
+            golden(&format!("landlock-{name}.txt"), &text);
+        }
+    }
+
+    #[test]
+    fn project_is_split_and_protected_entries_get_no_write() {
+        let plan = lowered("default");
+        let get = |p: &str| plan.rules.iter().find(|r| r.path == Path::new(p)).map(|r| r.rights.clone());
+        assert_eq!(get("/work/proj"), Some(vec![Right::ReadDir]));
+        let src = get("/work/proj/src").unwrap();
+        assert!(src.contains(&Right::MakeReg) && src.contains(&Right::WriteFile));
+        let git = get("/work/proj/.git").unwrap();
+        assert!(!git.contains(&Right::WriteFile) && !git.contains(&Right::MakeReg));
+        assert!(git.contains(&Right::ReadFile));
+        assert_eq!(get("/work/proj/.hull"), None, "hidden: no rule at all");
+        // nothing grants write on a parent of .git
+        for r in &plan.rules {
+            if Path::new("/work/proj/.git").starts_with(&r.path) {
+                assert!(!r.rights.contains(&Right::WriteFile), "{r:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn read_only_project_needs_no_split() {
+        let plan = lowered("readonly");
+        let proj = plan.rules.iter().find(|r| r.path == Path::new("/work/proj")).unwrap();
+        assert_eq!(proj.rights, vec![Right::ReadFile, Right::ReadDir]);
+    }
+}

@@ -1,0 +1,304 @@
+//! Running a process-tier command on the host: spawn, stream, time out,
+//! and end the whole tree.
+//!
+//! hull marks itself a child subreaper, so every process the command starts
+//! (also one that called `setsid` and double-forked) stays a descendant of
+//! hull until it is reaped. When the command ends, times out, or hull gets
+//! SIGINT/SIGTERM/SIGHUP, every descendant of hull is killed, round after
+//! round, until none is left. Process tiers run one command per hull process,
+//! so "descendants of hull" is exactly the command's tree.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::{ExitStatus, OutputSink};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("waiting for the command failed: {0}")]
+    Wait(#[source] std::io::Error),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error("writing the command's output failed: {0}")]
+    Output(#[source] std::io::Error),
+}
+
+enum Event {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    Signal(i32),
+    Out(Stream, Vec<u8>),
+    Eof,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Spawns `cmd` and runs it to the end. With a `sink`, stdout and stderr are
+/// piped through it; without one they are inherited (byte for byte, live).
+/// stdin is always inherited.
+pub fn run(
+    mut cmd: Command,
+    timeout: Option<Duration>,
+    sink: Option<&mut dyn OutputSink>,
+) -> Result<ExitStatus, ExecError> {
+    become_subreaper();
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    cmd.stdin(Stdio::inherit());
+    if sink.is_some() {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    } else {
+        cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+    }
+    let (tx, rx) = mpsc::channel::<Event>();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(ExecError::Signals)?;
+    let sig_handle = signals.handle();
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for s in signals.forever() {
+                if tx.send(Event::Signal(s)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let mut child: Child = cmd.spawn().map_err(|source| ExecError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    let main_pid = child.id() as i32;
+    let mut open_streams = 0;
+    if let Some(out) = child.stdout.take() {
+        open_streams += 1;
+        pump(out, Stream::Stdout, tx.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        open_streams += 1;
+        pump(err, Stream::Stderr, tx.clone());
+    }
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let r = child.wait();
+            let _ = tx.send(Event::Exited(r));
+        });
+    }
+    drop(tx);
+
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut sink = sink;
+    let mut forced: Option<ExitStatus> = None;
+    let mut exited: Option<std::process::ExitStatus> = None;
+    let mut output_error: Option<std::io::Error> = None;
+    loop {
+        if exited.is_some() && open_streams == 0 {
+            break;
+        }
+        let wait = match (deadline, forced, exited) {
+            (Some(d), None, None) => d.saturating_duration_since(Instant::now()),
+            // After exit or a kill, streams close once the tree is gone.
+            _ => Duration::from_millis(200),
+        };
+        match rx.recv_timeout(wait) {
+            Ok(Event::Exited(r)) => {
+                let st = r.map_err(ExecError::Wait)?;
+                exited = Some(st);
+                // The command is done: nothing it left behind may keep running.
+                kill_descendants(main_pid);
+            }
+            Ok(Event::Signal(s)) => {
+                if forced.is_none() {
+                    forced = Some(ExitStatus::Interrupted(s));
+                }
+                kill_descendants(main_pid);
+            }
+            Ok(Event::Out(stream, data)) => {
+                if let Some(s) = sink.as_deref_mut() {
+                    let r = match stream {
+                        Stream::Stdout => s.stdout(&data),
+                        Stream::Stderr => s.stderr(&data),
+                    };
+                    if let Err(e) = r {
+                        if output_error.is_none() {
+                            output_error = Some(e);
+                            kill_descendants(main_pid);
+                        }
+                    }
+                }
+            }
+            Ok(Event::Eof) => open_streams -= 1,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if exited.is_none() && forced.is_none() {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        forced = Some(ExitStatus::TimedOut);
+                        kill_descendants(main_pid);
+                    }
+                } else {
+                    kill_descendants(main_pid);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    sig_handle.close();
+    kill_descendants(main_pid);
+    if exited.is_some() {
+        reap_orphans();
+    }
+    if let Some(s) = sink {
+        s.finish().map_err(ExecError::Output)?;
+    }
+    if let Some(e) = output_error {
+        return Err(ExecError::Output(e));
+    }
+    if let Some(f) = forced {
+        return Ok(f);
+    }
+    let st = exited.ok_or_else(|| ExecError::Wait(std::io::Error::other("no exit status")))?;
+    Ok(map_status(st))
+}
+
+fn pump(mut r: impl Read + Send + 'static, stream: Stream, tx: mpsc::Sender<Event>) {
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.send(Event::Out(stream, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = tx.send(Event::Eof);
+    });
+}
+
+/// Maps a host exit status: code, or signal.
+pub fn map_status(st: std::process::ExitStatus) -> ExitStatus {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = st.signal() {
+            return ExitStatus::Signal(sig);
+        }
+    }
+    ExitStatus::Code(st.code().unwrap_or(crate::EXIT_HULL_FAILED))
+}
+
+#[cfg(target_os = "linux")]
+fn become_subreaper() {
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) takes no pointers and only
+    // changes how this process's orphaned descendants are reparented.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn become_subreaper() {}
+
+/// Kills every descendant of this process, round after round, until none
+/// is left (a process forking while we kill is caught in the next round).
+#[cfg(target_os = "linux")]
+pub fn kill_descendants(main: i32) {
+    let me = std::process::id() as i32;
+    for _ in 0..200 {
+        let pids = descendants_of(me);
+        if pids.is_empty() {
+            return;
+        }
+        for p in &pids {
+            // SAFETY: kill(2) with a pid we just read from /proc; at worst
+            // the process is already gone (ESRCH).
+            unsafe {
+                libc::kill(*p, libc::SIGKILL);
+            }
+        }
+        // Killed orphans are our zombies until reaped. The main child is
+        // reaped by its waiting thread, never here.
+        for p in &pids {
+            if *p != main {
+                let mut status = 0;
+                // SAFETY: waitpid on one pid with a valid out-pointer, WNOHANG.
+                unsafe {
+                    libc::waitpid(*p, &mut status, libc::WNOHANG);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn kill_descendants(_main: i32) {}
+
+/// Every live (non-zombie) descendant of `root`, from /proc.
+#[cfg(target_os = "linux")]
+pub fn descendants_of(root: i32) -> Vec<i32> {
+    let mut parent: Vec<(i32, i32)> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // comm may contain spaces and parens: fields follow the last ')'.
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                continue;
+            };
+            let mut f = rest.split_whitespace();
+            let state = f.next().unwrap_or("");
+            let ppid = f.next().and_then(|s| s.parse::<i32>().ok()).unwrap_or(0);
+            if state != "Z" && state != "X" {
+                parent.push((pid, ppid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for (c, pp) in &parent {
+            if *pp == p && !out.contains(c) {
+                out.push(*c);
+                frontier.push(*c);
+            }
+        }
+    }
+    out
+}
+
+/// Reaps exited children without blocking.
+#[cfg(unix)]
+fn reap_orphans() {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid out-pointer; WNOHANG never blocks.
+        let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if r <= 0 {
+            break;
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn reap_orphans() {}

@@ -1,0 +1,211 @@
+//! The shared first step of filesystem lowering for Linux tiers: grants and
+//! protections put in mount order, with host facts applied (missing paths,
+//! symlinks, grants swallowed by a protection) and the placeholders that
+//! protections of missing paths need.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::policy::{Access, Grant, HostFs, NodeKind, Policy, Protect, ProtectReason, Protection};
+
+/// A node hull creates on the host before launch so a protection of a path
+/// that does not exist yet has something to cover. Placeholders are empty
+/// directories that stay (an empty `.git` directory is ignored by git; `.hull`
+/// is hull's own), so no run can race another's cleanup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Placeholder {
+    pub path: PathBuf,
+}
+
+/// One filesystem step, in the order it must be applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Step {
+    /// Make `path` visible with `access`.
+    Grant { path: PathBuf, access: Access, dir: bool },
+    /// Recreate a symlink as it is on the host (its target is not granted by it).
+    Symlink { path: PathBuf, target: PathBuf },
+    /// Mask `path` (hidden) with an empty read-only dir or file.
+    Hide { path: PathBuf, dir: bool, reason: ProtectReason },
+    /// Make `path` read-only (it stays visible).
+    ReadOnly { path: PathBuf, dir: bool, reason: ProtectReason },
+}
+
+impl Step {
+    pub fn path(&self) -> &Path {
+        match self {
+            Step::Grant { path, .. }
+            | Step::Symlink { path, .. }
+            | Step::Hide { path, .. }
+            | Step::ReadOnly { path, .. } => path,
+        }
+    }
+}
+
+/// The ordered filesystem plan, before a tier turns it into its own syntax.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct FsPlan {
+    pub steps: Vec<Step>,
+    pub placeholders: Vec<Placeholder>,
+    /// Things a reviewer should know: skipped missing paths, narrowed grants.
+    pub notes: Vec<String>,
+}
+
+/// Why a policy cannot be enforced on this host as written.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    #[error("cannot protect {path} ({reason}): it is a symlink; replace it with a directory or file, or remove it")]
+    ProtectedSymlink { path: PathBuf, reason: &'static str },
+    #[error("cannot protect {path} ({reason}): it does not exist inside the writable root {root}, and hull only creates placeholders for .hull and .git; create it (an empty file is fine) or make {root} read-only")]
+    MissingProtected {
+        path: PathBuf,
+        root: PathBuf,
+        reason: &'static str,
+    },
+}
+
+/// Builds the ordered plan. Steps are sorted by depth so a parent comes
+/// before what is layered inside it; at equal depth grants come before
+/// protections.
+pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
+    let mut out = FsPlan::default();
+    let writable: Vec<&Grant> = policy.writable_roots().collect();
+    let mut entries: Vec<(usize, u8, Step)> = Vec::new();
+
+    for g in &policy.grants {
+        let mut access = g.access;
+        if g.origin == crate::policy::GrantOrigin::Policy {
+            if let Some(p) = covering(&policy.protects, &g.path, Protection::Hidden) {
+                out.notes.push(format!(
+                    "{} ({}) is inside {} ({}): hidden",
+                    g.path.display(),
+                    g.access.as_str(),
+                    p.path.display(),
+                    p.reason.as_str()
+                ));
+                continue;
+            }
+            if access == Access::ReadWrite {
+                if let Some(p) = covering(&policy.protects, &g.path, Protection::ReadOnly) {
+                    out.notes.push(format!(
+                        "{} is inside {} ({}): read-only",
+                        g.path.display(),
+                        p.path.display(),
+                        p.reason.as_str()
+                    ));
+                    access = Access::ReadExec;
+                }
+            }
+        }
+        let step = match fs.kind(&g.path) {
+            NodeKind::Missing => {
+                out.notes.push(format!(
+                    "{} ({}) does not exist: skipped",
+                    g.path.display(),
+                    g.access.as_str()
+                ));
+                continue;
+            }
+            NodeKind::Symlink(target) => Step::Symlink {
+                path: g.path.clone(),
+                target,
+            },
+            NodeKind::Dir => Step::Grant {
+                path: g.path.clone(),
+                access,
+                dir: true,
+            },
+            NodeKind::File => Step::Grant {
+                path: g.path.clone(),
+                access,
+                dir: false,
+            },
+        };
+        entries.push((depth(&g.path), 0, step));
+    }
+
+    for p in &policy.protects {
+        // Only what some grant would expose needs a step; the rest is absent.
+        let Some(inside) = policy
+            .grants
+            .iter()
+            .filter(|g| p.path.starts_with(&g.path) && fs.kind(&g.path) != NodeKind::Missing)
+            .max_by_key(|g| depth(&g.path))
+        else {
+            continue;
+        };
+        let in_writable = writable
+            .iter()
+            .find(|w| p.path.starts_with(&w.path) && p.path != w.path);
+        let dir = match fs.kind(&p.path) {
+            NodeKind::Dir => true,
+            NodeKind::File => false,
+            NodeKind::Symlink(_) => {
+                return Err(PlanError::ProtectedSymlink {
+                    path: p.path.clone(),
+                    reason: p.reason.as_str(),
+                })
+            }
+            NodeKind::Missing => {
+                let Some(root) = in_writable else {
+                    // Inside a read-only grant: the command cannot create it.
+                    continue;
+                };
+                if inside.access != Access::ReadWrite {
+                    continue;
+                }
+                match p.reason {
+                    ProtectReason::HullConfig | ProtectReason::GitMetadata => {
+                        out.placeholders.push(Placeholder {
+                            path: p.path.clone(),
+                        });
+                        true
+                    }
+                    ProtectReason::OtherInstances => {
+                        // The runs dir always exists while an instance runs.
+                        out.placeholders.push(Placeholder {
+                            path: p.path.clone(),
+                        });
+                        true
+                    }
+                    ProtectReason::PolicyDeny | ProtectReason::ShellRc => {
+                        return Err(PlanError::MissingProtected {
+                            path: p.path.clone(),
+                            root: root.path.clone(),
+                            reason: p.reason.as_str(),
+                        })
+                    }
+                }
+            }
+        };
+        let step = match p.protection {
+            Protection::Hidden => Step::Hide {
+                path: p.path.clone(),
+                dir,
+                reason: p.reason.clone(),
+            },
+            Protection::ReadOnly => Step::ReadOnly {
+                path: p.path.clone(),
+                dir,
+                reason: p.reason.clone(),
+            },
+        };
+        entries.push((depth(&p.path), 1, step));
+    }
+
+    entries.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| a.2.path().cmp(b.2.path())));
+    out.steps = entries.into_iter().map(|(_, _, s)| s).collect();
+    Ok(out)
+}
+
+fn covering<'a>(protects: &'a [Protect], path: &Path, kind: Protection) -> Option<&'a Protect> {
+    protects
+        .iter()
+        .filter(|p| p.protection == kind)
+        .find(|p| path.starts_with(&p.path))
+}
+
+fn depth(p: &Path) -> usize {
+    p.components().count()
+}

@@ -1,0 +1,108 @@
+//! Tier 2 on Linux: bubblewrap namespaces and mounts, plus seccomp.
+//!
+//! The argv comes from `policy::lower::bwrap` (pure, golden-tested); this
+//! module finds bwrap once at an absolute path, probes that it can create
+//! the namespaces it needs, and builds the command with the seccomp filter
+//! passed as a file descriptor (`--seccomp FD`).
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::policy::lower::bwrap::BwrapPlan;
+use crate::tier::probe::{Helper, Probe};
+use crate::tier::Tier;
+
+const FIXED: &[&str] = &["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum BwrapError {
+    #[error("tier bwrap: bubblewrap is not installed (looked in {} and PATH); install it with `apt-get install bubblewrap`, or ask for a lower tier explicitly with --tier landlock", FIXED.join(", "))]
+    Missing,
+    #[error("tier bwrap: {path} cannot create namespaces: {detail}")]
+    Unusable { path: PathBuf, detail: String },
+    #[error("tier bwrap: {0}")]
+    Seccomp(#[from] crate::tier::seccomp::SeccompError),
+    #[error("tier bwrap: cannot pass the seccomp filter: {0}")]
+    SeccompFd(std::io::Error),
+}
+
+/// The bwrap binary, found once.
+pub fn binary() -> Option<&'static PathBuf> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| crate::tier::launch::find_binary("bwrap", FIXED))
+        .as_ref()
+}
+
+fn version(bin: &PathBuf) -> String {
+    Command::new(bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Probes the tier: bwrap present, and able to unshare every namespace.
+pub fn probe() -> Probe {
+    let Some(bin) = binary() else {
+        return Probe::unavailable(Tier::Bwrap, BwrapError::Missing.to_string());
+    };
+    let helpers = vec![Helper {
+        name: "bwrap".into(),
+        path: bin.display().to_string(),
+        version: version(bin),
+    }];
+    match smoke_test(bin) {
+        Ok(()) => Probe {
+            helpers,
+            ..Probe::available(Tier::Bwrap, "bubblewrap can unshare user, mount, pid, net, ipc, uts namespaces", Vec::new())
+        },
+        Err(detail) => Probe {
+            helpers,
+            ..Probe::unavailable(
+                Tier::Bwrap,
+                format!("{} cannot create namespaces ({detail}); unprivileged user namespaces may be blocked (sysctl kernel.unprivileged_userns_clone, AppArmor restrict_unprivileged_userns)", bin.display()),
+            )
+        },
+    }
+}
+
+fn smoke_test(bin: &PathBuf) -> Result<(), String> {
+    let out = Command::new(bin)
+        .args(["--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "--", "/bin/true"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// The command to spawn, and the descriptors that must stay open until it
+/// has started.
+#[derive(Debug)]
+pub struct Prepared {
+    pub command: Command,
+    pub keep: Vec<OwnedFd>,
+}
+
+/// Builds the bwrap command for a lowered plan.
+pub fn command(plan: &BwrapPlan, argv: &[OsString]) -> Result<Prepared, BwrapError> {
+    let bin = binary().ok_or(BwrapError::Missing)?;
+    let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Bwrap)?;
+    let fd = crate::tier::launch::memfd_with("hull-seccomp", &crate::tier::seccomp::to_bytes(&prog))
+        .map_err(BwrapError::SeccompFd)?;
+    let mut cmd = Command::new(bin);
+    cmd.args(&plan.args);
+    cmd.arg("--seccomp").arg(fd.as_raw_fd().to_string());
+    cmd.arg("--");
+    cmd.args(argv);
+    Ok(Prepared {
+        command: cmd,
+        keep: vec![fd],
+    })
+}

@@ -1,0 +1,205 @@
+//! What every Linux process tier shares when it builds the command: finding
+//! helper binaries at absolute paths, creating placeholders and masks,
+//! passing file descriptors through exec, and resource limits.
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::policy::lower::bwrap::Masks;
+use crate::policy::Limits;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("cannot create placeholder {path} (it keeps the protected path covered): {source}")]
+    Placeholder {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot create mask {path}: {source}")]
+    Mask {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot pass the seccomp filter to {tier}: {source}")]
+    SeccompFd {
+        tier: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Searches fixed system locations, then PATH, for `name`; returns the
+/// canonical absolute path. Found once per hull process by the caller.
+pub fn find_binary(name: &str, fixed: &[&str]) -> Option<PathBuf> {
+    for f in fixed {
+        let p = Path::new(f);
+        if is_executable(p) {
+            return std::fs::canonicalize(p).ok();
+        }
+    }
+    let path = std::env::var_os("PATH")?;
+    for dir in std::env::split_paths(&path) {
+        if !dir.is_absolute() {
+            continue;
+        }
+        let p = dir.join(name);
+        if is_executable(&p) {
+            return std::fs::canonicalize(p).ok();
+        }
+    }
+    None
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Creates the placeholders a plan needs (empty directories that stay).
+pub fn create_placeholders(paths: &[PathBuf]) -> Result<(), LaunchError> {
+    for p in paths {
+        match std::fs::create_dir(p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Something appeared since planning: it must be a real dir,
+                // never a symlink planted to redirect the mask.
+                let m = std::fs::symlink_metadata(p).map_err(|source| LaunchError::Placeholder {
+                    path: p.clone(),
+                    source,
+                })?;
+                if !m.is_dir() {
+                    return Err(LaunchError::Placeholder {
+                        path: p.clone(),
+                        source: std::io::Error::other("exists and is not a directory"),
+                    });
+                }
+            }
+            Err(source) => {
+                return Err(LaunchError::Placeholder {
+                    path: p.clone(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Creates the empty read-only dir and file protections are masked with.
+pub fn create_masks(run_dir: &Path) -> Result<Masks, LaunchError> {
+    use std::os::unix::fs::PermissionsExt;
+    let base = run_dir.join("mask");
+    let masks = Masks {
+        empty_dir: base.join("dir"),
+        empty_file: base.join("file"),
+    };
+    let mk = |p: &Path, e: std::io::Error| LaunchError::Mask {
+        path: p.to_path_buf(),
+        source: e,
+    };
+    std::fs::create_dir_all(&masks.empty_dir).map_err(|e| mk(&masks.empty_dir, e))?;
+    if !masks.empty_file.exists() {
+        std::fs::write(&masks.empty_file, b"").map_err(|e| mk(&masks.empty_file, e))?;
+    }
+    std::fs::set_permissions(&masks.empty_file, std::fs::Permissions::from_mode(0o400))
+        .map_err(|e| mk(&masks.empty_file, e))?;
+    std::fs::set_permissions(&masks.empty_dir, std::fs::Permissions::from_mode(0o500))
+        .map_err(|e| mk(&masks.empty_dir, e))?;
+    Ok(masks)
+}
+
+/// A memfd holding `bytes`, positioned at the start.
+pub fn memfd_with(name: &str, bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{memfd_create, MemfdFlags};
+    let fd = memfd_create(name, MemfdFlags::CLOEXEC).map_err(std::io::Error::from)?;
+    let mut f = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut f, bytes)?;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0))?;
+    Ok(OwnedFd::from(f))
+}
+
+/// Settings applied in the child between fork and exec.
+#[derive(Debug, Default, Clone)]
+pub struct ChildSetup {
+    /// Descriptors to keep open across exec (CLOEXEC cleared in the child).
+    pub keep_fds: Vec<RawFd>,
+    /// RLIMIT_DATA in bytes.
+    pub memory: Option<u64>,
+    /// RLIMIT_NPROC (not enforced by the kernel for uid 0).
+    pub pids: Option<u64>,
+    /// Put the child in its own session.
+    pub setsid: bool,
+}
+
+impl ChildSetup {
+    pub fn from_limits(limits: &Limits) -> ChildSetup {
+        ChildSetup {
+            memory: limits.memory,
+            pids: limits.pids,
+            ..ChildSetup::default()
+        }
+    }
+
+    /// Installs the settings as a pre-exec hook on `cmd`.
+    pub fn install(self, cmd: &mut Command) {
+        let keep = self.keep_fds;
+        let memory = self.memory;
+        let pids = self.pids;
+        let setsid = self.setsid;
+        // SAFETY: the closure runs in the forked child before exec and calls
+        // only async-signal-safe syscalls (fcntl, setrlimit, setsid, prctl)
+        // on plain integers; it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in &keep {
+                    if libc::fcntl(*fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if let Some(m) = memory {
+                    let r = libc::rlimit { rlim_cur: m, rlim_max: m };
+                    if libc::setrlimit(libc::RLIMIT_DATA, &r) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if let Some(p) = pids {
+                    let r = libc::rlimit { rlim_cur: p, rlim_max: p };
+                    if libc::setrlimit(libc::RLIMIT_NPROC, &r) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if setsid && libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The command never gains privileges through exec (setuid
+                // binaries, file capabilities), whatever the tier.
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The command dies if hull dies.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// The environment of the command: exactly `env`, nothing inherited.
+pub fn set_env(cmd: &mut Command, env: &[(String, String)]) {
+    cmd.env_clear();
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+}
+
+/// An fd number as an argument.
+pub fn fd_arg(fd: &OwnedFd) -> OsString {
+    fd.as_raw_fd().to_string().into()
+}
