@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod exec;
 pub mod policy;
+pub mod run;
 pub mod runtime;
 pub mod tier;
 pub mod vm;

@@ -72,7 +72,16 @@ pub fn probe() -> Probe {
 
 fn smoke_test(bin: &PathBuf) -> Result<(), String> {
     let out = Command::new(bin)
-        .args(["--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "--", "/bin/true"])
+        .args([
+            "--unshare-all",
+            "--unshare-user",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--",
+            "/bin/true",
+        ])
         .output()
         .map_err(|e| e.to_string())?;
     if out.status.success() {
@@ -94,8 +103,9 @@ pub struct Prepared {
 pub fn command(plan: &BwrapPlan, argv: &[OsString]) -> Result<Prepared, BwrapError> {
     let bin = binary().ok_or(BwrapError::Missing)?;
     let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Bwrap)?;
-    let fd = crate::tier::launch::memfd_with("hull-seccomp", &crate::tier::seccomp::to_bytes(&prog))
-        .map_err(BwrapError::SeccompFd)?;
+    let fd =
+        crate::tier::launch::memfd_with("hull-seccomp", &crate::tier::seccomp::to_bytes(&prog))
+            .map_err(BwrapError::SeccompFd)?;
     let mut cmd = Command::new(bin);
     cmd.args(&plan.args);
     cmd.arg("--seccomp").arg(fd.as_raw_fd().to_string());

@@ -88,7 +88,10 @@ pub fn probe() -> crate::tier::probe::Probe {
         return Probe::unavailable(Tier::Landlock, LandlockError::Unsupported.to_string());
     }
     if abi < MIN_ABI {
-        return Probe::unavailable(Tier::Landlock, LandlockError::TooOld { found: abi }.to_string());
+        return Probe::unavailable(
+            Tier::Landlock,
+            LandlockError::TooOld { found: abi }.to_string(),
+        );
     }
     let unix = if abi >= UNIX_SOCKET_ABI {
         "unix sockets mediated by Landlock"
@@ -103,7 +106,11 @@ pub fn probe() -> crate::tier::probe::Probe {
 }
 
 /// Builds the command that applies `plan` and then runs `argv`.
-pub fn command(plan: &LandlockPlan, limits: &crate::policy::Limits, argv: &[OsString]) -> Result<Command, LandlockError> {
+pub fn command(
+    plan: &LandlockPlan,
+    limits: &crate::policy::Limits,
+    argv: &[OsString],
+) -> Result<Command, LandlockError> {
     let abi = kernel_abi();
     if abi == 0 {
         return Err(LandlockError::Unsupported);
@@ -192,6 +199,10 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
         };
         let mut access = landlock::BitFlags::<AccessFs>::empty();
         for right in &r.rights {
+            if *right == Right::ResolveUnix && !plan.allow_unix_sockets {
+                // Not handled on this kernel: unix sockets are refused by seccomp.
+                continue;
+            }
             access |= to_access(*right);
         }
         created = created
@@ -207,7 +218,9 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
     match status.ruleset {
         RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => {}
         RulesetStatus::NotEnforced => {
-            return Err(LandlockError::NotEnforced("kernel refused the ruleset".into()))
+            return Err(LandlockError::NotEnforced(
+                "kernel refused the ruleset".into(),
+            ))
         }
     }
     if !status.no_new_privs {
@@ -243,14 +256,20 @@ fn to_access(r: Right) -> landlock::BitFlags<landlock::AccessFs> {
 
 fn set_rlimits(plan: &ExecPlan) {
     if let Some(m) = plan.memory {
-        let r = libc::rlimit { rlim_cur: m, rlim_max: m };
+        let r = libc::rlimit {
+            rlim_cur: m,
+            rlim_max: m,
+        };
         // SAFETY: setrlimit with a valid pointer to a local struct.
         unsafe {
             libc::setrlimit(libc::RLIMIT_DATA, &r);
         }
     }
     if let Some(p) = plan.pids {
-        let r = libc::rlimit { rlim_cur: p, rlim_max: p };
+        let r = libc::rlimit {
+            rlim_cur: p,
+            rlim_max: p,
+        };
         // SAFETY: as above.
         unsafe {
             libc::setrlimit(libc::RLIMIT_NPROC, &r);
@@ -271,7 +290,13 @@ pub fn drop_capabilities() -> std::io::Result<()> {
     }
     // SAFETY: integer-only prctl calls.
     unsafe {
-        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
         // SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP(_LOCKED)
         // | SECBIT_KEEP_CAPS_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE(_LOCKED).
         // Fails with EPERM without CAP_SETPCAP (non-root): then there is
@@ -290,7 +315,9 @@ pub fn drop_capabilities() -> std::io::Result<()> {
     // Verify: nothing effective or permitted is left.
     let now = rustix::thread::capabilities(None).map_err(std::io::Error::from)?;
     if !now.effective.is_empty() || !now.permitted.is_empty() {
-        return Err(std::io::Error::other("capabilities still present after dropping"));
+        return Err(std::io::Error::other(
+            "capabilities still present after dropping",
+        ));
     }
     Ok(())
 }

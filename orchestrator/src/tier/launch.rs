@@ -68,10 +68,11 @@ pub fn create_placeholders(paths: &[PathBuf]) -> Result<(), LaunchError> {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 // Something appeared since planning: it must be a real dir,
                 // never a symlink planted to redirect the mask.
-                let m = std::fs::symlink_metadata(p).map_err(|source| LaunchError::Placeholder {
-                    path: p.clone(),
-                    source,
-                })?;
+                let m =
+                    std::fs::symlink_metadata(p).map_err(|source| LaunchError::Placeholder {
+                        path: p.clone(),
+                        source,
+                    })?;
                 if !m.is_dir() {
                     return Err(LaunchError::Placeholder {
                         path: p.clone(),
@@ -134,6 +135,8 @@ pub struct ChildSetup {
     pub pids: Option<u64>,
     /// Put the child in its own session.
     pub setsid: bool,
+    /// Drop every capability (bounding set included) before exec.
+    pub drop_caps: bool,
 }
 
 impl ChildSetup {
@@ -151,6 +154,7 @@ impl ChildSetup {
         let memory = self.memory;
         let pids = self.pids;
         let setsid = self.setsid;
+        let drop_caps = self.drop_caps;
         // SAFETY: the closure runs in the forked child before exec and calls
         // only async-signal-safe syscalls (fcntl, setrlimit, setsid, prctl)
         // on plain integers; it allocates nothing.
@@ -162,19 +166,28 @@ impl ChildSetup {
                     }
                 }
                 if let Some(m) = memory {
-                    let r = libc::rlimit { rlim_cur: m, rlim_max: m };
+                    let r = libc::rlimit {
+                        rlim_cur: m,
+                        rlim_max: m,
+                    };
                     if libc::setrlimit(libc::RLIMIT_DATA, &r) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
                 if let Some(p) = pids {
-                    let r = libc::rlimit { rlim_cur: p, rlim_max: p };
+                    let r = libc::rlimit {
+                        rlim_cur: p,
+                        rlim_max: p,
+                    };
                     if libc::setrlimit(libc::RLIMIT_NPROC, &r) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
                 if setsid && libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if drop_caps {
+                    drop_all_caps_raw()?;
                 }
                 // The command never gains privileges through exec (setuid
                 // binaries, file capabilities), whatever the tier.
@@ -189,6 +202,53 @@ impl ChildSetup {
             });
         }
     }
+}
+
+/// Drops every capability of the calling process: bounding and ambient
+/// sets, securebits so uid 0 regains nothing at exec, then the current
+/// sets. Async-signal-safe (raw syscalls, no allocation), for pre-exec use.
+pub fn drop_all_caps_raw() -> std::io::Result<()> {
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    // SAFETY: integer-only prctl calls; capset gets valid pointers to local,
+    // correctly laid out (repr(C)) header and two data structs.
+    unsafe {
+        for cap in 0..=63 {
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+        libc::prctl(libc::PR_SET_SECUREBITS, 0xff, 0, 0, 0);
+        let mut hdr = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// The environment of the command: exactly `env`, nothing inherited.

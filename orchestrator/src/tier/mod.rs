@@ -160,6 +160,34 @@ impl std::fmt::Display for Tier {
     }
 }
 
+/// Probes one tier on this host.
+pub fn probe(tier: Tier) -> probe::Probe {
+    if !probe::built_for_this_os(tier) {
+        return probe::Probe::wrong_os(tier);
+    }
+    match tier {
+        Tier::None => none::probe(),
+        Tier::Landlock => landlock::probe(),
+        Tier::Bwrap => bwrap::probe(),
+        Tier::Vm => vm_probe(),
+        // The macOS and Windows tiers probe themselves on their OS.
+        Tier::Seatbelt | Tier::Restricted | Tier::AppContainer => native_probe(tier),
+    }
+}
+
+fn vm_probe() -> probe::Probe {
+    probe::Probe::unavailable(Tier::Vm, "tier 3 is not built yet")
+}
+
+fn native_probe(tier: Tier) -> probe::Probe {
+    probe::Probe::unavailable(tier, format!("tier {tier} is not built yet"))
+}
+
+/// Probes every tier, in [`Tier::ALL`] order.
+pub fn probe_all() -> Vec<probe::Probe> {
+    Tier::ALL.into_iter().map(probe).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,10 +33,22 @@ pub enum Profile {
 
 /// Refused unconditionally, with the reason.
 pub const DENIED: &[(&str, i64)] = &[
-    ("ptrace: inspect or control other processes", libc::SYS_ptrace),
-    ("process_vm_readv: read another process's memory", libc::SYS_process_vm_readv),
-    ("process_vm_writev: write another process's memory", libc::SYS_process_vm_writev),
-    ("io_uring_setup: io_uring bypasses syscall filtering", libc::SYS_io_uring_setup),
+    (
+        "ptrace: inspect or control other processes",
+        libc::SYS_ptrace,
+    ),
+    (
+        "process_vm_readv: read another process's memory",
+        libc::SYS_process_vm_readv,
+    ),
+    (
+        "process_vm_writev: write another process's memory",
+        libc::SYS_process_vm_writev,
+    ),
+    (
+        "io_uring_setup: io_uring bypasses syscall filtering",
+        libc::SYS_io_uring_setup,
+    ),
     ("io_uring_enter", libc::SYS_io_uring_enter),
     ("io_uring_register", libc::SYS_io_uring_register),
     ("mount: change the filesystem view", libc::SYS_mount),
@@ -50,9 +62,18 @@ pub const DENIED: &[(&str, i64)] = &[
     ("fspick", libc::SYS_fspick),
     ("mount_setattr", libc::SYS_mount_setattr),
     ("bpf: load kernel programs", libc::SYS_bpf),
-    ("perf_event_open: kernel and side-channel observation", libc::SYS_perf_event_open),
-    ("userfaultfd: a classic kernel exploit primitive", libc::SYS_userfaultfd),
-    ("keyctl: the kernel keyring is not namespaced", libc::SYS_keyctl),
+    (
+        "perf_event_open: kernel and side-channel observation",
+        libc::SYS_perf_event_open,
+    ),
+    (
+        "userfaultfd: a classic kernel exploit primitive",
+        libc::SYS_userfaultfd,
+    ),
+    (
+        "keyctl: the kernel keyring is not namespaced",
+        libc::SYS_keyctl,
+    ),
     ("add_key", libc::SYS_add_key),
     ("request_key", libc::SYS_request_key),
     ("kexec_load", libc::SYS_kexec_load),
@@ -60,14 +81,23 @@ pub const DENIED: &[(&str, i64)] = &[
     ("init_module: load kernel modules", libc::SYS_init_module),
     ("finit_module", libc::SYS_finit_module),
     ("delete_module", libc::SYS_delete_module),
-    ("unshare: new namespaces inside the sandbox", libc::SYS_unshare),
+    (
+        "unshare: new namespaces inside the sandbox",
+        libc::SYS_unshare,
+    ),
     ("setns: join other namespaces", libc::SYS_setns),
-    ("personality: disable ASLR and similar", libc::SYS_personality),
+    (
+        "personality: disable ASLR and similar",
+        libc::SYS_personality,
+    ),
     ("acct", libc::SYS_acct),
     ("swapon", libc::SYS_swapon),
     ("swapoff", libc::SYS_swapoff),
     ("reboot", libc::SYS_reboot),
-    ("open_by_handle_at: open files by handle, bypassing paths", libc::SYS_open_by_handle_at),
+    (
+        "open_by_handle_at: open files by handle, bypassing paths",
+        libc::SYS_open_by_handle_at,
+    ),
     ("name_to_handle_at", libc::SYS_name_to_handle_at),
 ];
 
@@ -84,7 +114,8 @@ const CLONE_NS_FLAGS: &[u64] = &[
 ];
 
 fn cond(arg: u8, op: SeccompCmpOp, v: u64) -> Result<SeccompCondition, SeccompError> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, v).map_err(|e| SeccompError::Build(e.to_string()))
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, v)
+        .map_err(|e| SeccompError::Build(e.to_string()))
 }
 
 fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
@@ -102,7 +133,11 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
         libc::SYS_ioctl,
         vec![
             rule(vec![cond(1, SeccompCmpOp::MaskedEq(0xffff_ffff), TIOCSTI)?])?,
-            rule(vec![cond(1, SeccompCmpOp::MaskedEq(0xffff_ffff), TIOCLINUX)?])?,
+            rule(vec![cond(
+                1,
+                SeccompCmpOp::MaskedEq(0xffff_ffff),
+                TIOCLINUX,
+            )?])?,
         ],
     );
     // clone with namespace flags; clone3 hides its flags behind a pointer,
@@ -113,16 +148,23 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
     }
     rules.insert(libc::SYS_clone, clone_rules);
     if let Profile::Landlock { allow_unix_sockets } = profile {
-        let mut socket_rules = vec![rule(vec![
-            cond(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?,
-        ])?];
+        let mut socket_rules = vec![rule(vec![cond(
+            0,
+            SeccompCmpOp::Ne,
+            libc::AF_UNIX as u64,
+        )?])?];
         if !allow_unix_sockets {
-            socket_rules.push(rule(vec![cond(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?])?);
+            socket_rules.push(rule(vec![cond(
+                0,
+                SeccompCmpOp::Eq,
+                libc::AF_UNIX as u64,
+            )?])?);
         }
         rules.insert(libc::SYS_socket, socket_rules);
     }
-    let arch = TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| SeccompError::Build(format!("architecture {}: {e}", std::env::consts::ARCH)))?;
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| {
+        SeccompError::Build(format!("architecture {}: {e}", std::env::consts::ARCH))
+    })?;
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -150,11 +192,36 @@ fn prepend_clone3_enosys(prog: &mut BpfProgram) {
     const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
     const X32_SYSCALL_BIT: u32 = 0x4000_0000;
     let ins = [
-        sock_filter { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 0 },
-        sock_filter { code: BPF_JGE_K, jt: 2, jf: 0, k: X32_SYSCALL_BIT },
-        sock_filter { code: BPF_JEQ_K, jt: 0, jf: 2, k: libc::SYS_clone3 as u32 },
-        sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | libc::ENOSYS as u32 },
-        sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | libc::EPERM as u32 },
+        sock_filter {
+            code: BPF_LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        sock_filter {
+            code: BPF_JGE_K,
+            jt: 2,
+            jf: 0,
+            k: X32_SYSCALL_BIT,
+        },
+        sock_filter {
+            code: BPF_JEQ_K,
+            jt: 0,
+            jf: 2,
+            k: libc::SYS_clone3 as u32,
+        },
+        sock_filter {
+            code: BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+        },
+        sock_filter {
+            code: BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
     ];
     // seccompiler starts with a 3-instruction architecture check
     // (load arch, jump-if-equal, kill); insert after it.
@@ -189,8 +256,12 @@ mod tests {
     fn filters_build_for_every_profile() {
         for p in [
             Profile::Bwrap,
-            Profile::Landlock { allow_unix_sockets: true },
-            Profile::Landlock { allow_unix_sockets: false },
+            Profile::Landlock {
+                allow_unix_sockets: true,
+            },
+            Profile::Landlock {
+                allow_unix_sockets: false,
+            },
         ] {
             let prog = build(p).unwrap();
             assert!(prog.len() > DENIED.len(), "{p:?}");

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::plan::{self, FsPlan, PlanError, Placeholder, Step};
+use super::plan::{self, FsPlan, Placeholder, PlanError, Step};
 use crate::policy::{Access, HostFs, Policy};
 
 /// The empty nodes protections are masked with (made by the runtime, in the
@@ -86,7 +86,11 @@ pub fn lower(
             }
             Step::Symlink { path, target } => a.two("--symlink", target, path),
             Step::Hide { path, dir, .. } => {
-                let mask = if *dir { &masks.empty_dir } else { &masks.empty_file };
+                let mask = if *dir {
+                    &masks.empty_dir
+                } else {
+                    &masks.empty_file
+                };
                 a.two("--ro-bind", mask, path);
             }
             Step::ReadOnly { path, .. } => a.two("--ro-bind", path, path),
@@ -160,9 +164,18 @@ mod tests {
     fn protections_come_after_the_writable_bind_and_own_dirs_after_the_runs_mask() {
         let plan = lowered("default", &host());
         let l = plan.display_lines();
-        let pos = |s: &str| l.iter().position(|x| x == s).unwrap_or_else(|| panic!("{s} not in {l:#?}"));
-        assert!(pos("--bind /work/proj /work/proj") < pos("--ro-bind /work/proj/.git /work/proj/.git"));
-        assert!(pos("--bind /work/proj /work/proj") < pos("--ro-bind /tmp/hull-runs/ID/mask/dir /work/proj/.hull"));
+        let pos = |s: &str| {
+            l.iter()
+                .position(|x| x == s)
+                .unwrap_or_else(|| panic!("{s} not in {l:#?}"))
+        };
+        assert!(
+            pos("--bind /work/proj /work/proj") < pos("--ro-bind /work/proj/.git /work/proj/.git")
+        );
+        assert!(
+            pos("--bind /work/proj /work/proj")
+                < pos("--ro-bind /tmp/hull-runs/ID/mask/dir /work/proj/.hull")
+        );
         assert_eq!(l.last().unwrap(), "--chdir /work/proj");
         assert!(l.contains(&"--unshare-all".to_string()));
         assert!(l.contains(&"--new-session".to_string()));
@@ -171,7 +184,10 @@ mod tests {
     #[test]
     fn missing_hull_dir_gets_a_placeholder() {
         let plan = lowered("default", &host());
-        assert!(plan.placeholders.iter().any(|p| p.path == Path::new("/work/proj/.hull")));
+        assert!(plan
+            .placeholders
+            .iter()
+            .any(|p| p.path == Path::new("/work/proj/.hull")));
     }
 
     #[test]
@@ -182,8 +198,14 @@ mod tests {
         let p = resolve(&pf, &v).unwrap();
         let plan = lower(&p, &host(), &masks(), Path::new("/tmp")).unwrap();
         let l = plan.display_lines();
-        let mask = l.iter().position(|x| x == "--ro-bind /tmp/hull-runs/ID/mask/dir /tmp/hull-runs").unwrap();
-        let own = l.iter().position(|x| x == "--bind /tmp/hull-runs/ID/tmp /tmp/hull-runs/ID/tmp").unwrap();
+        let mask = l
+            .iter()
+            .position(|x| x == "--ro-bind /tmp/hull-runs/ID/mask/dir /tmp/hull-runs")
+            .unwrap();
+        let own = l
+            .iter()
+            .position(|x| x == "--bind /tmp/hull-runs/ID/tmp /tmp/hull-runs/ID/tmp")
+            .unwrap();
         assert!(mask < own, "{l:#?}");
     }
 

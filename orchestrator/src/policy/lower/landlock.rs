@@ -56,7 +56,13 @@ pub struct LandlockPlan {
     pub notes: Vec<String>,
 }
 
-const DEVICES_RW: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
+const DEVICES_RW: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
 
 fn file_rights(access: Access) -> Vec<Right> {
     use Right::*;
@@ -73,8 +79,20 @@ fn dir_rights(access: Access) -> Vec<Right> {
         Access::Read => vec![ReadFile, ReadDir],
         Access::ReadExec => vec![ReadFile, ReadDir, Execute],
         Access::ReadWrite => vec![
-            ReadFile, ReadDir, Execute, WriteFile, Truncate, RemoveDir, RemoveFile, MakeDir,
-            MakeReg, MakeSock, MakeFifo, MakeSym, Refer, ResolveUnix,
+            ReadFile,
+            ReadDir,
+            Execute,
+            WriteFile,
+            Truncate,
+            RemoveDir,
+            RemoveFile,
+            MakeDir,
+            MakeReg,
+            MakeSock,
+            MakeFifo,
+            MakeSym,
+            Refer,
+            ResolveUnix,
         ],
     }
 }
@@ -112,7 +130,8 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
             .filter(|(p, _)| p.starts_with(path) && p != path)
             .collect();
         // A read grant around read-only protections needs no split.
-        let needs_split = inside.iter().any(|(_, ro)| !ro) || (*access == Access::ReadWrite && !inside.is_empty());
+        let needs_split = inside.iter().any(|(_, ro)| !ro)
+            || (*access == Access::ReadWrite && !inside.is_empty());
         if !*dir || !needs_split {
             rules.push(Rule {
                 path: path.clone(),
@@ -124,7 +143,15 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
             "{} is split around protected paths: no entries can be created, renamed or removed directly in it",
             path.display()
         ));
-        split(path, *access, &inside, &placeholders, fs, &mut rules, &mut notes);
+        split(
+            path,
+            *access,
+            &inside,
+            &placeholders,
+            fs,
+            &mut rules,
+            &mut notes,
+        );
     }
     for d in DEVICES_RW {
         rules.push(Rule {
@@ -224,7 +251,12 @@ impl LandlockPlan {
                 let names: Vec<String> = r
                     .rights
                     .iter()
-                    .map(|x| serde_json::to_value(x).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default())
+                    .map(|x| {
+                        serde_json::to_value(x)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default()
+                    })
                     .collect();
                 format!("{}: {}", r.path.display(), names.join(","))
             })
@@ -260,7 +292,12 @@ mod tests {
     #[test]
     fn project_is_split_and_protected_entries_get_no_write() {
         let plan = lowered("default");
-        let get = |p: &str| plan.rules.iter().find(|r| r.path == Path::new(p)).map(|r| r.rights.clone());
+        let get = |p: &str| {
+            plan.rules
+                .iter()
+                .find(|r| r.path == Path::new(p))
+                .map(|r| r.rights.clone())
+        };
         assert_eq!(get("/work/proj"), Some(vec![Right::ReadDir]));
         let src = get("/work/proj/src").unwrap();
         assert!(src.contains(&Right::MakeReg) && src.contains(&Right::WriteFile));
@@ -279,7 +316,11 @@ mod tests {
     #[test]
     fn read_only_project_needs_no_split() {
         let plan = lowered("readonly");
-        let proj = plan.rules.iter().find(|r| r.path == Path::new("/work/proj")).unwrap();
+        let proj = plan
+            .rules
+            .iter()
+            .find(|r| r.path == Path::new("/work/proj"))
+            .unwrap();
         assert_eq!(proj.rights, vec![Right::ReadFile, Right::ReadDir]);
     }
 }

@@ -23,13 +23,25 @@ pub struct Placeholder {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Step {
     /// Make `path` visible with `access`.
-    Grant { path: PathBuf, access: Access, dir: bool },
+    Grant {
+        path: PathBuf,
+        access: Access,
+        dir: bool,
+    },
     /// Recreate a symlink as it is on the host (its target is not granted by it).
     Symlink { path: PathBuf, target: PathBuf },
     /// Mask `path` (hidden) with an empty read-only dir or file.
-    Hide { path: PathBuf, dir: bool, reason: ProtectReason },
+    Hide {
+        path: PathBuf,
+        dir: bool,
+        reason: ProtectReason,
+    },
     /// Make `path` read-only (it stays visible).
-    ReadOnly { path: PathBuf, dir: bool, reason: ProtectReason },
+    ReadOnly {
+        path: PathBuf,
+        dir: bool,
+        reason: ProtectReason,
+    },
 }
 
 impl Step {
@@ -194,7 +206,11 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
         entries.push((depth(&p.path), 1, step));
     }
 
-    entries.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| a.2.path().cmp(b.2.path())));
+    entries.sort_by(|a, b| {
+        (a.0, a.1)
+            .cmp(&(b.0, b.1))
+            .then_with(|| a.2.path().cmp(b.2.path()))
+    });
     out.steps = entries.into_iter().map(|(_, _, s)| s).collect();
     Ok(out)
 }

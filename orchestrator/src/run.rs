@@ -1,0 +1,284 @@
+//! `hull run`: one command, one tier, one policy, from start to exit code.
+//!
+//! The order is fixed and fails closed at every step: resolve the tier
+//! (probing it; `auto` is the host's tier 2 and never tier 3), load and
+//! resolve the policy for this instance, lower it for the tier, build the
+//! command, run it. Any error before the command starts means the command
+//! does not run at all; nothing is retried under another tier.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::exec::{CommandSpec, ExitStatus, OutputSink};
+use crate::policy::{self, Policy, Vars};
+use crate::tier::{probe::Probe, Tier};
+
+/// Which tier the caller asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierChoice {
+    /// The host's tier 2.
+    Auto,
+    Named(Tier),
+}
+
+impl TierChoice {
+    pub fn parse(s: &str) -> Result<TierChoice, RunError> {
+        if s == "auto" {
+            return Ok(TierChoice::Auto);
+        }
+        Tier::from_name(s)
+            .map(TierChoice::Named)
+            .ok_or_else(|| RunError::UnknownTier(s.to_string()))
+    }
+}
+
+/// Everything `hull run` was asked.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub tier: TierChoice,
+    pub policy: String,
+    pub project: PathBuf,
+    /// `--env K=V`: set by the (trusted) caller on top of the policy's env.
+    pub env: Vec<(String, String)>,
+    pub timeout: Option<Duration>,
+    /// `--spill[=BYTES]`.
+    pub spill: Option<u64>,
+    /// `--instance ID`: join an existing instance (to read its spill).
+    pub instance: Option<String>,
+    /// `--vm NAME`: run in a VM kept up by `hull vm up` (tier 3).
+    pub vm: Option<String>,
+    pub argv: Vec<OsString>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("unknown tier {0:?}; tiers: auto, none, landlock, restricted, bwrap, seatbelt, appcontainer, vm (or --tier3)")]
+    UnknownTier(String),
+    #[error("--tier auto: this host's tier 2 ({tier}) is unavailable: {reason}. Nothing was run. Ask for a lower tier explicitly (--tier landlock, or --tier none to run unsandboxed), or for tier 3 (--tier3)")]
+    AutoUnavailable { tier: Tier, reason: String },
+    #[error("tier {tier} is unavailable on this host: {reason}. Nothing was run")]
+    Unavailable { tier: Tier, reason: String },
+    #[error("project {path}: {source}")]
+    Project {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("project {path} is inside hull's run directory {runs}; refusing (it would expose other instances)")]
+    ProjectInRuns { path: PathBuf, runs: PathBuf },
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    #[error("tier {tier}: {source}")]
+    Lower {
+        tier: Tier,
+        #[source]
+        source: crate::policy::lower::plan::PlanError,
+    },
+    #[error("instance: {0}")]
+    Instance(String),
+    #[error("{0}")]
+    Tier(String),
+    #[error("the command could not be run: {0}")]
+    Exec(#[from] crate::exec::process::ExecError),
+    #[error("tier {0} cannot run on this OS")]
+    WrongOs(Tier),
+}
+
+/// Resolves the choice to a tier that is available, or fails.
+pub fn select_tier(choice: TierChoice) -> Result<(Tier, Probe), RunError> {
+    match choice {
+        TierChoice::Auto => {
+            let os = crate::tier::Os::current().ok_or(RunError::WrongOs(Tier::Bwrap))?;
+            let tier = Tier::auto_for(os);
+            let p = crate::tier::probe(tier);
+            if p.available {
+                Ok((tier, p))
+            } else {
+                Err(RunError::AutoUnavailable {
+                    tier,
+                    reason: p.reason,
+                })
+            }
+        }
+        TierChoice::Named(tier) => {
+            let p = crate::tier::probe(tier);
+            if p.available {
+                Ok((tier, p))
+            } else {
+                Err(RunError::Unavailable {
+                    tier,
+                    reason: p.reason,
+                })
+            }
+        }
+    }
+}
+
+/// The user's home directory, for `${HOME}`.
+pub fn home_dir() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| PathBuf::from("/nonexistent"))
+}
+
+/// Canonical project path, refused when inside the runs dir.
+pub fn project_path(p: &Path, runs: &Path) -> Result<PathBuf, RunError> {
+    let path = std::fs::canonicalize(p).map_err(|source| RunError::Project {
+        path: p.to_path_buf(),
+        source,
+    })?;
+    let runs_c = std::fs::canonicalize(runs).unwrap_or_else(|_| runs.to_path_buf());
+    if path.starts_with(&runs_c) {
+        return Err(RunError::ProjectInRuns { path, runs: runs_c });
+    }
+    Ok(path)
+}
+
+/// The variables for resolving a policy in an instance.
+pub fn vars_for(project: PathBuf, tmp: PathBuf, spill: PathBuf, runs: PathBuf) -> Vars {
+    Vars {
+        project,
+        tmp,
+        spill,
+        home: home_dir(),
+        runs,
+    }
+}
+
+/// The command's environment: the policy's, the caller's `--env`, and hull's
+/// own variables (which the caller cannot override).
+pub fn command_env(
+    policy: &Policy,
+    overrides: &[(String, String)],
+    instance_id: &str,
+) -> Vec<(String, String)> {
+    let host: Vec<(String, String)> = std::env::vars().collect();
+    let mut env = policy.command_env(&host);
+    for (k, v) in overrides {
+        env.retain(|(x, _)| x != k);
+        env.push((k.clone(), v.clone()));
+    }
+    let tmp = policy.vars.tmp.display().to_string();
+    let own = [
+        ("TMPDIR", tmp.clone()),
+        ("TMP", tmp.clone()),
+        ("TEMP", tmp),
+        ("HULL_SPILL", policy.vars.spill.display().to_string()),
+        ("HULL_INSTANCE", instance_id.to_string()),
+    ];
+    for (k, v) in own {
+        env.retain(|(x, _)| x != k);
+        env.push((k.to_string(), v));
+    }
+    env.sort();
+    env
+}
+
+/// Runs a process-tier command (none, landlock, bwrap) to its end.
+#[cfg(target_os = "linux")]
+pub fn run_process_tier(
+    tier: Tier,
+    policy: &Policy,
+    spec: &CommandSpec,
+    run_dir: &Path,
+    lock_fd: Option<std::os::fd::RawFd>,
+    sink: Option<&mut dyn OutputSink>,
+) -> Result<ExitStatus, RunError> {
+    use crate::policy::RealFs;
+    use crate::tier::launch::{self, ChildSetup};
+    let mut setup = ChildSetup::from_limits(&policy.limits);
+    if let Some(fd) = lock_fd {
+        setup.keep_fds.push(fd);
+    }
+    let mut keep_alive = Vec::new();
+    let mut cmd = match tier {
+        Tier::None => {
+            eprintln!("{}", crate::tier::none::WARNING);
+            setup.setsid = true;
+            setup.drop_caps = true;
+            let mut c = crate::tier::none::command(&spec.argv);
+            c.current_dir(&spec.cwd);
+            c
+        }
+        Tier::Bwrap => {
+            let masks = launch::create_masks(run_dir).map_err(|e| RunError::Tier(e.to_string()))?;
+            let plan = crate::policy::lower::bwrap::lower(policy, &RealFs, &masks, &spec.cwd)
+                .map_err(|source| RunError::Lower { tier, source })?;
+            let paths: Vec<PathBuf> = plan.placeholders.iter().map(|p| p.path.clone()).collect();
+            launch::create_placeholders(&paths).map_err(|e| RunError::Tier(e.to_string()))?;
+            let prepared = crate::tier::bwrap::command(&plan, &spec.argv)
+                .map_err(|e| RunError::Tier(e.to_string()))?;
+            for fd in &prepared.keep {
+                setup.keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(fd));
+            }
+            keep_alive.extend(prepared.keep);
+            prepared.command
+        }
+        Tier::Landlock => {
+            let plan = crate::policy::lower::landlock::lower(policy, &RealFs)
+                .map_err(|source| RunError::Lower { tier, source })?;
+            launch::create_placeholders(&plan.placeholders)
+                .map_err(|e| RunError::Tier(e.to_string()))?;
+            let mut c = crate::tier::landlock::command(&plan, &policy.limits, &spec.argv)
+                .map_err(|e| RunError::Tier(e.to_string()))?;
+            c.current_dir(&spec.cwd);
+            c
+        }
+        Tier::Vm | Tier::Seatbelt | Tier::Restricted | Tier::AppContainer => {
+            return Err(RunError::WrongOs(tier))
+        }
+    };
+    launch::set_env(&mut cmd, &spec.env);
+    setup.install(&mut cmd);
+    let status = crate::exec::process::run(cmd, spec.timeout, sink)?;
+    drop(keep_alive);
+    Ok(status)
+}
+
+/// Runs `opts` to the end and returns how the command ended.
+pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
+    let (tier, _probe) = select_tier(opts.tier)?;
+    let runs = crate::runtime::runs_root();
+    let project = project_path(&opts.project, &runs)?;
+    let pf = policy::profiles::load(&opts.policy)?;
+    let instance = match &opts.instance {
+        Some(id) => crate::runtime::Instance::join(&runs, id),
+        None => crate::runtime::Instance::create(&runs),
+    }
+    .map_err(|e| RunError::Instance(e.to_string()))?;
+    let vars = vars_for(
+        project.clone(),
+        instance.tmp().to_path_buf(),
+        instance.spill().to_path_buf(),
+        runs.clone(),
+    );
+    let pol = policy::resolve(&pf, &vars)?;
+    let env = command_env(&pol, &opts.env, &instance.id().to_string());
+    let spec = CommandSpec {
+        argv: opts.argv.clone(),
+        cwd: project,
+        env,
+        timeout: opts.timeout.or(pol.limits.wall_time),
+    };
+    let mut spill_sink = opts
+        .spill
+        .map(|threshold| crate::runtime::spill::SpillSink::new(instance.spill(), threshold));
+    let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
+    let result = match tier {
+        Tier::Vm => Err(RunError::Tier("tier vm: not wired yet".into())),
+        #[cfg(target_os = "linux")]
+        Tier::None | Tier::Landlock | Tier::Bwrap => run_process_tier(
+            tier,
+            &pol,
+            &spec,
+            instance.dir(),
+            Some(instance.lock_raw_fd()),
+            sink,
+        ),
+        _ => Err(RunError::WrongOs(tier)),
+    };
+    instance.finish();
+    result
+}
