@@ -1,1 +1,181 @@
-//! Helpers shared by the cross-crate tests.
+//! Helpers for the escape matrix and end-to-end tests: run the real `hull`
+//! binary on a tier, in a scratch project with a fake home and canaries.
+//!
+//! Tiers under test are chosen at compile time by this crate's features
+//! (`landlock`, `bwrap` by default; `tier3` adds the VM). A compiled-in tier
+//! that this host cannot run fails every test with the probe's reason: a
+//! machine without a capability says so by building without the feature,
+//! never by a test that passes without running.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The `hull` binary of this workspace (built by `cargo build` / `cargo test --workspace`).
+pub fn hull_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("HULL_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<test> -> target/<profile>/hull
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = dir.join("hull");
+    assert!(
+        bin.exists(),
+        "{} not found: run `cargo build -p hull` first (or set HULL_BIN)",
+        bin.display()
+    );
+    bin
+}
+
+/// Fails with the probe's reason unless `tier` is available on this host.
+pub fn require_tier(tier: &str) {
+    let out = Command::new(hull_bin())
+        .args(["probe", "--json"])
+        .output()
+        .expect("run hull probe");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("probe json");
+    let p = v
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["tier"] == tier))
+        .unwrap_or_else(|| panic!("hull probe lists no tier {tier}"));
+    assert!(
+        p["available"].as_bool() == Some(true),
+        "tier {tier} is compiled into this test run but unavailable here: {}. \
+         Build the tests without its feature to declare this machine lacks it.",
+        p["reason"]
+    );
+}
+
+/// A scratch world for one test: a project, a fake home with a canary key,
+/// an outside directory with a victim file, and a private runs dir.
+#[derive(Debug)]
+pub struct World {
+    pub root: tempfile::TempDir,
+    pub project: PathBuf,
+    pub home: PathBuf,
+    pub outside: PathBuf,
+    pub runs: PathBuf,
+}
+
+pub const CANARY: &str = "CANARY-PRIVATE-KEY-7f3a9c";
+pub const VICTIM: &str = "victim-original-contents";
+
+impl World {
+    pub fn new() -> World {
+        // Not under /tmp/hull-runs; a plain temp dir on the host.
+        let root = tempfile::Builder::new()
+            .prefix("hull-test-")
+            .tempdir_in(std::env::temp_dir())
+            .expect("tempdir");
+        let project = root.path().join("project");
+        let home = root.path().join("home");
+        let outside = root.path().join("outside");
+        let runs = root.path().join("runs");
+        for d in [&project, &home.join(".ssh"), &outside, &runs] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        std::fs::create_dir_all(project.join("src")).expect("mkdir src");
+        std::fs::write(project.join("src/main.txt"), "project-file\n").expect("write");
+        std::fs::write(home.join(".ssh/id_ed25519"), CANARY).expect("write canary");
+        std::fs::write(outside.join("victim"), VICTIM).expect("write victim");
+        World {
+            root,
+            project,
+            home,
+            outside,
+            runs,
+        }
+    }
+
+    /// `git init` in the project (on the host, before the sandbox).
+    pub fn git_init(&self) {
+        let st = Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&self.project)
+            .status()
+            .expect("git");
+        assert!(st.success());
+    }
+
+    /// A `hull run` command for `tier` running `sh -c script` in the project.
+    pub fn cmd(&self, tier: &str, extra: &[&str], script: &str) -> Command {
+        let mut c = Command::new(hull_bin());
+        c.arg("run");
+        if tier == "vm" {
+            c.arg("--tier3");
+        } else {
+            c.args(["--tier", tier]);
+        }
+        c.arg("--project").arg(&self.project);
+        c.args(extra);
+        c.args(["--", "sh", "-c", script]);
+        c.env("HOME", &self.home)
+            .env("HULL_RUNS_DIR", &self.runs)
+            .env("HULL_TEST_SECRET", "s3cr3t-host-env-value")
+            .env_remove("HULL_INSTANCE");
+        c
+    }
+
+    /// Runs to completion with empty stdin.
+    pub fn run(&self, tier: &str, extra: &[&str], script: &str) -> Output {
+        self.cmd(tier, extra, script)
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn hull")
+    }
+
+    pub fn read(&self, p: &Path) -> String {
+        std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+    }
+}
+
+impl Default for World {
+    fn default() -> Self {
+        World::new()
+    }
+}
+
+/// Output as text, for assertion messages.
+pub fn show(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Writes `data` to a child's stdin and closes it.
+pub fn feed(child: &mut std::process::Child, data: &[u8]) {
+    let mut s = child.stdin.take().expect("piped stdin");
+    s.write_all(data).expect("write stdin");
+}
+
+/// Pids whose command line contains `marker`.
+pub fn pids_with(marker: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(marker) && !cmd.contains("pids_with") {
+                if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                    let state = stat
+                        .rsplit_once(')')
+                        .map(|(_, r)| r.trim_start().chars().next());
+                    if state == Some(Some('Z')) {
+                        continue;
+                    }
+                }
+                out.push(pid);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,549 @@
+//! The escape matrix: one suite, every tier. Each case runs real commands
+//! under `hull run --tier T` and asserts both the exit status and the state
+//! of the files afterwards (a denied write fails AND the file is unchanged;
+//! an allowed write succeeds AND lands).
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use hull_tests::{feed, pids_with, require_tier, show, World, CANARY, VICTIM};
+
+fn hull_policy_default() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../policies/default.toml"
+    ))
+    .expect("policies/default.toml")
+}
+
+fn failed(o: &std::process::Output) -> bool {
+    o.status.code().is_some_and(|c| c != 0)
+}
+
+// ---- negative cases ---------------------------------------------------
+
+fn read_canary_outside(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let key = w.home.join(".ssh/id_ed25519");
+    let control = w.run("none", &[], &format!("cat '{}'", key.display()));
+    assert!(
+        String::from_utf8_lossy(&control.stdout).contains(CANARY),
+        "control: {}",
+        show(&control)
+    );
+    let o = w.run(t, &[], &format!("cat '{}'", key.display()));
+    assert!(failed(&o), "{}", show(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains(CANARY),
+        "{}",
+        show(&o)
+    );
+    // and the home dir itself is not listable
+    let o = w.run(t, &[], &format!("ls '{}'", w.home.display()));
+    assert!(failed(&o), "{}", show(&o));
+}
+
+fn write_outside(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let victim = w.outside.join("victim");
+    let o = w.run(t, &[], &format!("echo changed > '{}'", victim.display()));
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(w.read(&victim), VICTIM);
+    let o = w.run(t, &[], &format!("touch '{}/new'", w.outside.display()));
+    assert!(failed(&o), "{}", show(&o));
+    assert!(!w.outside.join("new").exists());
+    let o = w.run(t, &[], &format!("rm -f '{}'", victim.display()));
+    assert!(failed(&o) || victim.exists(), "{}", show(&o));
+    assert_eq!(w.read(&victim), VICTIM);
+}
+
+/// Creates an instance with a spill file; returns (instance id, spill file path).
+fn instance_with_spill(w: &World, t: &str) -> (String, std::path::PathBuf) {
+    let o = w.run(t, &["--spill=200"], "seq 1 2000");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    let path = text
+        .split_whitespace()
+        .find(|s| s.contains("/spill/"))
+        .map(|s| s.trim_end_matches([']', '.', ',', ';']).to_string())
+        .unwrap_or_else(|| panic!("no spill path in output: {}", show(&o)));
+    let path = std::path::PathBuf::from(path);
+    assert!(path.exists(), "spill file {} missing", path.display());
+    let id = path
+        .strip_prefix(&w.runs)
+        .ok()
+        .and_then(|r| r.components().next())
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .unwrap_or_else(|| {
+            panic!(
+                "spill {} not in runs dir {}",
+                path.display(),
+                w.runs.display()
+            )
+        });
+    (id, path)
+}
+
+fn spill_is_readable_not_writable(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let (id, spill) = instance_with_spill(&w, t);
+    let before = std::fs::read(&spill).expect("spill");
+    assert!(String::from_utf8_lossy(&before).contains("\n1999\n"));
+    // positive: a later command of the same instance reads it
+    let o = w.run(
+        t,
+        &["--instance", &id],
+        &format!("grep -c . '{}'", spill.display()),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "2000",
+        "{}",
+        show(&o)
+    );
+    // negative: it cannot write, replace or remove it, nor add files
+    let dir = spill.parent().expect("spill dir");
+    let o = w.run(
+        t,
+        &["--instance", &id],
+        &format!("echo x >> '{0}' || true; rm -f '{0}' || true; echo y > '{1}/new' || true; mv '{0}' '{1}/moved' 2>/dev/null; test ! -e '{1}/new'", spill.display(), dir.display()),
+    );
+    assert_eq!(
+        std::fs::read(&spill).expect("spill still there"),
+        before,
+        "{}",
+        show(&o)
+    );
+    assert!(!dir.join("new").exists());
+    assert!(!dir.join("moved").exists());
+    let o = w.run(t, &["--instance", &id], "echo x > \"$HULL_SPILL/direct\"");
+    assert!(failed(&o), "{}", show(&o));
+    assert!(!dir.join("direct").exists());
+}
+
+fn other_instance_is_invisible(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    // Instance B: alive, with a secret in its tmp and a file in its spill.
+    let mut b = w
+        .cmd(t, &[], "echo \"$TMPDIR $HULL_SPILL\"; echo b-secret > \"$TMPDIR/secret\"; echo ready; exec sleep 60")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn B");
+    let mut lines = BufReader::new(b.stdout.take().expect("stdout")).lines();
+    let paths = lines.next().expect("B paths").expect("read");
+    assert_eq!(lines.next().expect("B ready").expect("read"), "ready");
+    let mut it = paths.split_whitespace();
+    let (btmp, bspill) = (
+        it.next().expect("tmp").to_string(),
+        it.next().expect("spill").to_string(),
+    );
+    std::fs::write(format!("{bspill}/out.txt"), "b-spill").expect("host writes B's spill");
+    // Instance A tries everything on B's dirs, by their real paths.
+    let o = w.run(t, &[], &format!("cat '{btmp}/secret'"));
+    assert!(failed(&o), "{}", show(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("b-secret"));
+    let o = w.run(t, &[], &format!("cat '{bspill}/out.txt'"));
+    assert!(failed(&o), "{}", show(&o));
+    let o = w.run(
+        t,
+        &[],
+        &format!(
+            "echo evil > '{btmp}/secret'; echo evil > '{btmp}/new'; echo evil > '{bspill}/out.txt'"
+        ),
+    );
+    assert!(failed(&o), "{}", show(&o));
+    let _ = b.kill();
+    let _ = b.wait();
+    assert_eq!(
+        std::fs::read_to_string(format!("{bspill}/out.txt")).expect("b spill"),
+        "b-spill"
+    );
+}
+
+fn protected_names_in_project(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    w.git_init();
+    let cfg = w.project.join(".git/config");
+    let before = w.read(&cfg);
+    let attempts = [
+        "mkdir -p .hull/x",
+        "echo x > .hull/settings.toml",
+        "mkdir -p .git/hooks && echo 'echo pwned' > .git/hooks/pre-commit",
+        "echo '[core] hooksPath = /tmp' >> .git/config",
+        "mv .git .git-moved",
+        "rm -rf .git",
+    ];
+    for a in attempts {
+        let o = w.run(t, &[], a);
+        assert!(failed(&o), "{a}: {}", show(&o));
+    }
+    assert_eq!(w.read(&cfg), before);
+    assert!(!w.project.join(".hull/x").exists());
+    assert!(!w.project.join(".hull/settings.toml").exists());
+    assert!(!w.project.join(".git/hooks/pre-commit").exists());
+    assert!(!w.project.join(".git-moved").exists());
+    // .git stays readable (git status works read-only)
+    let o = w.run(t, &[], "cat .git/HEAD");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+}
+
+fn protected_names_before_they_exist(t: &str) {
+    require_tier(t);
+    let w = World::new(); // no .git, no .hull
+    for a in [
+        "mkdir -p .git/hooks && touch .git/hooks/x",
+        "git init -q .",
+        "mkdir .hull && touch .hull/x",
+    ] {
+        let o = w.run(t, &[], a);
+        assert!(failed(&o), "{a}: {}", show(&o));
+    }
+    assert!(!w.project.join(".git/hooks").exists());
+    assert!(!w.project.join(".git/HEAD").exists());
+    assert!(!w.project.join(".hull/x").exists());
+}
+
+fn symlink_out_of_project(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let victim = w.outside.join("victim");
+    std::os::unix::fs::symlink(&victim, w.project.join("src/link")).expect("symlink");
+    std::os::unix::fs::symlink(&w.outside, w.project.join("src/dirlink")).expect("symlink");
+    let o = w.run(t, &[], "cat src/link");
+    assert!(failed(&o), "{}", show(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains(VICTIM));
+    let o = w.run(t, &[], "echo changed > src/link");
+    assert!(failed(&o), "{}", show(&o));
+    let o = w.run(t, &[], "echo new > src/dirlink/planted");
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(w.read(&victim), VICTIM);
+    assert!(!w.outside.join("planted").exists());
+    // a symlink made inside the sandbox does not help either
+    let o = w.run(
+        t,
+        &[],
+        &format!("ln -s '{}' src/l2 && cat src/l2", victim.display()),
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains(VICTIM),
+        "{}",
+        show(&o)
+    );
+}
+
+fn hardlink_to_outside(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let victim = w.outside.join("victim");
+    let control = w.run(
+        "none",
+        &[],
+        &format!(
+            "ln '{}' src/hl0 && cat src/hl0 && rm src/hl0",
+            victim.display()
+        ),
+    );
+    assert!(
+        String::from_utf8_lossy(&control.stdout).contains(VICTIM),
+        "control: {}",
+        show(&control)
+    );
+    let o = w.run(
+        t,
+        &[],
+        &format!("ln '{}' src/hl && echo changed > src/hl", victim.display()),
+    );
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(w.read(&victim), VICTIM);
+    assert!(!w.project.join("src/hl").exists());
+}
+
+fn proc_root_traversal(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let key = w.home.join(".ssh/id_ed25519");
+    let control = w.run(
+        "none",
+        &[],
+        &format!("cat /proc/self/root'{}'", key.display()),
+    );
+    assert!(
+        String::from_utf8_lossy(&control.stdout).contains(CANARY),
+        "control: {}",
+        show(&control)
+    );
+    for p in ["1", "self", "$PPID"] {
+        let o = w.run(t, &[], &format!("cat /proc/{p}/root'{}'", key.display()));
+        assert!(failed(&o), "/proc/{p}/root: {}", show(&o));
+        assert!(!String::from_utf8_lossy(&o.stdout).contains(CANARY));
+    }
+}
+
+fn tcp_to_host_loopback(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+    l.set_nonblocking(true).expect("nonblocking");
+    let port = l.local_addr().expect("addr").port();
+    let py = format!(
+        "python3 -c 'import socket,sys; s=socket.create_connection((\"127.0.0.1\",{port}),timeout=5); s.sendall(b\"hi\"); print(\"connected\")'"
+    );
+    let control = w.run("none", &[], &py);
+    assert!(
+        String::from_utf8_lossy(&control.stdout).contains("connected"),
+        "control: {}",
+        show(&control)
+    );
+    let _ = l.accept().expect("control connection arrived");
+    let o = w.run(t, &[], &py);
+    assert!(failed(&o), "{}", show(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("connected"));
+    assert!(
+        l.accept().is_err(),
+        "the listener saw a connection from the sandbox"
+    );
+}
+
+fn ptrace_host_process(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    // The victim: an ordinary host process of the same user without
+    // capabilities (started through tier none, which drops them).
+    let mut victim = w
+        .cmd(
+            "none",
+            &["--env", "VICTIM_SECRET=victim-env-secret"],
+            "echo $$; exec sleep 60",
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn victim");
+    let mut line = String::new();
+    BufReader::new(victim.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("victim pid");
+    let pid: u32 = line.trim().parse().expect("pid");
+    let py = format!(
+        "python3 -c 'import ctypes,sys; libc=ctypes.CDLL(None,use_errno=True); r=libc.ptrace(16,{pid},0,0); print(\"attach\",r); sys.exit(0 if r==0 else 1)'"
+    );
+    let o = w.run(t, &[], &py);
+    assert!(failed(&o), "{}", show(&o));
+    let control = w.run("none", &[], &format!("cat /proc/{pid}/environ"));
+    assert!(
+        String::from_utf8_lossy(&control.stdout).contains("victim-env-secret"),
+        "control: {}",
+        show(&control)
+    );
+    let o = w.run(t, &[], &format!("cat /proc/{pid}/environ"));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("victim-env-secret"),
+        "{}",
+        show(&o)
+    );
+    let o = w.run(t, &[], &format!("kill -STOP {pid}"));
+    assert!(failed(&o), "{}", show(&o));
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("victim alive");
+    assert!(!state.contains(") T "), "victim was stopped: {state}");
+    let _ = victim.kill();
+    let _ = victim.wait();
+}
+
+fn host_env_secret_not_visible(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    // Positive side: a policy that passes the variable makes it visible.
+    let pol = w.root.path().join("pass.toml");
+    let text = hull_policy_default().replace("pass = [", "pass = [\"HULL_TEST_SECRET\", ");
+    std::fs::write(&pol, text).expect("write policy");
+    let control = w.run(t, &["--policy", pol.to_str().expect("utf8")], "env");
+    assert!(
+        String::from_utf8_lossy(&control.stdout).contains("s3cr3t-host-env-value"),
+        "control: {}",
+        show(&control)
+    );
+    let o = w.run(t, &[], "env; cat /proc/self/environ");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("s3cr3t-host-env-value"),
+        "{}",
+        show(&o)
+    );
+}
+
+fn setsid_grandchild_dies_on_timeout(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let marker = format!("hull-escape-marker-{}", std::process::id());
+    let script = format!(
+        "setsid sh -c 'exec -a {marker}-a sleep 300' & (setsid sh -c 'exec -a {marker}-b sleep 300' &) ; sleep 300"
+    );
+    let o = w.run(t, &["--timeout", "3s"], &script);
+    assert_eq!(o.status.code(), Some(124), "{}", show(&o));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pids_with(&marker).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        pids_with(&marker).is_empty(),
+        "left running: {:?}",
+        pids_with(&marker)
+    );
+}
+
+fn interrupt_kills_the_tree(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let marker = format!("hull-int-marker-{}", std::process::id());
+    let mut c = w
+        .cmd(
+            t,
+            &[],
+            &format!("(setsid sh -c 'exec -a {marker} sleep 300' &); echo started; sleep 300"),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line.trim(), "started");
+    // SAFETY: sending SIGINT to the hull child we spawned.
+    unsafe {
+        libc::kill(c.id() as i32, libc::SIGINT);
+    }
+    let st = c.wait().expect("wait");
+    assert_eq!(st.code(), Some(130));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        pids_with(&marker).is_empty(),
+        "left running: {:?}",
+        pids_with(&marker)
+    );
+}
+
+// ---- positive cases ----------------------------------------------------
+
+fn project_read_and_write(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let o = w.run(t, &[], "cat src/main.txt && echo more >> src/main.txt && mkdir -p src/new/deep && echo created > src/new/deep/f");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "project-file\n");
+    assert_eq!(
+        w.read(&w.project.join("src/main.txt")),
+        "project-file\nmore\n"
+    );
+    assert_eq!(w.read(&w.project.join("src/new/deep/f")), "created\n");
+}
+
+fn tmp_works_and_tmpdir_is_honoured(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let o = w.run(t, &[], "f=$(mktemp) && echo data > \"$f\" && cat \"$f\" && case \"$f\" in \"$TMPDIR\"/*) echo in-tmpdir;; esac && test \"$TMP\" = \"$TMPDIR\" && test \"$TEMP\" = \"$TMPDIR\"");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "data\nin-tmpdir\n");
+}
+
+fn exit_codes_and_signals(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    assert_eq!(w.run(t, &[], "exit 42").status.code(), Some(42));
+    assert_eq!(w.run(t, &[], "exit 0").status.code(), Some(0));
+    assert_eq!(w.run(t, &[], "kill -TERM $$").status.code(), Some(143));
+    assert_eq!(w.run(t, &[], "kill -KILL $$").status.code(), Some(137));
+}
+
+fn streams_are_live_and_stdin_passes(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    // The command prints, then waits for a line on stdin: a hull that
+    // buffered output until exit would never show "first" and deadlock.
+    let mut c = w
+        .cmd(
+            t,
+            &[],
+            "echo first; echo err-first >&2; read x; echo \"got $x\"; echo done",
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = BufReader::new(c.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("read");
+    assert_eq!(line, "first\n");
+    let mut err = BufReader::new(c.stderr.take().expect("stderr"));
+    let mut eline = String::new();
+    err.read_line(&mut eline).expect("read");
+    assert_eq!(eline, "err-first\n");
+    feed(&mut c, b"ping\n");
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("read");
+    assert_eq!(rest, "got ping\ndone\n");
+    assert_eq!(c.wait().expect("wait").code(), Some(0));
+}
+
+fn output_is_byte_exact(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let data: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(w.project.join("src/big.bin"), &data).expect("write");
+    let o = w.run(t, &[], "cat src/big.bin");
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        o.stdout == data,
+        "stdout differs from the file ({} vs {} bytes)",
+        o.stdout.len(),
+        data.len()
+    );
+}
+
+macro_rules! matrix {
+    ($($case:ident),* $(,)?) => {
+        #[cfg(feature = "landlock")]
+        mod landlock { $( #[test] fn $case() { super::$case("landlock") } )* }
+        #[cfg(feature = "bwrap")]
+        mod bwrap { $( #[test] fn $case() { super::$case("bwrap") } )* }
+        #[cfg(feature = "tier3")]
+        mod vm { $( #[test] fn $case() { super::$case("vm") } )* }
+    };
+}
+
+matrix!(
+    read_canary_outside,
+    write_outside,
+    spill_is_readable_not_writable,
+    other_instance_is_invisible,
+    protected_names_in_project,
+    protected_names_before_they_exist,
+    symlink_out_of_project,
+    hardlink_to_outside,
+    proc_root_traversal,
+    tcp_to_host_loopback,
+    ptrace_host_process,
+    host_env_secret_not_visible,
+    setsid_grandchild_dies_on_timeout,
+    interrupt_kills_the_tree,
+    project_read_and_write,
+    tmp_works_and_tmpdir_is_honoured,
+    exit_codes_and_signals,
+    streams_are_live_and_stdin_passes,
+    output_is_byte_exact,
+);
