@@ -80,7 +80,7 @@ pub enum RunError {
     #[error("{0}")]
     Tier(String),
     #[error("the command could not be run: {0}")]
-    Exec(#[from] crate::exec::process::ExecError),
+    Exec(#[from] crate::exec::ExecError),
     #[error("tier {0} cannot run on this OS")]
     WrongOs(Tier),
 }
@@ -183,15 +183,13 @@ pub fn run_process_tier(
     policy: &Policy,
     spec: &CommandSpec,
     run_dir: &Path,
-    lock_fd: Option<std::os::fd::RawFd>,
+    lock_fd: crate::runtime::LockFd,
     sink: Option<&mut dyn OutputSink>,
 ) -> Result<ExitStatus, RunError> {
     use crate::policy::RealFs;
     use crate::tier::launch::{self, ChildSetup};
     let mut setup = ChildSetup::from_limits(&policy.limits);
-    if let Some(fd) = lock_fd {
-        setup.keep_fds.push(fd);
-    }
+    setup.keep_fds.push(lock_fd);
     let mut keep_alive = Vec::new();
     let mut cmd = match tier {
         Tier::None => {
@@ -237,6 +235,19 @@ pub fn run_process_tier(
     Ok(status)
 }
 
+/// Off Linux the process tiers are the native ones (wired per OS).
+#[cfg(not(target_os = "linux"))]
+pub fn run_process_tier(
+    tier: Tier,
+    _policy: &Policy,
+    _spec: &CommandSpec,
+    _run_dir: &Path,
+    _lock_fd: crate::runtime::LockFd,
+    _sink: Option<&mut dyn OutputSink>,
+) -> Result<ExitStatus, RunError> {
+    Err(RunError::WrongOs(tier))
+}
+
 /// Runs `opts` to the end and returns how the command ended.
 pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     let (tier, _probe) = select_tier(opts.tier)?;
@@ -255,7 +266,7 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
         runs.clone(),
     );
     let pol = policy::resolve(&pf, &vars)?;
-    let env = command_env(&pol, &opts.env, &instance.id().to_string());
+    let env = command_env(&pol, &opts.env, instance.id());
     let spec = CommandSpec {
         argv: opts.argv.clone(),
         cwd: project,
@@ -268,16 +279,19 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
     let result = match tier {
         Tier::Vm => Err(RunError::Tier("tier vm: not wired yet".into())),
-        #[cfg(target_os = "linux")]
-        Tier::None | Tier::Landlock | Tier::Bwrap => run_process_tier(
+        Tier::None
+        | Tier::Landlock
+        | Tier::Bwrap
+        | Tier::Seatbelt
+        | Tier::Restricted
+        | Tier::AppContainer => run_process_tier(
             tier,
             &pol,
             &spec,
             instance.dir(),
-            Some(instance.lock_raw_fd()),
+            instance.lock_raw_fd(),
             sink,
         ),
-        _ => Err(RunError::WrongOs(tier)),
     };
     instance.finish();
     result

@@ -1,3 +1,5 @@
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+// Test support code: a failed expectation is a failed test.
 //! Helpers for the escape matrix and end-to-end tests: run the real `hull`
 //! binary on a tier, in a scratch project with a fake home and canaries.
 //!

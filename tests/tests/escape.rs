@@ -1,3 +1,4 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)]
 //! The escape matrix: one suite, every tier. Each case runs real commands
 //! under `hull run --tier T` and asserts both the exit status and the state
 //! of the files afterwards (a denied write fails AND the file is unchanged;

@@ -64,6 +64,22 @@ pub trait OutputSink: Send {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("waiting for the command failed: {0}")]
+    Wait(#[source] std::io::Error),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error("writing the command's output failed: {0}")]
+    Output(#[source] std::io::Error),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

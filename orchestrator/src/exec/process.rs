@@ -13,23 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::{ExitStatus, OutputSink};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    #[error("cannot start {program}: {source}")]
-    Spawn {
-        program: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("waiting for the command failed: {0}")]
-    Wait(#[source] std::io::Error),
-    #[error("cannot install signal handlers: {0}")]
-    Signals(#[source] std::io::Error),
-    #[error("writing the command's output failed: {0}")]
-    Output(#[source] std::io::Error),
-}
+use super::{ExecError, ExitStatus, OutputSink};
 
 enum Event {
     Exited(std::io::Result<std::process::ExitStatus>),

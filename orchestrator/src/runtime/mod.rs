@@ -1,7 +1,6 @@
 //! TEMPORARY shim until the runtime module lands (instance dirs and lock).
 pub mod spill;
 
-use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 pub fn runs_root() -> PathBuf {
@@ -9,6 +8,11 @@ pub fn runs_root() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("hull-runs"))
 }
+
+#[cfg(unix)]
+pub type LockFd = std::os::fd::RawFd;
+#[cfg(not(unix))]
+pub type LockFd = ();
 
 #[derive(Debug)]
 pub struct Instance {
@@ -38,6 +42,7 @@ impl Instance {
             .truncate(false)
             .write(true)
             .open(dir.join(".active"))?;
+        #[cfg(unix)]
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockShared)?;
         Ok(Instance {
             id: id.to_string(),
@@ -59,9 +64,12 @@ impl Instance {
     pub fn spill(&self) -> &Path {
         &self.spill
     }
-    pub fn lock_raw_fd(&self) -> RawFd {
-        self.lock.as_raw_fd()
+    #[cfg(unix)]
+    pub fn lock_raw_fd(&self) -> LockFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.lock)
     }
+    #[cfg(not(unix))]
+    pub fn lock_raw_fd(&self) -> LockFd {}
     pub fn finish(self) {
         let _ = std::fs::remove_dir_all(&self.tmp);
     }

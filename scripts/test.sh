@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sets up what is missing, then runs every check and test of hull:
+# format, clippy (Linux, macOS and Windows targets), unit and golden tests,
+# the escape matrix on every Linux tier, and the tier-3 VM tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+
+bash scripts/setup.sh --tier3
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "clippy (Linux)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+for target in aarch64-apple-darwin x86_64-pc-windows-gnu; do
+  step "clippy ($target)"
+  cargo clippy -p hull -p hull-protocol --all-targets --locked --target "$target" -- -D warnings
+done
+
+step "build"
+cargo build --workspace --locked
+
+step "tests (unit, golden, escape matrix on landlock and bwrap)"
+cargo test --workspace --locked
