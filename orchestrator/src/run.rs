@@ -91,7 +91,7 @@ pub fn select_tier(choice: TierChoice) -> Result<(Tier, Probe), RunError> {
         TierChoice::Auto => {
             let os = crate::tier::Os::current().ok_or(RunError::WrongOs(Tier::Bwrap))?;
             let tier = Tier::auto_for(os);
-            let p = crate::tier::probe(tier);
+            let p = crate::tier::ready(tier);
             if p.available {
                 Ok((tier, p))
             } else {
@@ -102,7 +102,7 @@ pub fn select_tier(choice: TierChoice) -> Result<(Tier, Probe), RunError> {
             }
         }
         TierChoice::Named(tier) => {
-            let p = crate::tier::probe(tier);
+            let p = crate::tier::ready(tier);
             if p.available {
                 Ok((tier, p))
             } else {
@@ -191,6 +191,7 @@ pub fn run_process_tier(
     let mut setup = ChildSetup::from_limits(&policy.limits);
     setup.keep_fds.push(lock_fd);
     let mut keep_alive = Vec::new();
+    let mut containment = crate::exec::process::Containment::None;
     let mut cmd = match tier {
         Tier::None => {
             eprintln!("{}", crate::tier::none::WARNING);
@@ -212,6 +213,7 @@ pub fn run_process_tier(
                 setup.keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(fd));
             }
             keep_alive.extend(prepared.keep);
+            containment = crate::exec::process::Containment::PidNamespace;
             prepared.command
         }
         Tier::Landlock => {
@@ -230,7 +232,7 @@ pub fn run_process_tier(
     };
     launch::set_env(&mut cmd, &spec.env);
     setup.install(&mut cmd);
-    let status = crate::exec::process::run(cmd, spec.timeout, sink)?;
+    let status = crate::exec::process::run(cmd, spec.timeout, sink, containment)?;
     drop(keep_alive);
     Ok(status)
 }

@@ -1,22 +1,143 @@
-//! `hull policy check|explain`.
+//! `hull policy check|explain`: validate a policy, and show what each tier
+//! will actually enforce for it on this host.
+use std::path::PathBuf;
+
 use clap::Args;
+use serde_json::json;
+
+use crate::policy::{self, Policy, RealFs, Vars};
+use crate::tier::Tier;
 
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
-    /// Tier to show (default: every tier).
+    /// Tier to show (default: every tier with a lowering).
     #[arg(long)]
     pub tier: Option<String>,
     /// Policy file or profile name (default: `default`).
     pub policy: Option<String>,
+    /// The project the policy is resolved for (default: the current directory).
     #[arg(long)]
-    pub project: Option<std::path::PathBuf>,
+    pub project: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn check(_p: &str) -> anyhow::Result<i32> {
-    anyhow::bail!("not built yet")
+/// `hull policy check`: exit 0 when valid, 1 with `file:line: key: message` when not.
+pub fn check(spec: &str) -> anyhow::Result<i32> {
+    let r = policy::profiles::load(spec).and_then(|pf| policy::resolve(&pf, &example_vars(PathBuf::from("/project"))));
+    match r {
+        Ok(p) => {
+            println!("ok: {} ({} grants, {} protections)", p.name, p.grants.len(), p.protects.len());
+            Ok(0)
+        }
+        Err(e) => {
+            eprintln!("hull: invalid policy: {e}");
+            Ok(1)
+        }
+    }
 }
-pub fn explain(_a: ExplainArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not built yet")
+
+/// The variables of a hypothetical instance, for explaining.
+pub fn example_vars(project: PathBuf) -> Vars {
+    let runs = crate::runtime::runs_root();
+    let inst = runs.join("INSTANCE");
+    crate::run::vars_for(project, inst.join("tmp"), inst.join("spill"), runs)
+}
+
+pub fn explain(a: ExplainArgs) -> anyhow::Result<i32> {
+    let project = match a.project {
+        Some(p) => std::fs::canonicalize(&p).map_err(|e| anyhow::anyhow!("project {}: {e}", p.display()))?,
+        None => super::default_project()?,
+    };
+    let spec = a.policy.unwrap_or_else(|| "default".into());
+    let pf = policy::profiles::load(&spec)?;
+    let vars = example_vars(project);
+    let pol = policy::resolve(&pf, &vars)?;
+    let tiers: Vec<Tier> = match &a.tier {
+        Some(t) => vec![Tier::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?],
+        None => Tier::ALL.to_vec(),
+    };
+    let mut out = Vec::new();
+    for t in tiers {
+        out.push(explain_tier(t, &pol));
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&json!({"policy": pol, "tiers": out}))?);
+    } else {
+        print!("{}", render_policy(&pol));
+        for o in out {
+            println!("\n== tier {} ==", o["tier"].as_str().unwrap_or("?"));
+            if let Some(lines) = o["lines"].as_array() {
+                for l in lines {
+                    println!("  {}", l.as_str().unwrap_or(""));
+                }
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn render_policy(p: &Policy) -> String {
+    let mut s = format!("policy {}\n", p.name);
+    for g in &p.grants {
+        s.push_str(&format!("  {:<10} {}\n", g.access.as_str(), g.path.display()));
+    }
+    for x in &p.protects {
+        let kind = match x.protection {
+            policy::Protection::Hidden => "hidden",
+            policy::Protection::ReadOnly => "read-only",
+        };
+        s.push_str(&format!("  {:<10} {}  ({})\n", kind, x.path.display(), x.reason.as_str()));
+    }
+    s.push_str(&format!("  network    {:?}\n", p.net));
+    let l = &p.limits;
+    s.push_str(&format!(
+        "  limits     wall_time={:?} memory={:?} pids={:?} cpus={:?}\n",
+        l.wall_time, l.memory, l.pids, l.cpus
+    ));
+    s.push_str(&format!("  env pass   {}\n", p.env.pass.join(" ")));
+    for (k, v) in &p.env.set {
+        s.push_str(&format!("  env set    {k}={v}\n"));
+    }
+    s
+}
+
+/// One tier's lowered form as lines (and notes), or why there is none.
+pub fn explain_tier(t: Tier, p: &Policy) -> serde_json::Value {
+    let fs = RealFs;
+    let lines: Result<Vec<String>, String> = match t {
+        Tier::None => Ok(vec!["no boundary: environment scrub and cwd only".into()]),
+        Tier::Bwrap => {
+            let runs = crate::runtime::runs_root().join("INSTANCE");
+            let masks = policy::lower::bwrap::Masks {
+                empty_dir: runs.join("mask/dir"),
+                empty_file: runs.join("mask/file"),
+            };
+            policy::lower::bwrap::lower(p, &fs, &masks, &p.vars.project)
+                .map(|b| {
+                    let mut l = vec!["bwrap \\".to_string()];
+                    l.extend(b.display_lines().into_iter().map(|x| format!("  {x} \\")));
+                    l.push("  --seccomp FD -- CMD...".into());
+                    l.extend(b.placeholders.iter().map(|x| format!("# placeholder created: {}", x.path.display())));
+                    l.extend(b.notes.iter().map(|n| format!("# note: {n}")));
+                    l
+                })
+                .map_err(|e| e.to_string())
+        }
+        Tier::Landlock => policy::lower::landlock::lower(p, &fs)
+            .map(|b| {
+                let mut l = b.display_lines();
+                l.push("seccomp: IP sockets refused; escape syscalls refused (see tier::seccomp)".into());
+                l.extend(b.notes.iter().map(|n| format!("# note: {n}")));
+                l
+            })
+            .map_err(|e| e.to_string()),
+        Tier::Seatbelt | Tier::Restricted | Tier::AppContainer | Tier::Vm => {
+            Err(format!("tier {t}: lowering not built yet"))
+        }
+    };
+    match lines {
+        Ok(l) => json!({"tier": t.name(), "lines": l}),
+        Err(e) => json!({"tier": t.name(), "error": e, "lines": [format!("cannot be lowered here: {e}")]}),
+    }
 }

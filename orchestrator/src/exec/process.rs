@@ -15,6 +15,16 @@ use std::time::{Duration, Instant};
 
 use super::{ExecError, ExitStatus, OutputSink};
 
+/// Whether the tree can outlive the direct child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Containment {
+    /// The direct child is the init of a pid namespace (bwrap): when it
+    /// exits the kernel kills the rest, so a normal exit needs no sweep.
+    PidNamespace,
+    /// Descendants may outlive the child: sweep after it exits.
+    None,
+}
+
 enum Event {
     Exited(std::io::Result<std::process::ExitStatus>),
     Signal(i32),
@@ -35,6 +45,7 @@ pub fn run(
     mut cmd: Command,
     timeout: Option<Duration>,
     sink: Option<&mut dyn OutputSink>,
+    containment: Containment,
 ) -> Result<ExitStatus, ExecError> {
     become_subreaper();
     let program = cmd.get_program().to_string_lossy().into_owned();
@@ -90,6 +101,7 @@ pub fn run(
     let mut forced: Option<ExitStatus> = None;
     let mut exited: Option<std::process::ExitStatus> = None;
     let mut output_error: Option<std::io::Error> = None;
+    let mut swept = false;
     loop {
         if exited.is_some() && open_streams == 0 {
             break;
@@ -104,7 +116,10 @@ pub fn run(
                 let st = r.map_err(ExecError::Wait)?;
                 exited = Some(st);
                 // The command is done: nothing it left behind may keep running.
-                kill_descendants(main_pid);
+                if containment == Containment::None || forced.is_some() {
+                    kill_descendants(main_pid);
+                }
+                swept = true;
             }
             Ok(Event::Signal(s)) => {
                 if forced.is_none() {
@@ -141,7 +156,9 @@ pub fn run(
         }
     }
     sig_handle.close();
-    kill_descendants(main_pid);
+    if !swept {
+        kill_descendants(main_pid);
+    }
     if exited.is_some() {
         reap_orphans();
     }
@@ -237,19 +254,26 @@ pub fn kill_descendants(_main: i32) {}
 /// Every live (non-zombie) descendant of `root`, from /proc.
 #[cfg(target_os = "linux")]
 pub fn descendants_of(root: i32) -> Vec<i32> {
+    use rustix::fs::{openat, Mode, OFlags, CWD};
     let mut parent: Vec<(i32, i32)> = Vec::new();
+    let mut buf = [0u8; 512];
     if let Ok(rd) = std::fs::read_dir("/proc") {
         for e in rd.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            let name = e.file_name();
+            let Some(pid) = name.to_str().and_then(|s| s.parse::<i32>().ok()) else {
                 continue;
             };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            let path = format!("/proc/{pid}/stat");
+            let Ok(fd) = openat(CWD, path.as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) else {
                 continue;
             };
+            let n = rustix::io::read(&fd, &mut buf).unwrap_or(0);
+            let stat = &buf[..n];
             // comm may contain spaces and parens: fields follow the last ')'.
-            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            let Some(close) = stat.iter().rposition(|&b| b == b')') else {
                 continue;
             };
+            let rest = String::from_utf8_lossy(&stat[close + 1..]);
             let mut f = rest.split_whitespace();
             let state = f.next().unwrap_or("");
             let ppid = f.next().and_then(|s| s.parse::<i32>().ok()).unwrap_or(0);

@@ -70,6 +70,15 @@ pub fn probe() -> Probe {
     }
 }
 
+/// The cheap check before a run: bwrap is installed. If it cannot create
+/// its namespaces the run fails with bwrap's own error, and nothing runs.
+pub fn ready() -> Probe {
+    match binary() {
+        Some(bin) => Probe::available(Tier::Bwrap, format!("bwrap at {}", bin.display()), Vec::new()),
+        None => Probe::unavailable(Tier::Bwrap, BwrapError::Missing.to_string()),
+    }
+}
+
 fn smoke_test(bin: &PathBuf) -> Result<(), String> {
     let out = Command::new(bin)
         .args([

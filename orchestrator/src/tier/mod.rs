@@ -183,6 +183,19 @@ fn native_probe(tier: Tier) -> probe::Probe {
     probe::Probe::unavailable(tier, format!("tier {tier} is not built yet"))
 }
 
+/// The cheap check `hull run` makes before using a tier: the pieces exist.
+/// Anything subtler fails when the tier is set up, and fails closed there.
+pub fn ready(tier: Tier) -> probe::Probe {
+    if !probe::built_for_this_os(tier) {
+        return probe::Probe::wrong_os(tier);
+    }
+    match tier {
+        #[cfg(target_os = "linux")]
+        Tier::Bwrap => bwrap::ready(),
+        _ => probe(tier),
+    }
+}
+
 /// Probes every tier, in [`Tier::ALL`] order.
 pub fn probe_all() -> Vec<probe::Probe> {
     Tier::ALL.into_iter().map(probe).collect()

@@ -110,7 +110,13 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
                 }
             }
         }
-        let step = match fs.kind(&g.path) {
+        // The instance's own dirs exist whenever a command runs.
+        let kind = if g.origin == crate::policy::GrantOrigin::Policy {
+            fs.kind(&g.path)
+        } else {
+            NodeKind::Dir
+        };
+        let step = match kind {
             NodeKind::Missing => {
                 out.notes.push(format!(
                     "{} ({}) does not exist: skipped",
