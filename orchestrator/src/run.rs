@@ -191,6 +191,7 @@ pub fn run_process_tier(
     let mut setup = ChildSetup::from_limits(&policy.limits);
     setup.keep_fds.push(lock_fd);
     let mut keep_alive = Vec::new();
+    let mut started_check: Option<Box<dyn FnOnce() -> Result<(), RunError>>> = None;
     let mut containment = crate::exec::process::Containment::None;
     let mut cmd = match tier {
         Tier::None => {
@@ -213,6 +214,10 @@ pub fn run_process_tier(
                 setup.keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(fd));
             }
             keep_alive.extend(prepared.keep);
+            let status = prepared.status;
+            started_check = Some(Box::new(move || {
+                crate::tier::bwrap::check_started(status).map_err(|e| RunError::Tier(e.to_string()))
+            }));
             containment = crate::exec::process::Containment::PidNamespace;
             prepared.command
         }
@@ -221,8 +226,18 @@ pub fn run_process_tier(
                 .map_err(|source| RunError::Lower { tier, source })?;
             launch::create_placeholders(&plan.placeholders)
                 .map_err(|e| RunError::Tier(e.to_string()))?;
-            let mut c = crate::tier::landlock::command(&plan, &policy.limits, &spec.argv)
+            let prepared = crate::tier::landlock::command(&plan, &policy.limits, &spec.argv)
                 .map_err(|e| RunError::Tier(e.to_string()))?;
+            setup
+                .keep_fds
+                .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
+            keep_alive.push(prepared.error_w);
+            let err_r = prepared.error_r;
+            started_check = Some(Box::new(move || {
+                crate::tier::landlock::check_started(err_r)
+                    .map_err(|e| RunError::Tier(e.to_string()))
+            }));
+            let mut c = prepared.command;
             c.current_dir(&spec.cwd);
             c
         }
@@ -232,8 +247,12 @@ pub fn run_process_tier(
     };
     launch::set_env(&mut cmd, &spec.env);
     setup.install(&mut cmd);
-    let status = crate::exec::process::run(cmd, spec.timeout, sink, containment)?;
-    drop(keep_alive);
+    let status = crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive)?;
+    if let Some(check) = started_check {
+        // A sandbox that could not be set up is hull's failure, not the
+        // command's exit code: report it as such (exit 125).
+        check()?;
+    }
     Ok(status)
 }
 

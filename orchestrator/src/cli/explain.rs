@@ -24,10 +24,16 @@ pub struct ExplainArgs {
 
 /// `hull policy check`: exit 0 when valid, 1 with `file:line: key: message` when not.
 pub fn check(spec: &str) -> anyhow::Result<i32> {
-    let r = policy::profiles::load(spec).and_then(|pf| policy::resolve(&pf, &example_vars(PathBuf::from("/project"))));
+    let r = policy::profiles::load(spec)
+        .and_then(|pf| policy::resolve(&pf, &example_vars(PathBuf::from("/project"))));
     match r {
         Ok(p) => {
-            println!("ok: {} ({} grants, {} protections)", p.name, p.grants.len(), p.protects.len());
+            println!(
+                "ok: {} ({} grants, {} protections)",
+                p.name,
+                p.grants.len(),
+                p.protects.len()
+            );
             Ok(0)
         }
         Err(e) => {
@@ -46,7 +52,8 @@ pub fn example_vars(project: PathBuf) -> Vars {
 
 pub fn explain(a: ExplainArgs) -> anyhow::Result<i32> {
     let project = match a.project {
-        Some(p) => std::fs::canonicalize(&p).map_err(|e| anyhow::anyhow!("project {}: {e}", p.display()))?,
+        Some(p) => std::fs::canonicalize(&p)
+            .map_err(|e| anyhow::anyhow!("project {}: {e}", p.display()))?,
         None => super::default_project()?,
     };
     let spec = a.policy.unwrap_or_else(|| "default".into());
@@ -62,7 +69,10 @@ pub fn explain(a: ExplainArgs) -> anyhow::Result<i32> {
         out.push(explain_tier(t, &pol));
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&json!({"policy": pol, "tiers": out}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"policy": pol, "tiers": out}))?
+        );
     } else {
         print!("{}", render_policy(&pol));
         for o in out {
@@ -80,14 +90,23 @@ pub fn explain(a: ExplainArgs) -> anyhow::Result<i32> {
 fn render_policy(p: &Policy) -> String {
     let mut s = format!("policy {}\n", p.name);
     for g in &p.grants {
-        s.push_str(&format!("  {:<10} {}\n", g.access.as_str(), g.path.display()));
+        s.push_str(&format!(
+            "  {:<10} {}\n",
+            g.access.as_str(),
+            g.path.display()
+        ));
     }
     for x in &p.protects {
         let kind = match x.protection {
             policy::Protection::Hidden => "hidden",
             policy::Protection::ReadOnly => "read-only",
         };
-        s.push_str(&format!("  {:<10} {}  ({})\n", kind, x.path.display(), x.reason.as_str()));
+        s.push_str(&format!(
+            "  {:<10} {}  ({})\n",
+            kind,
+            x.path.display(),
+            x.reason.as_str()
+        ));
     }
     s.push_str(&format!("  network    {:?}\n", p.net));
     let l = &p.limits;
@@ -118,7 +137,11 @@ pub fn explain_tier(t: Tier, p: &Policy) -> serde_json::Value {
                     let mut l = vec!["bwrap \\".to_string()];
                     l.extend(b.display_lines().into_iter().map(|x| format!("  {x} \\")));
                     l.push("  --seccomp FD -- CMD...".into());
-                    l.extend(b.placeholders.iter().map(|x| format!("# placeholder created: {}", x.path.display())));
+                    l.extend(
+                        b.placeholders
+                            .iter()
+                            .map(|x| format!("# placeholder created: {}", x.path.display())),
+                    );
                     l.extend(b.notes.iter().map(|n| format!("# note: {n}")));
                     l
                 })
@@ -127,7 +150,10 @@ pub fn explain_tier(t: Tier, p: &Policy) -> serde_json::Value {
         Tier::Landlock => policy::lower::landlock::lower(p, &fs)
             .map(|b| {
                 let mut l = b.display_lines();
-                l.push("seccomp: IP sockets refused; escape syscalls refused (see tier::seccomp)".into());
+                l.push(
+                    "seccomp: IP sockets refused; escape syscalls refused (see tier::seccomp)"
+                        .into(),
+                );
                 l.extend(b.notes.iter().map(|n| format!("# note: {n}")));
                 l
             })
@@ -138,6 +164,8 @@ pub fn explain_tier(t: Tier, p: &Policy) -> serde_json::Value {
     };
     match lines {
         Ok(l) => json!({"tier": t.name(), "lines": l}),
-        Err(e) => json!({"tier": t.name(), "error": e, "lines": [format!("cannot be lowered here: {e}")]}),
+        Err(e) => {
+            json!({"tier": t.name(), "error": e, "lines": [format!("cannot be lowered here: {e}")]})
+        }
     }
 }

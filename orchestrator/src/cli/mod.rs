@@ -70,6 +70,9 @@ pub struct LandlockExecArgs {
     /// The lowered plan, JSON.
     #[arg(long)]
     pub plan: String,
+    /// Where to report a setup failure.
+    #[arg(long)]
+    pub error_fd: Option<i32>,
     #[arg(last = true, required = true)]
     pub argv: Vec<std::ffi::OsString>,
 }
@@ -92,7 +95,7 @@ pub fn main() -> i32 {
         Command::Read(a) => read::read(a),
         Command::Image(c) => image::image(c),
         Command::Vm(c) => vm::vm(c),
-        Command::LandlockExec(a) => crate::tier::landlock::exec_main(a.plan, a.argv),
+        Command::LandlockExec(a) => crate::tier::landlock::exec_main(a.plan, a.error_fd, a.argv),
     };
     match result {
         Ok(code) => code,

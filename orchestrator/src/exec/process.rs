@@ -46,6 +46,7 @@ pub fn run(
     timeout: Option<Duration>,
     sink: Option<&mut dyn OutputSink>,
     containment: Containment,
+    close_after_spawn: Vec<std::os::fd::OwnedFd>,
 ) -> Result<ExitStatus, ExecError> {
     become_subreaper();
     let program = cmd.get_program().to_string_lossy().into_owned();
@@ -77,6 +78,8 @@ pub fn run(
         program: program.clone(),
         source,
     })?;
+    // The child has its copies; ours must go so pipes see EOF.
+    drop(close_after_spawn);
     let main_pid = child.id() as i32;
     let mut open_streams = 0;
     if let Some(out) = child.stdout.take() {
@@ -264,7 +267,12 @@ pub fn descendants_of(root: i32) -> Vec<i32> {
                 continue;
             };
             let path = format!("/proc/{pid}/stat");
-            let Ok(fd) = openat(CWD, path.as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) else {
+            let Ok(fd) = openat(
+                CWD,
+                path.as_str(),
+                OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
                 continue;
             };
             let n = rustix::io::read(&fd, &mut buf).unwrap_or(0);

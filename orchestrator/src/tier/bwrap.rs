@@ -6,6 +6,7 @@
 //! passed as a file descriptor (`--seccomp FD`).
 
 use std::ffi::OsString;
+use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,6 +28,8 @@ pub enum BwrapError {
     Seccomp(#[from] crate::tier::seccomp::SeccompError),
     #[error("tier bwrap: cannot pass the seccomp filter: {0}")]
     SeccompFd(std::io::Error),
+    #[error("tier bwrap: bubblewrap could not set up the sandbox (its message is above); the command did not run")]
+    SetupFailed,
 }
 
 /// The bwrap binary, found once.
@@ -74,7 +77,11 @@ pub fn probe() -> Probe {
 /// its namespaces the run fails with bwrap's own error, and nothing runs.
 pub fn ready() -> Probe {
     match binary() {
-        Some(bin) => Probe::available(Tier::Bwrap, format!("bwrap at {}", bin.display()), Vec::new()),
+        Some(bin) => Probe::available(
+            Tier::Bwrap,
+            format!("bwrap at {}", bin.display()),
+            Vec::new(),
+        ),
         None => Probe::unavailable(Tier::Bwrap, BwrapError::Missing.to_string()),
     }
 }
@@ -100,12 +107,26 @@ fn smoke_test(bin: &PathBuf) -> Result<(), String> {
     }
 }
 
-/// The command to spawn, and the descriptors that must stay open until it
-/// has started.
+/// The command to spawn, the descriptors the child needs (close ours after
+/// spawning), and the read end of bwrap's status pipe.
 #[derive(Debug)]
 pub struct Prepared {
     pub command: Command,
     pub keep: Vec<OwnedFd>,
+    pub status: OwnedFd,
+}
+
+/// Reads bwrap's `--json-status-fd` after it exited: Ok when the sandbox was
+/// set up and the command started, an error naming the failure otherwise.
+pub fn check_started(status: OwnedFd) -> Result<(), BwrapError> {
+    let mut text = String::new();
+    let mut f = std::fs::File::from(status);
+    let _ = std::io::Read::take(&mut f, 64 * 1024).read_to_string(&mut text);
+    if text.contains("\"child-pid\"") {
+        Ok(())
+    } else {
+        Err(BwrapError::SetupFailed)
+    }
 }
 
 /// Builds the bwrap command for a lowered plan.
@@ -115,13 +136,18 @@ pub fn command(plan: &BwrapPlan, argv: &[OsString]) -> Result<Prepared, BwrapErr
     let fd =
         crate::tier::launch::memfd_with("hull-seccomp", &crate::tier::seccomp::to_bytes(&prog))
             .map_err(BwrapError::SeccompFd)?;
+    let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| BwrapError::SeccompFd(e.into()))?;
     let mut cmd = Command::new(bin);
     cmd.args(&plan.args);
     cmd.arg("--seccomp").arg(fd.as_raw_fd().to_string());
+    cmd.arg("--json-status-fd")
+        .arg(status_w.as_raw_fd().to_string());
     cmd.arg("--");
     cmd.args(argv);
     Ok(Prepared {
         command: cmd,
-        keep: vec![fd],
+        keep: vec![fd, status_w],
+        status: status_r,
     })
 }

@@ -41,6 +41,8 @@ pub enum LandlockError {
     Seccomp(#[from] crate::tier::seccomp::SeccompError),
     #[error("tier landlock: dropping capabilities failed: {0}")]
     Caps(std::io::Error),
+    #[error("tier landlock: the sandbox could not be set up, the command did not run: {0}")]
+    SetupFailed(String),
     #[error("tier landlock: bad plan: {0}")]
     Plan(String),
     #[error("tier landlock: cannot execute {program}: {source}")]
@@ -105,12 +107,34 @@ pub fn probe() -> crate::tier::probe::Probe {
     )
 }
 
+/// The helper command, and a pipe on which it reports a setup failure: the
+/// write end is close-on-exec in the helper, so EOF with no data means the
+/// command was executed with every restriction in place.
+#[derive(Debug)]
+pub struct Prepared {
+    pub command: Command,
+    pub error_w: std::os::fd::OwnedFd,
+    pub error_r: std::os::fd::OwnedFd,
+}
+
+/// Reads the helper's error pipe after it is done.
+pub fn check_started(error_r: std::os::fd::OwnedFd) -> Result<(), LandlockError> {
+    let mut text = String::new();
+    let f = std::fs::File::from(error_r);
+    let _ = std::io::Read::read_to_string(&mut std::io::Read::take(f, 16 * 1024), &mut text);
+    if text.is_empty() {
+        Ok(())
+    } else {
+        Err(LandlockError::SetupFailed(text))
+    }
+}
+
 /// Builds the command that applies `plan` and then runs `argv`.
 pub fn command(
     plan: &LandlockPlan,
     limits: &crate::policy::Limits,
     argv: &[OsString],
-) -> Result<Command, LandlockError> {
+) -> Result<Prepared, LandlockError> {
     let abi = kernel_abi();
     if abi == 0 {
         return Err(LandlockError::Unsupported);
@@ -129,17 +153,63 @@ pub fn command(
         program: "hull (current executable)".into(),
         source,
     })?;
+    let (error_r, error_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| LandlockError::Caps(e.into()))?;
     let mut cmd = Command::new(me);
-    cmd.arg("__landlock-exec").arg("--plan").arg(json).arg("--");
+    cmd.arg("__landlock-exec")
+        .arg("--plan")
+        .arg(json)
+        .arg("--error-fd")
+        .arg(std::os::fd::AsRawFd::as_raw_fd(&error_w).to_string())
+        .arg("--");
     cmd.args(argv);
-    Ok(cmd)
+    Ok(Prepared {
+        command: cmd,
+        error_w,
+        error_r,
+    })
 }
 
 /// `hull __landlock-exec`: restrict this process, then exec the command.
-/// Only returns on error.
-pub fn exec_main(plan_json: String, argv: Vec<OsString>) -> anyhow::Result<i32> {
+/// Only returns on error, which it also writes to `error_fd`.
+pub fn exec_main(
+    plan_json: String,
+    error_fd: Option<i32>,
+    argv: Vec<OsString>,
+) -> anyhow::Result<i32> {
+    let r = restrict_and_exec(&plan_json, error_fd, &argv);
+    let e = match r {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
+    if let Some(fd) = error_fd {
+        // SAFETY: the fd was handed to us by hull on the command line and is
+        // open for writing; we own it from here on.
+        let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        if std::io::Write::write_all(&mut &f, e.to_string().as_bytes()).is_ok() {
+            // hull reports it; printing here too would say it twice.
+            return Ok(crate::EXIT_HULL_FAILED);
+        }
+    }
+    Err(e.into())
+}
+
+enum Never {}
+
+fn restrict_and_exec(
+    plan_json: &str,
+    error_fd: Option<i32>,
+    argv: &[OsString],
+) -> Result<Never, LandlockError> {
     let plan: ExecPlan =
-        serde_json::from_str(&plan_json).map_err(|e| LandlockError::Plan(e.to_string()))?;
+        serde_json::from_str(plan_json).map_err(|e| LandlockError::Plan(e.to_string()))?;
+    if let Some(fd) = error_fd {
+        // Closed by the exec of the command: EOF then tells hull it started.
+        // SAFETY: fcntl on an fd number, integer arguments only.
+        unsafe {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
     restrict(&plan)?;
     let program = argv
         .first()
@@ -148,8 +218,7 @@ pub fn exec_main(plan_json: String, argv: Vec<OsString>) -> anyhow::Result<i32> 
     Err(LandlockError::Exec {
         program: program.to_string_lossy().into_owned(),
         source: err,
-    }
-    .into())
+    })
 }
 
 fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {

@@ -23,7 +23,11 @@ pub mod landlock {
     pub fn probe() -> Probe {
         Probe::wrong_os(Tier::Landlock)
     }
-    pub fn exec_main(_plan: String, _argv: Vec<std::ffi::OsString>) -> anyhow::Result<i32> {
+    pub fn exec_main(
+        _plan: String,
+        _error_fd: Option<i32>,
+        _argv: Vec<std::ffi::OsString>,
+    ) -> anyhow::Result<i32> {
         anyhow::bail!("tier landlock needs Linux")
     }
 }
