@@ -247,7 +247,9 @@ pub fn run_process_tier(
     };
     launch::set_env(&mut cmd, &spec.env);
     setup.install(&mut cmd);
+    tracing::debug!(%tier, "command built");
     let status = crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive)?;
+    tracing::debug!(?status, "command ended");
     if let Some(check) = started_check {
         // A sandbox that could not be set up is hull's failure, not the
         // command's exit code: report it as such (exit 125).
@@ -272,6 +274,7 @@ pub fn run_process_tier(
 /// Runs `opts` to the end and returns how the command ended.
 pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     let (tier, _probe) = select_tier(opts.tier)?;
+    tracing::debug!(%tier, "tier ready");
     let runs = crate::runtime::runs_root();
     let project = project_path(&opts.project, &runs)?;
     let pf = policy::profiles::load(&opts.policy)?;
@@ -288,6 +291,7 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     );
     let pol = policy::resolve(&pf, &vars)?;
     let env = command_env(&pol, &opts.env, instance.id());
+    tracing::debug!(instance = instance.id(), "policy resolved");
     let spec = CommandSpec {
         argv: opts.argv.clone(),
         cwd: project,

@@ -128,10 +128,15 @@ fn init_tracing(verbose: u8, quiet: bool) {
         }
     };
     let filter = EnvFilter::try_from_env("HULL_LOG").unwrap_or_else(|_| EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
+    let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .try_init();
+        .with_target(false);
+    // Timestamps only when debugging: they show where time goes.
+    let _ = if verbose >= 2 {
+        b.with_timer(tracing_subscriber::fmt::time::uptime())
+            .try_init()
+    } else {
+        b.without_time().try_init()
+    };
 }

@@ -78,6 +78,7 @@ pub fn run(
         program: program.clone(),
         source,
     })?;
+    tracing::debug!(pid = child.id(), "spawned");
     // The child has its copies; ours must go so pipes see EOF.
     drop(close_after_spawn);
     let main_pid = child.id() as i32;
@@ -117,6 +118,7 @@ pub fn run(
         match rx.recv_timeout(wait) {
             Ok(Event::Exited(r)) => {
                 let st = r.map_err(ExecError::Wait)?;
+                tracing::debug!(?st, "child exited");
                 exited = Some(st);
                 // The command is done: nothing it left behind may keep running.
                 if containment == Containment::None || forced.is_some() {
@@ -158,6 +160,7 @@ pub fn run(
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
+    tracing::debug!("streams closed");
     sig_handle.close();
     if !swept {
         kill_descendants(main_pid);
