@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets up what is missing, builds hull and the tier-3 guest image (cached
+# after the first time), then runs a sample command under tier 3: an outer
+# QEMU VM (KVM when it works, else TCG emulation) running an unprivileged
+# Incus container, with this repository as the project.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+
+bash scripts/setup.sh --tier3
+cargo build --release --locked -p hull -p hull-agent
+HULL=target/release/hull
+export HULL_AGENT_BIN="$PWD/target/release/hull-agent"
+
+$HULL probe
+$HULL image build
+echo
+echo "==> hull run --tier3 -- sh -c '...'"
+$HULL run --tier3 --project "$PWD" -- sh -c 'echo "hello from $(uname -n): uid $(id -u), kernel $(uname -r)"; ls README.md; cat /proc/1/cgroup | head -1'
