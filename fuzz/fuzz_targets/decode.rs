@@ -20,8 +20,8 @@ fuzz_target!(|data: &[u8]| {
         loop {
             match d.next_frame() {
                 Ok(Some(frame)) => {
-                    let again = encode(&frame.message, frame.id)
-                        .expect("a decoded frame must re-encode");
+                    let again =
+                        encode(&frame.message, frame.id).expect("a decoded frame must re-encode");
                     let mut d2 = Decoder::new();
                     d2.feed(&again).expect("feed of one frame");
                     let back = d2.next_frame().expect("re-decode").expect("one frame");

@@ -66,6 +66,8 @@ pub(crate) struct ExecHandle {
     pub events: Sender<Event>,
     pub stdin: Option<StdinHandle>,
     pub kill_sent: bool,
+    /// `Signal` frames received so far.
+    pub signals: usize,
 }
 
 #[derive(Debug)]
@@ -159,6 +161,7 @@ pub(crate) fn start(
             events: tx,
             stdin: stdin_handle,
             kill_sent: false,
+            signals: 0,
         },
         handle,
     ))

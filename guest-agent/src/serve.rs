@@ -30,8 +30,9 @@ use crate::transport::{self, Port, Transport, TransportError};
 
 /// Default cap on concurrent execs per session.
 pub const DEFAULT_MAX_EXECS: usize = 64;
-/// Most queued, unhandled signals per exec before the host is cut off.
-const MAX_PENDING_SIGNALS: usize = 256;
+/// Most `Signal` frames one exec may receive; more is a protocol violation
+/// (keeps a flooding host from queueing without bound).
+const MAX_SIGNALS_PER_EXEC: usize = 256;
 
 /// Handles `Configure` (the outer agent provides one).
 pub trait Configurator: Send + Sync {
@@ -162,7 +163,6 @@ struct Session<'a> {
     execs: ExecTable,
     threads: Vec<JoinHandle<()>>,
     configuring: Arc<AtomicBool>,
-    pending_signals: HashMap<u32, usize>,
 }
 
 enum Step {
@@ -187,7 +187,6 @@ pub fn serve_session(t: Transport, opts: &ServeOptions) -> Result<SessionEnd, Se
         execs: Arc::new(Mutex::new(HashMap::new())),
         threads: Vec::new(),
         configuring: Arc::new(AtomicBool::new(false)),
-        pending_signals: HashMap::new(),
     };
     // Say hello first: on virtio-serial the host may be waiting already.
     let software = format!("hull-agent {}", env!("CARGO_PKG_VERSION"));
@@ -289,9 +288,11 @@ impl Session<'_> {
                 if id == 0 {
                     return Step::End(SessionEnd::Closed);
                 }
-                self.with_exec(id, |h| {
+                // Never answer an error with an error (no ping-pong).
+                let execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(h) = execs.get(&id) {
                     let _ = h.events.send(Event::Kill);
-                });
+                }
                 Step::Continue
             }
             Message::Hello(_) => {
@@ -387,7 +388,6 @@ impl Session<'_> {
                     .send(&Message::error(ErrorCode::ExecFailed, e.to_string()), id);
             }
         }
-        self.pending_signals.remove(&id);
         Step::Continue
     }
 
@@ -434,17 +434,21 @@ impl Session<'_> {
     }
 
     fn signal(&mut self, id: u32, signo: i32) -> Step {
-        let pending = self.pending_signals.entry(id).or_insert(0);
-        *pending += 1;
-        if *pending > MAX_PENDING_SIGNALS {
+        let mut flooded = false;
+        self.with_exec(id, |h| {
+            h.signals += 1;
+            if h.signals > MAX_SIGNALS_PER_EXEC {
+                flooded = true;
+            } else {
+                let _ = h.events.send(Event::Signal(signo));
+            }
+        });
+        if flooded {
             return Step::End(self.fatal(
                 ErrorCode::BadRequest,
-                format!("more than {MAX_PENDING_SIGNALS} signals for exec {id}"),
+                format!("more than {MAX_SIGNALS_PER_EXEC} signal frames for exec {id}"),
             ));
         }
-        self.with_exec(id, |h| {
-            let _ = h.events.send(Event::Signal(signo));
-        });
         Step::Continue
     }
 

@@ -262,12 +262,19 @@ fn timeout_kills_a_tree_with_a_setsid_grandchild() {
 fn kill_frame_kills_the_whole_tree() {
     let mut a = agent();
     // A setsid grandchild and a double-forked one.
-    let script = "setsid sh -c 'echo $$; exec sleep 1000' & \
-                  (sh -c 'echo $$; exec sleep 1000' &) ; wait";
+    let script = "setsid sh -c 'echo s $$; exec sleep 1000' & \
+                  (sh -c 'echo d $$; exec sleep 1000' &) ; wait";
     a.conn.send(&Message::Exec(sh(script)), 2).unwrap();
     let mut o = Outcome::default();
-    let g1: u32 = read_line(&mut a.conn, 2, &mut o).parse().unwrap();
-    let g2: u32 = read_line(&mut a.conn, 2, &mut o).parse().unwrap();
+    let (mut g1, mut g2) = (0u32, 0u32);
+    for _ in 0..2 {
+        let line = read_line(&mut a.conn, 2, &mut o);
+        let (kind, pid) = line.split_once(' ').unwrap();
+        match kind {
+            "s" => g1 = pid.parse().unwrap(),
+            _ => g2 = pid.parse().unwrap(),
+        }
+    }
     let pid = o.started.unwrap();
     // Make sure the test really exercises escapes: g1 left the session.
     let (_, cmd_sid) = stat(pid).unwrap();
@@ -298,6 +305,32 @@ fn leftovers_die_when_the_command_exits() {
     assert_eq!(o.end, Some(Message::Exit(ExitStatus::Code(0))));
     let bg: u32 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
     assert!(!sleep_alive(bg), "background sleep {bg} outlived its exec");
+}
+
+#[test]
+fn a_killed_shepherd_ends_the_exec_and_its_orphans_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // The command kills its own shepherd (its parent), so its tree is
+    // adopted by the agent, which must find and kill it.
+    let script = format!(
+        "echo $$ > {}; kill -9 $PPID; exec sleep 1000",
+        pidfile.display()
+    );
+    let o = run(&mut agent(), 1, sh(&script));
+    match o.end {
+        Some(Message::Error { code, message }) => {
+            assert_eq!(code, ErrorCode::Internal);
+            assert!(message.contains("shepherd"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(stat(pid).is_none(), "orphaned command {pid} was not swept");
 }
 
 #[test]
