@@ -2,6 +2,7 @@
 //! socketpair (or a real unix listener), real processes, and the protocol
 //! crate's blocking client as the host.
 
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // test-only crate: helpers outside #[test] fns unwrap too
 
 use std::io::Write;

@@ -1,5 +1,7 @@
 //! The blocking `Connection` helper over a real socketpair.
 
+#![cfg(unix)]
+
 mod common;
 
 use std::os::unix::net::UnixStream;
