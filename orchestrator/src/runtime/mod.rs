@@ -1,76 +1,159 @@
-//! TEMPORARY shim until the runtime module lands (instance dirs and lock).
+//! The per-instance runtime: run directories, their lock, cleanup, spill, and
+//! bounded symlink-safe reads.
+//!
+//! A hull instance (one `hull` process, or several that join the same id,
+//! with everything they launched) owns `<runs_root>/<uuid>/`:
+//!
+//! ```text
+//! <runs_root>/<uuid>/
+//! ├── .active   OS file lock: shared while in use, held by hull and its children
+//! ├── tmp/      read-write for the command (TMPDIR, TMP, TEMP); removed when idle
+//! └── spill/    written by hull only (large outputs); readable by the command; kept 24 h
+//! ```
+//!
+//! - [`Instance`]: create or join a run dir and hold its lock ([`instance`]).
+//! - [`gc()`], [`list()`]: clean what no process holds, report what exists ([`gc`]).
+//! - [`SpillSink`], [`PassThrough`]: the [`crate::exec::OutputSink`]s ([`spill`]).
+//! - [`ReadScope`]: `hull read`, bounded reads with a cursor ([`read`]).
+//!
+//! What this module protects against: one instance cleaning up another that
+//! is still in use (also when the hull process died and only a child holds
+//! the inherited lock); a read through hull escaping the project or this
+//! instance's spill by `..`, a symlink, or a path into another run dir; a
+//! cursor replayed against a changed file or from another instance; unbounded
+//! answers. What it does not: a command that releases the inherited lock of
+//! its own instance (it can only make its own instance look idle once hull is
+//! gone); hard links (a hard link inside the project to a file elsewhere reads
+//! like any project file, since the sandbox never lets a command create one
+//! to a file it cannot see); another process of the same user that edits the
+//! runs root directly (the root must be owned by this user and not writable
+//! by group or others, which is checked).
+
+pub mod gc;
+pub mod instance;
+pub mod read;
 pub mod spill;
 
-use std::path::{Path, PathBuf};
+mod beneath;
+mod cursor;
+mod fsx;
+mod lock;
 
-pub fn runs_root() -> PathBuf {
-    std::env::var_os("HULL_RUNS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("hull-runs"))
+#[cfg(test)]
+#[cfg(target_os = "linux")]
+mod tests;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Serialize, Serializer};
+use uuid::Uuid;
+
+pub use gc::{gc, gc_if_due, list, GcEntry, GcError, GcOutcome, GcReport, RunInfo, RunState};
+pub use instance::{FinishOutcome, Instance, InstanceError};
+pub use read::{ReadAnswer, ReadError, ReadRequest, ReadScope, READ_MAX_BYTES};
+pub use spill::{PassThrough, SpillError, SpillSink, DEFAULT_SPILL_BYTES};
+
+/// Environment variable that overrides where run dirs live (tests set it).
+pub const RUNS_DIR_ENV: &str = "HULL_RUNS_DIR";
+/// Environment variable naming the instance (set for commands; read by `hull read`).
+pub const INSTANCE_ENV: &str = "HULL_INSTANCE";
+/// Environment variable with the instance's spill dir, set for commands.
+pub const SPILL_ENV: &str = "HULL_SPILL";
+
+/// Name of the lock file inside a run dir.
+pub const LOCK_FILE: &str = ".active";
+/// Name of the command's scratch dir inside a run dir.
+pub const TMP_DIR: &str = "tmp";
+/// Name of the spill dir inside a run dir.
+pub const SPILL_DIR: &str = "spill";
+
+/// Where run dirs live: `$HULL_RUNS_DIR` when set (must be absolute), else
+/// `std::env::temp_dir()/hull-runs`. Does not create it.
+pub fn runs_root() -> Result<PathBuf, InstanceError> {
+    match std::env::var_os(RUNS_DIR_ENV) {
+        Some(v) if !v.is_empty() => {
+            let p = PathBuf::from(v);
+            if p.is_absolute() {
+                Ok(p)
+            } else {
+                Err(InstanceError::RunsRootNotAbsolute { path: p })
+            }
+        }
+        _ => Ok(std::env::temp_dir().join("hull-runs")),
+    }
 }
 
-#[cfg(unix)]
-pub type LockFd = std::os::fd::RawFd;
-#[cfg(not(unix))]
-pub type LockFd = ();
+/// An instance id: a random (v4) UUID, written hyphenated and lower case.
+/// That spelling is also the run dir's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstanceId(Uuid);
 
-#[derive(Debug)]
-pub struct Instance {
-    id: String,
-    dir: PathBuf,
-    tmp: PathBuf,
-    spill: PathBuf,
-    lock: std::fs::File,
+impl InstanceId {
+    /// A fresh random id.
+    pub fn new() -> Self {
+        InstanceId(Uuid::new_v4())
+    }
+
+    /// The id spelled by a run dir's name, if that name is exactly the
+    /// canonical spelling of an id (anything else in the runs root is not a
+    /// run dir and is left alone).
+    pub fn from_dir_name(name: &str) -> Option<Self> {
+        let id = Uuid::try_parse(name).ok().map(InstanceId)?;
+        (id.to_string() == name).then_some(id)
+    }
 }
 
-impl Instance {
-    pub fn create(runs: &Path) -> std::io::Result<Instance> {
-        let id = uuid::Uuid::new_v4().to_string();
-        Self::open(runs, &id)
+impl Default for InstanceId {
+    fn default() -> Self {
+        Self::new()
     }
-    pub fn join(runs: &Path, id: &str) -> std::io::Result<Instance> {
-        Self::open(runs, id)
+}
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0.hyphenated(), f)
     }
-    fn open(runs: &Path, id: &str) -> std::io::Result<Instance> {
-        let dir = runs.join(id);
-        let tmp = dir.join("tmp");
-        let spill = dir.join("spill");
-        std::fs::create_dir_all(&tmp)?;
-        std::fs::create_dir_all(&spill)?;
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(".active"))?;
-        #[cfg(unix)]
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockShared)?;
-        Ok(Instance {
-            id: id.to_string(),
-            dir,
-            tmp,
-            spill,
-            lock,
-        })
+}
+
+/// The error for a string that is not an instance id.
+#[derive(Debug, thiserror::Error)]
+#[error("not a hull instance id (a UUID such as 0b6c1e9a-4f7e-4b1a-9d2e-2f1c3a4b5c6d): {0:?}")]
+pub struct BadInstanceId(pub String);
+
+impl FromStr for InstanceId {
+    type Err = BadInstanceId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::try_parse(s.trim())
+            .map(InstanceId)
+            .map_err(|_| BadInstanceId(s.to_string()))
     }
-    pub fn id(&self) -> &str {
-        &self.id
+}
+
+impl Serialize for InstanceId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-    pub fn tmp(&self) -> &Path {
-        &self.tmp
-    }
-    pub fn spill(&self) -> &Path {
-        &self.spill
-    }
-    #[cfg(unix)]
-    pub fn lock_raw_fd(&self) -> LockFd {
-        std::os::fd::AsRawFd::as_raw_fd(&self.lock)
-    }
-    #[cfg(not(unix))]
-    pub fn lock_raw_fd(&self) -> LockFd {}
-    pub fn finish(self) {
-        let _ = std::fs::remove_dir_all(&self.tmp);
+}
+
+#[cfg(test)]
+mod id_tests {
+    use super::*;
+
+    #[test]
+    fn id_round_trips_and_dir_names_are_strict() {
+        let id = InstanceId::new();
+        let s = id.to_string();
+        assert_eq!(s.len(), 36);
+        assert_eq!(s.parse::<InstanceId>().unwrap(), id);
+        assert_eq!(InstanceId::from_dir_name(&s), Some(id));
+        // Other spellings parse as input but are not run dir names.
+        let upper = s.to_uppercase();
+        assert_eq!(upper.parse::<InstanceId>().unwrap(), id);
+        assert_eq!(InstanceId::from_dir_name(&upper), None);
+        assert_eq!(InstanceId::from_dir_name(&s.replace('-', "")), None);
+        assert_eq!(InstanceId::from_dir_name(".new-x"), None);
+        assert!("../etc".parse::<InstanceId>().is_err());
     }
 }

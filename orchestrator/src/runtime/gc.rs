@@ -1,0 +1,480 @@
+//! Cleanup of run dirs nobody uses, and the listing behind `hull runs list`.
+//!
+//! Rules, applied only to a run dir whose `.active` this process can lock
+//! exclusively without waiting (a held lock means in use: nothing in that dir
+//! is touched, whatever its age):
+//! - `tmp/` is removed;
+//! - spill files older than [`SPILL_MAX_AGE`] (by modification time) are removed;
+//! - when the spill is then empty, the run dir itself is removed.
+//!
+//! Staging dirs (`.new-<uuid>`, an instance being created) are left alone for
+//! [`STAGING_GRACE`], then treated the same way (a crashed creator). A run
+//! dir without `.active` is only removed when it is empty. Names that are not
+//! run dirs are never touched.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+use super::{fsx, lock, InstanceId, LOCK_FILE, SPILL_DIR, TMP_DIR};
+
+/// How long spill files are kept.
+pub const SPILL_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// How long a staging dir is left alone.
+pub const STAGING_GRACE: Duration = Duration::from_secs(3600);
+/// [`gc_if_due`] runs a pass at most this often.
+pub const GC_INTERVAL: Duration = Duration::from_secs(600);
+/// File in the runs root whose modification time records the last pass.
+const STAMP: &str = ".gc-stamp";
+
+/// Errors reading the runs root. Errors inside one run dir do not stop a
+/// pass; they are reported as [`GcOutcome::Failed`].
+#[derive(Debug, thiserror::Error)]
+pub enum GcError {
+    #[error("reading runs root {path:?}: {source}")]
+    ReadRoot {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One cleanup pass.
+#[derive(Debug, Clone, Serialize)]
+pub struct GcReport {
+    pub root: PathBuf,
+    pub entries: Vec<GcEntry>,
+}
+
+/// What a pass did with one run dir.
+#[derive(Debug, Clone, Serialize)]
+pub struct GcEntry {
+    /// The directory's name (an instance id, or `.new-…` for staging).
+    pub name: String,
+    #[serde(flatten)]
+    pub outcome: GcOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum GcOutcome {
+    /// Its lock is held: not touched.
+    InUse,
+    /// Idle: cleaned by the rules above.
+    Cleaned {
+        tmp_removed: bool,
+        spill_removed: u64,
+        spill_kept: u64,
+        bytes_freed: u64,
+        dir_removed: bool,
+    },
+    /// Left alone for the given reason.
+    Skipped { reason: String },
+    /// Cleaning failed part way; the error says where.
+    Failed { error: String },
+}
+
+/// Whether a run dir is in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Some process holds its lock.
+    Active,
+    /// Nobody holds it: cleanup may remove its tmp and old spill.
+    Idle,
+    /// It has no `.active` (damaged): cleanup leaves it unless empty.
+    NoLock,
+}
+
+/// One run dir, for `hull runs list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    pub id: InstanceId,
+    pub dir: PathBuf,
+    pub state: RunState,
+    /// When the instance was created (the lock file's modification time;
+    /// hull never writes to it).
+    #[serde(serialize_with = "ser_time")]
+    pub created: Option<SystemTime>,
+    pub tmp_bytes: u64,
+    pub spill_bytes: u64,
+    pub spill_files: u64,
+}
+
+fn ser_time<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.collect_str(&humantime::format_rfc3339_seconds(*t)),
+        None => s.serialize_none(),
+    }
+}
+
+enum Kind {
+    Run,
+    Staging,
+}
+
+fn classify(name: &str) -> Option<Kind> {
+    if InstanceId::from_dir_name(name).is_some() {
+        Some(Kind::Run)
+    } else if name
+        .strip_prefix(".new-")
+        .and_then(InstanceId::from_dir_name)
+        .is_some()
+    {
+        Some(Kind::Staging)
+    } else {
+        None
+    }
+}
+
+fn read_root(root: &Path) -> Result<Vec<(String, PathBuf)>, GcError> {
+    let rd = match std::fs::read_dir(root) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(GcError::ReadRoot {
+                path: root.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut out = Vec::new();
+    for e in rd {
+        let e = e.map_err(|source| GcError::ReadRoot {
+            path: root.to_path_buf(),
+            source,
+        })?;
+        if let Some(name) = e.file_name().to_str() {
+            out.push((name.to_string(), e.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// One cleanup pass over every run dir under `root` (see the module docs for
+/// the rules). A missing root is an empty pass.
+pub fn gc(root: &Path) -> Result<GcReport, GcError> {
+    let now = SystemTime::now();
+    let mut entries = Vec::new();
+    for (name, path) in read_root(root)? {
+        let Some(kind) = classify(&name) else {
+            continue;
+        };
+        let outcome = match clean_one(&path, kind, now) {
+            Ok(o) => o,
+            Err(e) => GcOutcome::Failed {
+                error: format!("{}: {e}", path.display()),
+            },
+        };
+        entries.push(GcEntry { name, outcome });
+    }
+    Ok(GcReport {
+        root: root.to_path_buf(),
+        entries,
+    })
+}
+
+/// The cheap pass for hull's start: runs [`gc`] only when the last pass
+/// (recorded in `<root>/.gc-stamp`) is older than [`GC_INTERVAL`] or
+/// unknown, so starting many hulls does not rescan the root each time.
+/// `Ok(None)` when no pass was due or the root does not exist.
+pub fn gc_if_due(root: &Path) -> Result<Option<GcReport>, GcError> {
+    if !root.is_dir() {
+        return Ok(None);
+    }
+    let stamp = root.join(STAMP);
+    if let Ok(md) = std::fs::symlink_metadata(&stamp) {
+        let recent = md
+            .modified()
+            .ok()
+            .and_then(|m| SystemTime::now().duration_since(m).ok())
+            .is_some_and(|age| age < GC_INTERVAL);
+        if md.is_file() && recent {
+            return Ok(None);
+        }
+        let _ = std::fs::remove_file(&stamp);
+    }
+    // Best effort: without a stamp the next start simply runs a pass again.
+    let _ = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&stamp);
+    gc(root).map(Some)
+}
+
+fn older_than(md: &std::fs::Metadata, now: SystemTime, age: Duration) -> bool {
+    md.modified()
+        .ok()
+        .and_then(|m| now.duration_since(m).ok())
+        .is_some_and(|a| a > age)
+}
+
+fn clean_one(dir: &Path, kind: Kind, now: SystemTime) -> io::Result<GcOutcome> {
+    let md = std::fs::symlink_metadata(dir)?;
+    if !md.is_dir() {
+        return Ok(GcOutcome::Skipped {
+            reason: "not a directory".into(),
+        });
+    }
+    if matches!(kind, Kind::Staging) && !older_than(&md, now, STAGING_GRACE) {
+        return Ok(GcOutcome::Skipped {
+            reason: "being created".into(),
+        });
+    }
+    let lock_path = dir.join(LOCK_FILE);
+    if std::fs::symlink_metadata(&lock_path).is_err() {
+        // No lock file: we cannot know whether it is in use. Only an empty
+        // dir (a cleanup interrupted after removing `.active`) goes.
+        return Ok(match std::fs::remove_dir(dir) {
+            Ok(()) => GcOutcome::Cleaned {
+                tmp_removed: false,
+                spill_removed: 0,
+                spill_kept: 0,
+                bytes_freed: 0,
+                dir_removed: true,
+            },
+            Err(_) => GcOutcome::Skipped {
+                reason: "no .active lock file; not empty, left alone".into(),
+            },
+        });
+    }
+    let Some(excl) = lock::try_exclusive(&lock_path)? else {
+        return Ok(GcOutcome::InUse);
+    };
+    // Holding the exclusive lock: no process uses this dir, and none can
+    // join it until we release.
+    let r = match kind {
+        Kind::Run => clean_locked(dir, &lock_path, now),
+        Kind::Staging => {
+            let (bytes, _) = fsx::tree_usage(dir)?;
+            fsx::remove_tree(dir)?;
+            Ok(GcOutcome::Cleaned {
+                tmp_removed: true,
+                spill_removed: 0,
+                spill_kept: 0,
+                bytes_freed: bytes,
+                dir_removed: true,
+            })
+        }
+    };
+    drop(excl);
+    r
+}
+
+fn clean_locked(dir: &Path, lock_path: &Path, now: SystemTime) -> io::Result<GcOutcome> {
+    let mut bytes_freed = 0u64;
+    let tmp = dir.join(TMP_DIR);
+    let tmp_removed = match std::fs::symlink_metadata(&tmp) {
+        Ok(_) => {
+            bytes_freed += fsx::tree_usage(&tmp)?.0;
+            fsx::remove_tree(&tmp)?;
+            true
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e),
+    };
+    let spill = dir.join(SPILL_DIR);
+    let mut spill_removed = 0u64;
+    let mut spill_kept = 0u64;
+    match std::fs::read_dir(&spill) {
+        Ok(rd) => {
+            for e in rd {
+                let e = e?;
+                let p = e.path();
+                let md = std::fs::symlink_metadata(&p)?;
+                if older_than(&md, now, SPILL_MAX_AGE) {
+                    let (b, _) = fsx::tree_usage(&p)?;
+                    if md.is_dir() {
+                        fsx::remove_tree(&p)?;
+                    } else {
+                        std::fs::remove_file(&p)?;
+                    }
+                    bytes_freed += b;
+                    spill_removed += 1;
+                } else {
+                    spill_kept += 1;
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut dir_removed = false;
+    if spill_kept == 0 {
+        match std::fs::remove_dir(&spill) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        // Removing `.active` while holding it: a process waiting to join
+        // sees that the file it locked is gone and reports the instance gone.
+        std::fs::remove_file(lock_path)?;
+        std::fs::remove_dir(dir)?;
+        dir_removed = true;
+    }
+    Ok(GcOutcome::Cleaned {
+        tmp_removed,
+        spill_removed,
+        spill_kept,
+        bytes_freed,
+        dir_removed,
+    })
+}
+
+/// Every run dir under `root` with its state and sizes. A missing root is
+/// an empty list. Probing the state takes the exclusive lock for an instant
+/// (a process joining at that moment waits for it).
+pub fn list(root: &Path) -> Result<Vec<RunInfo>, GcError> {
+    let mut out = Vec::new();
+    for (name, path) in read_root(root)? {
+        let Some(id) = InstanceId::from_dir_name(&name) else {
+            continue;
+        };
+        if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        let lock_path = path.join(LOCK_FILE);
+        let lock_md = std::fs::symlink_metadata(&lock_path).ok();
+        let state = match &lock_md {
+            None => RunState::NoLock,
+            Some(_) => match lock::try_exclusive(&lock_path) {
+                Ok(Some(_)) => RunState::Idle,
+                Ok(None) | Err(_) => RunState::Active,
+            },
+        };
+        let (tmp_bytes, _) = fsx::tree_usage(&path.join(TMP_DIR)).unwrap_or((0, 0));
+        let (spill_bytes, spill_files) = fsx::tree_usage(&path.join(SPILL_DIR)).unwrap_or((0, 0));
+        out.push(RunInfo {
+            id,
+            dir: path,
+            state,
+            created: lock_md.and_then(|m| m.modified().ok()),
+            tmp_bytes,
+            spill_bytes,
+            spill_files,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::Instance;
+
+    /// Sets a file's modification time `age` into the past.
+    pub(crate) fn age_file(p: &Path, age: Duration) {
+        let t = SystemTime::now() - age;
+        let f = std::fs::File::options().write(true).open(p).unwrap();
+        f.set_modified(t).unwrap();
+    }
+
+    #[test]
+    fn in_process_rules() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("runs");
+        let busy = Instance::create(&root).unwrap();
+        std::fs::write(busy.tmp().join("t"), b"t").unwrap();
+        std::fs::write(busy.spill().join("old.txt"), b"o").unwrap();
+        age_file(&busy.spill().join("old.txt"), SPILL_MAX_AGE * 2);
+
+        let idle = Instance::create(&root).unwrap();
+        std::fs::write(idle.tmp().join("t"), b"tt").unwrap();
+        std::fs::write(idle.spill().join("fresh.txt"), b"f").unwrap();
+        std::fs::write(idle.spill().join("old.txt"), b"ooo").unwrap();
+        age_file(
+            &idle.spill().join("old.txt"),
+            SPILL_MAX_AGE + Duration::from_secs(60),
+        );
+        let idle_dir = idle.dir().to_path_buf();
+        drop(idle); // released, tmp still there
+
+        let empty = Instance::create(&root).unwrap();
+        let empty_dir = empty.dir().to_path_buf();
+        drop(empty);
+
+        // Not ours: never touched.
+        std::fs::create_dir(root.join("not-a-run")).unwrap();
+
+        let r = gc(&root).unwrap();
+        let by = |dir: &Path| {
+            let n = dir.file_name().unwrap().to_str().unwrap();
+            r.entries
+                .iter()
+                .find(|e| e.name == n)
+                .unwrap()
+                .outcome
+                .clone()
+        };
+        assert_eq!(by(busy.dir()), GcOutcome::InUse);
+        assert!(busy.tmp().join("t").is_file());
+        assert!(
+            busy.spill().join("old.txt").is_file(),
+            "held: old spill kept"
+        );
+        assert_eq!(
+            by(&idle_dir),
+            GcOutcome::Cleaned {
+                tmp_removed: true,
+                spill_removed: 1,
+                spill_kept: 1,
+                bytes_freed: 5,
+                dir_removed: false
+            }
+        );
+        assert!(!idle_dir.join(TMP_DIR).exists());
+        assert!(idle_dir.join("spill/fresh.txt").is_file());
+        assert!(!idle_dir.join("spill/old.txt").exists());
+        assert!(matches!(
+            by(&empty_dir),
+            GcOutcome::Cleaned {
+                dir_removed: true,
+                ..
+            }
+        ));
+        assert!(!empty_dir.exists());
+        assert!(root.join("not-a-run").is_dir());
+        assert_eq!(r.entries.len(), 3);
+
+        let l = list(&root).unwrap();
+        assert_eq!(l.len(), 2);
+        let b = l.iter().find(|i| i.id == busy.id()).unwrap();
+        assert_eq!(b.state, RunState::Active);
+        assert_eq!((b.tmp_bytes, b.spill_bytes, b.spill_files), (1, 1, 1));
+        let i = l.iter().find(|i| i.dir == idle_dir).unwrap();
+        assert_eq!(i.state, RunState::Idle);
+        assert_eq!((i.tmp_bytes, i.spill_files), (0, 1));
+        assert!(i.created.is_some());
+    }
+
+    #[test]
+    fn staging_left_alone_while_young_and_due_runs_once() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("runs");
+        std::fs::create_dir(&root).unwrap();
+        let st = root.join(format!(".new-{}", InstanceId::new()));
+        std::fs::create_dir(&st).unwrap();
+        std::fs::write(st.join(LOCK_FILE), b"").unwrap();
+        let r = gc_if_due(&root).unwrap().expect("first pass is due");
+        assert!(matches!(r.entries[0].outcome, GcOutcome::Skipped { .. }));
+        assert!(st.is_dir());
+        assert!(gc_if_due(&root).unwrap().is_none(), "stamp is fresh");
+        // An old staging dir of a crashed creator goes.
+        let f = std::fs::File::open(&st).unwrap();
+        f.set_modified(SystemTime::now() - 2 * STAGING_GRACE)
+            .unwrap();
+        drop(f);
+        let r = gc(&root).unwrap();
+        assert!(matches!(
+            r.entries[0].outcome,
+            GcOutcome::Cleaned {
+                dir_removed: true,
+                ..
+            }
+        ));
+        assert!(!st.exists());
+    }
+}

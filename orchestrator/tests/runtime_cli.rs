@@ -1,0 +1,231 @@
+//! End-to-end: the real `hull` binary's `read` and `runs` subcommands against
+//! real run dirs (created through the library, as `hull run` does).
+#![cfg(unix)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use hull::runtime::{Instance, ReadAnswer};
+
+// A test helper outside a #[test] fn: clippy's allow-unwrap-in-tests does not reach it.
+#[allow(clippy::unwrap_used)]
+fn hull(runs: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hull"));
+    c.args(args)
+        .env("HULL_RUNS_DIR", runs)
+        .env_remove("HULL_INSTANCE");
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+#[derive(serde::Deserialize)]
+struct Json {
+    text: String,
+    next_cursor: Option<String>,
+    truncated: bool,
+    start_line: u64,
+    end_line: u64,
+}
+
+#[test]
+fn read_follows_cursors_and_refuses_escapes() {
+    let d = tempfile::tempdir().unwrap();
+    let project = d.path().join("p");
+    std::fs::create_dir(&project).unwrap();
+    let runs = d.path().join("runs");
+    let me = Instance::create(&runs).unwrap();
+    let other = Instance::create(&runs).unwrap();
+    let body: String = (0..3000).map(|i| format!("{i}: ünïcödé ✓\n")).collect();
+    std::fs::write(me.spill().join("big-stdout.txt"), &body).unwrap();
+    std::fs::write(other.spill().join("x.txt"), "theirs\n").unwrap();
+    std::fs::write(project.join("small.txt"), "a\nb\nc\n").unwrap();
+    let p = project.to_str().unwrap();
+    let id = me.id().to_string();
+
+    // Plain text: a line range.
+    let o = hull(
+        &runs,
+        &[
+            "read",
+            "--project",
+            p,
+            "small.txt",
+            "--start-line",
+            "2",
+            "--max-lines",
+            "1",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout, b"b\n");
+
+    // JSON over a spill file of this instance (HULL_INSTANCE from the env),
+    // following cursors until the whole file is back.
+    let spill_file = me.spill().join("big-stdout.txt");
+    let mut args: Vec<String> = vec![
+        "read".into(),
+        "--json".into(),
+        "--project".into(),
+        p.into(),
+        spill_file.to_str().unwrap().into(),
+    ];
+    let mut got = String::new();
+    let mut answers = 0;
+    loop {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = hull(&runs, &a, &[("HULL_INSTANCE", &id)]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let j: Json = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(j.text.len() <= 10_000);
+        assert_eq!(j.truncated, j.next_cursor.is_some());
+        assert!(j.start_line <= j.end_line);
+        got.push_str(&j.text);
+        answers += 1;
+        match j.next_cursor {
+            Some(c) => {
+                args = vec![
+                    "read".into(),
+                    "--json".into(),
+                    "--project".into(),
+                    p.into(),
+                    "--cursor".into(),
+                    c,
+                ]
+            }
+            None => break,
+        }
+    }
+    assert_eq!(got, body);
+    assert!(answers >= 6, "{answers}");
+
+    // Plain text of a truncated answer: at most 10,000 bytes, notice last.
+    let o = hull(
+        &runs,
+        &[
+            "read",
+            "--project",
+            p,
+            spill_file.to_str().unwrap(),
+            "--instance",
+            &id,
+        ],
+        &[],
+    );
+    assert!(o.status.success());
+    assert!(o.stdout.len() <= 10_000, "{}", o.stdout.len());
+    let text = String::from_utf8(o.stdout).unwrap();
+    let last = text.lines().last().unwrap();
+    assert!(
+        last.starts_with("[hull: answer truncated") && last.contains("--cursor "),
+        "{last}"
+    );
+
+    // Refusals: exit 125 (hull failed), a message naming the path, no text.
+    let other_file = other.spill().join("x.txt");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["read", "--project", p, "../runs"],
+            "`..` is not allowed",
+        ),
+        (
+            vec![
+                "read",
+                "--project",
+                p,
+                other_file.to_str().unwrap(),
+                "--instance",
+                &id,
+            ],
+            "not in this instance's spill",
+        ),
+        (
+            vec!["read", "--project", p, spill_file.to_str().unwrap()],
+            "no instance was given",
+        ),
+        (
+            vec!["read", "--project", p, "/etc/hostname"],
+            "outside the project",
+        ),
+        (
+            vec!["read", "--project", p, "small.txt", "--instance", "nope"],
+            "not a hull instance id",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = hull(&runs, &args, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    // A cursor from this instance, used for the other: refused.
+    let first: ReadAnswer = hull::runtime::ReadScope::new(&project, &runs, Some(me.id()))
+        .unwrap()
+        .read(&hull::runtime::ReadRequest::Range {
+            path: spill_file.clone(),
+            start_line: None,
+            max_lines: None,
+        })
+        .unwrap();
+    let c = first.next_cursor.unwrap();
+    let other_id = other.id().to_string();
+    let o = hull(
+        &runs,
+        &[
+            "read",
+            "--project",
+            p,
+            "--cursor",
+            &c,
+            "--instance",
+            &other_id,
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("another hull instance"));
+}
+
+#[test]
+fn runs_list_and_gc() {
+    let d = tempfile::tempdir().unwrap();
+    let runs = d.path().join("runs");
+    let busy = Instance::create(&runs).unwrap();
+    let idle = Instance::create(&runs).unwrap();
+    std::fs::write(idle.tmp().join("t"), "x").unwrap();
+    std::fs::write(idle.spill().join("s.txt"), "y").unwrap();
+    let (idle_id, idle_tmp) = (idle.id().to_string(), idle.tmp().to_path_buf());
+    drop(idle);
+
+    let o = hull(&runs, &["runs", "list", "--json"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let state = |id: &str| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == id)
+            .map(|e| e["state"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    assert_eq!(state(&busy.id().to_string()), "active");
+    assert_eq!(state(&idle_id), "idle");
+
+    let o = hull(&runs, &["runs", "gc"], &[]);
+    assert!(o.status.success());
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.contains(&format!("{}: in use, not touched", busy.id())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{idle_id}: idle: tmp removed")),
+        "{text}"
+    );
+    assert!(!idle_tmp.exists());
+    assert!(idle_tmp.with_file_name("spill").join("s.txt").is_file());
+    assert!(busy.tmp().is_dir());
+}
