@@ -246,10 +246,12 @@ fn clean_one(dir: &Path, kind: Kind, now: SystemTime) -> io::Result<GcOutcome> {
     };
     // Holding the exclusive lock: no process uses this dir, and none can
     // join it until we release.
-    let r = match kind {
-        Kind::Run => clean_locked(dir, &lock_path, now),
+    match kind {
+        Kind::Run => clean_locked(dir, &lock_path, excl, now),
         Kind::Staging => {
             let (bytes, _) = fsx::tree_usage(dir)?;
+            std::fs::remove_file(&lock_path)?;
+            drop(excl);
             fsx::remove_tree(dir)?;
             Ok(GcOutcome::Cleaned {
                 tmp_removed: true,
@@ -259,12 +261,16 @@ fn clean_one(dir: &Path, kind: Kind, now: SystemTime) -> io::Result<GcOutcome> {
                 dir_removed: true,
             })
         }
-    };
-    drop(excl);
-    r
+    }
 }
 
-fn clean_locked(dir: &Path, lock_path: &Path, now: SystemTime) -> io::Result<GcOutcome> {
+/// Cleans a run dir while `excl` holds its lock exclusively.
+fn clean_locked(
+    dir: &Path,
+    lock_path: &Path,
+    excl: std::fs::File,
+    now: SystemTime,
+) -> io::Result<GcOutcome> {
     let mut bytes_freed = 0u64;
     let tmp = dir.join(TMP_DIR);
     let tmp_removed = match std::fs::symlink_metadata(&tmp) {
@@ -311,9 +317,13 @@ fn clean_locked(dir: &Path, lock_path: &Path, now: SystemTime) -> io::Result<GcO
         }
         // Removing `.active` while holding it: a process waiting to join
         // sees that the file it locked is gone and reports the instance gone.
+        // (On Windows the removal completes when our handle closes.)
         std::fs::remove_file(lock_path)?;
+        drop(excl);
         std::fs::remove_dir(dir)?;
         dir_removed = true;
+    } else {
+        drop(excl);
     }
     Ok(GcOutcome::Cleaned {
         tmp_removed,

@@ -3,7 +3,10 @@
 //! Creating an instance builds the run dir under a staging name
 //! (`.new-<uuid>`), creates and locks `.active` there, creates `tmp/` and
 //! `spill/`, and only then renames it to `<uuid>`: a run dir that cleanup
-//! can see always has a held lock from its first moment.
+//! can see always has a held lock from its first moment. (Windows cannot
+//! rename a directory with open files inside: there the lock is taken right
+//! after the rename, and creation retries if a cleanup removed the new dir
+//! in between.)
 //!
 //! An [`Instance`] holds two shared holds on `.active`: one private to this
 //! process and one for the children it starts ([`Instance::pass_lock_to`]).
@@ -273,52 +276,77 @@ fn prepare_root(runs_root: &Path) -> Result<PathBuf, InstanceError> {
 }
 
 /// Builds a run dir for `id` under a staging name and renames it into
-/// place. `Ok(None)` when `<root>/<id>` already exists.
+/// place. `Ok(None)` when `<root>/<id>` already exists (or, on Windows, was
+/// cleaned away again before we could hold it).
 fn create_with_id(root: &Path, id: InstanceId) -> Result<Option<Instance>, InstanceError> {
     let staging = root.join(format!(".new-{}", InstanceId::new()));
     fsx::make_private_dir(&staging).map_err(io_err("creating", &staging))?;
-    let built = build(&staging);
-    let (own, inherited) = match built {
-        Ok(h) => h,
-        Err(e) => {
-            let _ = fsx::remove_tree(&staging);
-            return Err(e);
-        }
+    let cleanup = |_: &InstanceError| {
+        let _ = fsx::remove_tree(&staging);
     };
+    #[cfg(unix)]
+    let holds = build(&staging).inspect_err(cleanup)?;
+    // Windows holds nothing yet (see below).
+    #[cfg(windows)]
+    build(&staging).inspect_err(cleanup)?;
     let dir = root.join(id.to_string());
-    match fsx::rename_noreplace(&staging, &dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            drop((own, inherited));
-            let _ = fsx::remove_tree(&staging);
-            return Ok(None);
-        }
-        Err(e) => {
-            drop((own, inherited));
-            let _ = fsx::remove_tree(&staging);
-            return Err(io_err("renaming into place", &dir)(e));
+    if let Err(e) = fsx::rename_noreplace(&staging, &dir) {
+        // Unlinking under our own holds is fine on unix; they close on return.
+        let _ = fsx::remove_tree(&staging);
+        return match e.kind() {
+            io::ErrorKind::AlreadyExists => Ok(None),
+            _ => Err(io_err("renaming into place", &dir)(e)),
+        };
+    }
+    #[cfg(unix)]
+    {
+        let (own, inherited) = holds;
+        Ok(Some(Instance {
+            id,
+            root: root.to_path_buf(),
+            tmp: dir.join(TMP_DIR),
+            spill: dir.join(SPILL_DIR),
+            dir,
+            own,
+            inherited,
+        }))
+    }
+    #[cfg(windows)]
+    {
+        // Windows cannot rename a directory with files open inside, so the
+        // holds are taken after the rename; a cleanup in between can only
+        // remove the new dir, and then the caller tries again.
+        match join_at(root, id) {
+            Ok(i) => Ok(Some(i)),
+            Err(InstanceError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
         }
     }
-    Ok(Some(Instance {
-        id,
-        root: root.to_path_buf(),
-        tmp: dir.join(TMP_DIR),
-        spill: dir.join(SPILL_DIR),
-        dir,
-        own,
-        inherited,
-    }))
 }
 
+/// Creates `.active` (held, on unix), `tmp/` and `spill/` in a staging dir.
+#[cfg(unix)]
 fn build(staging: &Path) -> Result<(File, File), InstanceError> {
     let lock_path = staging.join(LOCK_FILE);
     let own = lock::hold_shared(&lock_path, true).map_err(io_err("creating lock", &lock_path))?;
     let inherited = hold_inheritable(&lock_path)?;
+    make_dirs(staging)?;
+    Ok((own, inherited))
+}
+
+#[cfg(windows)]
+fn build(staging: &Path) -> Result<(), InstanceError> {
+    let lock_path = staging.join(LOCK_FILE);
+    drop(lock::hold_shared(&lock_path, true).map_err(io_err("creating lock", &lock_path))?);
+    make_dirs(staging)
+}
+
+fn make_dirs(staging: &Path) -> Result<(), InstanceError> {
     for d in [TMP_DIR, SPILL_DIR] {
         let p = staging.join(d);
         fsx::make_private_dir(&p).map_err(io_err("creating", &p))?;
     }
-    Ok((own, inherited))
+    Ok(())
 }
 
 fn hold_inheritable(lock_path: &Path) -> Result<File, InstanceError> {

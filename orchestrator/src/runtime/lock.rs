@@ -9,7 +9,7 @@
 //!   child that inherited the descriptor holds it until the child and every
 //!   other holder of that description closed it.
 //! - Windows: share modes. A holder opens `.active` allowing other readers
-//!   and writers; cleanup opens it allowing nobody (share mode 0), which fails
+//!   and writers; cleanup opens it sharing nothing but delete, which fails
 //!   with a sharing violation while any handle is open anywhere, inherited
 //!   handles included. (`LockFileEx` locks are released when the locking
 //!   process exits even if a child inherited the handle, so they cannot carry
@@ -120,7 +120,7 @@ mod imp {
         SetHandleInformation, ERROR_SHARING_VIOLATION, HANDLE, HANDLE_FLAG_INHERIT,
     };
     use windows_sys::Win32::Storage::FileSystem::{
-        FILE_FLAG_OPEN_REPARSE_POINT, FILE_SHARE_READ, FILE_SHARE_WRITE,
+        FILE_FLAG_OPEN_REPARSE_POINT, FILE_SHARE_DELETE, FILE_SHARE_READ, FILE_SHARE_WRITE,
     };
 
     fn open(path: &Path, create_new: bool, share: u32) -> io::Result<File> {
@@ -153,7 +153,9 @@ mod imp {
     }
 
     pub(super) fn try_exclusive(path: &Path) -> io::Result<Option<File>> {
-        match open(path, false, 0) {
+        // Sharing nothing but delete: fails while any other handle is open,
+        // and lets the holder of this one remove `.active`.
+        match open(path, false, FILE_SHARE_DELETE) {
             Ok(f) => Ok(Some(f)),
             Err(e) if is_sharing_violation(&e) => Ok(None),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
