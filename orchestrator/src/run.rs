@@ -279,10 +279,17 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     let project = project_path(&opts.project, &runs)?;
     let pf = policy::profiles::load(&opts.policy)?;
     let instance = match &opts.instance {
-        Some(id) => crate::runtime::Instance::join(&runs, id),
-        None => crate::runtime::Instance::create(&runs),
-    }
-    .map_err(|e| RunError::Instance(e.to_string()))?;
+        Some(id) => id
+            .parse::<crate::runtime::InstanceId>()
+            .map_err(|e| RunError::Instance(e.to_string()))
+            .and_then(|id| {
+                crate::runtime::Instance::join(&runs, id)
+                    .map_err(|e| RunError::Instance(e.to_string()))
+            }),
+        None => {
+            crate::runtime::Instance::create(&runs).map_err(|e| RunError::Instance(e.to_string()))
+        }
+    }?;
     let vars = vars_for(
         project.clone(),
         instance.tmp().to_path_buf(),
@@ -290,8 +297,8 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
         runs.clone(),
     );
     let pol = policy::resolve(&pf, &vars)?;
-    let env = command_env(&pol, &opts.env, instance.id());
-    tracing::debug!(instance = instance.id(), "policy resolved");
+    let env = command_env(&pol, &opts.env, &instance.id().to_string());
+    tracing::debug!(instance = %instance.id(), "policy resolved");
     let spec = CommandSpec {
         argv: opts.argv.clone(),
         cwd: project,
@@ -300,7 +307,9 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     };
     let mut spill_sink = opts
         .spill
-        .map(|threshold| crate::runtime::spill::SpillSink::new(instance.spill(), threshold));
+        .map(|threshold| crate::runtime::spill::SpillSink::stdio(instance.spill(), threshold))
+        .transpose()
+        .map_err(|e| RunError::Instance(e.to_string()))?;
     let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
     let result = match tier {
         Tier::Vm => Err(RunError::Tier("tier vm: not wired yet".into())),
@@ -318,6 +327,8 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
             sink,
         ),
     };
-    instance.finish();
+    if let Err(e) = instance.finish() {
+        tracing::warn!("cleaning up the instance: {e}");
+    }
     result
 }

@@ -44,7 +44,7 @@ pub fn read(a: ReadArgs) -> anyhow::Result<i32> {
         Some(p) => p,
         None => super::default_project().context("finding the current directory")?,
     };
-    let runs = runtime::runs_root()?;
+    let runs = runtime::runs_root();
     let scope = ReadScope::new(&project, &runs, instance)?;
     let req = match a.cursor {
         Some(c) => ReadRequest::Cursor(c),

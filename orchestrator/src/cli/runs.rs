@@ -22,7 +22,7 @@ pub enum RunsCommand {
 }
 
 pub fn runs(c: RunsCommand) -> anyhow::Result<i32> {
-    let root = runtime::runs_root()?;
+    let root = runtime::runs_root();
     let mut out = std::io::stdout().lock();
     match c {
         RunsCommand::List { json } => {

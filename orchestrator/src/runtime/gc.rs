@@ -3,7 +3,8 @@
 //! Rules, applied only to a run dir whose `.active` this process can lock
 //! exclusively without waiting (a held lock means in use: nothing in that dir
 //! is touched, whatever its age):
-//! - `tmp/` is removed;
+//! - `tmp/` is removed, with any other per-run scratch hull keeps in the run
+//!   dir (everything but `.active` and `spill/`, such as bwrap's mask files);
 //! - spill files older than [`SPILL_MAX_AGE`] (by modification time) are removed;
 //! - when the spill is then empty, the run dir itself is removed.
 //!
@@ -264,6 +265,36 @@ fn clean_one(dir: &Path, kind: Kind, now: SystemTime) -> io::Result<GcOutcome> {
     }
 }
 
+/// Removes a run dir's per-run scratch: `tmp/` and anything else hull keeps
+/// there for a run (bwrap's mask files), everything but `.active` and
+/// `spill/`. Only call it under the exclusive lock. Returns whether `tmp/`
+/// existed and the bytes freed.
+pub(crate) fn remove_scratch(dir: &Path) -> io::Result<(bool, u64)> {
+    let mut tmp_removed = false;
+    let mut bytes = 0u64;
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((false, 0)),
+        Err(e) => return Err(e),
+    };
+    for e in rd {
+        let e = e?;
+        let name = e.file_name();
+        if name == LOCK_FILE || name == SPILL_DIR {
+            continue;
+        }
+        let p = e.path();
+        bytes += fsx::tree_usage(&p)?.0;
+        if std::fs::symlink_metadata(&p)?.is_dir() {
+            fsx::remove_tree(&p)?;
+        } else {
+            std::fs::remove_file(&p)?;
+        }
+        tmp_removed |= name == TMP_DIR;
+    }
+    Ok((tmp_removed, bytes))
+}
+
 /// Cleans a run dir while `excl` holds its lock exclusively.
 fn clean_locked(
     dir: &Path,
@@ -271,17 +302,7 @@ fn clean_locked(
     excl: std::fs::File,
     now: SystemTime,
 ) -> io::Result<GcOutcome> {
-    let mut bytes_freed = 0u64;
-    let tmp = dir.join(TMP_DIR);
-    let tmp_removed = match std::fs::symlink_metadata(&tmp) {
-        Ok(_) => {
-            bytes_freed += fsx::tree_usage(&tmp)?.0;
-            fsx::remove_tree(&tmp)?;
-            true
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-        Err(e) => return Err(e),
-    };
+    let (tmp_removed, mut bytes_freed) = remove_scratch(dir)?;
     let spill = dir.join(SPILL_DIR);
     let mut spill_removed = 0u64;
     let mut spill_kept = 0u64;
@@ -404,6 +425,8 @@ mod tests {
 
         let empty = Instance::create(&root).unwrap();
         let empty_dir = empty.dir().to_path_buf();
+        std::fs::create_dir_all(empty_dir.join("mask/dir")).unwrap();
+        std::fs::write(empty_dir.join("mask/file"), b"").unwrap();
         drop(empty);
 
         // Not ours: never touched.

@@ -31,8 +31,6 @@ use crate::policy::Vars;
 /// Errors creating, joining or finishing an instance. Each names the path.
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
-    #[error("HULL_RUNS_DIR must be an absolute path, got {path:?}")]
-    RunsRootNotAbsolute { path: PathBuf },
     #[error(
         "runs root {path:?} is not safe to use: {reason}; set HULL_RUNS_DIR to a private directory"
     )]
@@ -58,7 +56,7 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Instance
 /// What [`Instance::finish`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct FinishOutcome {
-    /// `tmp/` was removed (nobody else held the instance).
+    /// `tmp/` and the other scratch were removed (nobody else held the instance).
     pub tmp_removed: bool,
 }
 
@@ -119,8 +117,9 @@ impl Instance {
         Err(last.unwrap_or(InstanceError::NotFound { id, root }))
     }
 
-    /// Ends this process's use: releases both holds, then removes `tmp/` if
-    /// no other process (another hull joined to the same id, or a child that
+    /// Ends this process's use: releases both holds, then removes `tmp/`
+    /// (and other per-run scratch, all but `.active` and `spill/`) if no
+    /// other process (another hull joined to the same id, or a child that
     /// outlived its command) holds the instance. Spill is kept for
     /// [`super::gc`]. Two processes finishing concurrently never remove tmp
     /// from under each other: removal happens only under the exclusive lock.
@@ -129,7 +128,6 @@ impl Instance {
             own,
             inherited,
             dir,
-            tmp,
             ..
         } = self;
         drop(inherited);
@@ -139,7 +137,7 @@ impl Instance {
         else {
             return Ok(FinishOutcome { tmp_removed: false });
         };
-        fsx::remove_tree(&tmp).map_err(io_err("removing", &tmp))?;
+        super::gc::remove_scratch(&dir).map_err(io_err("removing scratch in", &dir))?;
         drop(excl);
         Ok(FinishOutcome { tmp_removed: true })
     }
@@ -228,6 +226,20 @@ impl Instance {
     pub fn lock_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use std::os::fd::AsFd;
         self.inherited.as_fd()
+    }
+
+    /// [`Self::lock_fd`] as a raw number, for launchers that keep
+    /// descriptors open across exec by number (clearing close-on-exec in
+    /// the child), such as `tier::launch::ChildSetup::keep_fds`.
+    #[cfg(unix)]
+    pub fn lock_raw_fd(&self) -> super::LockFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.inherited)
+    }
+
+    /// [`Self::lock_handle`] as a raw handle.
+    #[cfg(windows)]
+    pub fn lock_raw_fd(&self) -> super::LockFd {
+        std::os::windows::io::AsRawHandle::as_raw_handle(&self.inherited)
     }
 
     /// The children's lock handle (inheritable); a launcher that passes an
@@ -444,6 +456,9 @@ pub(crate) mod tests {
         let a = Instance::create(&root).unwrap();
         std::fs::write(a.tmp().join("scratch"), b"x").unwrap();
         std::fs::write(a.spill().join("out.txt"), b"y").unwrap();
+        // Per-run scratch beside tmp (what bwrap's launcher keeps there).
+        std::fs::create_dir_all(a.dir().join("mask/dir")).unwrap();
+        std::fs::write(a.dir().join("mask/file"), b"").unwrap();
         let b = Instance::join(&root, a.id()).unwrap();
         let tmp = a.tmp().to_path_buf();
         assert_eq!(a.finish().unwrap(), FinishOutcome { tmp_removed: false });
@@ -451,7 +466,9 @@ pub(crate) mod tests {
         let spill = b.spill().to_path_buf();
         assert_eq!(b.finish().unwrap(), FinishOutcome { tmp_removed: true });
         assert!(!tmp.exists());
+        assert!(!spill.with_file_name("mask").exists());
         assert!(spill.join("out.txt").is_file(), "spill is kept");
+        assert!(spill.with_file_name(LOCK_FILE).is_file());
     }
 
     #[test]

@@ -69,21 +69,26 @@ pub const TMP_DIR: &str = "tmp";
 /// Name of the spill dir inside a run dir.
 pub const SPILL_DIR: &str = "spill";
 
-/// Where run dirs live: `$HULL_RUNS_DIR` when set (must be absolute), else
-/// `std::env::temp_dir()/hull-runs`. Does not create it.
-pub fn runs_root() -> Result<PathBuf, InstanceError> {
+/// Where run dirs live: `$HULL_RUNS_DIR` when set (made absolute against
+/// the current directory), else `std::env::temp_dir()/hull-runs`. Does not
+/// create it; [`Instance::create`] does, and checks it is private.
+pub fn runs_root() -> PathBuf {
     match std::env::var_os(RUNS_DIR_ENV) {
         Some(v) if !v.is_empty() => {
             let p = PathBuf::from(v);
-            if p.is_absolute() {
-                Ok(p)
-            } else {
-                Err(InstanceError::RunsRootNotAbsolute { path: p })
-            }
+            std::path::absolute(&p).unwrap_or(p)
         }
-        _ => Ok(std::env::temp_dir().join("hull-runs")),
+        _ => std::env::temp_dir().join("hull-runs"),
     }
 }
+
+/// The raw lock descriptor type, for launchers that keep descriptors by
+/// number ([`Instance::lock_raw_fd`]).
+#[cfg(unix)]
+pub type LockFd = std::os::fd::RawFd;
+/// The raw lock handle type ([`Instance::lock_raw_fd`]).
+#[cfg(windows)]
+pub type LockFd = std::os::windows::io::RawHandle;
 
 /// An instance id: a random (v4) UUID, written hyphenated and lower case.
 /// That spelling is also the run dir's name.
