@@ -9,6 +9,14 @@ use hull::runtime::{Instance, ReadAnswer};
 
 // A test helper outside a #[test] fn: clippy's allow-unwrap-in-tests does not reach it.
 #[allow(clippy::unwrap_used)]
+/// The tests here run one at a time: `runs_list_and_gc` checks that an
+/// instance is idle, and a child of this process between fork and exec
+/// (another test's `hull`) briefly holds copies of every lock descriptor.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn hull(runs: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_hull"));
     c.args(args)
@@ -31,6 +39,7 @@ struct Json {
 
 #[test]
 fn read_follows_cursors_and_refuses_escapes() {
+    let _serial = serial();
     let d = tempfile::tempdir().unwrap();
     let project = d.path().join("p");
     std::fs::create_dir(&project).unwrap();
@@ -191,6 +200,7 @@ fn read_follows_cursors_and_refuses_escapes() {
 
 #[test]
 fn runs_list_and_gc() {
+    let _serial = serial();
     let d = tempfile::tempdir().unwrap();
     let runs = d.path().join("runs");
     let busy = Instance::create(&runs).unwrap();

@@ -405,6 +405,7 @@ mod tests {
 
     #[test]
     fn in_process_rules() {
+        let _serial = crate::runtime::serial();
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("runs");
         let busy = Instance::create(&root).unwrap();
@@ -485,6 +486,7 @@ mod tests {
 
     #[test]
     fn staging_left_alone_while_young_and_due_runs_once() {
+        let _serial = crate::runtime::serial();
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("runs");
         std::fs::create_dir(&root).unwrap();

@@ -420,6 +420,7 @@ pub(crate) mod tests {
 
     #[test]
     fn create_makes_layout_and_holds_lock() {
+        let _serial = crate::runtime::serial();
         let (_d, root) = private_root();
         let i = Instance::create(&root).unwrap();
         assert!(i.dir().join(LOCK_FILE).is_file());
@@ -452,6 +453,7 @@ pub(crate) mod tests {
 
     #[test]
     fn finish_removes_tmp_only_when_last() {
+        let _serial = crate::runtime::serial();
         let (_d, root) = private_root();
         let a = Instance::create(&root).unwrap();
         std::fs::write(a.tmp().join("scratch"), b"x").unwrap();
@@ -473,6 +475,7 @@ pub(crate) mod tests {
 
     #[test]
     fn join_recreates_tmp_and_refuses_unknown() {
+        let _serial = crate::runtime::serial();
         let (_d, root) = private_root();
         let a = Instance::create(&root).unwrap();
         let id = a.id();
@@ -526,6 +529,7 @@ pub(crate) mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn only_children_given_the_lock_carry_it() {
+        let _serial = crate::runtime::serial();
         use rustix::io::{fcntl_getfd, FdFlags};
         use std::process::{Command, Stdio};
         let (_d, root) = private_root();

@@ -190,6 +190,7 @@ mod tests {
 
     #[test]
     fn shared_holds_coexist_and_block_exclusive() {
+        let _serial = crate::runtime::serial();
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join(".active");
         let a = hold_shared(&p, true).unwrap();
@@ -209,6 +210,7 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn replaced_file_is_not_ours() {
+        let _serial = crate::runtime::serial();
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join(".active");
         let a = hold_shared(&p, true).unwrap();

@@ -142,6 +142,15 @@ impl Serialize for InstanceId {
     }
 }
 
+/// Tests that fork, or that assert a lock is free, run one at a time: a
+/// child between fork and exec briefly holds a copy of every descriptor of
+/// this process, locks included (close-on-exec only acts at exec).
+#[cfg(test)]
+pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod id_tests {
     use super::*;

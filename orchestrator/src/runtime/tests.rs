@@ -134,6 +134,7 @@ fn populate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 
 #[test]
 fn dead_hull_with_living_child_is_never_cleaned() {
+    let _serial = super::serial();
     become_subreaper();
     let d = tempfile::tempdir().unwrap();
     let root = d.path().join("runs");
@@ -203,6 +204,7 @@ fn dead_hull_with_living_child_is_never_cleaned() {
 
 #[test]
 fn external_flock_holder_is_respected() {
+    let _serial = super::serial();
     let d = tempfile::tempdir().unwrap();
     let root = d.path().join("runs");
     let i = Instance::create(&root).unwrap();
@@ -244,6 +246,7 @@ fn external_flock_holder_is_respected() {
 
 #[test]
 fn concurrent_joiners_do_not_remove_each_others_tmp() {
+    let _serial = super::serial();
     let d = tempfile::tempdir().unwrap();
     let root = d.path().join("runs");
     let mine = Instance::create(&root).unwrap();
@@ -274,6 +277,7 @@ fn concurrent_joiners_do_not_remove_each_others_tmp() {
 
 #[test]
 fn removal_as_unprivileged_user_handles_read_only_dirs() {
+    let _serial = super::serial();
     let d = tempfile::tempdir().unwrap();
     let work = d.path().join("work");
     std::fs::create_dir(&work).unwrap();
