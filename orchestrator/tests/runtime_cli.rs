@@ -7,8 +7,6 @@ use std::process::{Command, Output};
 
 use hull::runtime::{Instance, ReadAnswer};
 
-// A test helper outside a #[test] fn: clippy's allow-unwrap-in-tests does not reach it.
-#[allow(clippy::unwrap_used)]
 /// The tests here run one at a time: `runs_list_and_gc` checks that an
 /// instance is idle, and a child of this process between fork and exec
 /// (another test's `hull`) briefly holds copies of every lock descriptor.
@@ -17,6 +15,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+// A test helper outside a #[test] fn: clippy's allow-unwrap-in-tests does not reach it.
+#[allow(clippy::unwrap_used)]
 fn hull(runs: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_hull"));
     c.args(args)
