@@ -148,29 +148,17 @@ pub fn vars_for(project: PathBuf, tmp: PathBuf, spill: PathBuf, runs: PathBuf) -
 }
 
 /// The command's environment: the policy's, the caller's `--env`, and hull's
-/// own variables (which the caller cannot override).
+/// own variables for the instance (which the caller cannot override).
 pub fn command_env(
     policy: &Policy,
     overrides: &[(String, String)],
-    instance_id: &str,
+    own: Vec<(String, String)>,
 ) -> Vec<(String, String)> {
     let host: Vec<(String, String)> = std::env::vars().collect();
     let mut env = policy.command_env(&host);
-    for (k, v) in overrides {
-        env.retain(|(x, _)| x != k);
-        env.push((k.clone(), v.clone()));
-    }
-    let tmp = policy.vars.tmp.display().to_string();
-    let own = [
-        ("TMPDIR", tmp.clone()),
-        ("TMP", tmp.clone()),
-        ("TEMP", tmp),
-        ("HULL_SPILL", policy.vars.spill.display().to_string()),
-        ("HULL_INSTANCE", instance_id.to_string()),
-    ];
-    for (k, v) in own {
-        env.retain(|(x, _)| x != k);
-        env.push((k.to_string(), v));
+    for (k, v) in overrides.iter().cloned().chain(own) {
+        env.retain(|(x, _)| *x != k);
+        env.push((k, v));
     }
     env.sort();
     env
@@ -290,14 +278,13 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
             crate::runtime::Instance::create(&runs).map_err(|e| RunError::Instance(e.to_string()))
         }
     }?;
-    let vars = vars_for(
-        project.clone(),
-        instance.tmp().to_path_buf(),
-        instance.spill().to_path_buf(),
-        runs.clone(),
-    );
+    // Opportunistic cleanup of dead instances (at most every few minutes).
+    if let Err(e) = crate::runtime::gc_if_due(instance.runs_root()) {
+        tracing::warn!("cleaning old instances: {e}");
+    }
+    let vars = instance.vars(&project, &home_dir());
     let pol = policy::resolve(&pf, &vars)?;
-    let env = command_env(&pol, &opts.env, &instance.id().to_string());
+    let env = command_env(&pol, &opts.env, instance.child_env());
     tracing::debug!(instance = %instance.id(), "policy resolved");
     let spec = CommandSpec {
         argv: opts.argv.clone(),
