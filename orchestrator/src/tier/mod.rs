@@ -15,6 +15,8 @@ pub mod none;
 pub mod probe;
 #[cfg(target_os = "linux")]
 pub mod seccomp;
+pub mod seatbelt;
+pub mod windows;
 
 /// Off Linux, the Linux tiers exist only to say so.
 #[cfg(not(target_os = "linux"))]
