@@ -31,7 +31,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::policy::{Access, GrantOrigin, Policy, Protection};
 
@@ -129,7 +129,7 @@ impl std::fmt::Display for WinPath {
 }
 
 /// Rights an allow ACE grants, in `icacls` terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Rights {
     /// `FILE_GENERIC_READ`.
     R,
@@ -160,7 +160,7 @@ impl Rights {
 }
 
 /// What a deny ACE refuses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Deny {
     /// Every access (hidden).
@@ -190,7 +190,7 @@ impl Deny {
 }
 
 /// Which objects an ACE applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Inherit {
     /// The object and, for a directory, everything below it: `(OI)(CI)`
@@ -210,7 +210,7 @@ impl Inherit {
 }
 
 /// The SID an ACE names, before it is derived on Windows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind", content = "name")]
 pub enum Trustee {
     /// The package SID of the AppContainer profile named so.
