@@ -336,7 +336,6 @@ mod imp {
 mod tests {
     use super::*;
     use crate::policy::hostfs::FakeFs;
-    use crate::policy::RealFs;
 
     #[test]
     fn root_symlinks_resolve_to_private() {
@@ -366,6 +365,7 @@ mod tests {
     }
 
     /// The same resolution on the real filesystem, with real symlinks.
+    #[cfg(unix)]
     #[test]
     fn canonical_path_matches_the_kernel_on_real_symlinks() {
         let d = tempfile::tempdir().unwrap();
@@ -374,7 +374,7 @@ mod tests {
         std::os::unix::fs::symlink("private/tmp", root.join("tmp")).unwrap();
         std::os::unix::fs::symlink("../tmp/run", root.join("private/rel")).unwrap();
         for p in ["tmp/run", "private/rel", "tmp/run/missing/deeper"] {
-            let got = canonical_path(&root.join(p), &RealFs).unwrap();
+            let got = canonical_path(&root.join(p), &crate::policy::RealFs).unwrap();
             let existing = got
                 .ancestors()
                 .find(|a| a.exists())

@@ -377,12 +377,15 @@ pub(crate) fn instance_id(policy: &Policy) -> Result<String, WinLowerError> {
     Ok(id)
 }
 
+/// A protected Windows path, how, and why.
+pub(crate) type Protected = (WinPath, Protection, String);
+
 /// The grants and protections of a policy as Windows paths, with the
 /// non-Windows ones set aside. Shared by both Windows tiers.
 #[derive(Debug, Clone)]
 pub(crate) struct WinView {
     pub grants: Vec<(WinPath, Access, GrantOrigin)>,
-    pub protects: Vec<(WinPath, Protection, String)>,
+    pub protects: Vec<Protected>,
     pub ignored: Vec<Ignored>,
 }
 
@@ -415,7 +418,7 @@ impl WinView {
     }
 
     /// Whether a policy grant lies inside a protection (the protection wins).
-    pub fn refused(&self, path: &WinPath, origin: &GrantOrigin) -> Option<&(WinPath, Protection, String)> {
+    pub fn refused(&self, path: &WinPath, origin: &GrantOrigin) -> Option<&Protected> {
         if *origin != GrantOrigin::Policy {
             return None;
         }
@@ -433,7 +436,7 @@ impl WinView {
 
     /// Each protection inside a writable root, with the directories from its
     /// parent up to that root (the guards).
-    pub fn guarded(&self) -> Vec<(&(WinPath, Protection, String), Vec<WinPath>)> {
+    pub fn guarded(&self) -> Vec<(&Protected, Vec<WinPath>)> {
         let roots = self.writable_roots();
         let mut out = Vec::new();
         for pr in &self.protects {
