@@ -177,16 +177,14 @@ pub fn probe(tier: Tier) -> probe::Probe {
         Tier::Bwrap => bwrap::probe(),
         Tier::Vm => vm_probe(),
         // The macOS and Windows tiers probe themselves on their OS.
-        Tier::Seatbelt | Tier::Restricted | Tier::AppContainer => native_probe(tier),
+        Tier::Seatbelt => seatbelt::probe(),
+        Tier::Restricted => windows::probe_restricted(),
+        Tier::AppContainer => windows::probe_appcontainer(),
     }
 }
 
 fn vm_probe() -> probe::Probe {
     probe::Probe::unavailable(Tier::Vm, "tier 3 is not built yet")
-}
-
-fn native_probe(tier: Tier) -> probe::Probe {
-    probe::Probe::unavailable(tier, format!("tier {tier} is not built yet"))
 }
 
 /// The cheap check `hull run` makes before using a tier: the pieces exist.

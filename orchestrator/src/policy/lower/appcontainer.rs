@@ -61,16 +61,17 @@ impl WinPath {
     pub fn parse_str(s: &str) -> Option<WinPath> {
         let s = s.replace('/', "\\");
         let b = s.as_bytes();
-        let (prefix, rest) = if b.len() >= 3 && b[0].is_ascii_alphabetic() && b[1] == b':' && b[2] == b'\\' {
-            (format!("{}:", (b[0] as char).to_ascii_uppercase()), &s[3..])
-        } else if let Some(unc) = s.strip_prefix("\\\\") {
-            let mut parts = unc.splitn(3, '\\');
-            let server = parts.next().filter(|x| !x.is_empty())?;
-            let share = parts.next().filter(|x| !x.is_empty())?;
-            (format!("\\\\{server}\\{share}"), parts.next().unwrap_or(""))
-        } else {
-            return None;
-        };
+        let (prefix, rest) =
+            if b.len() >= 3 && b[0].is_ascii_alphabetic() && b[1] == b':' && b[2] == b'\\' {
+                (format!("{}:", (b[0] as char).to_ascii_uppercase()), &s[3..])
+            } else if let Some(unc) = s.strip_prefix("\\\\") {
+                let mut parts = unc.splitn(3, '\\');
+                let server = parts.next().filter(|x| !x.is_empty())?;
+                let share = parts.next().filter(|x| !x.is_empty())?;
+                (format!("\\\\{server}\\{share}"), parts.next().unwrap_or(""))
+            } else {
+                return None;
+            };
         let mut out = prefix;
         let mut depth = 0;
         for c in rest.split('\\').filter(|c| !c.is_empty()) {
@@ -372,7 +373,11 @@ pub(crate) fn check_id(id: &str) -> Result<(), WinLowerError> {
 pub(crate) fn instance_id(policy: &Policy) -> Result<String, WinLowerError> {
     let bad = || WinLowerError::BadInstanceDir(policy.vars.tmp.to_string_lossy().into_owned());
     let tmp = WinPath::parse(&policy.vars.tmp).ok_or_else(bad)?;
-    let id = tmp.parent().ok_or_else(bad)?.file_name().to_ascii_lowercase();
+    let id = tmp
+        .parent()
+        .ok_or_else(bad)?
+        .file_name()
+        .to_ascii_lowercase();
     check_id(&id).map_err(|_| bad())?;
     Ok(id)
 }
@@ -407,7 +412,9 @@ impl WinView {
         }
         for p in &policy.protects {
             match WinPath::parse(&p.path) {
-                Some(w) => v.protects.push((w, p.protection, p.reason.as_str().to_string())),
+                Some(w) => v
+                    .protects
+                    .push((w, p.protection, p.reason.as_str().to_string())),
                 None => v.ignored.push(Ignored {
                     path: p.path.to_string_lossy().into_owned(),
                     reason: format!("{}: not a Windows path", p.reason.as_str()),
@@ -493,7 +500,10 @@ pub fn lower_with(
         if let Some((p, _, why)) = view.refused(path, origin) {
             plan.ignored.push(Ignored {
                 path: path.to_string(),
-                reason: format!("{} grant inside protected {p} ({why}): refused", access.as_str()),
+                reason: format!(
+                    "{} grant inside protected {p} ({why}): refused",
+                    access.as_str()
+                ),
             });
             continue;
         }
@@ -550,7 +560,12 @@ pub fn lower_with(
             });
         }
         for g in guards {
-            if roots.contains(&g) || plan.denies.iter().any(|d| d.path == g && d.deny == Deny::Delete) {
+            if roots.contains(&g)
+                || plan
+                    .denies
+                    .iter()
+                    .any(|d| d.path == g && d.deny == Deny::Delete)
+            {
                 continue;
             }
             plan.denies.push(DenyEntry {
@@ -780,7 +795,10 @@ pub(crate) mod tests {
     #[test]
     fn win_paths_parse_normalize_and_compare_case_insensitively() {
         let p = |s: &str| WinPath::parse_str(s);
-        assert_eq!(p("c:/Users/u/proj/").unwrap().as_str(), "C:\\Users\\u\\proj");
+        assert_eq!(
+            p("c:/Users/u/proj/").unwrap().as_str(),
+            "C:\\Users\\u\\proj"
+        );
         assert_eq!(p("C:\\").unwrap().as_str(), "C:\\");
         assert!(p("/usr").is_none());
         assert!(p("C:\\a\\..\\b").is_none());
@@ -809,14 +827,20 @@ pub(crate) mod tests {
             .iter()
             .any(|d| d.path == hull && d.deny == Deny::All && d.inherit == Inherit::Tree));
         let git = WinPath::parse_str("C:\\Users\\u\\proj\\.git").unwrap();
-        assert!(plan.denies.iter().any(|d| d.path == git && d.deny == Deny::Write));
+        assert!(plan
+            .denies
+            .iter()
+            .any(|d| d.path == git && d.deny == Deny::Write));
         assert!(plan.placeholders.contains(&hull) && plan.placeholders.contains(&git));
         // the project is modify for the package, and not removable itself
         let proj = WinPath::parse_str("C:\\Users\\u\\proj").unwrap();
         assert!(plan.entries.iter().any(|e| e.path == proj
             && e.rights == Rights::M
             && e.trustee == Trustee::Package("hull.ws.ws1".into())));
-        assert!(plan.denies.iter().any(|d| d.path == proj && d.deny == Deny::Delete));
+        assert!(plan
+            .denies
+            .iter()
+            .any(|d| d.path == proj && d.deny == Deny::Delete));
     }
 
     #[test]
@@ -824,9 +848,17 @@ pub(crate) mod tests {
         let plan = lower(&windows_policy("default"), "ws1").unwrap();
         assert_eq!(plan.instance_capability, "hull-run-id1");
         let cap = Trustee::Capability("hull-run-id1".into());
-        let tmp = plan.entries.iter().find(|e| e.reason == "instance tmp").unwrap();
+        let tmp = plan
+            .entries
+            .iter()
+            .find(|e| e.reason == "instance tmp")
+            .unwrap();
         assert_eq!((tmp.rights, &tmp.trustee), (Rights::M, &cap));
-        let spill = plan.entries.iter().find(|e| e.reason.starts_with("instance spill")).unwrap();
+        let spill = plan
+            .entries
+            .iter()
+            .find(|e| e.reason.starts_with("instance spill"))
+            .unwrap();
         assert_eq!((spill.rights, &spill.trustee), (Rights::R, &cap));
         // nothing grants the runs root itself
         let runs = WinPath::parse_str("C:\\Users\\u\\AppData\\Local\\Temp\\hull-runs").unwrap();
@@ -850,7 +882,10 @@ pub(crate) mod tests {
         assert!(plan.ignored.iter().any(|i| i.path == "/etc/shadow"));
         // the build policy's caches are writable roots with their own guards
         let reg = WinPath::parse_str("C:\\Users\\u\\.cargo\\registry").unwrap();
-        assert!(plan.denies.iter().any(|d| d.path == reg && d.deny == Deny::Delete));
+        assert!(plan
+            .denies
+            .iter()
+            .any(|d| d.path == reg && d.deny == Deny::Delete));
     }
 
     #[test]

@@ -88,7 +88,9 @@ impl LabelPolicy {
 
     /// The `SYSTEM_MANDATORY_LABEL_*` bits.
     pub fn mask(self) -> u32 {
-        (self.no_write_up as u32) | ((self.no_read_up as u32) << 1) | ((self.no_execute_up as u32) << 2)
+        (self.no_write_up as u32)
+            | ((self.no_read_up as u32) << 1)
+            | ((self.no_execute_up as u32) << 2)
     }
 
     fn as_str(self) -> String {
@@ -201,7 +203,10 @@ pub fn lower_with(
         if let Some((p, _, why)) = view.refused(path, origin) {
             plan.ignored.push(Ignored {
                 path: path.to_string(),
-                reason: format!("{} grant inside protected {p} ({why}): refused", access.as_str()),
+                reason: format!(
+                    "{} grant inside protected {p} ({why}): refused",
+                    access.as_str()
+                ),
             });
             continue;
         }
@@ -261,7 +266,12 @@ pub fn lower_with(
             reason: why.clone(),
         });
         for g in guards {
-            if roots.contains(&g) || plan.denies.iter().any(|d| d.path == g && d.deny == Deny::Delete) {
+            if roots.contains(&g)
+                || plan
+                    .denies
+                    .iter()
+                    .any(|d| d.path == g && d.deny == Deny::Delete)
+            {
                 continue;
             }
             plan.denies.push(DenyEntry {
@@ -375,7 +385,10 @@ mod tests {
     fn golden_plans_for_shipped_policies() {
         for (name, _) in profiles::PROFILES {
             let plan = lower(&windows_policy(name), "ws1").unwrap();
-            crate::policy::lower::testing::golden(&format!("restricted-{name}.txt"), &plan.render());
+            crate::policy::lower::testing::golden(
+                &format!("restricted-{name}.txt"),
+                &plan.render(),
+            );
         }
     }
 
@@ -387,31 +400,51 @@ mod tests {
         assert_eq!(t.integrity, Integrity::Low);
         // the user SID as a restricting SID would pass every write the user may do
         assert!(!t.restricting_sids.contains(&TokenSid::User));
-        assert!(t.restricting_sids.contains(&TokenSid::Capability("hull-ws-ws1".into())));
-        assert!(t.restricting_sids.contains(&TokenSid::Capability("hull-run-id1".into())));
+        assert!(t
+            .restricting_sids
+            .contains(&TokenSid::Capability("hull-ws-ws1".into())));
+        assert!(t
+            .restricting_sids
+            .contains(&TokenSid::Capability("hull-run-id1".into())));
         // objects the command creates are writable by a restricting SID
-        assert!(t.default_dacl.iter().any(|s| t.restricting_sids.contains(s)));
+        assert!(t
+            .default_dacl
+            .iter()
+            .any(|s| t.restricting_sids.contains(s)));
     }
 
     #[test]
     fn writable_roots_get_ace_and_low_label_protected_paths_medium() {
         let plan = lower(&windows_policy("default"), "ws1").unwrap();
         let proj = WinPath::parse_str("C:\\Users\\u\\proj").unwrap();
-        assert!(plan.entries.iter().any(|e| e.path == proj && e.rights == Rights::M));
+        assert!(plan
+            .entries
+            .iter()
+            .any(|e| e.path == proj && e.rights == Rights::M));
         assert!(plan
             .labels
             .iter()
             .any(|l| l.path == proj && l.level == Integrity::Low && l.policy == LabelPolicy::NW));
         let hull = WinPath::parse_str("C:\\Users\\u\\proj\\.hull").unwrap();
         let l = plan.labels.iter().find(|l| l.path == hull).unwrap();
-        assert_eq!((l.level, l.policy), (Integrity::Medium, LabelPolicy::NR_NW_NX));
+        assert_eq!(
+            (l.level, l.policy),
+            (Integrity::Medium, LabelPolicy::NR_NW_NX)
+        );
         assert_eq!(LabelPolicy::NR_NW_NX.mask(), 7);
         let git = WinPath::parse_str("C:\\Users\\u\\proj\\.git").unwrap();
-        assert!(plan.denies.iter().any(|d| d.path == git && d.deny == Deny::Write));
+        assert!(plan
+            .denies
+            .iter()
+            .any(|d| d.path == git && d.deny == Deny::Write));
         // read-only grants need no ACE at tier 1 (and get none)
         assert!(!plan.entries.iter().any(|e| e.rights != Rights::M));
         // the instance tmp is the instance's, not the workspace's
-        let tmp = plan.entries.iter().find(|e| e.reason == "instance tmp").unwrap();
+        let tmp = plan
+            .entries
+            .iter()
+            .find(|e| e.reason == "instance tmp")
+            .unwrap();
         assert_eq!(tmp.trustee, Trustee::Capability("hull-run-id1".into()));
     }
 
@@ -421,6 +454,9 @@ mod tests {
         let text = plan.not_enforced.join("\n");
         assert!(text.contains("reads"), "{text}");
         assert!(text.contains("network: no control"), "{text}");
-        assert!(text.contains("hull-runs"), "the runs root is readable: {text}");
+        assert!(
+            text.contains("hull-runs"),
+            "the runs root is readable: {text}"
+        );
     }
 }

@@ -23,7 +23,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::lower::appcontainer::{AclPlan, Deny, Inherit, Rights, SystemDirs, Trustee, WinPath};
+use crate::policy::lower::appcontainer::{
+    AclPlan, Deny, Inherit, Rights, SystemDirs, Trustee, WinPath,
+};
 use crate::policy::lower::restricted::RestrictedPlan;
 
 pub const MAX_PLAN_BYTES: usize = 1 << 20;
@@ -84,7 +86,11 @@ impl ElevatedPlan {
     /// The entries of an AppContainer plan that need elevation.
     pub fn from_acl_plan(plan: &AclPlan) -> ElevatedPlan {
         let mut entries = Vec::new();
-        for e in plan.entries.iter().filter(|e| plan.needs_elevation.contains(&e.path)) {
+        for e in plan
+            .entries
+            .iter()
+            .filter(|e| plan.needs_elevation.contains(&e.path))
+        {
             entries.push(ElevatedAce {
                 path: e.path.to_string(),
                 trustee: e.trustee.clone(),
@@ -93,7 +99,11 @@ impl ElevatedPlan {
                 reason: e.reason.clone(),
             });
         }
-        for d in plan.denies.iter().filter(|d| plan.needs_elevation.contains(&d.path)) {
+        for d in plan
+            .denies
+            .iter()
+            .filter(|d| plan.needs_elevation.contains(&d.path))
+        {
             entries.push(ElevatedAce {
                 path: d.path.to_string(),
                 trustee: d.trustee.clone(),
@@ -112,7 +122,11 @@ impl ElevatedPlan {
     /// labels on system paths are not offered; tier 1 refuses such policies).
     pub fn from_restricted_plan(plan: &RestrictedPlan) -> ElevatedPlan {
         let mut entries = Vec::new();
-        for e in plan.entries.iter().filter(|e| plan.needs_elevation.contains(&e.path)) {
+        for e in plan
+            .entries
+            .iter()
+            .filter(|e| plan.needs_elevation.contains(&e.path))
+        {
             entries.push(ElevatedAce {
                 path: e.path.to_string(),
                 trustee: e.trustee.clone(),
@@ -121,7 +135,11 @@ impl ElevatedPlan {
                 reason: e.reason.clone(),
             });
         }
-        for d in plan.denies.iter().filter(|d| plan.needs_elevation.contains(&d.path)) {
+        for d in plan
+            .denies
+            .iter()
+            .filter(|d| plan.needs_elevation.contains(&d.path))
+        {
             entries.push(ElevatedAce {
                 path: d.path.to_string(),
                 trustee: d.trustee.clone(),
@@ -189,16 +207,22 @@ pub fn validate(text: &str, system: &SystemDirs) -> Result<ElevatedPlan, Elevate
         };
         let p = WinPath::parse_str(&e.path).ok_or_else(|| bad("not an absolute Windows path"))?;
         if p.as_str() != e.path {
-            return Err(bad("not in normal form (backslashes, no trailing separator)"));
+            return Err(bad(
+                "not in normal form (backslashes, no trailing separator)",
+            ));
         }
         if !system.contains(&p) {
-            return Err(bad("not under a system directory: the user applies it, not the helper"));
+            return Err(bad(
+                "not under a system directory: the user applies it, not the helper",
+            ));
         }
         if p.parent().is_none() || system.dirs.contains(&p) {
             return Err(bad("a drive root or a system directory itself"));
         }
         if !hull_trustee(&e.trustee) {
-            return Err(bad("trustee is not one of hull's AppContainer or capability names"));
+            return Err(bad(
+                "trustee is not one of hull's AppContainer or capability names",
+            ));
         }
         if let AceKind::Allow(Rights::M) = e.ace {
             let under_program_data = system
@@ -287,8 +311,13 @@ mod tests {
         assert!(invalid(|e| e.path = "C:\\Windows".into()).contains("system directory itself"));
         assert!(invalid(|e| e.path = "C:\\Program Files\\Git\\".into()).contains("normal form"));
         assert!(invalid(|e| e.path = "/usr".into()).contains("absolute Windows path"));
-        assert!(invalid(|e| e.trustee = Trustee::Package("Microsoft.Edge".into())).contains("trustee"));
-        assert!(invalid(|e| e.trustee = Trustee::Capability("internetClient".into())).contains("trustee"));
+        assert!(
+            invalid(|e| e.trustee = Trustee::Package("Microsoft.Edge".into())).contains("trustee")
+        );
+        assert!(
+            invalid(|e| e.trustee = Trustee::Capability("internetClient".into()))
+                .contains("trustee")
+        );
         assert!(invalid(|e| e.ace = AceKind::Allow(Rights::M)).contains("modify"));
         assert!(invalid(|e| e.reason = "a\nb".into()).contains("one line"));
         // modify under ProgramData is the one modify allowed
@@ -297,7 +326,9 @@ mod tests {
         plan.entries[0].ace = AceKind::Allow(Rights::M);
         assert!(validate(&plan.to_json(), &SystemDirs::default()).is_ok());
         // unknown fields, wrong version, too many entries, too big
-        let json = plan.to_json().replacen("\"version\"", "\"extra\": 1, \"version\"", 1);
+        let json = plan
+            .to_json()
+            .replacen("\"version\"", "\"extra\": 1, \"version\"", 1);
         assert!(validate(&json, &SystemDirs::default()).is_err());
         plan.version = 2;
         assert!(validate(&plan.to_json(), &SystemDirs::default()).is_err());
@@ -320,6 +351,9 @@ mod tests {
     #[cfg(not(windows))]
     #[test]
     fn apply_needs_windows() {
-        assert!(matches!(apply(&plan_with_git()), Err(ElevatedError::WrongOs)));
+        assert!(matches!(
+            apply(&plan_with_git()),
+            Err(ElevatedError::WrongOs)
+        ));
     }
 }

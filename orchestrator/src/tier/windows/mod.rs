@@ -179,7 +179,11 @@ impl TrampolineSpec {
         match (spec.tier, &spec.container) {
             (WinTier::AppContainer, Some(c)) if hull_name(c, "hull.ws.") => {}
             (WinTier::Restricted, None) => {}
-            _ => return Err(WinError::BadSpec("container name missing or not hull's".into())),
+            _ => {
+                return Err(WinError::BadSpec(
+                    "container name missing or not hull's".into(),
+                ))
+            }
         }
         if spec.capabilities.is_empty()
             || spec.capabilities.len() > 4
@@ -188,10 +192,14 @@ impl TrampolineSpec {
                 .iter()
                 .all(|c| hull_name(c, "hull-ws-") || hull_name(c, "hull-run-"))
         {
-            return Err(WinError::BadSpec("capability names must be hull-ws-* or hull-run-*".into()));
+            return Err(WinError::BadSpec(
+                "capability names must be hull-ws-* or hull-run-*".into(),
+            ));
         }
         if spec.tier == WinTier::Restricted && spec.default_dacl_capability.is_none() {
-            return Err(WinError::BadSpec("restricted needs default_dacl_capability".into()));
+            return Err(WinError::BadSpec(
+                "restricted needs default_dacl_capability".into(),
+            ));
         }
         Ok(spec)
     }
@@ -241,7 +249,11 @@ pub fn launch_appcontainer(policy: &Policy, spec: &CommandSpec) -> Result<Comman
     #[cfg(windows)]
     {
         sys::prepare_appcontainer(&plan)?;
-        trampoline(tier, &TrampolineSpec::for_appcontainer(&plan, spec.cwd.clone()), spec)
+        trampoline(
+            tier,
+            &TrampolineSpec::for_appcontainer(&plan, spec.cwd.clone()),
+            spec,
+        )
     }
     #[cfg(not(windows))]
     {
@@ -263,7 +275,11 @@ pub fn launch_restricted(policy: &Policy, spec: &CommandSpec) -> Result<Command,
     #[cfg(windows)]
     {
         sys::prepare_restricted(&plan)?;
-        trampoline(tier, &TrampolineSpec::for_restricted(&plan, spec.cwd.clone()), spec)
+        trampoline(
+            tier,
+            &TrampolineSpec::for_restricted(&plan, spec.cwd.clone()),
+            spec,
+        )
     }
     #[cfg(not(windows))]
     {
@@ -301,7 +317,9 @@ pub fn trampoline_args(t: &TrampolineSpec, argv: &[OsString]) -> Result<Vec<OsSt
 pub fn exec_main(spec: &str, argv: &[OsString]) -> Result<i32, WinError> {
     let t = TrampolineSpec::parse(spec)?;
     if argv.is_empty() {
-        return Err(WinError::EmptyCommand { tier: t.tier.tier() });
+        return Err(WinError::EmptyCommand {
+            tier: t.tier.tier(),
+        });
     }
     #[cfg(windows)]
     {
@@ -309,7 +327,9 @@ pub fn exec_main(spec: &str, argv: &[OsString]) -> Result<i32, WinError> {
     }
     #[cfg(not(windows))]
     {
-        Err(WinError::WrongOs { tier: t.tier.tier() })
+        Err(WinError::WrongOs {
+            tier: t.tier.tier(),
+        })
     }
 }
 
@@ -343,7 +363,10 @@ pub fn quote_arg(arg: &str) -> String {
 
 /// A whole command line from argv (each argument quoted).
 pub fn command_line(argv: &[String]) -> String {
-    argv.iter().map(|a| quote_arg(a)).collect::<Vec<_>>().join(" ")
+    argv.iter()
+        .map(|a| quote_arg(a))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A private desktop name, unique per trampoline.
@@ -408,12 +431,28 @@ mod tests {
     fn quoting_round_trips_through_the_windows_splitting_rules() {
         let cases: Vec<Vec<&str>> = vec![
             vec!["cmd.exe", "/c", "echo hi"],
-            vec!["a\\b\\", "x y\\", "q\"uote", "", "\\\\srv\\share\\", "tab\there"],
-            vec!["C:\\Program Files\\Git\\bin\\sh.exe", "-c", "echo \"$HOME\"\\"],
+            vec![
+                "a\\b\\",
+                "x y\\",
+                "q\"uote",
+                "",
+                "\\\\srv\\share\\",
+                "tab\there",
+            ],
+            vec![
+                "C:\\Program Files\\Git\\bin\\sh.exe",
+                "-c",
+                "echo \"$HOME\"\\",
+            ],
         ];
         for argv in cases {
             let owned: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-            assert_eq!(split(&command_line(&owned)), owned, "{}", command_line(&owned));
+            assert_eq!(
+                split(&command_line(&owned)),
+                owned,
+                "{}",
+                command_line(&owned)
+            );
         }
     }
 
@@ -463,13 +502,20 @@ mod tests {
         };
         assert!(matches!(
             launch_appcontainer(&pol, &spec),
-            Err(WinError::WrongOs { tier: Tier::AppContainer })
+            Err(WinError::WrongOs {
+                tier: Tier::AppContainer
+            })
         ));
         assert!(matches!(
             launch_restricted(&pol, &spec),
-            Err(WinError::WrongOs { tier: Tier::Restricted })
+            Err(WinError::WrongOs {
+                tier: Tier::Restricted
+            })
         ));
-        let t = TrampolineSpec::for_appcontainer(&appcontainer::lower(&pol, "ws1").unwrap(), "C:\\p".into());
+        let t = TrampolineSpec::for_appcontainer(
+            &appcontainer::lower(&pol, "ws1").unwrap(),
+            "C:\\p".into(),
+        );
         let e = exec_main(&serde_json::to_string(&t).unwrap(), &["cmd".into()]).unwrap_err();
         assert!(e.to_string().contains("needs Windows"), "{e}");
     }

@@ -4,9 +4,9 @@ use std::ffi::c_void;
 
 use windows_sys::Win32::Foundation::{LocalFree, ERROR_SUCCESS};
 use windows_sys::Win32::Security::Authorization::{
-    ConvertStringSecurityDescriptorToSecurityDescriptorW, GetNamedSecurityInfoW,
-    SetEntriesInAclW, SetNamedSecurityInfoW, DENY_ACCESS, EXPLICIT_ACCESS_W, GRANT_ACCESS,
-    REVOKE_ACCESS, SDDL_REVISION_1, SE_FILE_OBJECT, TRUSTEE_IS_SID, TRUSTEE_IS_UNKNOWN, TRUSTEE_W,
+    ConvertStringSecurityDescriptorToSecurityDescriptorW, GetNamedSecurityInfoW, SetEntriesInAclW,
+    SetNamedSecurityInfoW, DENY_ACCESS, EXPLICIT_ACCESS_W, GRANT_ACCESS, REVOKE_ACCESS,
+    SDDL_REVISION_1, SE_FILE_OBJECT, TRUSTEE_IS_SID, TRUSTEE_IS_UNKNOWN, TRUSTEE_W,
 };
 use windows_sys::Win32::Security::{
     EqualSid, GetAce, GetSecurityDescriptorSacl, ACCESS_ALLOWED_ACE, ACE_HEADER, ACL,
@@ -72,7 +72,10 @@ fn read_dacl(path: &str) -> Result<Dacl, String> {
         )
     };
     if rc != ERROR_SUCCESS {
-        return Err(format!("GetNamedSecurityInfoW: {}", std::io::Error::from_raw_os_error(rc as i32)));
+        return Err(format!(
+            "GetNamedSecurityInfoW: {}",
+            std::io::Error::from_raw_os_error(rc as i32)
+        ));
     }
     Ok(Dacl { sd, acl })
 }
@@ -86,7 +89,11 @@ pub fn has_ace(path: &str, sid: &Sid, deny: bool, mask: u32) -> Result<bool, Str
     }
     // SAFETY: `d.acl` is a valid ACL owned by `d.sd`, alive for this scope.
     let count = unsafe { (*d.acl).AceCount } as u32;
-    let want = if deny { ACCESS_DENIED_ACE_TYPE } else { ACCESS_ALLOWED_ACE_TYPE };
+    let want = if deny {
+        ACCESS_DENIED_ACE_TYPE
+    } else {
+        ACCESS_ALLOWED_ACE_TYPE
+    };
     for i in 0..count {
         let mut ace: *mut c_void = std::ptr::null_mut();
         // SAFETY: `i` < AceCount; `ace` receives a pointer into the ACL.
@@ -135,7 +142,10 @@ pub fn apply(path: &str, sid: &Sid, change: Change, inherit: Inherit) -> Result<
     // ACL is owned by `d`; `new_acl` receives a LocalAlloc'd ACL.
     let rc = unsafe { SetEntriesInAclW(1, &ea, d.acl, &mut new_acl) };
     if rc != ERROR_SUCCESS {
-        return Err(format!("SetEntriesInAclW: {}", std::io::Error::from_raw_os_error(rc as i32)));
+        return Err(format!(
+            "SetEntriesInAclW: {}",
+            std::io::Error::from_raw_os_error(rc as i32)
+        ));
     }
     let w = wide(path);
     // SAFETY: `w` is NUL-terminated, `new_acl` is a valid ACL; only the DACL
@@ -154,7 +164,10 @@ pub fn apply(path: &str, sid: &Sid, change: Change, inherit: Inherit) -> Result<
     // SAFETY: `new_acl` was LocalAlloc'd by SetEntriesInAclW; freed once.
     unsafe { LocalFree(new_acl as *mut c_void) };
     if rc != ERROR_SUCCESS {
-        return Err(format!("SetNamedSecurityInfoW: {}", std::io::Error::from_raw_os_error(rc as i32)));
+        return Err(format!(
+            "SetNamedSecurityInfoW: {}",
+            std::io::Error::from_raw_os_error(rc as i32)
+        ));
     }
     Ok(())
 }
@@ -181,16 +194,28 @@ pub fn label_sddl(level: Integrity, policy: LabelPolicy, tree: bool) -> String {
 
 /// Sets the mandatory label of `path` (needs `WRITE_OWNER`: the user owns
 /// their files; labels above the caller's own level are refused by Windows).
-pub fn set_label(path: &str, level: Integrity, policy: LabelPolicy, inherit: Inherit) -> Result<(), String> {
+pub fn set_label(
+    path: &str,
+    level: Integrity,
+    policy: LabelPolicy,
+    inherit: Inherit,
+) -> Result<(), String> {
     let tree = inherit == Inherit::Tree && std::fs::metadata(path).is_ok_and(|m| m.is_dir());
     let sddl = wide(label_sddl(level, policy, tree));
     let mut sd: PSECURITY_DESCRIPTOR = std::ptr::null_mut();
     // SAFETY: `sddl` is NUL-terminated; `sd` receives a LocalAlloc'd SD.
     let ok = unsafe {
-        ConvertStringSecurityDescriptorToSecurityDescriptorW(sddl.as_ptr(), SDDL_REVISION_1, &mut sd, std::ptr::null_mut())
+        ConvertStringSecurityDescriptorToSecurityDescriptorW(
+            sddl.as_ptr(),
+            SDDL_REVISION_1,
+            &mut sd,
+            std::ptr::null_mut(),
+        )
     };
     if ok == 0 {
-        return Err(super::sid::last_error("ConvertStringSecurityDescriptorToSecurityDescriptorW"));
+        return Err(super::sid::last_error(
+            "ConvertStringSecurityDescriptorToSecurityDescriptorW",
+        ));
     }
     let mut present = 0;
     let mut defaulted = 0;
@@ -217,7 +242,10 @@ pub fn set_label(path: &str, level: Integrity, policy: LabelPolicy, inherit: Inh
         if rc == ERROR_SUCCESS {
             Ok(())
         } else {
-            Err(format!("SetNamedSecurityInfoW(label): {}", std::io::Error::from_raw_os_error(rc as i32)))
+            Err(format!(
+                "SetNamedSecurityInfoW(label): {}",
+                std::io::Error::from_raw_os_error(rc as i32)
+            ))
         }
     };
     // SAFETY: `sd` was LocalAlloc'd by the conversion; freed once, after the

@@ -29,8 +29,15 @@ fn os(tier: Tier, call: &'static str, what: impl Into<String>, message: String) 
 /// with the stock layout for any variable that is unset.
 pub fn system_dirs() -> SystemDirs {
     let mut d = SystemDirs::default();
-    for var in ["SystemRoot", "ProgramFiles", "ProgramFiles(x86)", "ProgramData"] {
-        if let Some(p) = std::env::var_os(var).and_then(|v| WinPath::parse_str(&v.to_string_lossy())) {
+    for var in [
+        "SystemRoot",
+        "ProgramFiles",
+        "ProgramFiles(x86)",
+        "ProgramData",
+    ] {
+        if let Some(p) =
+            std::env::var_os(var).and_then(|v| WinPath::parse_str(&v.to_string_lossy()))
+        {
             if !d.dirs.contains(&p) {
                 d.dirs.push(p);
             }
@@ -46,7 +53,11 @@ pub fn probe_restricted() -> Probe {
         Err(e) => return Probe::unavailable(tier, format!("cannot derive a capability SID: {e}")),
     };
     match process::restricted_token(std::slice::from_ref(&cap), &cap) {
-        Ok(_) => Probe::available(tier, "restricted Low-integrity tokens can be created", Vec::new()),
+        Ok(_) => Probe::available(
+            tier,
+            "restricted Low-integrity tokens can be created",
+            Vec::new(),
+        ),
         Err(e) => Probe::unavailable(tier, format!("cannot create a restricted token: {e}")),
     }
 }
@@ -137,7 +148,10 @@ fn ensure(
         .map_err(|e| os(tier, "SetNamedSecurityInfoW", path.to_string(), e))
 }
 
-fn sids_for(tier: Tier, trustees: impl Iterator<Item = Trustee>) -> Result<Vec<(Trustee, Sid)>, WinError> {
+fn sids_for(
+    tier: Tier,
+    trustees: impl Iterator<Item = Trustee>,
+) -> Result<Vec<(Trustee, Sid)>, WinError> {
     let mut out: Vec<(Trustee, Sid)> = Vec::new();
     for t in trustees {
         if out.iter().any(|(x, _)| *x == t) {
@@ -154,7 +168,11 @@ fn find<'a>(sids: &'a [(Trustee, Sid)], t: &Trustee) -> &'a Sid {
     &sids.iter().find(|(x, _)| x == t).unwrap_or(&sids[0]).1
 }
 
-fn refuse_unelevated(tier: Tier, missing: Vec<WinPath>, plan: ElevatedPlan) -> Result<(), WinError> {
+fn refuse_unelevated(
+    tier: Tier,
+    missing: Vec<WinPath>,
+    plan: ElevatedPlan,
+) -> Result<(), WinError> {
     if missing.is_empty() {
         return Ok(());
     }
@@ -182,18 +200,44 @@ pub fn prepare_appcontainer(plan: &AclPlan) -> Result<(), WinError> {
         .iter()
         .map(|e| e.trustee.clone())
         .chain(plan.denies.iter().map(|d| d.trustee.clone()))
-        .chain(std::iter::once(Trustee::Package(plan.package_sid_name.clone())));
+        .chain(std::iter::once(Trustee::Package(
+            plan.package_sid_name.clone(),
+        )));
     let sids = sids_for(tier, trustees)?;
     let mut missing = Vec::new();
     let el = &plan.needs_elevation;
     for s in &plan.strip {
-        ensure(tier, el, &mut missing, &s.path, find(&sids, &s.trustee), Change::Strip, crate::policy::lower::appcontainer::Inherit::Tree)?;
+        ensure(
+            tier,
+            el,
+            &mut missing,
+            &s.path,
+            find(&sids, &s.trustee),
+            Change::Strip,
+            crate::policy::lower::appcontainer::Inherit::Tree,
+        )?;
     }
     for e in &plan.entries {
-        ensure(tier, el, &mut missing, &e.path, find(&sids, &e.trustee), Change::Allow(e.rights.mask()), e.inherit)?;
+        ensure(
+            tier,
+            el,
+            &mut missing,
+            &e.path,
+            find(&sids, &e.trustee),
+            Change::Allow(e.rights.mask()),
+            e.inherit,
+        )?;
     }
     for d in &plan.denies {
-        ensure(tier, el, &mut missing, &d.path, find(&sids, &d.trustee), Change::Deny(d.deny.mask()), d.inherit)?;
+        ensure(
+            tier,
+            el,
+            &mut missing,
+            &d.path,
+            find(&sids, &d.trustee),
+            Change::Deny(d.deny.mask()),
+            d.inherit,
+        )?;
     }
     refuse_unelevated(tier, missing, ElevatedPlan::from_acl_plan(plan))
 }
@@ -206,15 +250,33 @@ pub fn prepare_restricted(plan: &RestrictedPlan) -> Result<(), WinError> {
         .iter()
         .map(|e| e.trustee.clone())
         .chain(plan.denies.iter().map(|d| d.trustee.clone()))
-        .chain(std::iter::once(Trustee::Capability(plan.capability_sid_name.clone())));
+        .chain(std::iter::once(Trustee::Capability(
+            plan.capability_sid_name.clone(),
+        )));
     let sids = sids_for(tier, trustees)?;
     let mut missing = Vec::new();
     let el = &plan.needs_elevation;
     for e in &plan.entries {
-        ensure(tier, el, &mut missing, &e.path, find(&sids, &e.trustee), Change::Allow(e.rights.mask()), e.inherit)?;
+        ensure(
+            tier,
+            el,
+            &mut missing,
+            &e.path,
+            find(&sids, &e.trustee),
+            Change::Allow(e.rights.mask()),
+            e.inherit,
+        )?;
     }
     for d in &plan.denies {
-        ensure(tier, el, &mut missing, &d.path, find(&sids, &d.trustee), Change::Deny(d.deny.mask()), d.inherit)?;
+        ensure(
+            tier,
+            el,
+            &mut missing,
+            &d.path,
+            find(&sids, &d.trustee),
+            Change::Deny(d.deny.mask()),
+            d.inherit,
+        )?;
     }
     for l in &plan.labels {
         if !exists(&l.path) {
@@ -234,14 +296,20 @@ pub fn prepare_restricted(plan: &RestrictedPlan) -> Result<(), WinError> {
 /// The trampoline: starts the sandboxed process and waits for it.
 pub fn run_sandboxed(t: &TrampolineSpec, argv: &[OsString]) -> Result<i32, WinError> {
     let tier = t.tier.tier();
-    let args: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let args: Vec<String> = argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let cmdline = command_line(&args);
     let job = process::job(t.memory, t.processes, t.ui_restrictions)
         .map_err(|e| os(tier, "CreateJobObjectW", "job", e))?;
     let caps: Vec<Sid> = t
         .capabilities
         .iter()
-        .map(|c| sid::capability_sid(c).map_err(|e| os(tier, "DeriveCapabilitySidsFromName", c.clone(), e)))
+        .map(|c| {
+            sid::capability_sid(c)
+                .map_err(|e| os(tier, "DeriveCapabilitySidsFromName", c.clone(), e))
+        })
         .collect::<Result<_, _>>()?;
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -254,12 +322,18 @@ pub fn run_sandboxed(t: &TrampolineSpec, argv: &[OsString]) -> Result<i32, WinEr
             let package = sid::appcontainer_sid(name, false)
                 .map_err(|e| os(tier, "DeriveAppContainerSidFromAppContainerName", name, e))?;
             let desktop = if t.private_desktop {
-                Some(process::private_desktop(&desktop_name(nonce), &package).map_err(|e| os(tier, "CreateDesktopW", "desktop", e))?)
+                Some(
+                    process::private_desktop(&desktop_name(nonce), &package)
+                        .map_err(|e| os(tier, "CreateDesktopW", "desktop", e))?,
+                )
             } else {
                 None
             };
             process::run(
-                process::Identity::AppContainer { package: &package, capabilities: &caps },
+                process::Identity::AppContainer {
+                    package: &package,
+                    capabilities: &caps,
+                },
                 &cmdline,
                 &t.cwd,
                 desktop.as_ref(),
@@ -268,17 +342,35 @@ pub fn run_sandboxed(t: &TrampolineSpec, argv: &[OsString]) -> Result<i32, WinEr
         }
         WinTier::Restricted => {
             let dacl_name = t.default_dacl_capability.as_deref().unwrap_or_default();
-            let dacl = sid::capability_sid(dacl_name).map_err(|e| os(tier, "DeriveCapabilitySidsFromName", dacl_name, e))?;
-            let token = process::restricted_token(&caps, &dacl).map_err(|e| os(tier, "CreateRestrictedToken", "token", e))?;
+            let dacl = sid::capability_sid(dacl_name)
+                .map_err(|e| os(tier, "DeriveCapabilitySidsFromName", dacl_name, e))?;
+            let token = process::restricted_token(&caps, &dacl)
+                .map_err(|e| os(tier, "CreateRestrictedToken", "token", e))?;
             let desktop = if t.private_desktop {
-                Some(process::private_desktop(&desktop_name(nonce), &dacl).map_err(|e| os(tier, "CreateDesktopW", "desktop", e))?)
+                Some(
+                    process::private_desktop(&desktop_name(nonce), &dacl)
+                        .map_err(|e| os(tier, "CreateDesktopW", "desktop", e))?,
+                )
             } else {
                 None
             };
-            process::run(process::Identity::Token(&token), &cmdline, &t.cwd, desktop.as_ref(), &job)
+            process::run(
+                process::Identity::Token(&token),
+                &cmdline,
+                &t.cwd,
+                desktop.as_ref(),
+                &job,
+            )
         }
     }
-    .map_err(|e| os(tier, "CreateProcess", args.first().cloned().unwrap_or_default(), e))?;
+    .map_err(|e| {
+        os(
+            tier,
+            "CreateProcess",
+            args.first().cloned().unwrap_or_default(),
+            e,
+        )
+    })?;
     // The job handle closes when `job` drops: anything the command left
     // running is killed now.
     drop(job);

@@ -38,8 +38,8 @@ use windows_sys::Win32::System::Threading::{
     CreateProcessAsUserW, CreateProcessW, DeleteProcThreadAttributeList, GetCurrentProcess,
     GetExitCodeProcess, InitializeProcThreadAttributeList, OpenProcessToken, ResumeThread,
     TerminateProcess, UpdateProcThreadAttribute, WaitForSingleObject, CREATE_SUSPENDED,
-    CREATE_UNICODE_ENVIRONMENT, EXTENDED_STARTUPINFO_PRESENT, INFINITE, LPPROC_THREAD_ATTRIBUTE_LIST,
-    PROCESS_INFORMATION, PROC_THREAD_ATTRIBUTE_HANDLE_LIST,
+    CREATE_UNICODE_ENVIRONMENT, EXTENDED_STARTUPINFO_PRESENT, INFINITE,
+    LPPROC_THREAD_ATTRIBUTE_LIST, PROCESS_INFORMATION, PROC_THREAD_ATTRIBUTE_HANDLE_LIST,
     PROC_THREAD_ATTRIBUTE_SECURITY_CAPABILITIES, STARTF_USESTDHANDLES, STARTUPINFOEXW,
 };
 
@@ -75,7 +75,13 @@ fn token_info(token: HANDLE, class: i32) -> Result<Vec<u64>, String> {
     // SAFETY: `buf` holds at least `needed` bytes and is 8-byte aligned, as
     // the TOKEN_* structures need.
     let ok = unsafe {
-        GetTokenInformation(token, class, buf.as_mut_ptr() as *mut c_void, needed, &mut needed)
+        GetTokenInformation(
+            token,
+            class,
+            buf.as_mut_ptr() as *mut c_void,
+            needed,
+            &mut needed,
+        )
     };
     if ok == 0 {
         return Err(last_error("GetTokenInformation"));
@@ -197,9 +203,19 @@ pub fn restricted_token(restricting: &[Sid], dacl_cap: &Sid) -> Result<Owned, St
     let mut acl: *mut ACL = std::ptr::null_mut();
     // SAFETY: `entries` holds valid EXPLICIT_ACCESS_W with live SIDs; no old
     // ACL; `acl` receives a LocalAlloc'd ACL freed below.
-    let rc = unsafe { SetEntriesInAclW(entries.len() as u32, entries.as_ptr(), std::ptr::null(), &mut acl) };
+    let rc = unsafe {
+        SetEntriesInAclW(
+            entries.len() as u32,
+            entries.as_ptr(),
+            std::ptr::null(),
+            &mut acl,
+        )
+    };
     if rc != 0 {
-        return Err(format!("SetEntriesInAclW(default dacl): {}", std::io::Error::from_raw_os_error(rc as i32)));
+        return Err(format!(
+            "SetEntriesInAclW(default dacl): {}",
+            std::io::Error::from_raw_os_error(rc as i32)
+        ));
     }
     let dd = TOKEN_DEFAULT_DACL { DefaultDacl: acl };
     // SAFETY: `dd` points to a valid ACL for the duration of the call.
@@ -304,10 +320,17 @@ pub fn private_desktop(name: &str, sandbox: &Sid) -> Result<Desktop, String> {
     let mut sd: PSECURITY_DESCRIPTOR = std::ptr::null_mut();
     // SAFETY: `wsddl` is NUL-terminated; `sd` receives a LocalAlloc'd SD.
     let ok = unsafe {
-        ConvertStringSecurityDescriptorToSecurityDescriptorW(wsddl.as_ptr(), SDDL_REVISION_1, &mut sd, std::ptr::null_mut())
+        ConvertStringSecurityDescriptorToSecurityDescriptorW(
+            wsddl.as_ptr(),
+            SDDL_REVISION_1,
+            &mut sd,
+            std::ptr::null_mut(),
+        )
     };
     if ok == 0 {
-        return Err(last_error("ConvertStringSecurityDescriptorToSecurityDescriptorW(desktop)"));
+        return Err(last_error(
+            "ConvertStringSecurityDescriptorToSecurityDescriptorW(desktop)",
+        ));
     }
     let sa = SECURITY_ATTRIBUTES {
         nLength: std::mem::size_of::<SECURITY_ATTRIBUTES>() as u32,
@@ -318,7 +341,14 @@ pub fn private_desktop(name: &str, sandbox: &Sid) -> Result<Desktop, String> {
     // SAFETY: `wname` is NUL-terminated; no device or mode; `sa` and its SD
     // are valid across the call.
     let h = unsafe {
-        CreateDesktopW(wname.as_ptr(), std::ptr::null(), std::ptr::null(), 0, DESKTOP_ALL, &sa)
+        CreateDesktopW(
+            wname.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            DESKTOP_ALL,
+            &sa,
+        )
     };
     // SAFETY: `sd` was LocalAlloc'd by the conversion; the desktop keeps its
     // own copy; freed once.
@@ -332,7 +362,10 @@ pub fn private_desktop(name: &str, sandbox: &Sid) -> Result<Desktop, String> {
 /// How the child is created.
 pub enum Identity<'a> {
     /// AppContainer: package SID plus capability SIDs.
-    AppContainer { package: &'a Sid, capabilities: &'a [Sid] },
+    AppContainer {
+        package: &'a Sid,
+        capabilities: &'a [Sid],
+    },
     /// A restricted primary token.
     Token(&'a Owned),
 }
@@ -353,7 +386,12 @@ impl AttrList {
         let mut buf = vec![0u64; size.div_ceil(8)];
         // SAFETY: `buf` holds at least `size` bytes, 8-byte aligned.
         let ok = unsafe {
-            InitializeProcThreadAttributeList(buf.as_mut_ptr() as LPPROC_THREAD_ATTRIBUTE_LIST, count, 0, &mut size)
+            InitializeProcThreadAttributeList(
+                buf.as_mut_ptr() as LPPROC_THREAD_ATTRIBUTE_LIST,
+                count,
+                0,
+                &mut size,
+            )
         };
         if ok == 0 {
             return Err(last_error("InitializeProcThreadAttributeList"));
@@ -370,7 +408,15 @@ impl AttrList {
     unsafe fn set(&mut self, attr: u32, value: *const c_void, size: usize) -> Result<(), String> {
         // SAFETY: the list is initialized; the caller keeps `value` alive.
         let ok = unsafe {
-            UpdateProcThreadAttribute(self.ptr(), 0, attr as usize, value, size, std::ptr::null_mut(), std::ptr::null())
+            UpdateProcThreadAttribute(
+                self.ptr(),
+                0,
+                attr as usize,
+                value,
+                size,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+            )
         };
         if ok == 0 {
             return Err(last_error("UpdateProcThreadAttribute"));
@@ -410,7 +456,11 @@ pub fn run(
     let mut attrs = AttrList::new(2)?;
     let caps_attrs: Vec<SID_AND_ATTRIBUTES>;
     let sec_caps: SECURITY_CAPABILITIES;
-    if let Identity::AppContainer { package, capabilities } = &identity {
+    if let Identity::AppContainer {
+        package,
+        capabilities,
+    } = &identity
+    {
         caps_attrs = capabilities
             .iter()
             .map(|c| SID_AND_ATTRIBUTES {

@@ -57,7 +57,12 @@ impl Sid {
         // SAFETY: `buf` holds `size` bytes; no domain SID is needed for
         // these types (null is allowed).
         let ok = unsafe {
-            CreateWellKnownSid(kind, std::ptr::null_mut(), buf.as_mut_ptr() as PSID, &mut size)
+            CreateWellKnownSid(
+                kind,
+                std::ptr::null_mut(),
+                buf.as_mut_ptr() as PSID,
+                &mut size,
+            )
         };
         if ok == 0 {
             return Err(last_error("CreateWellKnownSid"));
@@ -134,7 +139,10 @@ pub fn appcontainer_sid(name: &str, create: bool) -> Result<Sid, String> {
             return out;
         }
         if hr != already {
-            return Err(format!("CreateAppContainerProfile({name}): HRESULT 0x{:08x}", hr as u32));
+            return Err(format!(
+                "CreateAppContainerProfile({name}): HRESULT 0x{:08x}",
+                hr as u32
+            ));
         }
     }
     // SAFETY: `wname` is NUL-terminated; `sid` receives a SID to FreeSid.
@@ -162,7 +170,13 @@ pub fn capability_sid(name: &str) -> Result<Sid, String> {
     // SAFETY: `wname` is NUL-terminated; the four out-pointers are valid and
     // receive LocalAlloc'd arrays of LocalAlloc'd SIDs.
     let ok = unsafe {
-        DeriveCapabilitySidsFromName(wname.as_ptr(), &mut groups, &mut ngroups, &mut caps, &mut ncaps)
+        DeriveCapabilitySidsFromName(
+            wname.as_ptr(),
+            &mut groups,
+            &mut ngroups,
+            &mut caps,
+            &mut ncaps,
+        )
     };
     if ok == 0 {
         return Err(last_error("DeriveCapabilitySidsFromName"));
@@ -171,7 +185,9 @@ pub fn capability_sid(name: &str) -> Result<Sid, String> {
         // SAFETY: `caps` holds `ncaps` >= 1 valid SIDs.
         unsafe { Sid::copy_from(*caps) }
     } else {
-        Err(format!("DeriveCapabilitySidsFromName({name}) returned no capability SID"))
+        Err(format!(
+            "DeriveCapabilitySidsFromName({name}) returned no capability SID"
+        ))
     };
     // SAFETY: every element and both arrays were LocalAlloc'd by the call,
     // and each is freed exactly once here.
