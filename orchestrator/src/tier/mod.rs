@@ -13,9 +13,9 @@ pub mod landlock;
 pub mod launch;
 pub mod none;
 pub mod probe;
+pub mod seatbelt;
 #[cfg(target_os = "linux")]
 pub mod seccomp;
-pub mod seatbelt;
 pub mod windows;
 
 /// Off Linux, the Linux tiers exist only to say so.
