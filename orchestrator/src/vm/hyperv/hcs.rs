@@ -12,7 +12,8 @@ use windows_sys::Win32::System::HostComputeSystem::{
     HCS_SYSTEM,
 };
 
-use super::{ComputeSystemSpec, Guid, HyperVError};
+use super::hvsock::{HvListener, HvStream};
+use super::{vm_account_sid, vsock_service_id, ComputeSystemSpec, Guid, HyperVError, AGENT_PORT};
 
 fn wide(s: &str) -> Vec<u16> {
     s.encode_utf16().chain(std::iter::once(0)).collect()
@@ -197,4 +198,49 @@ pub fn probe() -> (bool, String) {
             ),
         )
     }
+}
+
+/// Boots the VM of `spec` and returns it with the agent's connection:
+/// grant the VM its files, deny it the protected paths of its shares, create
+/// it, bind the agent listener to its runtime id (before it starts, so the
+/// agent's first connection finds it), start it, and wait at most
+/// `agent_deadline` for the agent. Any failure drops (terminates) the VM.
+pub fn boot(
+    spec: &ComputeSystemSpec,
+    agent_deadline: Duration,
+) -> Result<(ComputeSystem, HvStream), HyperVError> {
+    let os = |call: &'static str| {
+        move |e: std::io::Error| HyperVError::Os {
+            call,
+            message: e.to_string(),
+        }
+    };
+    for p in std::iter::once(&spec.kernel)
+        .chain(spec.initrd.iter())
+        .chain(spec.disks.iter().map(|d| &d.path))
+    {
+        grant_vm_access(spec.id, p.as_str())?;
+    }
+    let vm_sid = vm_account_sid(spec.id);
+    for s in spec.shares.iter().filter(|s| !s.read_only) {
+        for m in &s.masks {
+            if std::fs::symlink_metadata(m.as_str()).is_ok() {
+                crate::tier::windows::deny_all_for_sid(m.as_str(), &vm_sid).map_err(|message| {
+                    HyperVError::Share {
+                        name: s.name.clone(),
+                        message: format!("deny ACE on {m}: {message}"),
+                    }
+                })?;
+            }
+        }
+    }
+    let cs = ComputeSystem::create(spec)?;
+    let runtime = cs.runtime_id()?;
+    let listener =
+        HvListener::bind(runtime, vsock_service_id(AGENT_PORT)).map_err(os("bind(AF_HYPERV)"))?;
+    cs.start()?;
+    let stream = listener
+        .accept_timeout(runtime, agent_deadline)
+        .map_err(os("accept(AF_HYPERV)"))?;
+    Ok((cs, stream))
 }

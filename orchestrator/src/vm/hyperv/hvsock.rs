@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use windows_sys::core::GUID;
 use windows_sys::Win32::Networking::WinSock::{
-    accept, bind, closesocket, listen, recv, send, setsockopt, socket, WSAGetLastError, WSAStartup,
-    AF_HYPERV, INVALID_SOCKET, SOCKADDR, SOCKET, SOCK_STREAM, SOL_SOCKET, SO_RCVTIMEO, WSADATA,
+    accept, bind, closesocket, listen, recv, select, send, setsockopt, socket, WSAGetLastError,
+    WSAStartup, AF_HYPERV, FD_SET, INVALID_SOCKET, SOCKADDR, SOCKET, SOCK_STREAM, SOL_SOCKET,
+    SO_RCVTIMEO, TIMEVAL, WSADATA,
 };
 use windows_sys::Win32::System::Hypervisor::{HV_PROTOCOL_RAW, SOCKADDR_HV};
 
@@ -90,6 +91,30 @@ impl HvListener {
             return Err(last());
         }
         Ok(HvListener(s))
+    }
+
+    /// Waits at most `timeout` for a connection, then accepts it.
+    pub fn accept_timeout(&self, vm: Guid, timeout: Duration) -> io::Result<HvStream> {
+        let mut set = FD_SET {
+            fd_count: 1,
+            fd_array: [0; 64],
+        };
+        set.fd_array[0] = self.0 .0;
+        let tv = TIMEVAL {
+            tv_sec: i32::try_from(timeout.as_secs()).unwrap_or(i32::MAX),
+            tv_usec: timeout.subsec_micros() as i32,
+        };
+        // SAFETY: `set` holds one valid socket; `tv` is a valid timeout; the
+        // other sets are null (allowed).
+        let r = unsafe { select(0, &mut set, std::ptr::null_mut(), std::ptr::null_mut(), &tv) };
+        match r {
+            0 => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the guest agent of VM {vm} did not connect within {timeout:?}"),
+            )),
+            n if n < 0 => Err(last()),
+            _ => self.accept(vm),
+        }
     }
 
     /// Accepts the agent's connection; the peer is checked to be `vm`.

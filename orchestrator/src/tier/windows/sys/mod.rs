@@ -396,3 +396,15 @@ pub fn apply_elevated(plan: &ElevatedPlan) -> Result<usize, ElevatedError> {
     }
     Ok(n)
 }
+
+/// A deny-everything ACE for a SID given in `S-1-...` form, on `path` and,
+/// for a directory, everything below it.
+pub fn deny_all_for_sid(path: &str, sid: &str) -> Result<(), String> {
+    let s = sid::Sid::from_string(sid)?;
+    acl::apply(
+        path,
+        &s,
+        Change::Deny(Deny::All.mask()),
+        crate::policy::lower::appcontainer::Inherit::Tree,
+    )
+}

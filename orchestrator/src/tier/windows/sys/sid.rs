@@ -5,7 +5,7 @@ use std::ffi::{c_void, OsStr};
 use std::os::windows::ffi::OsStrExt;
 
 use windows_sys::Win32::Foundation::{GetLastError, LocalFree, ERROR_ALREADY_EXISTS};
-use windows_sys::Win32::Security::Authorization::ConvertSidToStringSidW;
+use windows_sys::Win32::Security::Authorization::{ConvertSidToStringSidW, ConvertStringSidToSidW};
 use windows_sys::Win32::Security::Isolation::{
     CreateAppContainerProfile, DeriveAppContainerSidFromAppContainerName,
 };
@@ -69,6 +69,21 @@ impl Sid {
         }
         buf.truncate(size as usize);
         Ok(Sid(buf))
+    }
+
+    /// Parses the `S-1-...` form.
+    pub fn from_string(s: &str) -> Result<Sid, String> {
+        let w = wide(s);
+        let mut p: PSID = std::ptr::null_mut();
+        // SAFETY: `w` is NUL-terminated; `p` receives a LocalAlloc'd SID.
+        if unsafe { ConvertStringSidToSidW(w.as_ptr(), &mut p) } == 0 {
+            return Err(last_error("ConvertStringSidToSidW"));
+        }
+        // SAFETY: `p` is a valid SID from the call.
+        let out = unsafe { Sid::copy_from(p) };
+        // SAFETY: LocalAlloc'd by the call; freed once.
+        unsafe { LocalFree(p) };
+        out
     }
 
     /// The `S-1-...` form.
