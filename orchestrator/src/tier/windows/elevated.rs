@@ -271,6 +271,36 @@ pub fn apply(plan: &ElevatedPlan) -> Result<usize, ElevatedError> {
     }
 }
 
+/// `hull setup --elevated PLAN`: read, validate, show and apply a plan.
+pub fn setup_main(path: &Path) -> Result<i32, ElevatedError> {
+    #[cfg(windows)]
+    let system = super::sys::system_dirs();
+    #[cfg(not(windows))]
+    let system = SystemDirs::default();
+    #[cfg(not(windows))]
+    {
+        let _ = (path, system);
+        Err(ElevatedError::WrongOs)
+    }
+    #[cfg(windows)]
+    {
+        let plan = read(path, &system)?;
+        for e in &plan.entries {
+            println!(
+                "{:?} {:?} {}  {}  # {}",
+                e.ace,
+                e.inherit,
+                e.path,
+                e.trustee.label(),
+                e.reason
+            );
+        }
+        let n = apply(&plan)?;
+        println!("hull setup: applied {n} ACE(s) from {}", path.display());
+        Ok(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
