@@ -123,8 +123,8 @@ pub fn sandbox_exec_args(profile: &SeatbeltProfile, argv: &[OsString]) -> Vec<Os
 }
 
 /// The policy with every path resolved as macOS resolves it: each grant to
-/// its real path (and, when that differs, the path as written too, for
-/// operations on the link itself); each protection at its real parent with
+/// its real path (and, when the granted path is itself a symlink, the link
+/// read-only, for `lstat` and `readlink`); each protection at its real parent with
 /// its own name kept (so a symlink there cannot be replaced), plus its real
 /// target when it is a symlink. Pure over `fs`.
 pub fn canonicalize(policy: &Policy, fs: &dyn HostFs) -> Result<Policy, SeatbeltError> {
@@ -132,17 +132,21 @@ pub fn canonicalize(policy: &Policy, fs: &dyn HostFs) -> Result<Policy, Seatbelt
     out.grants.clear();
     for g in &policy.grants {
         let real = canonical_path(&g.path, fs)?;
-        let mut push = |path: PathBuf| {
+        let mut push = |path: PathBuf, access| {
             if !out.grants.iter().any(|x| x.path == path) {
                 let mut n = g.clone();
                 n.path = path;
+                n.access = access;
                 out.grants.push(n);
             }
         };
-        push(real.clone());
+        push(real.clone(), g.access);
+        // A granted path that is itself a symlink: the link is readable (lstat,
+        // readlink) but never writable, or the command could replace the link
+        // and plant a directory (with a `.hull/`) where hull looks next time.
         let written = canonical_parent(&g.path, fs)?;
         if written != real {
-            push(written);
+            push(written, crate::policy::Access::Read);
         }
     }
     out.protects.clear();
@@ -410,6 +414,20 @@ mod tests {
         let grants: Vec<_> = c.grants.iter().map(|g| g.path.to_str().unwrap()).collect();
         assert!(grants.contains(&"/private/etc"), "{grants:?}");
         assert!(grants.contains(&"/etc"), "the link itself: {grants:?}");
+        // a granted symlink is never writable as a link: the project may be
+        // a symlink, and replacing it would plant a new project (and .hull)
+        let fs = mac_test_fs()
+            .symlink("/Users/u/link", "/Users/u/proj")
+            .dir("/Users/u/proj");
+        let mut p2 = pol.clone();
+        p2.grants.push(crate::policy::Grant {
+            path: "/Users/u/link".into(),
+            access: crate::policy::Access::ReadWrite,
+            origin: crate::policy::GrantOrigin::Policy,
+        });
+        let c2 = canonicalize(&p2, &fs).unwrap();
+        let link = c2.grants.iter().find(|g| g.path == Path::new("/Users/u/link")).unwrap();
+        assert_eq!(link.access, crate::policy::Access::Read);
         assert!(grants.contains(&"/private/var/folders/xy/T/hull-runs/ID/tmp"));
         assert_eq!(
             c.vars.runs,
