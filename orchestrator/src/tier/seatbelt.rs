@@ -426,7 +426,11 @@ mod tests {
             origin: crate::policy::GrantOrigin::Policy,
         });
         let c2 = canonicalize(&p2, &fs).unwrap();
-        let link = c2.grants.iter().find(|g| g.path == Path::new("/Users/u/link")).unwrap();
+        let link = c2
+            .grants
+            .iter()
+            .find(|g| g.path == Path::new("/Users/u/link"))
+            .unwrap();
         assert_eq!(link.access, crate::policy::Access::Read);
         assert!(grants.contains(&"/private/var/folders/xy/T/hull-runs/ID/tmp"));
         assert_eq!(

@@ -64,7 +64,9 @@ pub fn probe_restricted() -> Probe {
 
 pub fn probe_appcontainer() -> Probe {
     let tier = Tier::AppContainer;
-    match sid::appcontainer_sid("hull.ws.probe", true) {
+    let made = sid::appcontainer_sid("hull.ws.probe", true);
+    sid::delete_appcontainer("hull.ws.probe");
+    match made {
         Ok(s) => Probe::available(
             tier,
             format!(

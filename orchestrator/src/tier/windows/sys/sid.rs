@@ -7,7 +7,7 @@ use std::os::windows::ffi::OsStrExt;
 use windows_sys::Win32::Foundation::{GetLastError, LocalFree, ERROR_ALREADY_EXISTS};
 use windows_sys::Win32::Security::Authorization::{ConvertSidToStringSidW, ConvertStringSidToSidW};
 use windows_sys::Win32::Security::Isolation::{
-    CreateAppContainerProfile, DeriveAppContainerSidFromAppContainerName,
+    CreateAppContainerProfile, DeleteAppContainerProfile, DeriveAppContainerSidFromAppContainerName,
 };
 use windows_sys::Win32::Security::{
     CopySid, CreateWellKnownSid, DeriveCapabilitySidsFromName, FreeSid, GetLengthSid, IsValidSid,
@@ -225,4 +225,11 @@ pub fn trustee_sid(t: &Trustee) -> Result<Sid, String> {
         Trustee::Package(n) => appcontainer_sid(n, true),
         Trustee::Capability(n) => capability_sid(n),
     }
+}
+
+/// Deletes an AppContainer profile (the probe's own).
+pub fn delete_appcontainer(name: &str) {
+    let w = wide(name);
+    // SAFETY: `w` is NUL-terminated; failure (already gone) is harmless.
+    unsafe { DeleteAppContainerProfile(w.as_ptr()) };
 }
