@@ -307,12 +307,16 @@ impl Drop for Desktop {
 }
 
 /// A private desktop in the current window station, usable only by the
-/// user, SYSTEM and `sandbox` (the package or capability SID).
+/// user, SYSTEM and `sandbox` (the package or capability SID). Whether the
+/// sandboxed process also needs an ACE on the window station is not
+/// verified (no Windows host here).
 pub fn private_desktop(name: &str, sandbox: &Sid) -> Result<Desktop, String> {
     let (user, _) = user_and_logon(own_token()?.0)?;
     // SIDs in string form come from ConvertSidToStringSidW only.
+    // Labelled Low: both sandboxed identities run at Low integrity, and a
+    // Medium label (the default) would refuse them every write-type access.
     let sddl = format!(
-        "D:P(A;;GA;;;{})(A;;GA;;;SY)(A;;GA;;;{})",
+        "D:P(A;;GA;;;{})(A;;GA;;;SY)(A;;GA;;;{})S:(ML;;NW;;;LW)",
         user.to_string_sid()?,
         sandbox.to_string_sid()?
     );
