@@ -158,9 +158,20 @@ pub fn explain_tier(t: Tier, p: &Policy) -> serde_json::Value {
                 l
             })
             .map_err(|e| e.to_string()),
-        Tier::Seatbelt | Tier::Restricted | Tier::AppContainer | Tier::Vm => {
-            Err(format!("tier {t}: lowering not built yet"))
+        Tier::Seatbelt => crate::tier::seatbelt::explain(p, &fs)
+            .map(|sb| sb.explain().lines().map(str::to_string).collect())
+            .map_err(|e| e.to_string()),
+        Tier::AppContainer => {
+            policy::lower::appcontainer::lower(p, &crate::tier::windows::workspace_of(p))
+                .map(|plan| plan.render().lines().map(str::to_string).collect())
+                .map_err(|e| e.to_string())
         }
+        Tier::Restricted => {
+            policy::lower::restricted::lower(p, &crate::tier::windows::workspace_of(p))
+                .map(|plan| plan.render().lines().map(str::to_string).collect())
+                .map_err(|e| e.to_string())
+        }
+        Tier::Vm => Err(format!("tier {t}: lowering not built yet")),
     };
     match lines {
         Ok(l) => json!({"tier": t.name(), "lines": l}),

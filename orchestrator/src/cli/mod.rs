@@ -55,6 +55,29 @@ pub enum Command {
     /// Internal: apply Landlock and seccomp, then exec (used by `--tier landlock`).
     #[command(name = "__landlock-exec", hide = true)]
     LandlockExec(LandlockExecArgs),
+    /// Windows, elevated, once: apply the ACEs a plan needs that only an
+    /// administrator can set (`--tier appcontainer|restricted` says when).
+    Setup(SetupArgs),
+    /// Internal: start a command in an AppContainer or with a restricted token
+    /// (the Windows trampoline used by `--tier appcontainer|restricted`).
+    #[command(name = "__windows-exec", hide = true)]
+    WindowsExec(WindowsExecArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// The plan file the refused run wrote (%LOCALAPPDATA%\hull\elevated-plan.json).
+    #[arg(long)]
+    pub elevated: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct WindowsExecArgs {
+    /// What to start, JSON (bounded, checked).
+    #[arg(long)]
+    pub spec: String,
+    #[arg(last = true, required = true)]
+    pub argv: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -96,6 +119,12 @@ pub fn main() -> i32 {
         Command::Image(c) => image::image(c),
         Command::Vm(c) => vm::vm(c),
         Command::LandlockExec(a) => crate::tier::landlock::exec_main(a.plan, a.error_fd, a.argv),
+        Command::Setup(a) => {
+            crate::tier::windows::elevated::setup_main(&a.elevated).map_err(anyhow::Error::from)
+        }
+        Command::WindowsExec(a) => {
+            crate::tier::windows::exec_main(&a.spec, &a.argv).map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(code) => code,

@@ -13,8 +13,10 @@ pub mod landlock;
 pub mod launch;
 pub mod none;
 pub mod probe;
+pub mod seatbelt;
 #[cfg(target_os = "linux")]
 pub mod seccomp;
+pub mod windows;
 
 /// Off Linux, the Linux tiers exist only to say so.
 #[cfg(not(target_os = "linux"))]
@@ -175,16 +177,14 @@ pub fn probe(tier: Tier) -> probe::Probe {
         Tier::Bwrap => bwrap::probe(),
         Tier::Vm => vm_probe(),
         // The macOS and Windows tiers probe themselves on their OS.
-        Tier::Seatbelt | Tier::Restricted | Tier::AppContainer => native_probe(tier),
+        Tier::Seatbelt => seatbelt::probe(),
+        Tier::Restricted => windows::probe_restricted(),
+        Tier::AppContainer => windows::probe_appcontainer(),
     }
 }
 
 fn vm_probe() -> probe::Probe {
     probe::Probe::unavailable(Tier::Vm, "tier 3 is not built yet")
-}
-
-fn native_probe(tier: Tier) -> probe::Probe {
-    probe::Probe::unavailable(tier, format!("tier {tier} is not built yet"))
 }
 
 /// The cheap check `hull run` makes before using a tier: the pieces exist.

@@ -5,6 +5,7 @@ pub mod appcontainer;
 pub mod bwrap;
 pub mod landlock;
 pub mod plan;
+pub mod restricted;
 pub mod seatbelt;
 pub mod vm;
 
