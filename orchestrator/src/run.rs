@@ -246,17 +246,36 @@ pub fn run_process_tier(
     Ok(status)
 }
 
-/// Off Linux the process tiers are the native ones (wired per OS).
+/// Off Linux the process tiers are the native ones: seatbelt on macOS,
+/// restricted and appcontainer on Windows, and none everywhere.
 #[cfg(not(target_os = "linux"))]
 pub fn run_process_tier(
     tier: Tier,
-    _policy: &Policy,
-    _spec: &CommandSpec,
+    policy: &Policy,
+    spec: &CommandSpec,
     _run_dir: &Path,
     _lock_fd: crate::runtime::LockFd,
-    _sink: Option<&mut dyn OutputSink>,
+    sink: Option<&mut dyn OutputSink>,
 ) -> Result<ExitStatus, RunError> {
-    Err(RunError::WrongOs(tier))
+    let mut cmd = match tier {
+        Tier::None => {
+            eprintln!("{}", crate::tier::none::WARNING);
+            let mut c = crate::tier::none::command(&spec.argv);
+            c.current_dir(&spec.cwd)
+                .env_clear()
+                .envs(spec.env.iter().cloned());
+            c
+        }
+        Tier::Seatbelt => crate::tier::seatbelt::launch(policy, spec)
+            .map_err(|e| RunError::Tier(e.to_string()))?,
+        Tier::AppContainer => crate::tier::windows::launch_appcontainer(policy, spec)
+            .map_err(|e| RunError::Tier(e.to_string()))?,
+        Tier::Restricted => crate::tier::windows::launch_restricted(policy, spec)
+            .map_err(|e| RunError::Tier(e.to_string()))?,
+        Tier::Landlock | Tier::Bwrap | Tier::Vm => return Err(RunError::WrongOs(tier)),
+    };
+    let _ = &mut cmd;
+    Ok(crate::exec::portable::run(cmd, spec.timeout, sink)?)
 }
 
 /// Runs `opts` to the end and returns how the command ended.

@@ -6,6 +6,8 @@
 //! hull's exit code ([`ExitStatus::exit_code`]); a timeout or Ctrl-C ends the
 //! whole process tree, including grandchildren that called `setsid`.
 
+#[cfg(not(target_os = "linux"))]
+pub mod portable;
 #[cfg(unix)]
 pub mod process;
 
@@ -78,6 +80,18 @@ pub enum ExecError {
     Signals(#[source] std::io::Error),
     #[error("writing the command's output failed: {0}")]
     Output(#[source] std::io::Error),
+}
+
+/// Maps a host exit status: code, or signal.
+pub fn map_status(st: std::process::ExitStatus) -> ExitStatus {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = st.signal() {
+            return ExitStatus::Signal(sig);
+        }
+    }
+    ExitStatus::Code(st.code().unwrap_or(crate::EXIT_HULL_FAILED))
 }
 
 #[cfg(test)]

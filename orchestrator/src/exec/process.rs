@@ -198,17 +198,7 @@ fn pump(mut r: impl Read + Send + 'static, stream: Stream, tx: mpsc::Sender<Even
     });
 }
 
-/// Maps a host exit status: code, or signal.
-pub fn map_status(st: std::process::ExitStatus) -> ExitStatus {
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::ExitStatusExt;
-        if let Some(sig) = st.signal() {
-            return ExitStatus::Signal(sig);
-        }
-    }
-    ExitStatus::Code(st.code().unwrap_or(crate::EXIT_HULL_FAILED))
-}
+pub use super::map_status;
 
 #[cfg(target_os = "linux")]
 fn become_subreaper() {

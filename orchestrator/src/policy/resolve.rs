@@ -285,13 +285,14 @@ pub fn expand_path(s: &str, vars: &Vars) -> Result<PathBuf, String> {
     let mut out = if relative {
         vars.project.clone()
     } else {
-        PathBuf::from("/")
+        PathBuf::new()
     };
     let base_depth = out.components().count();
     for c in p.components() {
         match c {
-            Component::RootDir | Component::CurDir => {}
-            Component::Prefix(_) => return Err(format!("{s:?}: unsupported path prefix")),
+            // An absolute path keeps its root (and, on Windows, its drive).
+            Component::Prefix(_) | Component::RootDir => out.push(c.as_os_str()),
+            Component::CurDir => {}
             Component::Normal(n) => out.push(n),
             Component::ParentDir => {
                 if !relative {
