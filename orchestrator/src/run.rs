@@ -318,7 +318,15 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
         .map_err(|e| RunError::Instance(e.to_string()))?;
     let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
     let result = match tier {
-        Tier::Vm => Err(RunError::Tier("tier vm: not wired yet".into())),
+        Tier::Vm => crate::tier::vm::run(
+            &pol,
+            &spec,
+            instance.dir(),
+            instance.id(),
+            sink,
+            opts.vm.as_deref(),
+        )
+        .map_err(|e| RunError::Tier(e.to_string())),
         Tier::None
         | Tier::Landlock
         | Tier::Bwrap

@@ -171,7 +171,9 @@ pub fn explain_tier(t: Tier, p: &Policy) -> serde_json::Value {
                 .map(|plan| plan.render().lines().map(str::to_string).collect())
                 .map_err(|e| e.to_string())
         }
-        Tier::Vm => Err(format!("tier {t}: lowering not built yet")),
+        Tier::Vm => crate::tier::vm::explain(p)
+            .map(|s| s.lines().map(str::to_string).collect())
+            .map_err(|e| e.to_string()),
     };
     match lines {
         Ok(l) => json!({"tier": t.name(), "lines": l}),

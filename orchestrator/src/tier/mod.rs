@@ -16,6 +16,7 @@ pub mod probe;
 pub mod seatbelt;
 #[cfg(target_os = "linux")]
 pub mod seccomp;
+pub mod vm;
 pub mod windows;
 
 /// Off Linux, the Linux tiers exist only to say so.
@@ -184,7 +185,7 @@ pub fn probe(tier: Tier) -> probe::Probe {
 }
 
 fn vm_probe() -> probe::Probe {
-    probe::Probe::unavailable(Tier::Vm, "tier 3 is not built yet")
+    vm::probe()
 }
 
 /// The cheap check `hull run` makes before using a tier: the pieces exist.

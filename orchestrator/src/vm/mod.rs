@@ -1,3 +1,46 @@
-//! (in progress)
+//! Tier 3: the outer VM (QEMU) and its guest agent.
+//!
+//! What this protects against: everything the command does happening on the
+//! host. The command runs in an unprivileged Incus container inside a QEMU
+//! VM with no network device; the host only exposes directories through
+//! virtiofsd processes that enforce read-only and protected paths on the host
+//! side, and talks to the guest through one virtio-serial port carrying
+//! `hull-protocol` frames, every one of which is treated as hostile.
+//!
+//! What it does not: protect against QEMU or virtiofsd bugs reachable from
+//! the guest (both are sandboxed with seccomp, and QEMU has no devices beyond
+//! those listed in [`qemu`]), or against a policy that shares too much.
+//!
+//! Modules, in the order a VM comes up:
+//! - [`accel`]: which accelerator really works here (KVM is probed by booting);
+//! - [`virtiofsd`]: one supervised file server per share;
+//! - [`qemu`]: the QEMU argv from typed values;
+//! - [`proc`]: helper processes tied to the instance, stale ones cleaned;
+//! - [`qmp`]: the control socket;
+//! - [`machine`]: start/stop of one VM, waiting for the agent;
+//! - [`agent`]: the host side of the agent session;
+//! - [`supervisor`]: VMs kept up by `hull vm up`, relaying agent sessions;
+//! - [`hyperv`]: the Hyper-V backend (Windows).
 
+pub mod accel;
+#[cfg(unix)]
+pub mod agent;
 pub mod hyperv;
+#[cfg(target_os = "linux")]
+pub mod machine;
+pub mod qemu;
+
+#[cfg(unix)]
+pub mod proc;
+#[cfg(unix)]
+pub mod qmp;
+#[cfg(target_os = "linux")]
+pub mod supervisor;
+pub mod virtiofsd;
+
+pub use crate::policy::lower::vm::{GUEST_GID, GUEST_UID};
+
+#[cfg(test)]
+pub(crate) mod testkit;
+#[cfg(all(test, target_os = "linux"))]
+mod vm_tests;

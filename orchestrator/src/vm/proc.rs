@@ -1,0 +1,407 @@
+//! Helper processes (QEMU, virtiofsd) tied to the hull instance that started them.
+//!
+//! What this protects against: a VM or file server outliving hull. Each child
+//! gets `PR_SET_PDEATHSIG(SIGKILL)` (Linux), its own process group (a Ctrl-C
+//! at the terminal reaches hull, which then ends the VM in order), is killed
+//! and reaped when its handle drops, and leaves a pid file in the instance dir
+//! (`<name>.pid`: pid, start time, program) so a later hull can find and kill
+//! the ones a crashed hull left behind ([`kill_stale`]). The start time makes
+//! a reused pid harmless: a process is only killed when pid, start time and
+//! program all match.
+//!
+//! What it does not: PDEATHSIG fires when the *thread* that spawned the child
+//! ends, so spawn from a thread that lives as long as the child (the caller's
+//! main thread or the VM's owner thread). On non-Linux hosts there is no
+//! PDEATHSIG and no start time: children die with their handle, and stale
+//! pid files are reported, never acted on.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    #[error("tier vm: cannot start {name} ({program}): {source}")]
+    Spawn {
+        name: String,
+        program: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("tier vm: cannot write pid file {path}: {source}")]
+    PidFile {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Makes `cmd`'s child die with this thread, in its own process group.
+/// Call before adding other `pre_exec` hooks so this one runs first.
+pub fn tie_to_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id();
+        // SAFETY: the hook runs in the forked child before exec and only makes
+        // async-signal-safe system calls (prctl, getppid); it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The parent may have died between fork and prctl.
+                if libc::getppid() as u32 != parent {
+                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// A running helper process. Killed (SIGKILL) and reaped on drop.
+#[derive(Debug)]
+pub struct Supervised {
+    name: String,
+    program: PathBuf,
+    child: Option<Child>,
+    pid_file: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Supervised {
+    /// Spawns `cmd` (already given [`tie_to_parent`]) and writes
+    /// `<dir>/<name>.pid`. `name` is a short file-name-safe label.
+    pub fn spawn(mut cmd: Command, name: &str, dir: &Path) -> Result<Supervised, ProcError> {
+        let program = PathBuf::from(cmd.get_program());
+        let child = cmd.spawn().map_err(|source| ProcError::Spawn {
+            name: name.to_string(),
+            program: program.clone(),
+            source,
+        })?;
+        let pid_file = dir.join(format!("{name}.pid"));
+        let mut me = Supervised {
+            name: name.to_string(),
+            program,
+            child: Some(child),
+            pid_file,
+            status: None,
+        };
+        let record = PidRecord {
+            pid: me.pid(),
+            start_time: start_time(me.pid()),
+            program: me.program.clone(),
+        };
+        if let Err(source) = fs::write(&me.pid_file, record.to_text()) {
+            let path = me.pid_file.clone();
+            me.kill();
+            return Err(ProcError::PidFile { path, source });
+        }
+        Ok(me)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The child's stderr, if it was piped (once).
+    pub fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
+        self.child.as_mut()?.stderr.take()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// The exit status if the process has ended (reaps it).
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    self.status = Some(s);
+                }
+            }
+        }
+        self.status
+    }
+
+    /// Waits up to `d` for the process to end by itself.
+    pub fn wait_timeout(&mut self, d: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + d;
+        loop {
+            if let Some(s) = self.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL and reap; removes the pid file. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if self.status.is_none() {
+                let _ = c.kill();
+                if let Ok(s) = c.wait() {
+                    self.status = Some(s);
+                }
+            }
+            let _ = fs::remove_file(&self.pid_file);
+        }
+    }
+
+    /// Sends SIGTERM (a polite stop; virtiofsd exits cleanly on it).
+    pub fn terminate(&mut self) {
+        if self.try_wait().is_none() {
+            if let Some(c) = self.child.as_ref() {
+                let pid = c.id() as libc::pid_t;
+                // SAFETY: plain kill(2) on our own, not yet reaped, child.
+                unsafe {
+                    libc::kill(pid, libc::SIGTERM);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What a pid file records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PidRecord {
+    pub pid: u32,
+    /// Start time in clock ticks since boot (`/proc/PID/stat` field 22).
+    pub start_time: Option<u64>,
+    pub program: PathBuf,
+}
+
+/// Largest pid file read back (they are a few dozen bytes).
+const MAX_PID_FILE: u64 = 4096;
+
+impl PidRecord {
+    fn to_text(&self) -> String {
+        format!(
+            "{}\n{}\n{}\n",
+            self.pid,
+            self.start_time.map(|t| t.to_string()).unwrap_or_default(),
+            self.program.display()
+        )
+    }
+
+    fn parse(text: &str) -> Option<PidRecord> {
+        let mut lines = text.lines();
+        let pid: u32 = lines.next()?.trim().parse().ok()?;
+        if pid <= 1 {
+            return None;
+        }
+        let st = lines.next()?.trim();
+        let start_time = if st.is_empty() {
+            None
+        } else {
+            Some(st.parse().ok()?)
+        };
+        let program = PathBuf::from(lines.next()?.trim());
+        Some(PidRecord {
+            pid,
+            start_time,
+            program,
+        })
+    }
+
+    /// True when this exact process is still running.
+    pub fn is_alive(&self) -> bool {
+        match (self.start_time, start_time(self.pid)) {
+            (Some(want), Some(now)) => want == now && exe_matches(self.pid, &self.program),
+            _ => false,
+        }
+    }
+}
+
+/// This process's start time (for a pid record of itself).
+pub fn own_start_time() -> Option<u64> {
+    start_time(std::process::id())
+}
+
+#[cfg(target_os = "linux")]
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Fields after ")" start at field 3; start time is field 22.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_time(_pid: u32) -> Option<u64> {
+    None
+}
+
+#[cfg(target_os = "linux")]
+fn exe_matches(pid: u32, program: &Path) -> bool {
+    match fs::read_link(format!("/proc/{pid}/exe")) {
+        Ok(exe) => {
+            let want = fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
+            // A deleted binary reads as "PATH (deleted)".
+            exe == want || exe.to_string_lossy().starts_with(&*want.to_string_lossy())
+        }
+        Err(_) => false,
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn exe_matches(_pid: u32, _program: &Path) -> bool {
+    false
+}
+
+/// A stale helper found in an instance dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stale {
+    pub pid_file: PathBuf,
+    pub record: Option<PidRecord>,
+    /// The process was still running and was killed.
+    pub killed: bool,
+}
+
+/// Kills every helper recorded in `dir/*.pid` that is still running (same
+/// pid, start time and program) and removes the pid files. Only call it for
+/// a dir whose `.active` lock is free (no hull owns it any more).
+pub fn kill_stale(dir: &Path) -> io::Result<Vec<Stale>> {
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pid"))
+        .collect();
+    files.sort();
+    for pid_file in files {
+        let record = read_pid_file(&pid_file);
+        let mut killed = false;
+        if let Some(r) = &record {
+            if r.is_alive() {
+                // SAFETY: kill(2) on a process identified by pid, start time and program.
+                unsafe {
+                    libc::kill(r.pid as libc::pid_t, libc::SIGKILL);
+                }
+                killed = true;
+            }
+        }
+        let _ = fs::remove_file(&pid_file);
+        out.push(Stale {
+            pid_file,
+            record,
+            killed,
+        });
+    }
+    Ok(out)
+}
+
+fn read_pid_file(p: &Path) -> Option<PidRecord> {
+    use std::io::Read;
+    let f = fs::File::open(p).ok()?;
+    let mut s = String::new();
+    f.take(MAX_PID_FILE).read_to_string(&mut s).ok()?;
+    PidRecord::parse(&s)
+}
+
+/// The last `max` bytes of a log file, lossily decoded, for error messages.
+pub fn log_tail(path: &Path, max: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if len > max {
+        let _ = f.seek(SeekFrom::Start(len - max));
+    }
+    let mut buf = Vec::new();
+    let _ = f.take(max).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pid_records_round_trip_and_bad_ones_are_ignored() {
+        let r = PidRecord {
+            pid: 42,
+            start_time: Some(123),
+            program: "/usr/bin/qemu-system-x86_64".into(),
+        };
+        assert_eq!(PidRecord::parse(&r.to_text()), Some(r));
+        assert_eq!(PidRecord::parse("1\n5\n/bin/x\n"), None);
+        assert_eq!(PidRecord::parse("x\n5\n/bin/x\n"), None);
+        assert_eq!(PidRecord::parse(""), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn spawned_child_is_killed_on_drop_and_stale_ones_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new("/bin/sleep");
+        cmd.arg("600");
+        tie_to_parent(&mut cmd);
+        let s = Supervised::spawn(cmd, "sleeper", dir.path()).unwrap();
+        let pid = s.pid();
+        let rec = read_pid_file(&dir.path().join("sleeper.pid")).unwrap();
+        assert_eq!(rec.pid, pid);
+        assert!(rec.is_alive());
+        drop(s);
+        assert!(!dir.path().join("sleeper.pid").exists());
+        assert!(!rec.is_alive(), "child {pid} still running after drop");
+
+        // A "crashed hull": the child keeps running, its pid file stays.
+        let mut cmd = Command::new("/bin/sleep");
+        cmd.arg("600");
+        let mut child = cmd.spawn().unwrap();
+        let rec = PidRecord {
+            pid: child.id(),
+            start_time: start_time(child.id()),
+            program: "/bin/sleep".into(),
+        };
+        fs::write(dir.path().join("qemu.pid"), rec.to_text()).unwrap();
+        // A pid file whose process is gone, and one for a reused pid.
+        let gone = PidRecord {
+            pid: child.id(),
+            start_time: Some(1),
+            program: "/bin/sleep".into(),
+        };
+        fs::write(dir.path().join("old.pid"), gone.to_text()).unwrap();
+        let found = kill_stale(dir.path()).unwrap();
+        assert_eq!(found.len(), 2);
+        let q = found
+            .iter()
+            .find(|s| s.pid_file.ends_with("qemu.pid"))
+            .unwrap();
+        assert!(q.killed);
+        let o = found
+            .iter()
+            .find(|s| s.pid_file.ends_with("old.pid"))
+            .unwrap();
+        assert!(
+            !o.killed,
+            "a pid with another start time must not be killed"
+        );
+        let st = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(st.signal(), Some(libc::SIGKILL));
+        assert!(!dir.path().join("qemu.pid").exists());
+    }
+}
