@@ -322,7 +322,7 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
             &pol,
             &spec,
             instance.dir(),
-            instance.id(),
+            &instance.id().to_string(),
             sink,
             opts.vm.as_deref(),
         )

@@ -302,6 +302,10 @@ fn clean_locked(
     excl: std::fs::File,
     now: SystemTime,
 ) -> io::Result<GcOutcome> {
+    // A crashed tier-3 run's QEMU and virtiofsd (and the placeholders they
+    // keep in shared dirs) go before the scratch that names them.
+    #[cfg(target_os = "linux")]
+    let _ = crate::tier::vm::cleanup_stale_instance(dir);
     let (tmp_removed, mut bytes_freed) = remove_scratch(dir)?;
     let spill = dir.join(SPILL_DIR);
     let mut spill_removed = 0u64;
