@@ -40,7 +40,7 @@ pub mod virtiofsd;
 
 pub use crate::policy::lower::vm::{GUEST_GID, GUEST_UID};
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 pub(crate) mod testkit;
 #[cfg(all(test, target_os = "linux"))]
 mod vm_tests;

@@ -425,3 +425,80 @@ fn agent_session_over_virtio_serial() {
     m.shutdown(Some(&mut a), Duration::from_secs(10));
     assert!(!Path::new(&format!("/proc/{qemu}")).exists());
 }
+
+/// QMP snapshot and restore for real (the basis of prepared snapshots):
+/// stop, migrate to a file with mapped-ram, quit; a new QEMU started with
+/// `-incoming defer` and a fresh virtiofsd loads it and continues the guest
+/// where it stopped, without booting again.
+#[test]
+fn snapshot_to_file_and_restore_continues_the_guest() {
+    use super::qemu::Incoming;
+    if testkit::tier3_declared_absent() {
+        return;
+    }
+    let tools = testkit::tools();
+    let t = tempfile::tempdir().unwrap();
+    let run = t.path().join("run");
+    let proj = t.path().join("proj");
+    fs::create_dir_all(&run).unwrap();
+    fs::create_dir_all(&proj).unwrap();
+    let initrd = testkit::busybox_initramfs(
+        t.path(),
+        "i=0; while true; do echo TICK-$i; i=$((i+1)); sleep 1; done",
+        vec![],
+    );
+    let mut spec = spec(&run, &initrd, vec![share(&run, "project", &proj, false, vec![])]);
+    let mut m = Machine::start(&spec, &tools).unwrap_or_else(|e| panic!("{e}"));
+    let console = m.console_log().to_path_buf();
+    let end = std::time::Instant::now() + Duration::from_secs(120);
+    while !fs::read_to_string(&console).unwrap_or_default().contains("TICK-2") {
+        assert!(std::time::Instant::now() < end, "guest never ticked");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let state = t.path().join("state.bin");
+    let uri = format!("file:{}", state.display());
+    {
+        let q = m.qmp().unwrap();
+        q.stop().unwrap();
+        assert_eq!(q.query_status().unwrap().status, "paused");
+        q.migrate_set_capabilities(&[("mapped-ram", true)]).unwrap();
+        q.migrate(&uri).unwrap();
+        q.wait_migration(Duration::from_secs(120)).unwrap();
+    }
+    let last_before = fs::read_to_string(&console)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("TICK-").and_then(|n| n.parse::<u32>().ok()))
+        .max()
+        .unwrap();
+    m.shutdown(None, Duration::from_secs(10));
+    assert!(state.metadata().unwrap().len() > 0);
+
+    spec.incoming = Some(Incoming::Defer);
+    let mut r = Machine::start(&spec, &tools).unwrap_or_else(|e| panic!("{e}"));
+    {
+        let q = r.qmp().unwrap();
+        assert_eq!(q.query_status().unwrap().status, "inmigrate");
+        q.migrate_set_capabilities(&[("mapped-ram", true)]).unwrap();
+        q.migrate_incoming(&uri).unwrap();
+        q.wait_migration(Duration::from_secs(120)).unwrap();
+        q.cont().unwrap();
+        assert!(q.query_status().unwrap().running);
+    }
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    let ticks = loop {
+        let log = fs::read_to_string(r.console_log()).unwrap_or_default();
+        let ticks: Vec<u32> = log
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("TICK-").and_then(|n| n.parse().ok()))
+            .collect();
+        if ticks.len() >= 2 {
+            assert!(!log.contains(testkit::BOOTED), "the restored guest booted again:\n{log}");
+            break ticks;
+        }
+        assert!(std::time::Instant::now() < end, "restored guest is silent:\n{log}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(ticks[0] > last_before, "ticks restarted: {ticks:?} after {last_before}");
+    r.shutdown(None, Duration::from_secs(10));
+}
