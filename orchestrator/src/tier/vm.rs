@@ -416,16 +416,22 @@ mod imp {
             console: console.clone(),
             source,
         };
-        let mut agent = machine.connect_agent(boot_deadline)?;
-        if let Some(sig) = interrupted(&irq) {
-            machine.kill();
-            return Ok(ExitStatus::Interrupted(sig));
-        }
+        let cancelled = || interrupted(&irq).is_some();
+        let mut agent = match machine.connect_agent_until(boot_deadline, &cancelled) {
+            Ok(a) => a,
+            Err(_) if cancelled() => return Ok(interrupted_status(&irq)),
+            Err(e) => return Err(e.into()),
+        };
         let cfg = configure_spec(plan, &name, now_ns())?;
-        agent.configure(&cfg, setup_deadline).map_err(agent_err)?;
-        if let Some(sig) = interrupted(&irq) {
-            machine.kill();
-            return Ok(ExitStatus::Interrupted(sig));
+        match agent.configure(&cfg, setup_deadline, &mut || {
+            cancelled() || !machine_alive(&mut machine)
+        }) {
+            Ok(_) => {}
+            Err(_) if cancelled() => {
+                machine.kill();
+                return Ok(interrupted_status(&irq));
+            }
+            Err(e) => return Err(agent_err(e)),
         }
         let opts = ExecOptions {
             stdin: Some(Box::new(std::io::stdin())),
@@ -452,6 +458,14 @@ mod imp {
                 Err(agent_err(e))
             }
         }
+    }
+
+    fn interrupted_status(irq: &AtomicI32) -> ExitStatus {
+        ExitStatus::Interrupted(interrupted(irq).unwrap_or(libc::SIGINT))
+    }
+
+    fn machine_alive(m: &mut Machine) -> bool {
+        m.is_running()
     }
 
     fn interrupted(irq: &AtomicI32) -> Option<i32> {

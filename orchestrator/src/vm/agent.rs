@@ -56,6 +56,8 @@ pub enum AgentError {
     HelloTimeout { secs: u64 },
     #[error("tier vm: the VM stopped before the agent answered")]
     VmGone,
+    #[error("tier vm: cancelled while waiting for the guest")]
+    Cancelled,
     #[error("tier vm: agent handshake: {0}")]
     Handshake(#[source] ConnError),
     #[error("tier vm: the peer says it is {0:?}, not a guest agent")]
@@ -294,16 +296,22 @@ impl AgentSession {
     }
 
     /// Asks the outer agent to set up the container; waits for `Configured`.
+    /// `cancelled()` is polled while waiting (Ctrl-C, the VM died).
     pub fn configure(
         &mut self,
         spec: &ConfigureSpec,
         deadline: Duration,
+        cancelled: &mut dyn FnMut() -> bool,
     ) -> Result<Configured, AgentError> {
         self.ready()?;
         spec.validate().map_err(AgentError::Request)?;
         self.send(&Message::Configure(spec.clone()), 0)?;
         let end = Instant::now() + deadline;
         loop {
+            if cancelled() {
+                self.broken = true;
+                return Err(AgentError::Cancelled);
+            }
             if Instant::now() >= end {
                 self.broken = true;
                 return Err(AgentError::Timeout {

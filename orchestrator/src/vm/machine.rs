@@ -371,7 +371,22 @@ impl Machine {
             qemu,
             vfs,
         };
-        match Qmp::connect(&spec.qmp_socket(), QMP_DEADLINE) {
+        // Wait for the QMP socket while QEMU lives (a bad option ends it at once).
+        let qmp_end = Instant::now() + QMP_DEADLINE;
+        while !spec.qmp_socket().exists() && Instant::now() < qmp_end {
+            if m.qemu.try_wait().is_some() {
+                if let Some(e) = m.exited_error(Step::Qemu) {
+                    return Err(e);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        match Qmp::connect(
+            &spec.qmp_socket(),
+            qmp_end
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_secs(1)),
+        ) {
             Ok(q) => m.qmp = Some(q),
             Err(source) => {
                 if let Some(e) = m.exited_error(Step::Qemu) {
@@ -407,6 +422,15 @@ impl Machine {
 
     /// Connects to the agent and waits up to `deadline` for its hello.
     pub fn connect_agent(&mut self, deadline: Duration) -> Result<AgentSession, MachineError> {
+        self.connect_agent_until(deadline, &|| false)
+    }
+
+    /// [`Machine::connect_agent`], giving up early when `cancelled()` says so.
+    pub fn connect_agent_until(
+        &mut self,
+        deadline: Duration,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<AgentSession, MachineError> {
         let console = self.console_log.clone();
         let mut session = match AgentSession::connect(&self.agent_socket, Duration::from_secs(10)) {
             Ok(s) => s,
@@ -423,7 +447,16 @@ impl Machine {
             }
         };
         let qemu = &mut self.qemu;
-        let r = session.hello(deadline, &mut || qemu.try_wait().is_none());
+        let r = session.hello(deadline, &mut || !cancelled() && qemu.try_wait().is_none());
+        if r.is_err() && cancelled() {
+            return Err(MachineErrorKind::Agent {
+                step: Step::Agent,
+                tail: String::new(),
+                console,
+                source: AgentError::Cancelled,
+            }
+            .into());
+        }
         match r {
             Ok(_) => Ok(session),
             Err(source) => Err(self.exited_error(Step::Agent).unwrap_or_else(|| {

@@ -40,7 +40,7 @@ pub mod virtiofsd;
 
 pub use crate::policy::lower::vm::{GUEST_GID, GUEST_UID};
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
 pub(crate) mod testkit;
 #[cfg(all(test, target_os = "linux"))]
 mod vm_tests;

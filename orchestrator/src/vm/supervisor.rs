@@ -544,7 +544,7 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
         console: dir.join("m").join("console.log"),
     };
     write_state(&dir, &state)?;
-    match boot(o, &dir, &mut state) {
+    match boot(o, &dir, &mut state, &term) {
         Ok((machine, raw)) => {
             state.state = "ready".into();
             write_state(&dir, &state)?;
@@ -569,6 +569,7 @@ fn boot(
     o: &UpOptions,
     dir: &Path,
     state: &mut VmState,
+    term: &AtomicBool,
 ) -> Result<(Machine, crate::vm::agent::RawSession), SupervisorError> {
     let runs = crate::runtime::runs_root();
     let project = crate::run::project_path(&o.project, &runs)
@@ -608,10 +609,15 @@ fn boot(
         console: console.clone(),
         source,
     };
-    let mut agent = machine.connect_agent(boot_deadline)?;
+    let stopped = || term.load(Ordering::SeqCst);
+    let mut agent = machine.connect_agent_until(boot_deadline, &stopped)?;
     let cfg = crate::tier::vm::configure_spec(&plan, &name, crate::tier::vm::now_ns())
         .map_err(|e| SupervisorError::Other(e.to_string()))?;
-    agent.configure(&cfg, setup_deadline).map_err(agent_err)?;
+    agent
+        .configure(&cfg, setup_deadline, &mut || {
+            stopped() || !machine.is_running()
+        })
+        .map_err(agent_err)?;
     let raw = agent
         .into_raw()
         .map_err(|e| SupervisorError::Other(format!("agent socket: {e}")))?;

@@ -1,3 +1,4 @@
+#![cfg(target_os = "linux")]
 //! Helpers for the tier-3 tests that boot real VMs.
 //!
 //! The tests need QEMU, virtiofsd, a guest kernel (the built image's

@@ -447,11 +447,18 @@ fn snapshot_to_file_and_restore_continues_the_guest() {
         "i=0; while true; do echo TICK-$i; i=$((i+1)); sleep 1; done",
         vec![],
     );
-    let mut spec = spec(&run, &initrd, vec![share(&run, "project", &proj, false, vec![])]);
+    let mut spec = spec(
+        &run,
+        &initrd,
+        vec![share(&run, "project", &proj, false, vec![])],
+    );
     let mut m = Machine::start(&spec, &tools).unwrap_or_else(|e| panic!("{e}"));
     let console = m.console_log().to_path_buf();
     let end = std::time::Instant::now() + Duration::from_secs(120);
-    while !fs::read_to_string(&console).unwrap_or_default().contains("TICK-2") {
+    while !fs::read_to_string(&console)
+        .unwrap_or_default()
+        .contains("TICK-2")
+    {
         assert!(std::time::Instant::now() < end, "guest never ticked");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -468,7 +475,11 @@ fn snapshot_to_file_and_restore_continues_the_guest() {
     let last_before = fs::read_to_string(&console)
         .unwrap()
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("TICK-").and_then(|n| n.parse::<u32>().ok()))
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("TICK-")
+                .and_then(|n| n.parse::<u32>().ok())
+        })
         .max()
         .unwrap();
     m.shutdown(None, Duration::from_secs(10));
@@ -493,12 +504,21 @@ fn snapshot_to_file_and_restore_continues_the_guest() {
             .filter_map(|l| l.trim().strip_prefix("TICK-").and_then(|n| n.parse().ok()))
             .collect();
         if ticks.len() >= 2 {
-            assert!(!log.contains(testkit::BOOTED), "the restored guest booted again:\n{log}");
+            assert!(
+                !log.contains(testkit::BOOTED),
+                "the restored guest booted again:\n{log}"
+            );
             break ticks;
         }
-        assert!(std::time::Instant::now() < end, "restored guest is silent:\n{log}");
+        assert!(
+            std::time::Instant::now() < end,
+            "restored guest is silent:\n{log}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(ticks[0] > last_before, "ticks restarted: {ticks:?} after {last_before}");
+    assert!(
+        ticks[0] > last_before,
+        "ticks restarted: {ticks:?} after {last_before}"
+    );
     r.shutdown(None, Duration::from_secs(10));
 }
