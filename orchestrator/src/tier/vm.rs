@@ -240,12 +240,26 @@ pub fn run(
 
 /// Stale-instance cleanup for tier 3 (call from runtime GC for an instance
 /// dir whose `.active` lock is free): kills the QEMU and virtiofsd a crashed
-/// hull left in `<instance>/vm`, removes its placeholders and sockets.
+/// hull left in `<instance>/vm-<pid>/`, removes its placeholders and sockets.
 #[cfg(target_os = "linux")]
 pub fn cleanup_stale_instance(
     instance_dir: &Path,
 ) -> std::io::Result<crate::vm::machine::StaleCleanup> {
-    crate::vm::machine::cleanup_stale(&instance_dir.join("vm"))
+    let mut all = crate::vm::machine::StaleCleanup::default();
+    let rd = match std::fs::read_dir(instance_dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(all),
+        Err(e) => return Err(e),
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("vm-") && e.path().is_dir() {
+            let c = crate::vm::machine::cleanup_stale(&e.path())?;
+            all.killed.extend(c.killed);
+            all.placeholders_removed.extend(c.placeholders_removed);
+        }
+    }
+    Ok(all)
 }
 
 /// Writes output straight to hull's stdout and stderr.
@@ -391,7 +405,17 @@ mod imp {
         let image = BootImage::from_dir(&find_image()?)?;
         let accel = crate::vm::accel::probe_accel().accel;
         let (boot_deadline, setup_deadline) = deadlines(accel);
-        let dir = instance_dir.join("vm");
+        // Per hull process: several runs may share one instance (--instance).
+        let run_name = format!("vm-{}", std::process::id());
+        let dir = instance_dir.join(&run_name);
+        // Logs go to the spill, which outlives the run (24 h), so a failed
+        // run's console log is still there to read.
+        let log_dir = plan
+            .shares
+            .iter()
+            .find(|s| s.origin == lower_vm::ShareOrigin::InstanceSpill)
+            .map(|s| s.host_path.join(format!("hull-{run_name}")))
+            .unwrap_or_else(|| dir.clone());
         std::fs::create_dir_all(&dir).map_err(|source| {
             crate::vm::machine::MachineError::from(crate::vm::machine::MachineErrorKind::Io {
                 step: crate::vm::machine::Step::Prepare,
@@ -403,6 +427,7 @@ mod imp {
         let mspec = MachineSpec {
             name: format!("hull-{instance_id}"),
             dir: dir.clone(),
+            log_dir,
             image,
             accel,
             memory_mib: vm_memory_mib(plan),

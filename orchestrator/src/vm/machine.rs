@@ -104,8 +104,11 @@ impl Tools {
 pub struct MachineSpec {
     /// Shown in `ps`; also the QEMU `-name`.
     pub name: String,
-    /// Sockets, logs and pid files go here (the instance or VM state dir).
+    /// Sockets and pid files go here (the instance or VM state dir).
     pub dir: PathBuf,
+    /// The console, QEMU and virtiofsd logs go here: a dir that outlives a
+    /// failed run, so the error's console log path still exists.
+    pub log_dir: PathBuf,
     pub image: BootImage,
     pub accel: Accel,
     pub memory_mib: u32,
@@ -123,7 +126,7 @@ impl MachineSpec {
         self.dir.join("qmp.sock")
     }
     pub fn console_log(&self) -> PathBuf {
-        self.dir.join("console.log")
+        self.log_dir.join("console.log")
     }
     /// The socket a share's virtiofsd listens on.
     pub fn share_socket(dir: &Path, tag: &str) -> PathBuf {
@@ -325,6 +328,7 @@ impl Machine {
         let config = spec.qemu_config(tools.sandbox);
         let argv = config.argv()?;
         fs::create_dir_all(&spec.dir).map_err(io_err(Step::Prepare))?;
+        fs::create_dir_all(&spec.log_dir).map_err(io_err(Step::Prepare))?;
         // A fresh console log per boot.
         fs::write(&console, b"").map_err(io_err(Step::Prepare))?;
 
@@ -335,7 +339,7 @@ impl Machine {
                 hint: "install it (cargo install virtiofsd --version 1.14.0 --locked, needs libseccomp-dev libcap-ng-dev; scripts/setup.sh --tier3)",
             })?;
             for s in &spec.shares {
-                let v = Virtiofsd::start(bin, s, &spec.dir).map_err(|source| {
+                let v = Virtiofsd::start(bin, s, &spec.dir, &spec.log_dir).map_err(|source| {
                     MachineErrorKind::Virtiofsd {
                         console: console.clone(),
                         source,
@@ -345,7 +349,7 @@ impl Machine {
             }
         }
 
-        let qemu_log = spec.dir.join("qemu.log");
+        let qemu_log = spec.log_dir.join("qemu.log");
         let log = fs::File::create(&qemu_log).map_err(io_err(Step::Qemu))?;
         let mut cmd = Command::new(&tools.qemu);
         cmd.args(&argv)

@@ -596,6 +596,7 @@ fn boot(
     let spec = MachineSpec {
         name: format!("hull-vm-{}", o.name),
         dir: mdir.clone(),
+        log_dir: mdir.clone(),
         image,
         accel,
         memory_mib: crate::tier::vm::vm_memory_mib(&plan),

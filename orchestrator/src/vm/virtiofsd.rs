@@ -245,10 +245,16 @@ mod imp {
     }
 
     impl Virtiofsd {
-        /// Starts virtiofsd for `spec` with pid file and log in `dir`, and
-        /// waits until it listens. Falls back from namespace to chroot only
-        /// when the namespace sandbox itself fails and hull is root.
-        pub fn start(bin: &Path, spec: &VirtiofsdSpec, dir: &Path) -> Result<Self, VirtiofsdError> {
+        /// Starts virtiofsd for `spec` with its pid file in `dir` and its log
+        /// in `log_dir`, and waits until it listens. Falls back from
+        /// namespace to chroot only when the namespace sandbox itself fails
+        /// and hull is root.
+        pub fn start(
+            bin: &Path,
+            spec: &VirtiofsdSpec,
+            dir: &Path,
+            log_dir: &Path,
+        ) -> Result<Self, VirtiofsdError> {
             if !spec.shared_dir.is_dir() {
                 return Err(VirtiofsdError::NotADir {
                     tag: spec.tag.clone(),
@@ -256,7 +262,7 @@ mod imp {
                 });
             }
             let placeholders = Placeholders::create(spec, dir)?;
-            match start_once(bin, spec, dir) {
+            match start_once(bin, spec, dir, log_dir) {
                 Ok((proc, log)) => Ok(Virtiofsd {
                     spec: spec.clone(),
                     sandbox_used: spec.sandbox,
@@ -279,7 +285,7 @@ mod imp {
                     );
                     let mut s = spec.clone();
                     s.sandbox = SandboxMode::Chroot;
-                    let (proc, log) = start_once(bin, &s, dir)?;
+                    let (proc, log) = start_once(bin, &s, dir, log_dir)?;
                     Ok(Virtiofsd {
                         spec: s,
                         sandbox_used: SandboxMode::Chroot,
@@ -325,6 +331,7 @@ mod imp {
         bin: &Path,
         spec: &VirtiofsdSpec,
         dir: &Path,
+        log_dir: &Path,
     ) -> Result<(Supervised, PathBuf), VirtiofsdError> {
         let io_err = |what: &str| {
             let tag = spec.tag.clone();
@@ -332,7 +339,7 @@ mod imp {
             move |source| VirtiofsdError::Io { tag, what, source }
         };
         let _ = fs::remove_file(&spec.socket);
-        let log = dir.join(format!("vfs-{}.log", spec.tag));
+        let log = log_dir.join(format!("vfs-{}.log", spec.tag));
         let mut log_file = fs::File::create(&log).map_err(io_err("create log"))?;
         let mut cmd = Command::new(bin);
         cmd.args(spec.argv())

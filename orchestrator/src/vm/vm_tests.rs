@@ -35,6 +35,7 @@ fn spec(dir: &Path, initrd: &Path, shares: Vec<VirtiofsdSpec>) -> MachineSpec {
     MachineSpec {
         name: "hull-test".into(),
         dir: dir.to_path_buf(),
+        log_dir: dir.to_path_buf(),
         image: BootImage {
             kernel: testkit::kernel(),
             initrd: Some(initrd.to_path_buf()),
@@ -245,6 +246,7 @@ fn missing_kernel_is_named() {
     let mut s = MachineSpec {
         name: "x".into(),
         dir: t.path().to_path_buf(),
+        log_dir: t.path().to_path_buf(),
         image: BootImage {
             kernel: t.path().join("nope/vmlinux"),
             initrd: None,
@@ -267,6 +269,7 @@ fn missing_kernel_is_named() {
     assert!(e.contains("nope/vmlinux"), "{e}");
     s.image.kernel = "/bin/sh".into();
     s.dir = Path::new("/tmp").join("x".repeat(120));
+    s.log_dir = t.path().to_path_buf();
     let e = Machine::start(&s, &tools).unwrap_err().to_string();
     assert!(e.contains("longer than"), "{e}");
     let e = BootImage::from_dir(t.path()).unwrap_err().to_string();
