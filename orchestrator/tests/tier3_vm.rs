@@ -4,7 +4,7 @@
 //! reason, unless `HULL_TEST_TIER3=0` declares that this machine lacks tier 3.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 fn hull() -> PathBuf {
@@ -69,6 +69,17 @@ impl World {
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--", "sh", "-c", script]);
         self.cmd(&args).output().unwrap()
+    }
+}
+
+/// True while `pid` runs (a zombie has ended; it only waits to be reaped).
+fn running(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !matches!(
+            s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next()),
+            Some("Z") | Some("X")
+        ),
+        Err(_) => false,
     }
 }
 
@@ -173,10 +184,7 @@ fn a_warm_vm_serves_runs_until_it_is_taken_down() {
 
     let down = w.cmd(&["vm", "down", "--name", &name]).output().unwrap();
     assert!(down.status.success(), "{}", text(&down.stderr));
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists(),
-        "supervisor {pid} still runs"
-    );
+    assert!(!running(pid), "supervisor {pid} still runs");
     let d = w.run(&["--vm", &name], "echo RAN");
     assert_eq!(d.status.code(), Some(125));
     assert!(

@@ -233,13 +233,20 @@ pub fn own_start_time() -> Option<u64> {
     start_time(std::process::id())
 }
 
+/// Start time of a live process; `None` for a gone one or a zombie (it
+/// has exited and only waits to be reaped).
 #[cfg(target_os = "linux")]
 fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may contain spaces.
     let rest = &stat[stat.rfind(')')? + 1..];
-    // Fields after ")" start at field 3; start time is field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_whitespace();
+    // Field 3 is the state.
+    if matches!(fields.next(), Some("Z") | Some("X")) {
+        return None;
+    }
+    // Start time is field 22 (the 19th after the state).
+    fields.nth(18)?.parse().ok()
 }
 
 #[cfg(not(target_os = "linux"))]

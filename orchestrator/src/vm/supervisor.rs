@@ -417,6 +417,11 @@ pub fn down(name: &str) -> Result<bool, SupervisorError> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The lock goes a moment before the process: wait for it to end too.
+    let end = Instant::now() + Duration::from_secs(10);
+    while rec.is_alive() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
     Ok(true)
 }
