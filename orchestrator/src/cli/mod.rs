@@ -16,7 +16,11 @@ use clap::{Args, Parser, Subcommand};
 use crate::EXIT_HULL_FAILED;
 
 #[derive(Debug, Parser)]
-#[command(name = "hull", version, about = "Run a command behind an OS-enforced boundary")]
+#[command(
+    name = "hull",
+    version,
+    about = "Run a command behind an OS-enforced boundary"
+)]
 pub struct Cli {
     /// More logging (-v info, -vv debug, -vvv trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]

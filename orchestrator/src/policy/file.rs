@@ -122,7 +122,10 @@ impl PolicyFile {
             return Err(pf.error_at(
                 pf.version.span(),
                 "version",
-                format!("unsupported version {}; this hull reads version 1", pf.version.get_ref()),
+                format!(
+                    "unsupported version {}; this hull reads version 1",
+                    pf.version.get_ref()
+                ),
             ));
         }
         if let Some(mode) = &pf.net.mode {
@@ -139,7 +142,11 @@ impl PolicyFile {
         }
         for (k, v) in &pf.env.set {
             if !valid_env_name(k) {
-                return Err(pf.error_at(v.span(), &format!("env.set.{k}"), "not a valid variable name".into()));
+                return Err(pf.error_at(
+                    v.span(),
+                    &format!("env.set.{k}"),
+                    "not a valid variable name".into(),
+                ));
             }
         }
         for (i, v) in pf.env.pass.iter().enumerate() {
@@ -203,7 +210,11 @@ fn valid_env_name(s: &str) -> bool {
 /// 1-based line number of a byte offset.
 pub fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
-    text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 #[cfg(test)]

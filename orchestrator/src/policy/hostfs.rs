@@ -86,8 +86,10 @@ impl FakeFs {
 
     pub fn symlink(mut self, path: &str, target: &str) -> Self {
         self.add_parents(Path::new(path));
-        self.nodes
-            .insert(PathBuf::from(path), NodeKind::Symlink(PathBuf::from(target)));
+        self.nodes.insert(
+            PathBuf::from(path),
+            NodeKind::Symlink(PathBuf::from(target)),
+        );
         self
     }
 }

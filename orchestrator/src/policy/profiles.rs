@@ -20,15 +20,17 @@ pub fn load(spec: &str) -> Result<PolicyFile, PolicyError> {
     }
     match PROFILES.iter().find(|(n, _)| *n == spec) {
         Some((name, text)) => PolicyFile::parse(&format!("profile {name}"), text),
-        None => Err(PolicyError {
-            file: "--policy".into(),
-            line: 0,
-            key: "policy".into(),
-            message: format!(
+        None => {
+            Err(PolicyError {
+                file: "--policy".into(),
+                line: 0,
+                key: "policy".into(),
+                message: format!(
                 "no profile named {spec:?}; shipped profiles: {}; or give a path to a .toml file",
                 PROFILES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
             ),
-        }),
+            })
+        }
     }
 }
 

@@ -52,8 +52,8 @@ pub fn resolve(pf: &PolicyFile, vars: &Vars) -> Result<Policy, ResolveError> {
     let mut protects = Vec::new();
     for (key, i, entry) in pf.path_entries() {
         let k = format!("{key}[{i}]");
-        let path = expand_path(entry.get_ref(), vars)
-            .map_err(|m| pf.error_at(entry.span(), &k, m))?;
+        let path =
+            expand_path(entry.get_ref(), vars).map_err(|m| pf.error_at(entry.span(), &k, m))?;
         match key {
             "fs.read" => grants.push(grant(path, Access::Read)),
             "fs.read_exec" => grants.push(grant(path, Access::ReadExec)),
@@ -168,15 +168,16 @@ fn resolve_limits(pf: &PolicyFile) -> Result<Limits, PolicyError> {
     let l = &pf.limits;
     let wall_time = match &l.wall_time {
         None => None,
-        Some(s) => Some(parse_duration(s.get_ref()).map_err(|m| {
-            pf.error_at(s.span(), "limits.wall_time", m)
-        })?),
+        Some(s) => Some(
+            parse_duration(s.get_ref())
+                .map_err(|m| pf.error_at(s.span(), "limits.wall_time", m))?,
+        ),
     };
     let memory = match &l.memory {
         None => None,
-        Some(s) => Some(
-            parse_bytes(s.get_ref()).map_err(|m| pf.error_at(s.span(), "limits.memory", m))?,
-        ),
+        Some(s) => {
+            Some(parse_bytes(s.get_ref()).map_err(|m| pf.error_at(s.span(), "limits.memory", m))?)
+        }
     };
     if let Some(p) = &l.pids {
         if *p.get_ref() == 0 {
@@ -198,7 +199,9 @@ fn resolve_limits(pf: &PolicyFile) -> Result<Limits, PolicyError> {
 
 /// `90s`, `10m`, `1h 30m` (humantime).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration ({e}); write for example \"90s\" or \"10m\""))?;
+    let d = humantime::parse_duration(s).map_err(|e| {
+        format!("{s:?} is not a duration ({e}); write for example \"90s\" or \"10m\"")
+    })?;
     if d.is_zero() {
         return Err("must be longer than zero".into());
     }
@@ -222,7 +225,11 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         "KB" => 1_000,
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
-        other => return Err(format!("unknown unit {other:?} in {s:?}; use KiB, MiB, GiB")),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {s:?}; use KiB, MiB, GiB"
+            ))
+        }
     };
     let v = n
         .checked_mul(mul)
@@ -321,8 +328,14 @@ mod tests {
     #[test]
     fn relative_paths_are_under_project_and_may_not_escape() {
         let v = vars();
-        assert_eq!(expand_path("build", &v).unwrap(), PathBuf::from("/work/proj/build"));
-        assert_eq!(expand_path("a/../b", &v).unwrap(), PathBuf::from("/work/proj/b"));
+        assert_eq!(
+            expand_path("build", &v).unwrap(),
+            PathBuf::from("/work/proj/build")
+        );
+        assert_eq!(
+            expand_path("a/../b", &v).unwrap(),
+            PathBuf::from("/work/proj/b")
+        );
         assert!(expand_path("../x", &v).unwrap_err().contains("escapes"));
         assert!(expand_path("a/../../x", &v).is_err());
         assert!(expand_path("/usr/../etc", &v).is_err());
@@ -336,7 +349,9 @@ mod tests {
             expand_path("${HOME}/.cargo", &v).unwrap(),
             PathBuf::from("/home/u/.cargo")
         );
-        assert!(expand_path("${NOPE}/x", &v).unwrap_err().contains("unknown variable"));
+        assert!(expand_path("${NOPE}/x", &v)
+            .unwrap_err()
+            .contains("unknown variable"));
     }
 
     #[test]
@@ -347,19 +362,31 @@ mod tests {
         )
         .unwrap();
         let p = resolve(&pf, &vars()).unwrap();
-        let prot: Vec<_> = p.protects.iter().map(|p| p.path.to_str().unwrap()).collect();
+        let prot: Vec<_> = p
+            .protects
+            .iter()
+            .map(|p| p.path.to_str().unwrap())
+            .collect();
         assert!(prot.contains(&"/work/proj/.hull"));
         assert!(prot.contains(&"/work/proj/.git"));
         assert!(prot.contains(&"/tmp/hull-runs"));
-        let spill = p.grants.iter().find(|g| g.origin == GrantOrigin::InstanceSpill).unwrap();
+        let spill = p
+            .grants
+            .iter()
+            .find(|g| g.origin == GrantOrigin::InstanceSpill)
+            .unwrap();
         assert_eq!(spill.access, Access::Read);
         // the policy listed spill as read: it stays one read-only grant
-        assert_eq!(p.grants.iter().filter(|g| g.path == vars().spill).count(), 1);
+        assert_eq!(
+            p.grants.iter().filter(|g| g.path == vars().spill).count(),
+            1
+        );
     }
 
     #[test]
     fn spill_stays_read_only_even_if_the_policy_says_read_write() {
-        let pf = PolicyFile::parse("p", "version = 1\n[fs]\nread_write = [\"${SPILL}\"]\n").unwrap();
+        let pf =
+            PolicyFile::parse("p", "version = 1\n[fs]\nread_write = [\"${SPILL}\"]\n").unwrap();
         let p = resolve(&pf, &vars()).unwrap();
         let g: Vec<_> = p.grants.iter().filter(|g| g.path == vars().spill).collect();
         assert_eq!(g.len(), 1);
@@ -368,7 +395,11 @@ mod tests {
 
     #[test]
     fn bad_path_error_names_key_and_line() {
-        let pf = PolicyFile::parse("p.toml", "version = 1\n[fs]\nread = [\n \"/ok\",\n \"../up\",\n]\n").unwrap();
+        let pf = PolicyFile::parse(
+            "p.toml",
+            "version = 1\n[fs]\nread = [\n \"/ok\",\n \"../up\",\n]\n",
+        )
+        .unwrap();
         let e = resolve(&pf, &vars()).unwrap_err();
         assert_eq!((e.line, e.key.as_str()), (5, "fs.read[1]"), "{e}");
     }
