@@ -3,12 +3,15 @@
 # Idempotent: each step checks first and does nothing when already present.
 #   scripts/setup.sh            host tiers (bubblewrap, landlock) + toolchain targets
 #   scripts/setup.sh --tier3    also QEMU 10 (backports), virtiofsd, mmdebstrap
+#   scripts/setup.sh --fuzz     also a nightly toolchain and cargo-fuzz (fuzz/)
 set -euo pipefail
 
 want_tier3=0
+want_fuzz=0
 for a in "$@"; do
   case "$a" in
     --tier3) want_tier3=1 ;;
+    --fuzz) want_fuzz=1 ;;
     *) echo "setup.sh: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -84,5 +87,11 @@ if command -v rustup >/dev/null; then
   for t in x86_64-pc-windows-gnu aarch64-apple-darwin; do
     grep -qx "$t" <<<"$installed" || { say "rustup target add $t"; rustup target add "$t" >/dev/null; }
   done
+fi
+if [ "$want_fuzz" -eq 1 ]; then
+  # cargo-fuzz needs nightly (-Z sanitizer) and a C++ compiler for libFuzzer.
+  command -v g++ >/dev/null || apt_install g++
+  rustup toolchain list | grep -q '^nightly' || { say "rustup toolchain install nightly"; rustup toolchain install nightly --profile minimal >/dev/null; }
+  command -v cargo-fuzz >/dev/null || { say "cargo install cargo-fuzz"; (cd / && cargo install cargo-fuzz --locked --quiet); }
 fi
 say "setup done"

@@ -1,1 +1,129 @@
-fn main() {}
+//! `hull-agent` command line: parse arguments, set up logging, run a mode.
+
+#[cfg(target_os = "linux")]
+mod cli {
+    use std::path::PathBuf;
+
+    use anyhow::Context;
+    use clap::{Args, Parser, Subcommand};
+    use hull_agent::serve::{self, ServeOptions, DEFAULT_MAX_EXECS};
+    use hull_protocol::Role;
+
+    #[derive(Debug, Parser)]
+    #[command(name = "hull-agent", version, about = "hull's guest agent")]
+    struct Cli {
+        /// More log output on stderr (-v info, -vv debug).
+        #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+        verbose: u8,
+        #[command(subcommand)]
+        cmd: Cmd,
+    }
+
+    #[derive(Debug, Subcommand)]
+    enum Cmd {
+        /// Run commands for the host over one transport.
+        Serve {
+            #[command(flatten)]
+            listen: Listen,
+            #[command(flatten)]
+            limits: Limits,
+        },
+        /// `serve` inside the container, on a unix socket.
+        Inner {
+            #[arg(long, value_name = "PATH")]
+            listen_unix: PathBuf,
+            #[command(flatten)]
+            limits: Limits,
+        },
+        /// The outer-VM agent.
+        Outer(hull_agent::outer::OuterArgs),
+    }
+
+    #[derive(Debug, Args)]
+    #[group(required = true, multiple = false)]
+    struct Listen {
+        /// Listen on a unix socket (one connection at a time).
+        #[arg(long, value_name = "PATH")]
+        listen_unix: Option<PathBuf>,
+        /// Speak the protocol on stdin/stdout.
+        #[arg(long)]
+        stdio: bool,
+        /// Open the virtio-serial port with this name (/sys/class/virtio-ports/*/name).
+        #[arg(long, value_name = "NAME")]
+        port: Option<String>,
+    }
+
+    #[derive(Debug, Args)]
+    struct Limits {
+        /// Most concurrent execs per session.
+        #[arg(long, default_value_t = DEFAULT_MAX_EXECS)]
+        max_execs: usize,
+        /// Run every command as UID:GID; requests for other ids are refused.
+        #[arg(long, value_name = "UID:GID", value_parser = parse_ids)]
+        run_as: Option<(u32, u32)>,
+    }
+
+    fn parse_ids(s: &str) -> Result<(u32, u32), String> {
+        let (u, g) = s.split_once(':').ok_or("expected UID:GID")?;
+        let u = u.parse().map_err(|_| format!("bad uid {u:?}"))?;
+        let g = g.parse().map_err(|_| format!("bad gid {g:?}"))?;
+        Ok((u, g))
+    }
+
+    fn options(role: Role, l: Limits) -> ServeOptions {
+        let mut o = ServeOptions::new(role);
+        o.max_execs = l.max_execs.max(1);
+        o.run_as = l.run_as;
+        o
+    }
+
+    pub fn main() -> anyhow::Result<()> {
+        let cli = Cli::parse();
+        let level = match cli.verbose {
+            0 => "warn",
+            1 => "info",
+            _ => "debug",
+        };
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("HULL_AGENT_LOG")
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+            )
+            .init();
+        match cli.cmd {
+            Cmd::Serve { listen, limits } => {
+                let opts = options(Role::InnerAgent, limits);
+                if let Some(path) = listen.listen_unix {
+                    serve::serve_unix(&path, &opts)
+                        .with_context(|| format!("serving on {}", path.display()))
+                } else if let Some(name) = listen.port {
+                    serve::serve_port(&name, &opts)
+                        .with_context(|| format!("serving on virtio-serial port {name}"))
+                } else {
+                    serve::serve_stdio(&opts).context("serving on stdio")
+                }
+            }
+            Cmd::Inner {
+                listen_unix,
+                limits,
+            } => serve::serve_unix(&listen_unix, &options(Role::InnerAgent, limits))
+                .with_context(|| format!("inner agent on {}", listen_unix.display())),
+            Cmd::Outer(args) => hull_agent::outer::run(args),
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn main() {
+    if let Err(e) = cli::main() {
+        eprintln!("hull-agent: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn main() {
+    eprintln!("hull-agent runs only on Linux");
+    std::process::exit(1);
+}

@@ -1,0 +1,435 @@
+//! One exec from `Exec` to its terminal frame.
+//!
+//! Per exec a supervisor thread owns the lifecycle; helper threads read the
+//! shepherd's status pipe, stdout and stderr, and write stdin. Output frames
+//! are sent as bytes arrive (at most 64 KiB per frame, no buffering until
+//! exit); `Exit` is sent only after both output pipes reached end of file.
+//!
+//! The whole tree is killed (SIGKILL to the command's process group and to
+//! every descendant of the shepherd) on `Kill`, on timeout, when the
+//! connection is lost, and also when the command itself exits normally:
+//! nothing an exec started outlives it.
+//!
+//! Guards against: trees escaping by `setsid` or double fork (see
+//! [`crate::spawn`]), output arriving after `Exit`, a shepherd that dies
+//! early (its adopted orphans are swept and the exec ends with an `Error`),
+//! and unbounded stdin buffering (the session enforces the stdin window).
+//! Does not limit memory, cpu or pids of the command: that is the
+//! container's (Incus limits) and the policy's job.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use hull_protocol::{ErrorCode, Exec, ExitStatus, Message};
+
+use crate::outbox::Outbox;
+use crate::spawn::{self, SpawnError, Spawned, REC_EXITED, REC_STARTED, REC_START_FAILED};
+use crate::tree;
+
+/// Largest output frame the agent sends.
+const OUTPUT_CHUNK: usize = 64 * 1024;
+
+/// What a supervisor reacts to.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Host asked to kill the tree.
+    Kill,
+    /// Host asked to signal the command's process group.
+    Signal(i32),
+    /// The connection is gone: kill the tree, send nothing more.
+    ConnLost,
+    /// A protocol violation on this exec: kill the tree, end with this error.
+    Abort(ErrorCode, String),
+    /// A record from the shepherd's status pipe.
+    Record(u8, i32, i32),
+    /// The shepherd exited and was reaped.
+    ShepherdGone,
+    /// stdout or stderr reached end of file.
+    OutputDone,
+}
+
+/// Commands for the stdin writer.
+#[derive(Debug)]
+pub(crate) enum StdinCmd {
+    Data(Vec<u8>),
+    Eof,
+}
+
+/// The session's view of a running exec.
+#[derive(Debug)]
+pub(crate) struct ExecHandle {
+    pub events: Sender<Event>,
+    pub stdin: Option<StdinHandle>,
+    pub kill_sent: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct StdinHandle {
+    pub tx: Sender<StdinCmd>,
+    /// Bytes received from the host and not yet acknowledged.
+    pub in_flight: Arc<AtomicU64>,
+    pub eof: bool,
+}
+
+/// Start `req` under `id`. `unregister` is called once, right before the
+/// terminal frame, to remove the exec from the session's table.
+pub(crate) fn start(
+    id: u32,
+    req: &Exec,
+    ids: Option<(u32, u32)>,
+    out: Outbox,
+    unregister: Box<dyn FnOnce() + Send>,
+) -> Result<(ExecHandle, JoinHandle<()>), SpawnError> {
+    let Spawned {
+        shepherd,
+        status,
+        stdout,
+        stderr,
+        stdin,
+    } = spawn::spawn(req, ids)?;
+    let (tx, rx) = mpsc::channel();
+
+    let status_tx = tx.clone();
+    thread::Builder::new()
+        .name(format!("exec{id}-status"))
+        .spawn(move || watch_status(status, shepherd, status_tx))
+        .map_err(|e| SpawnError::Resource {
+            what: "a status thread",
+            source: e,
+        })?;
+
+    let (stdin_handle, stdin_thread) = match stdin {
+        Some(pipe) => {
+            let (stx, srx) = mpsc::channel();
+            let in_flight = Arc::new(AtomicU64::new(0));
+            let (f, o) = (in_flight.clone(), out.clone());
+            let t = thread::Builder::new()
+                .name(format!("exec{id}-stdin"))
+                .spawn(move || write_stdin(pipe, srx, f, o, id))
+                .map_err(|e| SpawnError::Resource {
+                    what: "a stdin thread",
+                    source: e,
+                })?;
+            (
+                Some(StdinHandle {
+                    tx: stx,
+                    in_flight,
+                    eof: false,
+                }),
+                Some(t),
+            )
+        }
+        None => (None, None),
+    };
+
+    let sup = Supervisor {
+        id,
+        argv0: String::from_utf8_lossy(req.argv[0].as_slice()).into_owned(),
+        out,
+        tx: tx.clone(),
+        rx,
+        shepherd,
+        pid: None,
+        wait_status: None,
+        start_failed: None,
+        outputs: Some((stdout, stderr)),
+        outputs_open: 0,
+        shepherd_gone: false,
+        end: None,
+        deadline: req
+            .timeout_ms
+            .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms))),
+        stdin_thread,
+        unregister: Some(unregister),
+    };
+    let handle = thread::Builder::new()
+        .name(format!("exec{id}"))
+        .spawn(move || sup.run())
+        .map_err(|e| SpawnError::Resource {
+            what: "a supervisor thread",
+            source: e,
+        })?;
+    Ok((
+        ExecHandle {
+            events: tx,
+            stdin: stdin_handle,
+            kill_sent: false,
+        },
+        handle,
+    ))
+}
+
+/// Why the tree was ended by the agent.
+#[derive(Debug)]
+enum End {
+    Killed,
+    TimedOut,
+    ConnLost,
+    Abort(ErrorCode, String),
+}
+
+struct Supervisor {
+    id: u32,
+    argv0: String,
+    out: Outbox,
+    tx: Sender<Event>,
+    rx: Receiver<Event>,
+    shepherd: i32,
+    pid: Option<i32>,
+    /// Raw wait status of the command, once the shepherd reaped it.
+    wait_status: Option<i32>,
+    /// (step, errno) when the command never reached execve.
+    start_failed: Option<(i32, i32)>,
+    outputs: Option<(File, File)>,
+    outputs_open: usize,
+    shepherd_gone: bool,
+    end: Option<End>,
+    deadline: Option<Instant>,
+    stdin_thread: Option<JoinHandle<()>>,
+    unregister: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Supervisor {
+    fn run(mut self) {
+        while !(self.shepherd_gone && self.outputs_open == 0) {
+            let ev = match self.deadline.filter(|_| self.end.is_none()) {
+                Some(d) => match self
+                    .rx
+                    .recv_timeout(d.saturating_duration_since(Instant::now()))
+                {
+                    Ok(ev) => ev,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.end_tree(End::TimedOut);
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
+                None => match self.rx.recv() {
+                    Ok(ev) => ev,
+                    Err(_) => break,
+                },
+            };
+            self.on_event(ev);
+        }
+        if let Some(unregister) = self.unregister.take() {
+            unregister();
+        }
+        if let Some(t) = self.stdin_thread.take() {
+            let _ = t.join();
+        }
+        if let Some(msg) = self.terminal_frame() {
+            self.out.send(&msg, self.id);
+        }
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Record(REC_STARTED, pid, _) => {
+                self.pid = Some(pid);
+                self.out
+                    .send(&Message::Started { pid: pid as u32 }, self.id);
+                self.start_output_readers();
+            }
+            Event::Record(REC_START_FAILED, step, errno) => {
+                self.start_failed = Some((step, errno));
+                self.outputs = None;
+            }
+            Event::Record(REC_EXITED, status, _) => {
+                self.wait_status = Some(status);
+                // The command is done: whatever it left behind goes too.
+                self.kill_tree();
+            }
+            Event::Record(tag, _, _) => {
+                tracing::error!(id = self.id, tag, "unknown shepherd record");
+            }
+            Event::ShepherdGone => {
+                self.shepherd_gone = true;
+                self.outputs = None;
+                if self.wait_status.is_none() && self.start_failed.is_none() {
+                    // The shepherd died before the command: its tree was
+                    // adopted by the agent. Kill it there.
+                    if let Err(e) = tree::sweep_orphans() {
+                        tracing::error!(id = self.id, "orphan sweep failed: {e}");
+                    }
+                }
+            }
+            Event::OutputDone => self.outputs_open = self.outputs_open.saturating_sub(1),
+            Event::Kill => self.end_tree(End::Killed),
+            Event::ConnLost => self.end_tree(End::ConnLost),
+            Event::Abort(code, msg) => self.end_tree(End::Abort(code, msg)),
+            Event::Signal(sig) => {
+                if let (Some(pid), None) = (self.pid, self.wait_status) {
+                    // SAFETY: kill(2) with a negative pid signals that
+                    // process group; the command (its leader) is not yet
+                    // reaped, so the group id cannot have been recycled.
+                    unsafe { libc::kill(-pid, sig) };
+                }
+            }
+        }
+    }
+
+    fn start_output_readers(&mut self) {
+        let Some((stdout, stderr)) = self.outputs.take() else {
+            return;
+        };
+        for (file, is_err) in [(stdout, false), (stderr, true)] {
+            let (out, tx, id) = (self.out.clone(), self.tx.clone(), self.id);
+            let name = format!("exec{id}-{}", if is_err { "stderr" } else { "stdout" });
+            match thread::Builder::new()
+                .name(name)
+                .spawn(move || pump_output(file, is_err, out, tx, id))
+            {
+                Ok(_) => self.outputs_open += 1,
+                Err(e) => {
+                    tracing::error!(id, "cannot start an output thread: {e}");
+                    self.end_tree(End::Abort(
+                        ErrorCode::Internal,
+                        format!("cannot start an output thread: {e}"),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn end_tree(&mut self, why: End) {
+        if self.end.is_none() {
+            self.end = Some(why);
+        }
+        self.kill_tree();
+    }
+
+    fn kill_tree(&mut self) {
+        if self.shepherd_gone {
+            // The shepherd is reaped: its pid may be reused, never walk it.
+            return;
+        }
+        if let (Some(pid), None) = (self.pid, self.wait_status) {
+            // SAFETY: as for Signal; SIGKILL to the not-yet-reaped command's group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        if let Err(e) = tree::kill_descendants(self.shepherd) {
+            tracing::error!(id = self.id, "killing the tree failed: {e}");
+        }
+    }
+
+    fn terminal_frame(&mut self) -> Option<Message> {
+        match self.end.take() {
+            Some(End::ConnLost) => return None,
+            Some(End::Abort(code, msg)) => return Some(Message::error(code, msg)),
+            Some(End::TimedOut) if self.wait_status.is_some() => {
+                return Some(Message::Exit(ExitStatus::TimedOut))
+            }
+            _ => {}
+        }
+        if let Some((step, errno)) = self.start_failed {
+            return Some(Message::error(
+                ErrorCode::ExecFailed,
+                format!(
+                    "cannot run {:?}: {} failed: {}",
+                    self.argv0,
+                    spawn::step_name(step),
+                    io::Error::from_raw_os_error(errno)
+                ),
+            ));
+        }
+        match self.wait_status {
+            Some(st) if libc::WIFEXITED(st) => {
+                Some(Message::Exit(ExitStatus::Code(libc::WEXITSTATUS(st))))
+            }
+            Some(st) if libc::WIFSIGNALED(st) => {
+                Some(Message::Exit(ExitStatus::Signal(libc::WTERMSIG(st))))
+            }
+            _ => Some(Message::error(
+                ErrorCode::Internal,
+                "the exec's shepherd process died before the command; its process tree was killed",
+            )),
+        }
+    }
+}
+
+/// Read the shepherd's records until it exits, then reap it.
+fn watch_status(mut status: File, shepherd: i32, tx: Sender<Event>) {
+    loop {
+        match spawn::read_record(&mut status) {
+            Ok(Some((tag, a, b))) => {
+                let _ = tx.send(Event::Record(tag, a, b));
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tracing::error!(shepherd, "status pipe: {e}");
+                break;
+            }
+        }
+    }
+    if let Some(pid) = rustix::process::Pid::from_raw(shepherd) {
+        loop {
+            match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => tracing::error!(shepherd, "waitpid: {e}"),
+                Ok(_) => {}
+            }
+            break;
+        }
+    }
+    spawn::forget_shepherd(shepherd);
+    let _ = tx.send(Event::ShepherdGone);
+}
+
+fn pump_output(mut file: File, is_err: bool, out: Outbox, tx: Sender<Event>, id: u32) {
+    let mut buf = vec![0u8; OUTPUT_CHUNK];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                let data = buf[..n].to_vec();
+                let msg = if is_err {
+                    Message::Stderr(data)
+                } else {
+                    Message::Stdout(data)
+                };
+                // Keep draining after the connection died so the command
+                // is not blocked on a full pipe before it is killed.
+                out.send(&msg, id);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::error!(id, "reading output: {e}");
+                break;
+            }
+        }
+    }
+    let _ = tx.send(Event::OutputDone);
+}
+
+fn write_stdin(
+    mut pipe: File,
+    rx: Receiver<StdinCmd>,
+    in_flight: Arc<AtomicU64>,
+    out: Outbox,
+    id: u32,
+) {
+    let mut broken = false;
+    for cmd in rx {
+        match cmd {
+            StdinCmd::Data(data) => {
+                if !broken {
+                    if let Err(e) = pipe.write_all(&data) {
+                        // The command closed its stdin: drop the rest, but
+                        // keep acknowledging so the host is not stalled.
+                        tracing::debug!(id, "stdin closed by the command: {e}");
+                        broken = true;
+                    }
+                }
+                let n = data.len() as u64;
+                in_flight.fetch_sub(n, Ordering::SeqCst);
+                out.send(&Message::StdinAck { bytes: n }, id);
+            }
+            StdinCmd::Eof => break,
+        }
+    }
+}

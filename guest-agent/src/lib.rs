@@ -1,0 +1,21 @@
+//! `hull-agent`: hull's guest agent. It runs in the outer VM (`outer`) and
+//! inside the container (`inner`), speaks `hull-protocol`, and runs commands
+//! for the host with streamed output and whole-tree kill.
+//!
+//! Linux only: it relies on `/proc`, `PR_SET_CHILD_SUBREAPER`, pidfds and
+//! virtio-serial.
+
+#[cfg(target_os = "linux")]
+pub mod exec;
+#[cfg(target_os = "linux")]
+pub mod outbox;
+#[cfg(target_os = "linux")]
+pub mod outer;
+#[cfg(target_os = "linux")]
+pub mod serve;
+#[cfg(target_os = "linux")]
+pub mod spawn;
+#[cfg(target_os = "linux")]
+pub mod transport;
+#[cfg(target_os = "linux")]
+pub mod tree;

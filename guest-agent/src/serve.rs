@@ -1,0 +1,518 @@
+//! The exec server: one session per connection, many concurrent execs per
+//! session keyed by frame id.
+//!
+//! Every frame from the host is validated by the decoder (bounds, kinds, id
+//! rules) and then checked against the session: the first frame must be a
+//! `Hello` with a common version, only host-to-agent kinds are accepted, an
+//! exec id may not be reused while it runs, the number of concurrent execs is
+//! capped, stdin respects the flow-control window, and the session policy
+//! (`run_as`) decides the uid and gid. A malformed stream gets one `Error`
+//! frame with a stable code and the session ends; nothing panics on input.
+//! When the session ends for any reason every exec's tree is killed.
+//!
+//! Does not authenticate the host (the transport decides who can connect).
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+
+use hull_protocol::client::{check_peer_hello, hello_message};
+use hull_protocol::limits::STDIN_WINDOW;
+use hull_protocol::{
+    ConfigureSpec, Configured, ConnError, ErrorCode, Exec, Frame, FrameReader, Message, Role,
+};
+
+use crate::exec::{self, Event, ExecHandle, StdinCmd};
+use crate::outbox::Outbox;
+use crate::transport::{self, Port, Transport, TransportError};
+
+/// Default cap on concurrent execs per session.
+pub const DEFAULT_MAX_EXECS: usize = 64;
+/// Most queued, unhandled signals per exec before the host is cut off.
+const MAX_PENDING_SIGNALS: usize = 256;
+
+/// Handles `Configure` (the outer agent provides one).
+pub trait Configurator: Send + Sync {
+    fn configure(
+        &self,
+        spec: &ConfigureSpec,
+    ) -> Result<Configured, Box<dyn StdError + Send + Sync>>;
+}
+
+/// What a session may do.
+#[derive(Clone)]
+pub struct ServeOptions {
+    pub role: Role,
+    pub max_execs: usize,
+    /// When set, every exec runs as this (uid, gid); a request for other ids
+    /// is refused with `PolicyDenied`.
+    pub run_as: Option<(u32, u32)>,
+    pub configurator: Option<Arc<dyn Configurator>>,
+}
+
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("role", &self.role)
+            .field("max_execs", &self.max_execs)
+            .field("run_as", &self.run_as)
+            .field("configurator", &self.configurator.is_some())
+            .finish()
+    }
+}
+
+impl ServeOptions {
+    pub fn new(role: Role) -> ServeOptions {
+        ServeOptions {
+            role,
+            max_execs: DEFAULT_MAX_EXECS,
+            run_as: None,
+            configurator: None,
+        }
+    }
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The host closed the connection (or it broke).
+    Closed,
+    /// The host sent `Shutdown`.
+    Shutdown,
+    /// The host broke the protocol; an `Error` frame was sent.
+    ProtocolError(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("cannot make the agent a child subreaper (orphans would escape to init): {0}")]
+    Subreaper(#[source] std::io::Error),
+    #[error("accept on {path}: {source}")]
+    Accept {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set up the stdio transport: {0}")]
+    Stdio(#[source] std::io::Error),
+}
+
+/// Make orphans of this process reparent to it (process-wide, idempotent).
+pub fn become_subreaper() -> Result<(), ServeError> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .map_err(|e| ServeError::Subreaper(e.into()))
+}
+
+/// Serve sessions on a unix socket, one connection at a time, until a host
+/// sends `Shutdown`.
+pub fn serve_unix(path: &std::path::Path, opts: &ServeOptions) -> Result<(), ServeError> {
+    become_subreaper()?;
+    let listener = transport::listen_unix(path)?;
+    tracing::info!("listening on {}", path.display());
+    loop {
+        let (stream, _) = listener.accept().map_err(|source| ServeError::Accept {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let t = match Transport::from_unix(stream, &path.display().to_string()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!("cannot use accepted connection: {e}");
+                continue;
+            }
+        };
+        if serve_session(t, opts)? == SessionEnd::Shutdown {
+            return Ok(());
+        }
+    }
+}
+
+/// Serve one session on stdin/stdout.
+pub fn serve_stdio(opts: &ServeOptions) -> Result<(), ServeError> {
+    become_subreaper()?;
+    let t = Transport::stdio().map_err(ServeError::Stdio)?;
+    serve_session(t, opts)?;
+    Ok(())
+}
+
+/// Serve on the virtio-serial port called `name`: one session per host
+/// connection, until a host sends `Shutdown`.
+pub fn serve_port(name: &str, opts: &ServeOptions) -> Result<(), ServeError> {
+    become_subreaper()?;
+    let path = transport::find_port(name)?;
+    let port = Port::open(&path)?;
+    tracing::info!("serving on virtio-serial port {name} ({})", path.display());
+    loop {
+        port.wait_for_host()?;
+        if serve_session(port.session(), opts)? == SessionEnd::Shutdown {
+            return Ok(());
+        }
+    }
+}
+
+type ExecTable = Arc<Mutex<HashMap<u32, ExecHandle>>>;
+
+struct Session<'a> {
+    opts: &'a ServeOptions,
+    out: Outbox,
+    execs: ExecTable,
+    threads: Vec<JoinHandle<()>>,
+    configuring: Arc<AtomicBool>,
+    pending_signals: HashMap<u32, usize>,
+}
+
+enum Step {
+    Continue,
+    End(SessionEnd),
+}
+
+/// Run one session on `t` until it ends; every exec is killed before return.
+pub fn serve_session(t: Transport, opts: &ServeOptions) -> Result<SessionEnd, ServeError> {
+    become_subreaper()?;
+    let Transport {
+        reader,
+        writer,
+        closer,
+        name,
+    } = t;
+    let out = Outbox::new(writer, Arc::from(closer));
+    let mut reader = FrameReader::new(reader);
+    let mut s = Session {
+        opts,
+        out: out.clone(),
+        execs: Arc::new(Mutex::new(HashMap::new())),
+        threads: Vec::new(),
+        configuring: Arc::new(AtomicBool::new(false)),
+        pending_signals: HashMap::new(),
+    };
+    // Say hello first: on virtio-serial the host may be waiting already.
+    let software = format!("hull-agent {}", env!("CARGO_PKG_VERSION"));
+    out.send(&hello_message(opts.role, &software), 0);
+    let end = match s.handshake(&mut reader) {
+        Ok(()) => loop {
+            match s.next(&mut reader) {
+                Step::Continue => {}
+                Step::End(end) => break end,
+            }
+        },
+        Err(end) => end,
+    };
+    tracing::info!(transport = %name, "session ended: {end:?}");
+    s.teardown();
+    Ok(end)
+}
+
+impl Session<'_> {
+    fn fatal(&self, code: ErrorCode, msg: String) -> SessionEnd {
+        self.out.send(&Message::error(code, msg.clone()), 0);
+        SessionEnd::ProtocolError(msg)
+    }
+
+    fn recv<R: std::io::Read>(&self, reader: &mut FrameReader<R>) -> Result<Frame, SessionEnd> {
+        match reader.recv() {
+            Ok(f) => Ok(f),
+            Err(ConnError::Decode(e)) => Err(self.fatal(e.code(), e.to_string())),
+            Err(ConnError::Truncated { buffered }) => Err(SessionEnd::ProtocolError(format!(
+                "connection closed in the middle of a frame ({buffered} bytes)"
+            ))),
+            Err(e) => {
+                tracing::debug!("connection ended: {e}");
+                Err(SessionEnd::Closed)
+            }
+        }
+    }
+
+    fn handshake<R: std::io::Read>(
+        &mut self,
+        reader: &mut FrameReader<R>,
+    ) -> Result<(), SessionEnd> {
+        let frame = self.recv(reader)?;
+        match check_peer_hello(frame) {
+            Ok((hello, version)) => {
+                if hello.role != Role::Host
+                    && !(self.opts.role == Role::InnerAgent && hello.role == Role::OuterAgent)
+                {
+                    return Err(self.fatal(
+                        ErrorCode::BadRequest,
+                        format!(
+                            "a {:?} peer may not drive a {:?} agent",
+                            hello.role, self.opts.role
+                        ),
+                    ));
+                }
+                tracing::info!(version, peer = %hello.software, "handshake done");
+                Ok(())
+            }
+            Err(ConnError::Version(e)) => {
+                Err(self.fatal(ErrorCode::VersionMismatch, e.to_string()))
+            }
+            Err(ConnError::Peer { code, message }) => {
+                tracing::warn!("host reported {code} before hello: {message}");
+                Err(SessionEnd::Closed)
+            }
+            Err(e) => Err(self.fatal(ErrorCode::BadRequest, e.to_string())),
+        }
+    }
+
+    fn next<R: std::io::Read>(&mut self, reader: &mut FrameReader<R>) -> Step {
+        let frame = match self.recv(reader) {
+            Ok(f) => f,
+            Err(end) => return Step::End(end),
+        };
+        let id = frame.id;
+        match frame.message {
+            Message::Exec(req) => self.start_exec(id, &req),
+            Message::Stdin(data) => self.stdin(id, Some(data)),
+            Message::StdinEof => self.stdin(id, None),
+            Message::Signal { signo } => self.signal(id, signo),
+            Message::Kill => {
+                self.with_exec(id, |h| {
+                    if !h.kill_sent {
+                        h.kill_sent = true;
+                        let _ = h.events.send(Event::Kill);
+                    }
+                });
+                Step::Continue
+            }
+            Message::Ping { nonce } => {
+                self.out.send(&Message::Pong { nonce }, 0);
+                Step::Continue
+            }
+            Message::Shutdown => Step::End(SessionEnd::Shutdown),
+            Message::Configure(spec) => self.configure(spec),
+            Message::Error { code, message } => {
+                tracing::warn!(id, "host reported {code}: {message}");
+                if id == 0 {
+                    return Step::End(SessionEnd::Closed);
+                }
+                self.with_exec(id, |h| {
+                    let _ = h.events.send(Event::Kill);
+                });
+                Step::Continue
+            }
+            Message::Hello(_) => {
+                Step::End(self.fatal(ErrorCode::BadRequest, "a second hello".into()))
+            }
+            m @ (Message::Started { .. }
+            | Message::StdinAck { .. }
+            | Message::Stdout(_)
+            | Message::Stderr(_)
+            | Message::Exit(_)
+            | Message::Configured(_)
+            | Message::Pong { .. }) => Step::End(self.fatal(
+                ErrorCode::BadRequest,
+                format!("{} frames are only sent by the agent", m.kind().name()),
+            )),
+        }
+    }
+
+    /// Run `f` on the exec `id`, or answer `UnknownId`.
+    fn with_exec(&self, id: u32, f: impl FnOnce(&mut ExecHandle)) {
+        let mut execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        match execs.get_mut(&id) {
+            Some(h) => f(h),
+            None => {
+                drop(execs);
+                self.out.send(
+                    &Message::error(
+                        ErrorCode::UnknownId,
+                        format!("no exec with id {id} is running"),
+                    ),
+                    id,
+                );
+            }
+        }
+    }
+
+    fn start_exec(&mut self, id: u32, req: &Exec) -> Step {
+        self.threads.retain(|t| !t.is_finished());
+        let ids = match (self.opts.run_as, req.uid.zip(req.gid)) {
+            (Some(forced), Some(asked)) if forced != asked => {
+                self.out.send(
+                    &Message::error(
+                        ErrorCode::PolicyDenied,
+                        format!(
+                            "this session runs commands as {}:{}, not {}:{}",
+                            forced.0, forced.1, asked.0, asked.1
+                        ),
+                    ),
+                    id,
+                );
+                return Step::Continue;
+            }
+            (Some(forced), _) => Some(forced),
+            (None, asked) => asked,
+        };
+        let mut execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        if execs.contains_key(&id) {
+            drop(execs);
+            return Step::End(self.fatal(
+                ErrorCode::BadRequest,
+                format!("exec id {id} is already running"),
+            ));
+        }
+        if execs.len() >= self.opts.max_execs {
+            let n = execs.len();
+            drop(execs);
+            self.out.send(
+                &Message::error(
+                    ErrorCode::Busy,
+                    format!(
+                        "{n} execs are running, the limit is {}",
+                        self.opts.max_execs
+                    ),
+                ),
+                id,
+            );
+            return Step::Continue;
+        }
+        let table = self.execs.clone();
+        let unregister = Box::new(move || {
+            table.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        });
+        // The table stays locked until the exec is in it, so its
+        // supervisor cannot unregister before it was registered.
+        match exec::start(id, req, ids, self.out.clone(), unregister) {
+            Ok((handle, thread)) => {
+                execs.insert(id, handle);
+                self.threads.push(thread);
+            }
+            Err(e) => {
+                drop(execs);
+                self.out
+                    .send(&Message::error(ErrorCode::ExecFailed, e.to_string()), id);
+            }
+        }
+        self.pending_signals.remove(&id);
+        Step::Continue
+    }
+
+    fn stdin(&mut self, id: u32, data: Option<Vec<u8>>) -> Step {
+        self.with_exec(id, |h| {
+            let Some(stdin) = h.stdin.as_mut() else {
+                let _ = h.events.send(Event::Abort(
+                    ErrorCode::BadRequest,
+                    "stdin frame for an exec started without stdin".into(),
+                ));
+                return;
+            };
+            if stdin.eof {
+                let _ = h.events.send(Event::Abort(
+                    ErrorCode::BadRequest,
+                    "stdin frame after stdin_eof".into(),
+                ));
+                return;
+            }
+            match data {
+                None => {
+                    stdin.eof = true;
+                    let _ = stdin.tx.send(StdinCmd::Eof);
+                }
+                Some(data) => {
+                    let n = data.len() as u64;
+                    let before = stdin.in_flight.fetch_add(n, Ordering::SeqCst);
+                    if before + n > STDIN_WINDOW {
+                        stdin.eof = true;
+                        let _ = h.events.send(Event::Abort(
+                            ErrorCode::FlowControl,
+                            format!(
+                                "{} stdin bytes unacknowledged, the window is {STDIN_WINDOW}",
+                                before + n
+                            ),
+                        ));
+                        return;
+                    }
+                    let _ = stdin.tx.send(StdinCmd::Data(data));
+                }
+            }
+        });
+        Step::Continue
+    }
+
+    fn signal(&mut self, id: u32, signo: i32) -> Step {
+        let pending = self.pending_signals.entry(id).or_insert(0);
+        *pending += 1;
+        if *pending > MAX_PENDING_SIGNALS {
+            return Step::End(self.fatal(
+                ErrorCode::BadRequest,
+                format!("more than {MAX_PENDING_SIGNALS} signals for exec {id}"),
+            ));
+        }
+        self.with_exec(id, |h| {
+            let _ = h.events.send(Event::Signal(signo));
+        });
+        Step::Continue
+    }
+
+    fn configure(&mut self, spec: ConfigureSpec) -> Step {
+        let Some(conf) = self.opts.configurator.clone() else {
+            self.out.send(
+                &Message::error(
+                    ErrorCode::Unsupported,
+                    format!("a {:?} agent does not handle configure", self.opts.role),
+                ),
+                0,
+            );
+            return Step::Continue;
+        };
+        if self.configuring.swap(true, Ordering::SeqCst) {
+            self.out.send(
+                &Message::error(ErrorCode::Busy, "a configure is already running"),
+                0,
+            );
+            return Step::Continue;
+        }
+        let (out, busy) = (self.out.clone(), self.configuring.clone());
+        let t = thread::Builder::new()
+            .name("configure".into())
+            .spawn(move || {
+                let msg = match conf.configure(&spec) {
+                    Ok(done) => Message::Configured(done),
+                    Err(e) => Message::error(ErrorCode::SetupFailed, error_chain(e.as_ref())),
+                };
+                out.send(&msg, 0);
+                busy.store(false, Ordering::SeqCst);
+            });
+        match t {
+            Ok(t) => self.threads.push(t),
+            Err(e) => {
+                self.configuring.store(false, Ordering::SeqCst);
+                self.out.send(
+                    &Message::error(ErrorCode::Internal, format!("cannot start configure: {e}")),
+                    0,
+                );
+            }
+        }
+        Step::Continue
+    }
+
+    /// Kill every exec, break the transport, wait for every thread.
+    fn teardown(&mut self) {
+        {
+            let execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+            for h in execs.values() {
+                let _ = h.events.send(Event::ConnLost);
+            }
+        }
+        self.out.close();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `a: b: c` from an error and its sources (Display only, never Debug).
+pub fn error_chain(e: &(dyn StdError + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

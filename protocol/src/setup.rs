@@ -1,0 +1,227 @@
+//! Tier-3 setup: what the host asks the outer agent to build (`Configure`)
+//! and what it reports back (`Configured`).
+//!
+//! Guards against: names and paths that would be reinterpreted by Incus or the
+//! mount code (names are restricted to a safe alphabet, paths must be
+//! absolute, normalised and NUL-free), unbounded lists, and mapping container
+//! root to guest root (uid or gid 0 is refused). It does not check that the
+//! shares exist or that the host enforces read-only: the host does that.
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::{MAX_NAME, MAX_PATH, MAX_SHARES, MAX_SOFTWARE};
+
+/// Longest virtiofs tag (the kernel's limit).
+pub const MAX_TAG: usize = 36;
+
+/// One virtiofs share, mounted in the guest and passed into the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    /// virtiofs tag the host's virtiofsd serves.
+    pub tag: String,
+    /// Where the outer agent mounts it in the guest.
+    pub guest_path: String,
+    /// Where it appears in the container (the same path as on the host).
+    pub container_path: String,
+    /// Mounted and passed read-only (already enforced by `virtiofsd --readonly` on the host).
+    pub readonly: bool,
+}
+
+/// The per-instance container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerSpec {
+    /// Incus container name.
+    pub name: String,
+    /// The base to clone (container or snapshot, `base` or `base/snap`).
+    pub base: String,
+    /// Guest uid the commands run as, mapped into the container (never 0).
+    pub uid: u32,
+    /// Guest gid the commands run as (never 0).
+    pub gid: u32,
+    /// `limits.memory` in bytes.
+    pub memory_bytes: Option<u64>,
+    /// `limits.cpu`.
+    pub cpus: Option<u32>,
+    /// `limits.processes`.
+    pub processes: Option<u32>,
+}
+
+/// The `Configure` payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigureSpec {
+    pub shares: Vec<Share>,
+    pub container: ContainerSpec,
+    /// Host wall clock in nanoseconds since the Unix epoch: the guest sets its
+    /// clock from it (a restored snapshot's clock is frozen).
+    pub clock_unix_ns: u64,
+}
+
+/// The `Configured` payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Configured {
+    /// The container that is now running the inner agent.
+    pub container: String,
+    /// The inner agent's `Hello.software`.
+    pub inner_software: String,
+}
+
+impl ConfigureSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.shares.len() > MAX_SHARES {
+            return Err(format!(
+                "{} shares, more than {MAX_SHARES}",
+                self.shares.len()
+            ));
+        }
+        for (i, s) in self.shares.iter().enumerate() {
+            check_tag(&s.tag).map_err(|r| format!("shares[{i}].tag {r}"))?;
+            check_path(&s.guest_path).map_err(|r| format!("shares[{i}].guest_path {r}"))?;
+            check_path(&s.container_path).map_err(|r| format!("shares[{i}].container_path {r}"))?;
+            if self.shares[..i].iter().any(|o| o.tag == s.tag) {
+                return Err(format!("shares[{i}].tag is used twice"));
+            }
+        }
+        self.container.validate()
+    }
+}
+
+impl ContainerSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        check_name(&self.name).map_err(|r| format!("container.name {r}"))?;
+        check_base(&self.base).map_err(|r| format!("container.base {r}"))?;
+        if self.uid == 0 || self.gid == 0 {
+            return Err(
+                "container uid and gid must not be 0 (container root is never guest root)".into(),
+            );
+        }
+        if self.cpus == Some(0) || self.processes == Some(0) || self.memory_bytes == Some(0) {
+            return Err("container limits must be positive when given".into());
+        }
+        Ok(())
+    }
+}
+
+impl Configured {
+    pub fn validate(&self) -> Result<(), String> {
+        check_name(&self.container).map_err(|r| format!("container {r}"))?;
+        if self.inner_software.len() > MAX_SOFTWARE {
+            return Err(format!(
+                "inner_software is longer than {MAX_SOFTWARE} bytes"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Incus instance names: letters, digits and `-`, starting with a letter.
+fn check_name(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() || s.len() > MAX_NAME {
+        return Err("must be 1 to 63 bytes");
+    }
+    if !s.starts_with(|c: char| c.is_ascii_alphabetic()) || s.ends_with('-') {
+        return Err("must start with a letter and not end with '-'");
+    }
+    if !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err("may only contain ASCII letters, digits and '-'");
+    }
+    Ok(())
+}
+
+/// `name` or `name/snapshot`, each part an instance-style name.
+fn check_base(s: &str) -> Result<(), &'static str> {
+    let mut parts = s.splitn(2, '/');
+    check_name(parts.next().unwrap_or(""))?;
+    if let Some(snap) = parts.next() {
+        check_name(snap)?;
+    }
+    Ok(())
+}
+
+fn check_tag(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() || s.len() > MAX_TAG {
+        return Err("must be 1 to 36 bytes");
+    }
+    if !s
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+    {
+        return Err("may only contain ASCII letters, digits, '-', '_' and '.'");
+    }
+    Ok(())
+}
+
+fn check_path(s: &str) -> Result<(), &'static str> {
+    if !s.starts_with('/') {
+        return Err("must be absolute");
+    }
+    if s.len() > MAX_PATH {
+        return Err("is too long");
+    }
+    if s.contains('\0') {
+        return Err("contains a NUL byte");
+    }
+    if s.split('/').any(|c| c == ".." || c == ".") {
+        return Err("must not contain '.' or '..' components");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ConfigureSpec {
+        ConfigureSpec {
+            shares: vec![Share {
+                tag: "project".into(),
+                guest_path: "/mnt/hull/project".into(),
+                container_path: "/home/u/proj".into(),
+                readonly: false,
+            }],
+            container: ContainerSpec {
+                name: "hull-1234".into(),
+                base: "base/ready".into(),
+                uid: 1000,
+                gid: 1000,
+                memory_bytes: Some(512 << 20),
+                cpus: Some(1),
+                processes: Some(512),
+            },
+            clock_unix_ns: 1,
+        }
+    }
+
+    #[test]
+    fn valid_spec_passes() {
+        assert_eq!(spec().validate(), Ok(()));
+    }
+
+    #[test]
+    fn rejects_bad_fields() {
+        let mut s = spec();
+        s.container.uid = 0;
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.shares[0].guest_path = "/mnt/../etc".into();
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.shares[0].container_path = "relative".into();
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.container.name = "1bad".into();
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.container.name = "a;rm".into();
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.shares[0].tag = "x".repeat(37);
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.shares.push(s.shares[0].clone());
+        assert!(s.validate().is_err());
+    }
+}
