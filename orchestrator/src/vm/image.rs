@@ -50,7 +50,7 @@ pub const MIN_MEMORY_MIB: u32 = 768;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
-    #[error("{path}: cannot {what}: {source}")]
+    #[error("{path}: cannot {what}")]
     Io {
         path: PathBuf,
         what: &'static str,
@@ -91,6 +91,18 @@ pub enum ImageError {
         log: PathBuf,
         tail: String,
     },
+}
+
+/// `a: b: c` from an error and its sources.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 impl ImageError {

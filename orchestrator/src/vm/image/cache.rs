@@ -135,7 +135,7 @@ impl Cache {
                     Err(e) => out.push(Entry::Broken {
                         id: name,
                         dir,
-                        reason: e.to_string(),
+                        reason: super::error_chain(&e),
                     }),
                 }
             } else if let Some(id) = partial_id(&name) {
