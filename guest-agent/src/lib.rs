@@ -8,6 +8,10 @@
 #[cfg(target_os = "linux")]
 pub mod exec;
 #[cfg(target_os = "linux")]
+pub mod incus;
+#[cfg(target_os = "linux")]
+pub mod mounts;
+#[cfg(target_os = "linux")]
 pub mod outbox;
 #[cfg(target_os = "linux")]
 pub mod outer;

@@ -1,16 +1,234 @@
-//! `hull image build|list|rm`. (Owned by the tier-3 image work.)
-use clap::Subcommand;
+//! `hull image build|list|show|rm`: argument parsing and output only.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::vm::image::{self, build, BuiltImage, Cache, Entry};
 
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
-    /// Build (or reuse, when cached) the guest image.
-    Build,
-    /// List cached images.
+    /// Build (or reuse, when cached) the tier-3 guest image.
+    Build(BuildArgs),
+    /// List cached images and unfinished builds.
     List,
-    /// Remove a cached image.
-    Rm { id: String },
+    /// Show the paths and manifest of an image (default: the one the agent builds).
+    Show {
+        /// Image id or unique prefix.
+        id: Option<String>,
+        #[command(flatten)]
+        agent: AgentArg,
+    },
+    /// Remove a cached image or an unfinished build.
+    Rm {
+        /// Image id, unique prefix, or `<id>.partial-<pid>`.
+        id: String,
+    },
 }
 
-pub fn image(_c: ImageCommand) -> anyhow::Result<i32> {
-    anyhow::bail!("hull image: not built yet")
+#[derive(Debug, Args)]
+pub struct AgentArg {
+    /// The hull-agent binary (Linux x86-64) to put in the guest
+    /// [default: $HULL_AGENT, else hull-agent next to hull].
+    #[arg(long, value_name = "PATH")]
+    pub agent: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    #[command(flatten)]
+    pub agent: AgentArg,
+    /// Rebuild even when the image is cached.
+    #[arg(long)]
+    pub force: bool,
+}
+
+impl AgentArg {
+    fn path(&self) -> anyhow::Result<PathBuf> {
+        match &self.agent {
+            Some(p) => Ok(p.clone()),
+            None => Ok(image::default_agent_path()?),
+        }
+    }
+}
+
+pub fn image(c: ImageCommand) -> anyhow::Result<i32> {
+    let cache = Cache::default_location()?;
+    match c {
+        ImageCommand::Build(a) => build_cmd(&cache, a),
+        ImageCommand::List => list(&cache),
+        ImageCommand::Show { id, agent } => show(&cache, id, &agent),
+        ImageCommand::Rm { id } => {
+            let dir = image::remove(&cache, &id)?;
+            println!("removed {}", dir.display());
+            Ok(0)
+        }
+    }
+}
+
+fn build_cmd(cache: &Cache, a: BuildArgs) -> anyhow::Result<i32> {
+    let opts = build::BuildOptions {
+        agent: a.agent.path()?,
+        force: a.force,
+    };
+    let bar = ProgressBar::with_draw_target(Some(1), ProgressDrawTarget::stderr());
+    let tty = !bar.is_hidden();
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} {msg}")
+    {
+        bar.set_style(style);
+    }
+    let mut step_started = std::time::Instant::now();
+    let mut on = |ev: build::BuildEvent| match ev {
+        build::BuildEvent::Cached { id } => {
+            eprintln!("image {id} is cached ({})", cache.image_dir(&id).display())
+        }
+        build::BuildEvent::Waiting { id, lock } => {
+            eprintln!(
+                "image {id}: waiting for another build (or a VM using it) to release {}",
+                lock.display()
+            )
+        }
+        build::BuildEvent::Started { id, dir, log } => {
+            eprintln!(
+                "building image {id} in {}\n  log: {}",
+                dir.display(),
+                log.display()
+            );
+            bar.enable_steady_tick(Duration::from_millis(200));
+        }
+        build::BuildEvent::Step { n, of, name } => {
+            if !tty && n > 1 {
+                eprintln!("  ({:.0} s)", step_started.elapsed().as_secs_f64());
+            }
+            step_started = std::time::Instant::now();
+            bar.set_length(u64::from(of));
+            bar.set_position(u64::from(n - 1));
+            bar.set_message(name.clone());
+            if !tty {
+                eprintln!("step {n}/{of}: {name}");
+            }
+        }
+        build::BuildEvent::Done { id, seconds } => {
+            bar.finish_and_clear();
+            eprintln!("built image {id} in {:.0} s", seconds);
+        }
+    };
+    let result = build::build(cache, &opts, &mut on);
+    bar.finish_and_clear();
+    let img = result?;
+    for s in &img.manifest.steps {
+        eprintln!("  {:>7.1} s  {}", s.seconds, s.name);
+    }
+    print_paths(&img);
+    Ok(0)
+}
+
+fn print_paths(img: &BuiltImage) {
+    println!("id        {}", img.id);
+    println!("kernel    {}", img.kernel.display());
+    println!("initrd    {}", img.initrd.display());
+    println!(
+        "base disk {} ({})",
+        img.base_disk.display(),
+        img.manifest.base_disk_format
+    );
+    println!("cmdline   {}", img.cmdline());
+}
+
+fn list(cache: &Cache) -> anyhow::Result<i32> {
+    let current = image::default_agent_path()
+        .ok()
+        .and_then(|p| image::read_agent(&p).ok())
+        .map(|a| image::recipe::image_id(&a));
+    let entries = cache.entries()?;
+    if entries.is_empty() {
+        println!("no images in {}", cache.root().display());
+        return Ok(0);
+    }
+    println!(
+        "{:<34} {:<16} {:>9}  {:<20} KERNEL",
+        "ID", "STATUS", "SIZE", "CREATED"
+    );
+    for e in entries {
+        match e {
+            Entry::Built(img) => {
+                let status = if current.as_deref() == Some(img.id.as_str()) {
+                    "built (current)"
+                } else {
+                    "built"
+                };
+                println!(
+                    "{:<34} {:<16} {:>9}  {:<20} {}",
+                    img.id,
+                    status,
+                    human(img.disk_usage()),
+                    humantime::format_rfc3339_seconds(
+                        std::time::UNIX_EPOCH + Duration::from_secs(img.manifest.created_unix)
+                    ),
+                    img.manifest
+                        .info
+                        .get("kernel_version")
+                        .map(String::as_str)
+                        .unwrap_or("?"),
+                );
+            }
+            Entry::Partial { dir, live, .. } => {
+                let name = dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let status = if live { "building" } else { "unfinished" };
+                println!(
+                    "{:<34} {:<16} {:>9}",
+                    name,
+                    status,
+                    human(image::dir_usage(&dir))
+                );
+            }
+            Entry::Broken { id, dir, reason } => {
+                println!(
+                    "{:<34} {:<16} {:>9}  {}",
+                    id,
+                    "broken",
+                    human(image::dir_usage(&dir)),
+                    reason
+                );
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn show(cache: &Cache, id: Option<String>, agent: &AgentArg) -> anyhow::Result<i32> {
+    let img = match id {
+        Some(q) => {
+            let (_, dir) = image::resolve(cache, &q)?;
+            BuiltImage::open(&dir)?
+        }
+        None => image::find(cache, &agent.path()?)?,
+    };
+    print_paths(&img);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&img.manifest).context("encode the manifest")?
+    );
+    Ok(0)
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }

@@ -20,12 +20,14 @@
 //! - [`machine`]: start/stop of one VM, waiting for the agent;
 //! - [`agent`]: the host side of the agent session;
 //! - [`supervisor`]: VMs kept up by `hull vm up`, relaying agent sessions;
+//! - [`image`]: the guest image: recipe, cache, build;
 //! - [`hyperv`]: the Hyper-V backend (Windows).
 
 pub mod accel;
 #[cfg(unix)]
 pub mod agent;
 pub mod hyperv;
+pub mod image;
 #[cfg(target_os = "linux")]
 pub mod machine;
 pub mod qemu;
@@ -44,3 +46,4 @@ pub use crate::policy::lower::vm::{GUEST_GID, GUEST_UID};
 pub(crate) mod testkit;
 #[cfg(all(test, target_os = "linux"))]
 mod vm_tests;
+

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# hull guest image recipe: builds a prepared tier-3 guest from Debian packages only.
+#
+#   build.sh OUT_DIR AGENT_BIN
+#
+# OUT_DIR must not hold an earlier build; `hull image build` passes `<id>.partial-<pid>`
+# (with this recipe in recipe/ and the log in build.log) and renames it to `<id>` when
+# this script succeeded. The only network access is the Debian mirror
+# (mmdebstrap and `apt-get download` inside the rootfs it built).
+#
+# stdout carries machine-readable lines only, parsed by `hull image build`:
+#   @@step N/M NAME        a step starts
+#   @@info KEY=VALUE       a fact for the manifest (versions, names)
+#   @@error MESSAGE        why the build failed (also exits non-zero)
+# Everything else (tool output) goes to stderr, which hull writes to build.log.
+#
+# Environment (all optional):
+#   HULL_DEBIAN_MIRROR   default http://deb.debian.org/debian
+#   HULL_DEBIAN_SECURITY default http://deb.debian.org/debian-security
+#   HULL_IMAGE_ACCEL     accelerator for the prepare boot: tcg (default) or kvm
+#   HULL_PREPARE_TIMEOUT seconds the prepare boot may take, default 1800
+set -euo pipefail
+umask 022
+export LC_ALL=C
+
+STEPS=7
+step_no=0
+step() {
+  step_no=$((step_no + 1))
+  printf '@@step %d/%d %s\n' "$step_no" "$STEPS" "$1"
+  printf '\n==> [%s] step %d/%d: %s\n' "$(date +%T)" "$step_no" "$STEPS" "$1" >&2
+}
+info() { printf '@@info %s=%s\n' "$1" "$2"; }
+die() {
+  printf '@@error %s\n' "$*"
+  printf 'build.sh: error: %s\n' "$*" >&2
+  exit 1
+}
+trap 'rc=$?; [ $rc -eq 0 ] || printf "@@error step %d failed (exit %d) at line %d: %s\n" "$step_no" "$rc" "$LINENO" "$BASH_COMMAND"' ERR
+
+[ $# -eq 2 ] || die "usage: build.sh OUT_DIR AGENT_BIN"
+OUT=$1
+AGENT=$2
+RECIPE=$(cd "$(dirname "$0")" && pwd)
+MIRROR=${HULL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+SECURITY=${HULL_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
+ACCEL=${HULL_IMAGE_ACCEL:-tcg}
+PREPARE_TIMEOUT=${HULL_PREPARE_TIMEOUT:-1800}
+SUITE=bookworm
+# Disk geometry: the root ext4 holds the guest system, Incus's database and the btrfs
+# loop pool (a sparse file) that holds the container image and containers.
+DISK_SIZE=12G
+POOL_SIZE=8GiB
+
+[ "$(id -u)" -eq 0 ] || die "the image build needs root: mmdebstrap's root mode and mkfs.ext4 -d keep file ownership only as root"
+[ -x "$AGENT" ] || die "agent binary $AGENT is missing or not executable"
+for t in mmdebstrap qemu-system-x86_64 mkfs.ext4 e2fsck zstd cpio dpkg-deb chroot xz timeout; do
+  command -v "$t" >/dev/null || die "missing tool: $t"
+done
+mkdir -p "$OUT"
+WORK="$OUT/work"
+[ ! -e "$OUT/disk.raw" ] && [ ! -e "$WORK" ] || die "output dir $OUT holds an earlier build"
+mkdir -p "$WORK"
+
+read_list() { grep -v '^[[:space:]]*\(#\|$\)' "$1" | tr -s '[:space:]' ',' | sed 's/,$//'; }
+sources=(
+  "deb $MIRROR $SUITE main"
+  "deb $MIRROR $SUITE-updates main"
+  "deb $SECURITY $SUITE-security main"
+  "deb $MIRROR $SUITE-backports main"
+)
+# Docs, man pages and translations are never read inside the sandbox.
+dpkg_slim=(
+  --dpkgopt='path-exclude=/usr/share/man/*'
+  --dpkgopt='path-exclude=/usr/share/info/*'
+  --dpkgopt='path-exclude=/usr/share/doc/*'
+  --dpkgopt='path-include=/usr/share/doc/*/copyright'
+  --dpkgopt='path-exclude=/usr/share/locale/*'
+  --dpkgopt='path-include=/usr/share/locale/locale.alias'
+)
+
+# ---------------------------------------------------------------------------------------
+step "guest rootfs (mmdebstrap)"
+ROOT="$WORK/guest"
+mmdebstrap --variant=minbase --mode=root --format=directory \
+  --include="$(read_list "$RECIPE/packages/guest.list")" \
+  "${dpkg_slim[@]}" \
+  --customize-hook="$RECIPE/hooks/guest-download" \
+  --customize-hook="copy-out /tmp/hull-debs $WORK" \
+  --customize-hook='rm -rf "$1/tmp/hull-debs"' \
+  --customize-hook='chroot "$1" apt-get clean' \
+  --customize-hook='rm -rf "$1"/var/lib/apt/lists/*' \
+  "$SUITE" "$ROOT" "${sources[@]}" >&2
+info incus_version "$(chroot "$ROOT" dpkg-query -W -f='${Version}' incus-base)"
+
+# ---------------------------------------------------------------------------------------
+step "kernel (vmlinux, modules)"
+kdeb=$(ls "$WORK"/hull-debs/linux-image-*.deb)
+mkdir -p "$WORK/kernel"
+dpkg-deb -x "$kdeb" "$WORK/kernel"
+KVER=$(ls "$WORK/kernel/lib/modules")
+info kernel_version "$KVER"
+info kernel_package "$(basename "$kdeb")"
+# The bzImage carries a zstd-compressed ELF; QEMU boots the ELF through its PVH note,
+# which skips the in-guest decompression (about twice as fast under TCG).
+vmlinuz="$WORK/kernel/boot/vmlinuz-$KVER"
+found=0
+for off in $(grep -obUaP '\x28\xb5\x2f\xfd' "$vmlinuz" | cut -d: -f1); do
+  tail -c +"$((off + 1))" "$vmlinuz" | zstd -dcq 2>/dev/null >"$OUT/vmlinux" || true
+  if [ "$(head -c 4 "$OUT/vmlinux" | od -An -tx1 | tr -d ' ')" = 7f454c46 ]; then
+    found=1
+    break
+  fi
+done
+[ "$found" -eq 1 ] || die "no zstd-compressed ELF found in $vmlinuz"
+cp "$WORK/kernel/boot/config-$KVER" "$OUT/kernel.config"
+# Modules go into the guest, decompressed (busybox insmod and a fast modprobe under TCG).
+rm -rf "$ROOT/lib/modules/$KVER"
+mkdir -p "$ROOT/lib/modules"
+cp -a "$WORK/kernel/lib/modules/$KVER" "$ROOT/lib/modules/"
+find "$ROOT/lib/modules/$KVER" -name '*.ko.xz' -exec xz -d {} +
+chroot "$ROOT" depmod -a "$KVER"
+
+# ---------------------------------------------------------------------------------------
+step "initrd (busybox, virtio_blk, virtio_rng)"
+# The 6.12 cloud kernel has virtio-pci, virtiofs and ext4 built in but virtio_blk is a
+# module; NVMe is built in but QEMU's nvme device blocks migration (snapshots), so the
+# root disk is virtio-blk and this tiny initrd loads the driver and switches root.
+# virtio_rng seeds the kernel's CRNG from the host at once: without it, incusd (Go reads
+# getrandom at start) waits about 6 s for the CRNG under TCG.
+IRD="$WORK/initrd"
+mkdir -p "$IRD"/{bin,dev,proc,sys,newroot,modules}
+dpkg-deb -x "$(ls "$WORK"/hull-debs/busybox-static_*.deb)" "$WORK/busybox"
+cp "$WORK/busybox/bin/busybox" "$IRD/bin/busybox"
+for mod in virtio_blk virtio_rng; do
+  for m in $(chroot "$ROOT" modprobe -S "$KVER" --show-depends "$mod" | awk '$1 == "insmod" { print $2 }'); do
+    [ -e "$IRD/modules/$(basename "$m")" ] && continue
+    cp "$ROOT$m" "$IRD/modules/"
+    basename "$m" >>"$IRD/modules/order"
+  done
+done
+install -m 0755 "$RECIPE/initrd/init" "$IRD/init"
+(cd "$IRD" && find . -print0 | sort -z | cpio --null -o -H newc --quiet --owner=0:0) >"$OUT/initrd.cpio"
+
+# ---------------------------------------------------------------------------------------
+step "container image (mmdebstrap)"
+IMPORT="$WORK/import"
+mkdir -p "$IMPORT"
+install -m 0755 "$AGENT" "$WORK/hull-agent"
+HULL_AGENT_BIN="$WORK/hull-agent" mmdebstrap --variant=minbase --mode=root \
+  --include="$(read_list "$RECIPE/packages/container.list")" \
+  "${dpkg_slim[@]}" \
+  --customize-hook="$RECIPE/hooks/container-customize" \
+  --customize-hook='chroot "$1" apt-get clean' \
+  --customize-hook='rm -rf "$1"/var/lib/apt/lists/*' \
+  "$SUITE" "$IMPORT/rootfs.tar.zst" "${sources[@]}" >&2
+now=$(date +%s)
+mkdir -p "$WORK/meta"
+sed "s/@CREATION_DATE@/$now/" "$RECIPE/guest/metadata.yaml" >"$WORK/meta/metadata.yaml"
+tar -C "$WORK/meta" --owner=0 --group=0 -cf "$IMPORT/metadata.tar" metadata.yaml
+info container_rootfs_bytes "$(stat -c %s "$IMPORT/rootfs.tar.zst")"
+
+# ---------------------------------------------------------------------------------------
+step "guest disk (mkfs.ext4)"
+install -m 0755 "$RECIPE/guest/hull-init" "$ROOT/sbin/hull-init"
+install -d -m 0755 "$ROOT/usr/lib/hull" "$ROOT/opt/hull"
+install -m 0755 "$RECIPE/guest/hull-prepare" "$ROOT/usr/lib/hull/hull-prepare"
+sed "s/@POOL_SIZE@/$POOL_SIZE/" "$RECIPE/guest/preseed.yaml" >"$ROOT/usr/lib/hull/preseed.yaml"
+install -m 0755 "$WORK/hull-agent" "$ROOT/opt/hull/hull-agent"
+# Incus maps container ids through root's subordinate ranges; guest uid/gid 1000 (what
+# the host's virtiofsd translates the host user to) is delegated for raw.idmap.
+printf 'root:1000000:1000000000\nroot:1000:1\n' >"$ROOT/etc/subuid"
+printf 'root:1000000:1000000000\nroot:1000:1\n' >"$ROOT/etc/subgid"
+echo hull >"$ROOT/etc/hostname"
+printf '127.0.0.1 localhost hull\n::1 localhost\n' >"$ROOT/etc/hosts"
+: >"$ROOT/etc/resolv.conf"
+install -d -m 0755 "$ROOT/mnt/hull" "$ROOT/mnt/import" "$ROOT/var/log/incus"
+mkfs.ext4 -q -F -L hullroot -E lazy_itable_init=0,lazy_journal_init=0 -d "$ROOT" "$OUT/disk.raw" "$DISK_SIZE" >&2
+mkfs.ext4 -q -F -L hullimport -d "$IMPORT" "$WORK/import.ext4" \
+  "$(($(du -sm "$IMPORT" | cut -f1) + 64))M" >&2
+info rootfs_bytes "$(du -sb "$ROOT" | cut -f1)"
+
+# ---------------------------------------------------------------------------------------
+step "prepare (boot, incus init, import, base container)"
+console="$OUT/prepare-console.log"
+accel_args=(-accel tcg)
+[ "$ACCEL" = kvm ] && accel_args=(-accel kvm -cpu host)
+started=$(date +%s)
+timeout --kill-after=10 "$PREPARE_TIMEOUT" qemu-system-x86_64 "${accel_args[@]}" \
+  -M pc -nodefaults -no-user-config -m 2048 -smp 2 -display none -no-reboot \
+  -kernel "$OUT/vmlinux" -initrd "$OUT/initrd.cpio" \
+  -append "console=ttyS0 panic=-1 root=/dev/vda hull.mode=prepare" \
+  -serial "file:$console" \
+  -drive "file=$OUT/disk.raw,format=raw,if=none,id=root,cache=unsafe,discard=unmap" \
+  -device virtio-blk-pci,drive=root \
+  -drive "file=$WORK/import.ext4,format=raw,if=none,id=import,readonly=on" \
+  -device virtio-blk-pci,drive=import \
+  -device virtio-rng-pci >&2 || die "prepare boot failed or timed out after ${PREPARE_TIMEOUT}s (QEMU exit $?); console log: $console"
+info prepare_seconds "$(($(date +%s) - started))"
+grep -q '^HULL-PREPARE-OK' "$console" ||
+  die "prepare did not finish inside the guest; console log: $console: $(grep -a 'hull-prepare: error' "$console" | tail -n 1)"
+grep -a '^@@guest ' "$console" | sed 's/^@@guest /@@info /' | tr -d '\r' || true
+
+# ---------------------------------------------------------------------------------------
+step "finish (fsck, checks)"
+e2fsck -fn "$OUT/disk.raw" >&2 || die "the prepared disk does not pass e2fsck"
+sync
+rm -rf "$WORK"
+chmod 0444 "$OUT/disk.raw" "$OUT/vmlinux" "$OUT/initrd.cpio"
+info disk_allocated_bytes "$(($(stat -c %b "$OUT/disk.raw") * 512))"
+info disk_bytes "$(stat -c %s "$OUT/disk.raw")"
+info vmlinux_bytes "$(stat -c %s "$OUT/vmlinux")"
+info initrd_bytes "$(stat -c %s "$OUT/initrd.cpio")"

@@ -1,0 +1,573 @@
+//! Tier-3 guest images: the cached, prepared outer-VM guest that `hull image build`
+//! makes from Debian packages, and the contract a VM launcher must follow to boot it.
+//!
+//! An image is a directory `<cache>/<id>/` holding `vmlinux` (the kernel ELF, booted
+//! through its PVH entry), `initrd.cpio`, `disk.raw` (the prepared root disk, read
+//! only: boot it through a per-VM qcow2 overlay) and `manifest.json` (written last).
+//! The id hashes the embedded recipe and the agent binary ([`recipe`]).
+//!
+//! Protects against: using an image built from other inputs (the id), a half-built
+//! image (only complete directories carry a manifest; see [`cache`]), removing an
+//! image a VM uses ([`BuiltImage::lock_shared`]), and a corrupted base disk being
+//! written through (files are read-only, the overlay takes every write).
+//! Does not protect the cache from another local user with write access to it, and
+//! does not verify the Debian packages beyond what apt and mmdebstrap verify.
+
+pub mod build;
+pub mod cache;
+pub mod recipe;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use cache::{Cache, Entry};
+
+/// `manifest.json` format version.
+pub const MANIFEST_FORMAT: u32 = 1;
+/// Name of the virtio-serial port the outer agent serves on.
+pub const AGENT_PORT: &str = "agent.0";
+/// Kernel command line for a normal boot (the root disk must be the first virtio-blk).
+pub const KERNEL_CMDLINE: &str = "console=ttyS0 quiet panic=-1 root=/dev/vda";
+/// Where the outer agent mounts the virtiofs shares in the guest (`<root>/<tag>`).
+pub const SHARE_ROOT: &str = "/mnt/hull";
+/// Incus container every run container is cloned from (stopped, never started).
+pub const BASE_CONTAINER: &str = "hull-base";
+/// A clone of the base, prepared and started once at build time so its AppArmor
+/// profile is compiled and cached in the image: configure this name for a fast start.
+pub const RUN_CONTAINER: &str = "hull-run";
+/// Alias of the imported container image.
+pub const IMAGE_ALIAS: &str = "hull-image";
+/// The guest uid and gid commands run as (what the host's virtiofsd must translate
+/// the host user to, and the only id `raw.idmap` maps into the container).
+pub const GUEST_UID: u32 = 1000;
+pub const GUEST_GID: u32 = 1000;
+/// Memory the guest needs to run incusd and one container, MiB.
+pub const MIN_MEMORY_MIB: u32 = 768;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("{path}: cannot {what}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no cache directory for tier-3 images: set XDG_CACHE_HOME, HOME or HULL_IMAGE_CACHE")]
+    NoCacheDir,
+    #[error(
+        "tier-3 guest agent not found at {path}: build it with `cargo build -p hull-agent --release` \
+         and pass --agent PATH (or set HULL_AGENT)"
+    )]
+    AgentMissing { path: PathBuf },
+    #[error("{path} is not a Linux x86-64 executable ({why}); the guest agent runs inside the Linux guest")]
+    AgentNotLinux { path: PathBuf, why: String },
+    #[error("tier-3 image {id} is not built (for agent {agent}); run `hull image build`")]
+    NotBuilt { id: String, agent: PathBuf },
+    #[error("{dir}: not a usable image: {reason}")]
+    Invalid { dir: PathBuf, reason: String },
+    #[error("no image matches {query:?} in {root} (see `hull image list`)")]
+    NoMatch { query: String, root: PathBuf },
+    #[error("{query:?} matches more than one image: {ids}")]
+    Ambiguous { query: String, ids: String },
+    #[error("image {id} is in use (a VM or a build holds {lock}); stop it first")]
+    InUse { id: String, lock: PathBuf },
+    #[error("refusing to remove {path}: {reason}")]
+    RemoveRefused { path: PathBuf, reason: String },
+    #[error("`hull image build` is missing tools: {list}; install them with: {install}")]
+    MissingTools { list: String, install: String },
+    #[error("`hull image build` needs root on this host: {why}")]
+    NeedsRoot { why: &'static str },
+    #[error("`hull image build` runs on Linux hosts only (mmdebstrap, mkfs.ext4 -d); build the image on Linux")]
+    UnsupportedHost,
+    #[error("image build failed at step {step}: {message}\n  build log: {log}\n{tail}")]
+    BuildFailed {
+        step: String,
+        message: String,
+        log: PathBuf,
+        tail: String,
+    },
+}
+
+/// `a: b: c` from an error and its sources.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+impl ImageError {
+    pub(crate) fn io(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> ImageError {
+        let path = path.to_path_buf();
+        move |source| ImageError::Io { path, what, source }
+    }
+}
+
+/// How a VM boots and talks to this image. The host side must match it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestContract {
+    /// `-append` for a normal boot (add nothing that changes `hull.mode`).
+    pub cmdline: String,
+    /// virtio-serial port name of the outer agent.
+    pub agent_port: String,
+    /// Guest directory the shares are mounted under (`<share_root>/<tag>`).
+    pub share_root: String,
+    pub base_container: String,
+    pub run_container: String,
+    pub image_alias: String,
+    /// Guest uid/gid of the command user (virtiofsd translates the host user to it).
+    pub uid: u32,
+    pub gid: u32,
+    pub min_memory_mib: u32,
+    /// QEMU devices the guest expects, in order.
+    pub devices: Vec<String>,
+}
+
+impl GuestContract {
+    pub fn current() -> GuestContract {
+        GuestContract {
+            cmdline: KERNEL_CMDLINE.into(),
+            agent_port: AGENT_PORT.into(),
+            share_root: SHARE_ROOT.into(),
+            base_container: BASE_CONTAINER.into(),
+            run_container: RUN_CONTAINER.into(),
+            image_alias: IMAGE_ALIAS.into(),
+            uid: GUEST_UID,
+            gid: GUEST_GID,
+            min_memory_mib: MIN_MEMORY_MIB,
+            devices: vec![
+                "virtio-blk-pci: the root disk, a qcow2 overlay over disk.raw (first virtio-blk = /dev/vda)".into(),
+                "virtio-rng-pci: seeds the guest CRNG (incusd blocks on getrandom without it)".into(),
+                "virtio-serial-pci + virtserialport name=agent.0: the agent channel".into(),
+                "vhost-user-fs-pci per share, tag = Share.tag (shared memory backend)".into(),
+                "isa serial (-serial): the console (console=ttyS0)".into(),
+            ],
+        }
+    }
+}
+
+/// Time one build step took.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepTiming {
+    pub name: String,
+    pub seconds: f64,
+}
+
+/// `manifest.json`: written last; its presence makes a directory an image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: u32,
+    pub id: String,
+    /// Full sha256 of recipe and agent (the id is its prefix).
+    pub hash: String,
+    pub agent_sha256: String,
+    pub created_unix: u64,
+    pub kernel: String,
+    pub initrd: String,
+    pub base_disk: String,
+    pub base_disk_format: String,
+    pub guest: GuestContract,
+    /// Facts the recipe reported (package versions, sizes, prepare timings).
+    pub info: BTreeMap<String, String>,
+    pub steps: Vec<StepTiming>,
+    pub build_seconds: f64,
+}
+
+/// A complete image and the paths a VM launcher needs.
+#[derive(Debug, Clone)]
+pub struct BuiltImage {
+    pub id: String,
+    pub dir: PathBuf,
+    /// The kernel ELF (`-kernel`; QEMU uses its PVH entry).
+    pub kernel: PathBuf,
+    /// `-initrd`.
+    pub initrd: PathBuf,
+    /// The prepared root disk (raw, read-only): the backing file of a per-VM overlay,
+    /// `qemu-img create -f qcow2 -b <base_disk> -F raw overlay.qcow2`.
+    pub base_disk: PathBuf,
+    pub manifest: Manifest,
+}
+
+/// A shared hold on an image: while it lives, the image is not removed or rebuilt.
+#[derive(Debug)]
+pub struct ImageUse {
+    _lock: File,
+}
+
+impl BuiltImage {
+    /// Open the image in `dir`, checking the manifest and the files it names.
+    pub fn open(dir: &Path) -> Result<BuiltImage, ImageError> {
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        BuiltImage::open_named(dir, name)
+    }
+
+    /// [`BuiltImage::open`] for a directory not (yet) named after its id.
+    pub(crate) fn open_named(dir: &Path, id: &str) -> Result<BuiltImage, ImageError> {
+        let invalid = |reason: String| ImageError::Invalid {
+            dir: dir.to_path_buf(),
+            reason,
+        };
+        let path = dir.join("manifest.json");
+        let text = match std::fs::read(&path) {
+            Ok(t) if t.len() <= 1 << 20 => t,
+            Ok(_) => return Err(invalid("manifest.json is larger than 1 MiB".into())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(invalid("no manifest.json (an unfinished build?)".into()))
+            }
+            Err(e) => return Err(ImageError::io(&path, "read")(e)),
+        };
+        let manifest: Manifest =
+            serde_json::from_slice(&text).map_err(|e| invalid(format!("manifest.json: {e}")))?;
+        if manifest.format != MANIFEST_FORMAT {
+            return Err(invalid(format!(
+                "manifest format {} (this hull reads {MANIFEST_FORMAT}); rebuild it",
+                manifest.format
+            )));
+        }
+        if manifest.id != id || !manifest.hash.starts_with(&manifest.id) {
+            return Err(invalid(format!(
+                "manifest id {} does not match the directory",
+                manifest.id
+            )));
+        }
+        let file = |rel: &str| -> Result<PathBuf, ImageError> {
+            if rel.is_empty() || rel.contains('/') || rel.contains('\\') || rel.starts_with('.') {
+                return Err(invalid(format!(
+                    "manifest names a file outside the image: {rel:?}"
+                )));
+            }
+            let p = dir.join(rel);
+            if !p.is_file() {
+                return Err(invalid(format!("{rel} is missing")));
+            }
+            Ok(p)
+        };
+        Ok(BuiltImage {
+            id: manifest.id.clone(),
+            dir: dir.to_path_buf(),
+            kernel: file(&manifest.kernel)?,
+            initrd: file(&manifest.initrd)?,
+            base_disk: file(&manifest.base_disk)?,
+            manifest,
+        })
+    }
+
+    /// The kernel command line of a normal boot.
+    pub fn cmdline(&self) -> &str {
+        &self.manifest.guest.cmdline
+    }
+
+    /// Hold the image while a VM uses it. Blocks while a build of the same id runs.
+    pub fn lock_shared(&self, cache: &Cache) -> Result<ImageUse, ImageError> {
+        let f = cache.lock_file(&self.id)?;
+        f.lock_shared()
+            .map_err(ImageError::io(&cache.lock_path(&self.id), "lock the image"))?;
+        Ok(ImageUse { _lock: f })
+    }
+
+    /// Bytes the image takes on disk (sparse files count what is allocated).
+    pub fn disk_usage(&self) -> u64 {
+        dir_usage(&self.dir)
+    }
+}
+
+/// Allocated bytes below `dir` (best effort).
+pub fn dir_usage(dir: &Path) -> u64 {
+    let mut total = 0;
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in rd.flatten() {
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if m.is_dir() {
+            total += dir_usage(&e.path());
+        } else {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::MetadataExt;
+                total += m.blocks() * 512;
+            }
+            #[cfg(not(unix))]
+            {
+                total += m.len();
+            }
+        }
+    }
+    total
+}
+
+/// The agent binary hull uses by default: `$HULL_AGENT`, else `hull-agent` next to
+/// the running `hull`.
+pub fn default_agent_path() -> Result<PathBuf, ImageError> {
+    if let Some(p) = std::env::var_os("HULL_AGENT").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(ImageError::io(
+        Path::new("/proc/self/exe"),
+        "find the hull binary",
+    ))?;
+    Ok(exe.with_file_name("hull-agent"))
+}
+
+/// Read the agent binary (bounded) and check it is a Linux x86-64 ELF.
+pub fn read_agent(path: &Path) -> Result<Vec<u8>, ImageError> {
+    const MAX_AGENT: u64 = 512 << 20;
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(ImageError::AgentMissing {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(ImageError::io(path, "inspect the agent binary")(e)),
+    };
+    let not_linux = |why: &str| ImageError::AgentNotLinux {
+        path: path.to_path_buf(),
+        why: why.into(),
+    };
+    if !meta.is_file() || meta.len() > MAX_AGENT {
+        return Err(not_linux("not a regular file of at most 512 MiB"));
+    }
+    let bytes = std::fs::read(path).map_err(ImageError::io(path, "read the agent binary"))?;
+    check_linux_x86_64_elf(&bytes).map_err(not_linux)?;
+    Ok(bytes)
+}
+
+/// ELF64, little-endian, `ET_EXEC`/`ET_DYN`, `EM_X86_64`, System V or Linux ABI.
+fn check_linux_x86_64_elf(b: &[u8]) -> Result<(), &'static str> {
+    if b.len() < 64 || &b[..4] != b"\x7fELF" {
+        return Err("no ELF header");
+    }
+    if b[4] != 2 || b[5] != 1 {
+        return Err("not a 64-bit little-endian ELF");
+    }
+    if b[7] != 0 && b[7] != 3 {
+        return Err("not a Linux ELF");
+    }
+    let e_type = u16::from_le_bytes([b[16], b[17]]);
+    if e_type != 2 && e_type != 3 {
+        return Err("not an executable");
+    }
+    if u16::from_le_bytes([b[18], b[19]]) != 62 {
+        return Err("not built for x86-64");
+    }
+    Ok(())
+}
+
+/// The built image for `agent`, or [`ImageError::NotBuilt`].
+pub fn find(cache: &Cache, agent: &Path) -> Result<BuiltImage, ImageError> {
+    let id = recipe::image_id(&read_agent(agent)?);
+    match BuiltImage::open(&cache.image_dir(&id)) {
+        Ok(img) => Ok(img),
+        Err(ImageError::Invalid { .. }) => Err(ImageError::NotBuilt {
+            id,
+            agent: agent.to_path_buf(),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// Resolve an id prefix (or a full directory name) among the cache entries.
+pub fn resolve(cache: &Cache, query: &str) -> Result<(String, PathBuf), ImageError> {
+    let mut hits: Vec<(String, PathBuf)> = Vec::new();
+    for e in cache.entries()? {
+        let (name, dir) = match e {
+            Entry::Built(img) => (img.id.clone(), img.dir.clone()),
+            Entry::Broken { id, dir, .. } => (id, dir),
+            Entry::Partial { dir, .. } => {
+                let n = dir
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .to_owned();
+                (n, dir)
+            }
+        };
+        if name == query {
+            return Ok((name, dir));
+        }
+        if !query.is_empty() && name.starts_with(query) && !name.contains(".partial-") {
+            hits.push((name, dir));
+        }
+    }
+    match hits.len() {
+        0 => Err(ImageError::NoMatch {
+            query: query.into(),
+            root: cache.root().to_path_buf(),
+        }),
+        1 => Ok(hits.remove(0)),
+        _ => Err(ImageError::Ambiguous {
+            query: query.into(),
+            ids: hits
+                .iter()
+                .map(|h| h.0.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// Remove the image (or partial build) `query` names. Refuses while a VM or a build
+/// holds its lock.
+pub fn remove(cache: &Cache, query: &str) -> Result<PathBuf, ImageError> {
+    let (name, dir) = resolve(cache, query)?;
+    let id = cache::partial_id(&name).unwrap_or(&name).to_owned();
+    let lock = cache.lock_file(&id)?;
+    if lock.try_lock().is_err() {
+        let lock = cache.lock_path(&id);
+        return Err(ImageError::InUse { id, lock });
+    }
+    cache::remove_tree(&dir)?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_image(cache: &Cache, id: &str) -> PathBuf {
+        let dir = cache.image_dir(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["vmlinux", "initrd.cpio", "disk.raw"] {
+            std::fs::write(dir.join(f), b"x").unwrap();
+        }
+        let m = Manifest {
+            format: MANIFEST_FORMAT,
+            id: id.into(),
+            hash: format!("{id}{}", "0".repeat(48)),
+            agent_sha256: "a".repeat(64),
+            created_unix: 1,
+            kernel: "vmlinux".into(),
+            initrd: "initrd.cpio".into(),
+            base_disk: "disk.raw".into(),
+            base_disk_format: "raw".into(),
+            guest: GuestContract::current(),
+            info: BTreeMap::new(),
+            steps: vec![],
+            build_seconds: 1.0,
+        };
+        std::fs::write(dir.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn open_checks_manifest_and_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = Cache::at(tmp.path());
+        let dir = fake_image(&cache, "0123456789abcdef");
+        let img = BuiltImage::open(&dir).unwrap();
+        assert_eq!(img.kernel, dir.join("vmlinux"));
+        assert_eq!(img.cmdline(), KERNEL_CMDLINE);
+        std::fs::remove_file(dir.join("disk.raw")).unwrap();
+        let e = BuiltImage::open(&dir).unwrap_err();
+        assert!(e.to_string().contains("disk.raw is missing"), "{e}");
+    }
+
+    #[test]
+    fn manifest_cannot_point_outside_the_image() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = Cache::at(tmp.path());
+        let dir = fake_image(&cache, "0123456789abcdef");
+        let mut m: Manifest =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        m.base_disk = "../../etc/passwd".into();
+        std::fs::write(dir.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        let e = BuiltImage::open(&dir).unwrap_err();
+        assert!(e.to_string().contains("outside the image"), "{e}");
+    }
+
+    #[test]
+    fn remove_resolves_prefixes_and_respects_the_use_lock() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = Cache::at(tmp.path());
+        let a = fake_image(&cache, "0123456789abcdef");
+        let b = fake_image(&cache, "0123999999999999");
+        assert!(matches!(
+            remove(&cache, "0123"),
+            Err(ImageError::Ambiguous { .. })
+        ));
+        assert!(matches!(
+            remove(&cache, "ffff"),
+            Err(ImageError::NoMatch { .. })
+        ));
+        let img = BuiltImage::open(&a).unwrap();
+        let hold = img.lock_shared(&cache).unwrap();
+        assert!(matches!(
+            remove(&cache, "012345"),
+            Err(ImageError::InUse { .. })
+        ));
+        assert!(a.exists());
+        drop(hold);
+        assert_eq!(remove(&cache, "012345").unwrap(), a);
+        assert!(!a.exists());
+        assert!(b.exists());
+    }
+
+    #[test]
+    fn agent_must_be_a_linux_x86_64_elf() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("agent");
+        assert!(matches!(
+            read_agent(&p),
+            Err(ImageError::AgentMissing { .. })
+        ));
+        std::fs::write(&p, b"#!/bin/sh\n").unwrap();
+        assert!(matches!(
+            read_agent(&p),
+            Err(ImageError::AgentNotLinux { .. })
+        ));
+        let mut elf = vec![0u8; 64];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[4] = 2;
+        elf[5] = 1;
+        elf[16] = 3;
+        elf[18] = 183; // aarch64
+        std::fs::write(&p, &elf).unwrap();
+        let e = read_agent(&p).unwrap_err();
+        assert!(e.to_string().contains("x86-64"), "{e}");
+        elf[18] = 62;
+        std::fs::write(&p, &elf).unwrap();
+        assert_eq!(read_agent(&p).unwrap(), elf);
+    }
+
+    #[test]
+    fn the_recipe_uses_the_contract_names() {
+        let text = |p: &str| {
+            let f = recipe::FILES.iter().find(|f| f.path == p).unwrap();
+            String::from_utf8(f.bytes.to_vec()).unwrap()
+        };
+        let init = text("guest/hull-init");
+        assert!(
+            init.contains(&format!("--port {AGENT_PORT}")),
+            "hull-init port"
+        );
+        let prep = text("guest/hull-prepare");
+        for name in [BASE_CONTAINER, RUN_CONTAINER, IMAGE_ALIAS] {
+            assert!(prep.contains(name), "hull-prepare does not use {name}");
+        }
+        assert!(
+            prep.contains(&format!("both {GUEST_UID} {GUEST_GID}")),
+            "raw.idmap"
+        );
+        assert!(
+            prep.contains(&format!("--run-as {GUEST_UID}:{GUEST_GID}")),
+            "inner run-as"
+        );
+        let build = text("build.sh");
+        assert!(build.contains(&format!("root:{GUEST_UID}:1")));
+        assert!(KERNEL_CMDLINE.contains("root=/dev/vda"));
+    }
+}

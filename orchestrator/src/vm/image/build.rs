@@ -1,0 +1,519 @@
+//! `hull image build`: run the embedded recipe into `<id>.partial-<pid>`, follow its
+//! step markers, and publish the directory under `<id>` only when it is complete.
+//!
+//! Guards against: publishing a failed or interrupted build (manifest written last,
+//! then one rename), two builds of one id racing (the id's lock; a second build
+//! waits, then finds the first one's image), cleaning a partial a live build (or an
+//! orphan of a killed hull) still writes (every process of the build inherits the
+//! lock: it is the script's stdin), unbounded output from the script (lines are
+//! capped), and a missing tool failing deep in the build (checked first, with the
+//! packages that install it). Does not sandbox the recipe: it runs as root with the
+//! Debian mirror as its only network peer, like any image builder.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::{
+    recipe, BuiltImage, Cache, GuestContract, ImageError, Manifest, StepTiming, MANIFEST_FORMAT,
+};
+
+/// Longest line accepted from the build script's stdout.
+const MAX_LINE: u64 = 16 * 1024;
+/// Most `@@info` facts kept.
+const MAX_INFO: usize = 256;
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    /// The `hull-agent` binary to put in the guest and the container.
+    pub agent: PathBuf,
+    /// Rebuild even when a complete image with this id exists.
+    pub force: bool,
+}
+
+/// Progress reported while building.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BuildEvent {
+    /// The image already exists; nothing was built.
+    Cached { id: String },
+    /// Another process holds the id's lock (a build, or a VM for `--force`).
+    Waiting { id: String, lock: PathBuf },
+    /// The build starts in this directory, logging to this file.
+    Started {
+        id: String,
+        dir: PathBuf,
+        log: PathBuf,
+    },
+    /// A step started (1-based).
+    Step { n: u32, of: u32, name: String },
+    /// The image is published.
+    Done { id: String, seconds: f64 },
+}
+
+/// A parsed stdout line of `build.sh`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Marker {
+    Step { n: u32, of: u32, name: String },
+    Info { key: String, value: String },
+    Error(String),
+    Other(String),
+}
+
+/// Parse one line of the build script's stdout.
+pub fn parse_marker(line: &str) -> Marker {
+    let line = line.trim_end_matches(['\r', '\n']);
+    if let Some(rest) = line.strip_prefix("@@step ") {
+        if let Some((frac, name)) = rest.split_once(' ') {
+            if let Some((n, of)) = frac.split_once('/') {
+                if let (Ok(n), Ok(of)) = (n.parse(), of.parse()) {
+                    if n >= 1 && n <= of {
+                        return Marker::Step {
+                            n,
+                            of,
+                            name: name.to_owned(),
+                        };
+                    }
+                }
+            }
+        }
+    } else if let Some(rest) = line.strip_prefix("@@info ") {
+        if let Some((k, v)) = rest.split_once('=') {
+            let key_ok = !k.is_empty()
+                && k.len() <= 64
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if key_ok {
+                return Marker::Info {
+                    key: k.to_owned(),
+                    value: v.to_owned(),
+                };
+            }
+        }
+    } else if let Some(rest) = line.strip_prefix("@@error ") {
+        return Marker::Error(rest.to_owned());
+    }
+    Marker::Other(line.to_owned())
+}
+
+/// Tools the recipe runs on the host, and the Debian package of each.
+pub const TOOLS: &[(&str, &str)] = &[
+    ("mmdebstrap", "mmdebstrap"),
+    ("qemu-system-x86_64", "qemu-system-x86"),
+    ("mkfs.ext4", "e2fsprogs"),
+    ("e2fsck", "e2fsprogs"),
+    ("zstd", "zstd"),
+    ("cpio", "cpio"),
+    ("xz", "xz-utils"),
+    ("dpkg-deb", "dpkg"),
+    ("chroot", "coreutils"),
+    ("timeout", "coreutils"),
+    ("bash", "bash"),
+];
+
+/// The tools of [`TOOLS`] not found on `path` (a `PATH`-style list).
+pub fn missing_tools(path: &std::ffi::OsStr) -> Vec<(&'static str, &'static str)> {
+    let dirs: Vec<PathBuf> = std::env::split_paths(path).collect();
+    TOOLS
+        .iter()
+        .filter(|(tool, _)| !dirs.iter().any(|d| is_executable(&d.join(tool))))
+        .copied()
+        .collect()
+}
+
+fn is_executable(p: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    }
+    #[cfg(not(unix))]
+    {
+        p.is_file()
+    }
+}
+
+/// The error for missing tools, with one install command.
+pub fn missing_tools_error(missing: &[(&str, &str)]) -> ImageError {
+    let mut pkgs: Vec<&str> = missing.iter().map(|m| m.1).collect();
+    pkgs.sort();
+    pkgs.dedup();
+    let list = missing
+        .iter()
+        .map(|(t, p)| format!("{t} (package {p})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut install = format!("sudo apt-get install {}", pkgs.join(" "));
+    if pkgs.contains(&"qemu-system-x86") {
+        install.push_str(
+            " (on Debian 12 take QEMU from bookworm-backports: \
+             sudo apt-get install -t bookworm-backports qemu-system-x86; scripts/setup.sh --tier3 does all of it)",
+        );
+    }
+    ImageError::MissingTools { list, install }
+}
+
+/// Build the image for `opts.agent` unless it is cached; returns it.
+pub fn build(
+    cache: &Cache,
+    opts: &BuildOptions,
+    on: &mut dyn FnMut(BuildEvent),
+) -> Result<BuiltImage, ImageError> {
+    let agent = super::read_agent(&opts.agent)?;
+    let id = recipe::image_id(&agent);
+    let final_dir = cache.image_dir(&id);
+    if !opts.force {
+        if let Ok(img) = BuiltImage::open(&final_dir) {
+            on(BuildEvent::Cached { id });
+            return Ok(img);
+        }
+    }
+    preflight()?;
+
+    let lock = cache.lock_file(&id)?;
+    if lock.try_lock().is_err() {
+        on(BuildEvent::Waiting {
+            id: id.clone(),
+            lock: cache.lock_path(&id),
+        });
+        lock.lock()
+            .map_err(ImageError::io(&cache.lock_path(&id), "lock the image"))?;
+    }
+    // Another build may have finished while we waited.
+    if !opts.force {
+        if let Ok(img) = BuiltImage::open(&final_dir) {
+            on(BuildEvent::Cached { id });
+            return Ok(img);
+        }
+    }
+    // We hold the lock: every partial of this id is dead.
+    cache.remove_partials_locked(&id)?;
+
+    let dir = cache.partial_dir(&id);
+    std::fs::create_dir_all(&dir).map_err(ImageError::io(&dir, "create the build directory"))?;
+    let recipe_dir = dir.join("recipe");
+    recipe::materialise(&recipe_dir).map_err(ImageError::io(&recipe_dir, "write the recipe"))?;
+    let log_path = dir.join("build.log");
+    let log = File::create(&log_path).map_err(ImageError::io(&log_path, "create the build log"))?;
+    on(BuildEvent::Started {
+        id: id.clone(),
+        dir: dir.clone(),
+        log: log_path.clone(),
+    });
+
+    let started = Instant::now();
+    let run = run_script(&dir, &recipe_dir, &opts.agent, &lock, log, on)?;
+    if !run.success {
+        return Err(ImageError::BuildFailed {
+            step: run.last_step.unwrap_or_else(|| "start".into()),
+            message: run
+                .error
+                .unwrap_or_else(|| format!("the recipe exited with {}", run.status)),
+            log: log_path.clone(),
+            tail: log_tail(&log_path, 15),
+        });
+    }
+
+    let manifest = Manifest {
+        format: MANIFEST_FORMAT,
+        id: id.clone(),
+        hash: recipe::image_hash(&agent),
+        agent_sha256: recipe::agent_hash(&agent),
+        created_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        kernel: "vmlinux".into(),
+        initrd: "initrd.cpio".into(),
+        base_disk: "disk.raw".into(),
+        base_disk_format: "raw".into(),
+        guest: GuestContract::current(),
+        info: run.info,
+        steps: run.steps,
+        build_seconds: started.elapsed().as_secs_f64(),
+    };
+    write_manifest(&dir, &manifest)?;
+    // Check it opens before publishing it.
+    BuiltImage::open_named(&dir, &id)?;
+    publish(cache, &dir, &final_dir, &id)?;
+    on(BuildEvent::Done {
+        id: id.clone(),
+        seconds: manifest.build_seconds,
+    });
+    drop(lock);
+    BuiltImage::open(&final_dir)
+}
+
+fn preflight() -> Result<(), ImageError> {
+    if !cfg!(target_os = "linux") {
+        return Err(ImageError::UnsupportedHost);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    // root's tools live in sbin, which a user's PATH may lack.
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    for d in ["/usr/sbin", "/sbin"] {
+        if !dirs.iter().any(|x| x == Path::new(d)) {
+            dirs.push(PathBuf::from(d));
+        }
+    }
+    let joined = std::env::join_paths(dirs).unwrap_or(path);
+    let missing = missing_tools(&joined);
+    if !missing.is_empty() {
+        return Err(missing_tools_error(&missing));
+    }
+    #[cfg(unix)]
+    if !rustix::process::geteuid().is_root() {
+        return Err(ImageError::NeedsRoot {
+            why: "mmdebstrap's root mode and mkfs.ext4 -d keep the ownership of guest files only as root \
+                  (run it with sudo; the image is cached for that user)",
+        });
+    }
+    Ok(())
+}
+
+struct ScriptRun {
+    success: bool,
+    status: String,
+    last_step: Option<String>,
+    error: Option<String>,
+    info: BTreeMap<String, String>,
+    steps: Vec<StepTiming>,
+}
+
+fn run_script(
+    dir: &Path,
+    recipe_dir: &Path,
+    agent: &Path,
+    lock: &File,
+    mut log: File,
+    on: &mut dyn FnMut(BuildEvent),
+) -> Result<ScriptRun, ImageError> {
+    let script = recipe_dir.join("build.sh");
+    // The lock file as stdin: every process of the build holds the lock with it, so
+    // an orphaned build (hull killed) keeps its partial from being cleaned under it.
+    let stdin = lock
+        .try_clone()
+        .map_err(ImageError::io(&script, "pass the lock"))?;
+    let stderr = log
+        .try_clone()
+        .map_err(ImageError::io(&script, "open the log"))?;
+    let mut child = Command::new("bash")
+        .arg(&script)
+        .arg(dir)
+        .arg(agent)
+        .env("PATH", sbin_path())
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr))
+        .spawn()
+        .map_err(ImageError::io(&script, "run the recipe"))?;
+    let mut run = ScriptRun {
+        success: false,
+        status: String::new(),
+        last_step: None,
+        error: None,
+        info: BTreeMap::new(),
+        steps: Vec::new(),
+    };
+    let mut current: Option<(String, Instant)> = None;
+    if let Some(out) = child.stdout.take() {
+        let mut reader = BufReader::new(out);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            let n = (&mut reader)
+                .take(MAX_LINE)
+                .read_until(b'\n', &mut buf)
+                .map_err(ImageError::io(&script, "read the recipe's output"))?;
+            if n == 0 {
+                break;
+            }
+            let line = String::from_utf8_lossy(&buf);
+            let _ = log.write_all(format!("[hull] {}", line.trim_end()).as_bytes());
+            let _ = log.write_all(b"\n");
+            match parse_marker(&line) {
+                Marker::Step { n, of, name } => {
+                    if let Some((prev, t)) = current.take() {
+                        run.steps.push(StepTiming {
+                            name: prev,
+                            seconds: t.elapsed().as_secs_f64(),
+                        });
+                    }
+                    current = Some((name.clone(), Instant::now()));
+                    run.last_step = Some(format!("{n}/{of} {name}"));
+                    on(BuildEvent::Step { n, of, name });
+                }
+                Marker::Info { key, value } => {
+                    if run.info.len() < MAX_INFO {
+                        run.info.insert(key, value);
+                    }
+                }
+                Marker::Error(m) => {
+                    if run.error.is_none() {
+                        run.error = Some(m);
+                    }
+                }
+                Marker::Other(_) => {}
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(ImageError::io(&script, "wait for the recipe"))?;
+    if let Some((prev, t)) = current.take() {
+        run.steps.push(StepTiming {
+            name: prev,
+            seconds: t.elapsed().as_secs_f64(),
+        });
+    }
+    run.success = status.success();
+    run.status = status.to_string();
+    Ok(run)
+}
+
+/// `PATH` with the sbin directories the recipe's tools live in.
+fn sbin_path() -> std::ffi::OsString {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    for d in ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"] {
+        if !dirs.iter().any(|x| x == Path::new(d)) {
+            dirs.push(PathBuf::from(d));
+        }
+    }
+    std::env::join_paths(dirs).unwrap_or(path)
+}
+
+fn write_manifest(dir: &Path, m: &Manifest) -> Result<(), ImageError> {
+    let tmp = dir.join("manifest.json.tmp");
+    let path = dir.join("manifest.json");
+    let text = serde_json::to_vec_pretty(m).map_err(|e| ImageError::Invalid {
+        dir: dir.to_path_buf(),
+        reason: format!("cannot encode the manifest: {e}"),
+    })?;
+    let mut f = File::create(&tmp).map_err(ImageError::io(&tmp, "write"))?;
+    f.write_all(&text).map_err(ImageError::io(&tmp, "write"))?;
+    f.sync_all().map_err(ImageError::io(&tmp, "sync"))?;
+    std::fs::rename(&tmp, &path).map_err(ImageError::io(&path, "rename into place"))?;
+    Ok(())
+}
+
+/// Rename the finished build to its id, replacing an old image of the same id
+/// (only with `--force`; the caller holds the id's lock exclusively).
+fn publish(cache: &Cache, dir: &Path, final_dir: &Path, id: &str) -> Result<(), ImageError> {
+    sync_dir(dir);
+    if final_dir.exists() {
+        let old = cache
+            .root()
+            .join(format!("{id}.partial-{}-old", std::process::id()));
+        std::fs::rename(final_dir, &old)
+            .map_err(ImageError::io(final_dir, "move the old image aside"))?;
+        std::fs::rename(dir, final_dir).map_err(ImageError::io(final_dir, "publish the image"))?;
+        super::cache::remove_tree(&old)?;
+    } else {
+        std::fs::rename(dir, final_dir).map_err(ImageError::io(final_dir, "publish the image"))?;
+    }
+    sync_dir(cache.root());
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(f) = File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+/// The last `n` lines of the log, indented, for an error message.
+fn log_tail(path: &Path, n: usize) -> String {
+    let Ok(mut f) = OpenOptions::new().read(true).open(path) else {
+        return String::new();
+    };
+    let len = f.seek(SeekFrom::End(0)).unwrap_or(0);
+    let start = len.saturating_sub(8192);
+    let _ = f.seek(SeekFrom::Start(start));
+    let mut buf = Vec::new();
+    let _ = f.take(8192).read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| format!("    | {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_parse_and_reject_malformed_lines() {
+        assert_eq!(
+            parse_marker("@@step 2/7 kernel (vmlinux, modules)\n"),
+            Marker::Step {
+                n: 2,
+                of: 7,
+                name: "kernel (vmlinux, modules)".into()
+            }
+        );
+        assert_eq!(
+            parse_marker("@@info kernel_version=6.12.95+deb12-cloud-amd64"),
+            Marker::Info {
+                key: "kernel_version".into(),
+                value: "6.12.95+deb12-cloud-amd64".into()
+            }
+        );
+        assert_eq!(parse_marker("@@error boom"), Marker::Error("boom".into()));
+        for bad in [
+            "@@step 8/7 x",
+            "@@step 0/7 x",
+            "@@step x/7 y",
+            "@@step 1/7",
+            "@@info =v",
+            "@@info a b=c",
+        ] {
+            assert!(matches!(parse_marker(bad), Marker::Other(_)), "{bad}");
+        }
+    }
+
+    #[test]
+    fn missing_tools_name_packages_and_one_install_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = missing_tools(dir.path().as_os_str());
+        assert_eq!(missing.len(), TOOLS.len());
+        let e = missing_tools_error(&missing).to_string();
+        assert!(e.contains("mmdebstrap (package mmdebstrap)"), "{e}");
+        assert!(e.contains("sudo apt-get install "), "{e}");
+        assert!(e.contains("bookworm-backports"), "{e}");
+        assert_eq!(
+            e.matches("e2fsprogs").count(),
+            3,
+            "deduplicated in the install line: {e}"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn present_tools_are_not_reported() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for (t, _) in TOOLS {
+            let p = dir.path().join(t);
+            std::fs::write(&p, b"#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        assert!(missing_tools(dir.path().as_os_str()).is_empty());
+        std::fs::set_permissions(
+            dir.path().join("zstd"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        assert_eq!(
+            missing_tools(dir.path().as_os_str()),
+            vec![("zstd", "zstd")]
+        );
+    }
+}

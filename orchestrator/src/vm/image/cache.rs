@@ -1,0 +1,421 @@
+//! The image cache directory: where images live, which entries are complete,
+//! who may remove what, and removal that never leaves the cache.
+//!
+//! Layout under the cache root (`$XDG_CACHE_HOME/hull/images`):
+//! - `<id>/`: a complete image (it has a valid `manifest.json`, written last);
+//! - `<id>.partial-<pid>/`: a build in progress, or the remains of one that failed
+//!   or was interrupted (never used as an image);
+//! - `<id>.lock`: an OS file lock. A build holds it exclusively (and so does every
+//!   process the build started: the lock file is the build script's stdin); a VM
+//!   using the image holds it shared, so the image is not removed or rebuilt under it.
+//!
+//! Guards against: an interrupted build counting as built (only the final rename
+//! publishes a directory under the bare id), removing a partial that a live build
+//! still writes, removing an image a VM uses, and a removal that follows a symlink
+//! or descends into a file system mounted inside a partial (an interrupted
+//! mmdebstrap can leave `proc`, `sys` or `dev` mounted in its rootfs): mounts below
+//! the directory are detached first and removal refuses to cross a device boundary.
+//! Does not guard against another local user who can write the cache directory.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::recipe::ID_LEN;
+use super::ImageError;
+
+/// The cache root and the names inside it.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    root: PathBuf,
+}
+
+/// One entry of the cache directory.
+#[derive(Debug)]
+pub enum Entry {
+    /// A complete image.
+    Built(Box<super::BuiltImage>),
+    /// A build directory: `live` while its build still runs.
+    Partial {
+        id: String,
+        dir: PathBuf,
+        live: bool,
+    },
+    /// A directory named like an image whose manifest is missing or invalid.
+    Broken {
+        id: String,
+        dir: PathBuf,
+        reason: String,
+    },
+}
+
+impl Cache {
+    /// The cache under `root` (created on first build).
+    pub fn at(root: impl Into<PathBuf>) -> Cache {
+        Cache { root: root.into() }
+    }
+
+    /// `$HULL_IMAGE_CACHE`, else `$XDG_CACHE_HOME/hull/images`, else
+    /// `~/.cache/hull/images` (`%LOCALAPPDATA%\hull\images` on Windows).
+    pub fn default_location() -> Result<Cache, ImageError> {
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        if let Some(p) = env("HULL_IMAGE_CACHE") {
+            return Ok(Cache::at(p));
+        }
+        if let Some(p) = env("XDG_CACHE_HOME") {
+            return Ok(Cache::at(p.join("hull").join("images")));
+        }
+        #[cfg(windows)]
+        if let Some(p) = env("LOCALAPPDATA") {
+            return Ok(Cache::at(p.join("hull").join("images")));
+        }
+        match env("HOME") {
+            Some(h) => Ok(Cache::at(h.join(".cache").join("hull").join("images"))),
+            None => Err(ImageError::NoCacheDir),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the complete image `id` lives.
+    pub fn image_dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    /// This process's build directory for `id`.
+    pub fn partial_dir(&self, id: &str) -> PathBuf {
+        self.root
+            .join(format!("{id}.partial-{}", std::process::id()))
+    }
+
+    /// The lock file of image `id`.
+    pub fn lock_path(&self, id: &str) -> PathBuf {
+        self.root.join(format!("{id}.lock"))
+    }
+
+    /// Open (creating) the lock file of `id`, without locking it.
+    pub fn lock_file(&self, id: &str) -> Result<File, ImageError> {
+        fs::create_dir_all(&self.root)
+            .map_err(ImageError::io(&self.root, "create the cache directory"))?;
+        let path = self.lock_path(id);
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(ImageError::io(&path, "open the image lock"))
+    }
+
+    /// Every entry, sorted by name. A missing cache directory is an empty cache.
+    pub fn entries(&self) -> Result<Vec<Entry>, ImageError> {
+        let rd = match fs::read_dir(&self.root) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(ImageError::io(&self.root, "list the image cache")(e)),
+        };
+        let mut names: Vec<String> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        let mut out = Vec::new();
+        for name in names {
+            let dir = self.root.join(&name);
+            if is_id(&name) {
+                match super::BuiltImage::open(&dir) {
+                    Ok(img) => out.push(Entry::Built(Box::new(img))),
+                    Err(e) => out.push(Entry::Broken {
+                        id: name,
+                        dir,
+                        reason: super::error_chain(&e),
+                    }),
+                }
+            } else if let Some(id) = partial_id(&name) {
+                let live = self.build_is_live(id);
+                out.push(Entry::Partial {
+                    id: id.to_owned(),
+                    dir,
+                    live,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether some process holds the lock of `id` (a build, or a VM using it).
+    fn build_is_live(&self, id: &str) -> bool {
+        match self.lock_file(id) {
+            Ok(f) => match f.try_lock() {
+                Ok(()) => {
+                    let _ = f.unlock();
+                    false
+                }
+                Err(_) => true,
+            },
+            Err(_) => true,
+        }
+    }
+
+    /// Remove every partial directory of `id`. The caller holds the lock of `id`
+    /// exclusively, so none of them belongs to a running build.
+    pub fn remove_partials_locked(&self, id: &str) -> Result<(), ImageError> {
+        for entry in self.entries()? {
+            if let Entry::Partial { id: pid, dir, .. } = entry {
+                if pid == id {
+                    remove_tree(&dir)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `<16 hex digits>`
+pub fn is_id(s: &str) -> bool {
+    s.len() == ID_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The id of a `<id>.partial-<pid>` name.
+pub fn partial_id(s: &str) -> Option<&str> {
+    let (id, pid) = s.split_once(".partial-")?;
+    (is_id(id) && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())).then_some(id)
+}
+
+/// Remove `dir` and everything below it, without following symlinks and without
+/// entering another file system: mounts below `dir` are detached first (Linux), and
+/// a directory on another device stops the removal with an error.
+pub fn remove_tree(dir: &Path) -> Result<(), ImageError> {
+    let meta = match fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(ImageError::io(dir, "inspect before removal")(e)),
+    };
+    if !meta.is_dir() {
+        return Err(ImageError::RemoveRefused {
+            path: dir.to_path_buf(),
+            reason: "not a directory".into(),
+        });
+    }
+    #[cfg(target_os = "linux")]
+    detach_mounts_below(dir)?;
+    imp::remove_below(dir, &meta)?;
+    fs::remove_dir(dir).map_err(ImageError::io(dir, "remove"))
+}
+
+#[cfg(unix)]
+mod imp {
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+
+    use super::ImageError;
+
+    pub(super) fn remove_below(dir: &Path, top: &fs::Metadata) -> Result<(), ImageError> {
+        let rd = fs::read_dir(dir).map_err(ImageError::io(dir, "list for removal"))?;
+        for entry in rd {
+            let entry = entry.map_err(ImageError::io(dir, "list for removal"))?;
+            let path = entry.path();
+            let meta = fs::symlink_metadata(&path)
+                .map_err(ImageError::io(&path, "inspect for removal"))?;
+            if meta.is_dir() {
+                if meta.dev() != top.dev() {
+                    return Err(ImageError::RemoveRefused {
+                        path,
+                        reason: "it is on another file system (still mounted?)".into(),
+                    });
+                }
+                remove_below(&path, top)?;
+                fs::remove_dir(&path).map_err(ImageError::io(&path, "remove"))?;
+            } else {
+                fs::remove_file(&path).map_err(ImageError::io(&path, "remove"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(unix))]
+mod imp {
+    use std::fs;
+    use std::path::Path;
+
+    use super::ImageError;
+
+    pub(super) fn remove_below(dir: &Path, _top: &fs::Metadata) -> Result<(), ImageError> {
+        // std's remove_dir_all does not follow symlinks or junctions.
+        for entry in fs::read_dir(dir).map_err(ImageError::io(dir, "list for removal"))? {
+            let path = entry
+                .map_err(ImageError::io(dir, "list for removal"))?
+                .path();
+            let meta = fs::symlink_metadata(&path)
+                .map_err(ImageError::io(&path, "inspect for removal"))?;
+            if meta.is_dir() {
+                fs::remove_dir_all(&path).map_err(ImageError::io(&path, "remove"))?;
+            } else {
+                fs::remove_file(&path).map_err(ImageError::io(&path, "remove"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Detach every mount at or below `dir`, deepest first.
+#[cfg(target_os = "linux")]
+fn detach_mounts_below(dir: &Path) -> Result<(), ImageError> {
+    let real = fs::canonicalize(dir).map_err(ImageError::io(dir, "resolve before removal"))?;
+    let info = fs::read_to_string("/proc/self/mountinfo")
+        .map_err(ImageError::io(Path::new("/proc/self/mountinfo"), "read"))?;
+    let mut points: Vec<PathBuf> = mount_points(&info)
+        .into_iter()
+        .filter(|p| p.starts_with(&real) && *p != real)
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        rustix::mount::unmount(&p, rustix::mount::UnmountFlags::DETACH).map_err(|e| {
+            ImageError::RemoveRefused {
+                path: p.clone(),
+                reason: format!("a file system is mounted there and unmounting it failed: {e}"),
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// Mount points (field 5) of `/proc/self/mountinfo`, with `\ooo` escapes decoded.
+#[cfg(any(target_os = "linux", test))]
+pub fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape_octal(field)))
+        .collect()
+}
+
+#[cfg(any(target_os = "linux", test))]
+fn unescape_octal(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') as u32 * 64
+                + (b[i + 2] - b'0') as u32 * 8
+                + (b[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(is_id("0123456789abcdef"));
+        assert!(!is_id("0123456789ABCDEF"));
+        assert!(!is_id("0123456789abcde"));
+        assert_eq!(
+            partial_id("0123456789abcdef.partial-42"),
+            Some("0123456789abcdef")
+        );
+        assert_eq!(partial_id("0123456789abcdef.partial-"), None);
+        assert_eq!(partial_id("0123456789abcdef.partial-4x"), None);
+        assert_eq!(partial_id("xyz.partial-1"), None);
+    }
+
+    #[test]
+    fn mountinfo_points_are_unescaped() {
+        let info = "36 35 98:0 / /mnt/a\\040b rw,noatime master:1 - ext3 /dev/root rw\n\
+                    37 35 0:5 / /proc rw - proc proc rw\n";
+        assert_eq!(
+            mount_points(info),
+            vec![PathBuf::from("/mnt/a b"), PathBuf::from("/proc")]
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn remove_tree_does_not_follow_symlinks() {
+        let outside = tempfile::tempdir().unwrap();
+        let keep = outside.path().join("keep");
+        fs::write(&keep, b"keep").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("img");
+        fs::create_dir_all(victim.join("a/b")).unwrap();
+        fs::write(victim.join("a/b/f"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), victim.join("a/link")).unwrap();
+        remove_tree(&victim).unwrap();
+        assert!(!victim.exists());
+        assert_eq!(fs::read(&keep).unwrap(), b"keep");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn removal_refuses_a_directory_on_another_device() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("sub")).unwrap();
+        fs::write(dir.path().join("sub/f"), b"x").unwrap();
+        // Pretend the top was on /proc's device: every directory below differs.
+        let other = fs::symlink_metadata("/proc").unwrap();
+        let err = imp::remove_below(dir.path(), &other).unwrap_err();
+        assert!(matches!(err, ImageError::RemoveRefused { .. }), "{err}");
+        assert_eq!(fs::read(dir.path().join("sub/f")).unwrap(), b"x");
+    }
+
+    /// A partial with a live mount inside (as an interrupted mmdebstrap leaves):
+    /// removal detaches it and never deletes what the mount shows.
+    #[cfg(target_os = "linux")]
+    #[test]
+    #[ignore = "needs root (mounts a tmpfs); run with --ignored as root"]
+    fn removal_detaches_mounts_inside() {
+        let shown = tempfile::tempdir().unwrap();
+        fs::write(shown.path().join("precious"), b"keep").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("p");
+        fs::create_dir_all(victim.join("rootfs/dev")).unwrap();
+        rustix::mount::mount_bind(shown.path(), victim.join("rootfs/dev"))
+            .expect("bind mount (needs root)");
+        remove_tree(&victim).unwrap();
+        assert!(!victim.exists());
+        assert_eq!(fs::read(shown.path().join("precious")).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn partials_and_broken_entries_are_listed_not_built() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::at(dir.path());
+        fs::create_dir_all(dir.path().join("0123456789abcdef.partial-1")).unwrap();
+        fs::create_dir_all(dir.path().join("fedcba9876543210")).unwrap();
+        fs::create_dir_all(dir.path().join("unrelated")).unwrap();
+        let entries = cache.entries().unwrap();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        assert!(
+            matches!(&entries[0], Entry::Partial { id, live: false, .. } if id == "0123456789abcdef")
+        );
+        assert!(matches!(&entries[1], Entry::Broken { id, .. } if id == "fedcba9876543210"));
+        // A held lock makes the partial live.
+        let lock = cache.lock_file("0123456789abcdef").unwrap();
+        lock.lock().unwrap();
+        let entries = cache.entries().unwrap();
+        assert!(matches!(&entries[0], Entry::Partial { live: true, .. }));
+    }
+}

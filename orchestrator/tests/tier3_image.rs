@@ -1,0 +1,454 @@
+//! Boots the built tier-3 image for real (QEMU, TCG here) with a hand-written
+//! command line that follows the guest contract (images/README.md): two virtiofsd
+//! (project read-write, spill `--readonly`, host user translated to guest uid 1000),
+//! the virtio-serial agent port on a unix socket, a qcow2 overlay over the base disk.
+//! Then, as the host, it configures the container and runs commands in it through
+//! the outer and inner agents, and checks the boundary both ways.
+//!
+//! Needs a built image: `hull image build --agent target/release/hull-agent`, and
+//! `HULL_AGENT` pointing at the same agent (default: target/release/hull-agent).
+//! Takes a minute or more under TCG, so it is ignored by default:
+//! `cargo test -p hull --test tier3_image -- --ignored --nocapture`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hull::vm::image::{self, Cache};
+use hull_protocol::*;
+
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn agent_path() -> PathBuf {
+    std::env::var_os("HULL_AGENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/hull-agent")
+        })
+}
+
+fn virtiofsd() -> PathBuf {
+    let mut cands: Vec<PathBuf> =
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join("virtiofsd"))
+            .collect();
+    if let Some(h) = std::env::var_os("HOME") {
+        cands.push(Path::new(&h).join(".cargo/bin/virtiofsd"));
+    }
+    cands.push("/usr/libexec/virtiofsd".into());
+    cands.into_iter().find(|p| p.is_file()).expect(
+        "virtiofsd not found (cargo install virtiofsd --locked; see scripts/setup.sh --tier3)",
+    )
+}
+
+fn wait_for(path: &Path, what: &str, secs: u64) {
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(secs),
+            "{what} did not appear at {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn_virtiofsd(run: &Path, tag: &str, dir: &Path, readonly: bool) -> Child {
+    let sock = run.join(format!("{tag}.sock"));
+    let mut c = Command::new(virtiofsd());
+    c.arg(format!("--socket-path={}", sock.display()))
+        .arg(format!("--shared-dir={}", dir.display()))
+        .arg("--sandbox=namespace")
+        .arg("--seccomp=kill")
+        // The host user (root here) appears as guest uid/gid 1000 and back.
+        .args([
+            "--translate-uid",
+            "map:1000:0:1",
+            "--translate-gid",
+            "map:1000:0:1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(run.join(format!("virtiofsd-{tag}.log"))).unwrap());
+    if readonly {
+        c.arg("--readonly");
+    }
+    let child = c.spawn().expect("start virtiofsd");
+    wait_for(&sock, "virtiofsd socket", 10);
+    child
+}
+
+struct Outcome {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    end: Message,
+    seconds: f64,
+}
+
+fn exec(conn: &mut Connection<UnixStream>, id: u32, script: &str, cwd: &Path) -> Outcome {
+    let req = Exec {
+        argv: vec![Bytes::from("sh"), Bytes::from("-c"), Bytes::from(script)],
+        env: vec![
+            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+            ("HOME".into(), "/tmp".into()),
+        ],
+        cwd: Bytes::from(cwd.to_str().unwrap()),
+        timeout_ms: Some(60_000),
+        stdin: false,
+        uid: None,
+        gid: None,
+    };
+    let t = Instant::now();
+    conn.send(&Message::Exec(req), id).unwrap();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    loop {
+        let (fid, m) = conn.recv().unwrap();
+        assert_eq!(fid, id, "frame for another id: {m:?}");
+        match m {
+            Message::Started { .. } | Message::StdinAck { .. } => {}
+            Message::Stdout(b) => stdout.extend(b),
+            Message::Stderr(b) => stderr.extend(b),
+            end @ (Message::Exit(_) | Message::Error { .. }) => {
+                return Outcome {
+                    stdout,
+                    stderr,
+                    end,
+                    seconds: t.elapsed().as_secs_f64(),
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+#[ignore = "boots the tier-3 image under QEMU (a minute or more under TCG); needs `hull image build`"]
+fn boot_configure_and_run_in_the_container() {
+    let cache = Cache::default_location().unwrap();
+    let img = image::find(&cache, &agent_path()).unwrap_or_else(|e| panic!("{e}"));
+    let _hold = img.lock_shared(&cache).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("hull-t3-")
+        .tempdir()
+        .unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let run = root.join("run");
+    let project = root.join("project");
+    let spill = root.join("spill");
+    for d in [&run, &project, &spill] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(project.join("input.txt"), b"from the host\n").unwrap();
+    std::fs::write(spill.join("report.txt"), b"original\n").unwrap();
+
+    let mut procs = Procs(Vec::new());
+    procs
+        .0
+        .push(spawn_virtiofsd(&run, "project", &project, false));
+    procs.0.push(spawn_virtiofsd(&run, "spill", &spill, true));
+    let overlay = run.join("root.qcow2");
+    let st = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(&img.base_disk)
+        .arg(&overlay)
+        .status()
+        .unwrap();
+    assert!(st.success(), "qemu-img create failed");
+
+    let mem = 1024;
+    let smp = std::env::var("HULL_TEST_SMP").unwrap_or_else(|_| "1".into());
+    let agent_sock = run.join("agent.sock");
+    let console = run.join("console.log");
+    let t_boot = Instant::now();
+    let qemu = Command::new("qemu-system-x86_64")
+        .args([
+            "-accel",
+            "tcg",
+            "-M",
+            "pc",
+            "-nodefaults",
+            "-no-user-config",
+        ])
+        .args([
+            "-m",
+            &format!("{mem}M"),
+            "-smp",
+            &smp,
+            "-display",
+            "none",
+            "-no-reboot",
+        ])
+        .arg("-kernel")
+        .arg(&img.kernel)
+        .arg("-initrd")
+        .arg(&img.initrd)
+        .args(["-append", img.cmdline()])
+        .arg("-serial")
+        .arg(format!("file:{}", console.display()))
+        .args([
+            "-object",
+            &format!("memory-backend-memfd,id=mem,size={mem}M,share=on"),
+        ])
+        .args(["-numa", "node,memdev=mem"])
+        .arg("-drive")
+        .arg(format!(
+            "file={},format=qcow2,if=none,id=root",
+            overlay.display()
+        ))
+        .args([
+            "-device",
+            "virtio-blk-pci,drive=root",
+            "-device",
+            "virtio-rng-pci",
+        ])
+        .arg("-chardev")
+        .arg(format!(
+            "socket,id=fs0,path={}",
+            run.join("project.sock").display()
+        ))
+        .args(["-device", "vhost-user-fs-pci,chardev=fs0,tag=project"])
+        .arg("-chardev")
+        .arg(format!(
+            "socket,id=fs1,path={}",
+            run.join("spill.sock").display()
+        ))
+        .args(["-device", "vhost-user-fs-pci,chardev=fs1,tag=spill"])
+        .args(["-device", "virtio-serial-pci"])
+        .arg("-chardev")
+        .arg(format!(
+            "socket,id=agent,path={},server=on,wait=off",
+            agent_sock.display()
+        ))
+        .args(["-device", "virtserialport,chardev=agent,name=agent.0"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(run.join("qemu.log")).unwrap())
+        .spawn()
+        .unwrap();
+    procs.0.push(qemu);
+
+    wait_for(&agent_sock, "QEMU's agent socket", 30);
+    let stream = UnixStream::connect(&agent_sock).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(600)))
+        .unwrap();
+    let mut conn = Connection::new(stream);
+    let hello = conn
+        .hello(Role::Host, "tier3-image-test")
+        .unwrap_or_else(|e| {
+            panic!(
+                "no hello from the guest: {e}; console: {}",
+                console.display()
+            )
+        });
+    assert_eq!(hello.role, Role::OuterAgent);
+    let ready_s = t_boot.elapsed().as_secs_f64();
+
+    let now_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let spec = ConfigureSpec {
+        shares: vec![
+            Share {
+                tag: "project".into(),
+                guest_path: format!("{}/project", image::SHARE_ROOT),
+                container_path: project.to_str().unwrap().into(),
+                readonly: false,
+            },
+            Share {
+                tag: "spill".into(),
+                guest_path: format!("{}/spill", image::SHARE_ROOT),
+                container_path: spill.to_str().unwrap().into(),
+                readonly: true,
+            },
+        ],
+        container: ContainerSpec {
+            name: image::RUN_CONTAINER.into(),
+            base: image::BASE_CONTAINER.into(),
+            uid: image::GUEST_UID,
+            gid: image::GUEST_GID,
+            memory_bytes: Some(512 << 20),
+            cpus: Some(1),
+            processes: Some(512),
+        },
+        clock_unix_ns: now_ns,
+    };
+    let t_conf = Instant::now();
+    conn.send(&Message::Configure(spec), 0).unwrap();
+    match conn.recv().unwrap() {
+        (0, Message::Configured(c)) => assert_eq!(c.container, image::RUN_CONTAINER),
+        other => panic!(
+            "configure failed: {other:?}; console: {}",
+            console.display()
+        ),
+    }
+    let configure_s = t_conf.elapsed().as_secs_f64();
+
+    // echo hi, in the container, as uid 1000.
+    let o = exec(&mut conn, 1, "echo hi", &project);
+    assert_eq!(
+        o.end,
+        Message::Exit(ExitStatus::Code(0)),
+        "stderr: {}",
+        text(&o.stderr)
+    );
+    assert_eq!(text(&o.stdout), "hi\n");
+    let first_exec_s = o.seconds;
+
+    let o = exec(&mut conn, 2, "id -u; id -g", &project);
+    assert_eq!(
+        o.end,
+        Message::Exit(ExitStatus::Code(0)),
+        "stderr: {}",
+        text(&o.stderr)
+    );
+    assert_eq!(
+        text(&o.stdout),
+        "1000\n1000\n",
+        "the command does not run as uid/gid 1000"
+    );
+    // Inside a user namespace whose root is not guest root.
+    let o = exec(&mut conn, 6, "cat /proc/self/uid_map", &project);
+    let map = text(&o.stdout);
+    let root_line: Vec<u64> = map
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .map(|x| x.parse().unwrap())
+                .collect::<Vec<u64>>()
+        })
+        .find(|f| f[0] == 0)
+        .unwrap_or_else(|| panic!("no root line in {map}"));
+    assert_ne!(root_line[1], 0, "container root is guest root: {map}");
+    assert!(
+        map.lines()
+            .all(|l| l.split_whitespace().nth(1) != Some("0")),
+        "{map}"
+    );
+    let o = exec(&mut conn, 7, "ls /sys/class/net", &project);
+    assert_eq!(text(&o.stdout), "lo\n", "network interfaces besides lo");
+
+    // The host's file is visible; a write to the project lands on the host.
+    let o = exec(
+        &mut conn,
+        3,
+        "cat input.txt && echo from-the-container > out.txt",
+        &project,
+    );
+    assert_eq!(
+        o.end,
+        Message::Exit(ExitStatus::Code(0)),
+        "stderr: {}",
+        text(&o.stderr)
+    );
+    assert_eq!(text(&o.stdout), "from the host\n");
+    assert_eq!(
+        std::fs::read(project.join("out.txt")).unwrap(),
+        b"from-the-container\n"
+    );
+    assert_eq!(
+        std::fs::metadata(project.join("out.txt")).unwrap().uid(),
+        0,
+        "translated back to the host user"
+    );
+
+    // Writes to the spill fail and the host file is unchanged.
+    let script = format!(
+        "echo evil > {s}/report.txt; a=$?; touch {s}/new; b=$?; echo $a $b; [ $a -ne 0 ] && [ $b -ne 0 ]",
+        s = spill.display()
+    );
+    let o = exec(&mut conn, 4, &script, &project);
+    assert_eq!(
+        o.end,
+        Message::Exit(ExitStatus::Code(0)),
+        "a spill write succeeded: {} {}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    assert!(
+        text(&o.stderr).contains("Read-only file system"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(
+        std::fs::read(spill.join("report.txt")).unwrap(),
+        b"original\n"
+    );
+    assert!(!spill.join("new").exists());
+    let o = exec(
+        &mut conn,
+        5,
+        &format!("cat {}/report.txt", spill.display()),
+        &project,
+    );
+    assert_eq!(text(&o.stdout), "original\n");
+
+    // Warm exec latency.
+    let mut lat: Vec<f64> = (0..10)
+        .map(|i| {
+            let o = exec(&mut conn, 100 + i, "true", &project);
+            assert_eq!(o.end, Message::Exit(ExitStatus::Code(0)));
+            o.seconds
+        })
+        .collect();
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+
+    conn.send(&Message::Shutdown, 0).unwrap();
+    let t_down = Instant::now();
+    let mut qemu = procs.0.pop().unwrap();
+    let status = loop {
+        if let Some(s) = qemu.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t_down.elapsed() < Duration::from_secs(120),
+            "the guest did not power off after shutdown"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut console_text = String::new();
+    std::fs::File::open(&console)
+        .unwrap()
+        .read_to_string(&mut console_text)
+        .unwrap();
+    let milestones: Vec<&str> = console_text
+        .lines()
+        .filter(|l| l.starts_with("hull-init:"))
+        .collect();
+    eprintln!(
+        "figures (TCG, -smp {smp}, load {}):",
+        std::fs::read_to_string("/proc/loadavg").unwrap().trim()
+    );
+    eprintln!("  boot to agent hello   {ready_s:7.2} s");
+    eprintln!("  configure             {configure_s:7.2} s");
+    eprintln!("  first exec (echo hi)  {:7.3} s", first_exec_s);
+    eprintln!(
+        "  warm exec p50 / max   {:7.3} s / {:.3} s",
+        lat[lat.len() / 2],
+        lat[lat.len() - 1]
+    );
+    eprintln!(
+        "  qemu exit after shutdown {:.2} s ({status})",
+        t_down.elapsed().as_secs_f64()
+    );
+    for m in milestones {
+        eprintln!("  {m}");
+    }
+}
