@@ -76,7 +76,8 @@ impl World {
 fn running(pid: u64) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => !matches!(
-            s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next()),
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next()),
             Some("Z") | Some("X")
         ),
         Err(_) => false,

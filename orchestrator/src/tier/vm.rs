@@ -160,9 +160,9 @@ pub fn configure_spec(
     Ok(spec)
 }
 
-/// Where built guest images live, newest first: `HULL_VM_IMAGE` (one image
-/// dir), else `<cache>/images/*` holding `vmlinux`, `initrd.cpio` and
-/// `disk.raw`. (Until `vm::image` lands, this is the lookup.)
+/// The guest image to boot: `HULL_VM_IMAGE` (one image dir), else the image
+/// `hull image build` made for this recipe and this hull-agent binary (an
+/// image of another recipe or agent is never used: rebuild it).
 pub fn find_image() -> Result<PathBuf, VmTierError> {
     let complete = |d: &Path| {
         ["vmlinux", "initrd.cpio", "disk.raw"]
@@ -178,28 +178,22 @@ pub fn find_image() -> Result<PathBuf, VmTierError> {
             looked: format!("HULL_VM_IMAGE={}", d.display()),
         });
     }
-    let root = crate::vm::accel::cache_dir()
-        .map(|c| c.join("images"))
-        .unwrap_or_else(|| PathBuf::from("~/.cache/hull/images"));
-    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    if let Ok(rd) = std::fs::read_dir(&root) {
-        for e in rd.filter_map(|e| e.ok()) {
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.contains(".partial") || !complete(&p) {
-                continue;
-            }
-            let t = std::fs::metadata(p.join("disk.raw"))
-                .and_then(|m| m.modified())
-                .unwrap_or(std::time::UNIX_EPOCH);
-            if best.as_ref().is_none_or(|(bt, _)| t > *bt) {
-                best = Some((t, p));
-            }
-        }
+    let cache = crate::vm::image::Cache::default_location().map_err(|e| VmTierError::NoImage {
+        looked: format!("the image cache ({e})"),
+    })?;
+    let agent = crate::vm::image::default_agent_path().map_err(|e| VmTierError::NoImage {
+        looked: format!("the hull-agent binary ({e})"),
+    })?;
+    match crate::vm::image::find(&cache, &agent) {
+        Ok(img) => Ok(img.dir.clone()),
+        Err(e) => Err(VmTierError::NoImage {
+            looked: format!(
+                "{} for agent {} ({e})",
+                cache.root().display(),
+                agent.display()
+            ),
+        }),
     }
-    best.map(|(_, p)| p).ok_or(VmTierError::NoImage {
-        looked: root.display().to_string(),
-    })
 }
 
 /// What `hull policy explain --tier vm` prints.

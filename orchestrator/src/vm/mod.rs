@@ -46,4 +46,3 @@ pub use crate::policy::lower::vm::{GUEST_GID, GUEST_UID};
 pub(crate) mod testkit;
 #[cfg(all(test, target_os = "linux"))]
 mod vm_tests;
-
