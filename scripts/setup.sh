@@ -42,6 +42,8 @@ if [ "$want_tier3" -eq 1 ]; then
   command -v zstd >/dev/null || need_pkgs+=(zstd)
   command -v mkfs.ext4 >/dev/null || need_pkgs+=(e2fsprogs)
   command -v cpio >/dev/null || need_pkgs+=(cpio)
+  command -v xz >/dev/null || need_pkgs+=(xz-utils)
+  command -v qemu-img >/dev/null || need_pkgs+=(qemu-utils)
   # A static busybox: the initramfs of the host-side VM tests.
   dpkg -s busybox-static >/dev/null 2>&1 || need_pkgs+=(busybox-static)
   command -v mkfs.btrfs >/dev/null || need_pkgs+=(btrfs-progs)

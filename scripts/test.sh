@@ -23,5 +23,14 @@ done
 step "build"
 cargo build --workspace --locked
 
-step "tests (unit, golden, escape matrix on landlock and bwrap)"
+# Tier 3 needs the guest image built for this recipe and this hull-agent
+# (cached under ~/.cache/hull/images by hash: rebuilt only when either changed;
+# the only network use is the Debian mirror during the build).
+step "tier-3 guest image"
+target/debug/hull image build
+
+step "tests (unit, golden, escape matrix on landlock and bwrap, tier-3 VM tests)"
 cargo test --workspace --locked
+
+step "escape matrix on tier 3"
+cargo test -p hull-tests --locked --features tier3 vm:: -- --test-threads=2

@@ -522,10 +522,29 @@ macro_rules! matrix {
         mod landlock { $( #[test] fn $case() { super::$case("landlock") } )* }
         #[cfg(feature = "bwrap")]
         mod bwrap { $( #[test] fn $case() { super::$case("bwrap") } )* }
+    };
+}
+
+/// The cases that also run on tier 3 (each boots a VM: about 35 s under TCG).
+/// Cases about host processes (ptrace, the tree after a timeout, Ctrl-C) are
+/// covered for tier 3 by the guest agent's own tests and by tier3_vm.rs.
+macro_rules! matrix_vm {
+    ($($case:ident),* $(,)?) => {
         #[cfg(feature = "tier3")]
         mod vm { $( #[test] fn $case() { super::$case("vm") } )* }
     };
 }
+
+matrix_vm!(
+    read_canary_outside,
+    write_outside,
+    protected_names_in_project,
+    symlink_out_of_project,
+    tcp_to_host_loopback,
+    host_env_secret_not_visible,
+    project_read_and_write,
+    exit_codes_and_signals,
+);
 
 matrix!(
     read_canary_outside,
