@@ -36,7 +36,7 @@ pub fn hull_bin() -> PathBuf {
 /// Fails with the probe's reason unless `tier` is available on this host.
 pub fn require_tier(tier: &str) {
     let out = Command::new(hull_bin())
-        .args(["probe", "--json"])
+        .args(["probe", "--json", "--tier", tier])
         .output()
         .expect("run hull probe");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("probe json");
@@ -115,6 +115,13 @@ impl World {
         c.arg("--project").arg(&self.project);
         c.args(extra);
         c.args(["--", "sh", "-c", script]);
+        // The fake home must not hide hull's own caches (the tier-3 image).
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+        if let Some(cache) = cache {
+            c.env("XDG_CACHE_HOME", cache);
+        }
         c.env("HOME", &self.home)
             .env("HULL_RUNS_DIR", &self.runs)
             .env("HULL_TEST_SECRET", "s3cr3t-host-env-value")

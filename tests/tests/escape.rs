@@ -19,7 +19,14 @@ fn hull_policy_default() -> String {
     .expect("policies/default.toml")
 }
 
+/// The command ran (hull did not fail: not 125) and failed.
 fn failed(o: &std::process::Output) -> bool {
+    assert_ne!(
+        o.status.code(),
+        Some(125),
+        "hull itself failed: {}",
+        show(o)
+    );
     o.status.code().is_some_and(|c| c != 0)
 }
 

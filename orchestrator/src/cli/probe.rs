@@ -8,10 +8,20 @@ pub struct ProbeArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// Probe only this tier.
+    #[arg(long)]
+    pub tier: Option<String>,
 }
 
 pub fn probe(a: ProbeArgs) -> anyhow::Result<i32> {
-    let probes = crate::tier::probe_all();
+    let probes = match &a.tier {
+        Some(t) => {
+            let tier = crate::tier::Tier::from_name(t)
+                .ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?;
+            vec![crate::tier::probe(tier)]
+        }
+        None => crate::tier::probe_all(),
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&probes)?);
         return Ok(0);
