@@ -10,6 +10,7 @@
 //! Takes a minute or more under TCG, so it is ignored by default:
 //! `cargo test -p hull --test tier3_image -- --ignored --nocapture`.
 
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Read;

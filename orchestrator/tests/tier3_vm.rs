@@ -2,6 +2,7 @@
 //! VMs `hull vm up` keeps. They need QEMU, virtiofsd and a built image
 //! (`hull image build`); a missing piece fails the test with `hull probe`'s
 //! reason, unless `HULL_TEST_TIER3=0` declares that this machine lacks tier 3.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
