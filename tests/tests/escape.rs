@@ -331,7 +331,7 @@ fn ptrace_host_process(t: &str) {
         .cmd(
             "none",
             &["--env", "VICTIM_SECRET=victim-env-secret"],
-            "echo $$; exec sleep 60",
+            "echo $$; exec sleep 1800",
         )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
