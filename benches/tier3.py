@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """Tier-3 benchmarks, measured side by side in one run.
 
-  cold:  `hull run --tier3 -- true` (hull start to exit, fresh VM) against
-         bare QEMU booting the same kernel, initrd and disk (copy-on-write)
-         until the guest prints its "starting hull-agent outer" milestone.
-  warm:  `hull run --tier3 --vm NAME -- true` p50, with NAME kept up by
-         `hull vm up` (VM and container already running).
-  fs:    inside a warm VM's container: sequential read of a 64 MiB file in
-         the project share and 500 small-file creates, against the same on
-         the host.
+  restore: `hull run --tier3 -- echo x` with the image's prepared snapshot
+           (the default): hull start to first output byte, and to exit.
+  boot:    the same with HULL_VM_SNAPSHOT=off (the guest boots), against bare
+           QEMU booting the same kernel, initrd and disk to init
+           (`hull-init: ... mounts done`) and to the agent start milestone.
+  warm:    `hull run --tier3 --vm NAME -- true` p50, NAME kept up by
+           `hull vm up` (VM and container already running), against
+           `incus exec hull-run -- true` in the same guest image (booted in
+           its debug mode, timed by the guest shell).
+  pool:    `hull batch --pool 2` of `true` jobs: seconds per job from taking
+           the job (VM restored ahead) to its VM's end, p50.
+  rss:     QEMU's resident memory for the idle `hull vm up` VM.
+  fs:      inside the warm VM's container: sequential read of a 64 MiB file
+           in the project share and 500 small-file creates, against the host.
 
 Figures are TCG emulation on a host without usable KVM unless `hull probe`
-says otherwise. Usage: benches/tier3.py [--rounds N] [--hull PATH]
+says otherwise. Usage: benches/tier3.py [--rounds N] [--boot-rounds N] [--hull PATH]
 """
-import argparse, glob, json, os, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, glob, json, os, re, shutil, statistics, subprocess, sys, tempfile, time
 
 
 def hull_cmd(hull, args, cwd, env):
@@ -72,13 +78,136 @@ def bare_boot(img, accel, workdir):
         p.wait()
 
 
+def first_byte(hull, args, cwd, env):
+    """(seconds to the first stdout byte, seconds to exit)."""
+    t = time.perf_counter()
+    p = subprocess.Popen([hull] + args, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.read(1)
+    t1 = time.perf_counter() - t
+    rest, err = p.communicate()
+    t2 = time.perf_counter() - t
+    if p.returncode != 0 or not first:
+        sys.exit(f"{args} failed ({p.returncode}): {err.decode()}")
+    return t1, t2
+
+
+def bare_init(img, accel, workdir):
+    """Seconds from QEMU start to init's first milestone (`mounts done`)."""
+    console = os.path.join(workdir, "bare-init.log")
+    open(console, "w").close()
+    argv = ["qemu-system-x86_64", "-accel", accel, "-M", "pc", "-nodefaults", "-no-user-config",
+            "-display", "none", "-no-reboot", "-nic", "none", "-m", "2048", "-smp", "2",
+            "-cpu", "max" if accel == "tcg" else "host",
+            "-kernel", os.path.join(img, "vmlinux"), "-initrd", os.path.join(img, "initrd.cpio"),
+            "-append", "console=ttyS0 quiet panic=-1 root=/dev/vda",
+            "-drive", f"file={os.path.join(img, 'disk.raw')},if=none,id=d0,format=raw,snapshot=on",
+            "-device", "virtio-blk-pci,drive=d0", "-serial", f"file:{console}"]
+    t = time.perf_counter()
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env=dict(os.environ, TMPDIR=workdir))
+    try:
+        while True:
+            with open(console, errors="replace") as f:
+                if "mounts done" in f.read():
+                    return time.perf_counter() - t
+            if p.poll() is not None or time.perf_counter() - t > 600:
+                sys.exit("bare QEMU did not reach init; see " + console)
+            time.sleep(0.02)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def incus_exec(img, accel, workdir, rounds):
+    """`incus exec hull-run -- true` timed by the guest shell (debug boot)."""
+    import socket
+    sock = os.path.join(workdir, "dbg.sock")
+    argv = ["qemu-system-x86_64", "-accel", accel, "-M", "pc", "-nodefaults", "-no-user-config",
+            "-display", "none", "-no-reboot", "-nic", "none", "-m", "2048", "-smp", "2",
+            "-cpu", "max" if accel == "tcg" else "host",
+            "-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0",
+            "-kernel", os.path.join(img, "vmlinux"), "-initrd", os.path.join(img, "initrd.cpio"),
+            "-append", "console=ttyS0 quiet panic=-1 root=/dev/vda hull.mode=debug",
+            "-drive", f"file={os.path.join(img, 'disk.raw')},if=none,id=d0,format=raw,snapshot=on",
+            "-device", "virtio-blk-pci,drive=d0", "-serial", f"unix:{sock},server=on,wait=off"]
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env=dict(os.environ, TMPDIR=workdir))
+    try:
+        for _ in range(200):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock)
+        s.settimeout(1)
+        buf = b""
+        def until(needle, limit=600):
+            nonlocal buf
+            end = time.time() + limit
+            while re.search(needle, buf) is None:
+                if time.time() > end:
+                    sys.exit(f"debug guest: no {needle!r}; got {buf[-500:]!r}")
+                try:
+                    buf += s.recv(65536)
+                except socket.timeout:
+                    pass
+        until(rb"debug shell on ttyS0")
+        time.sleep(1)
+        ctl = "/run/hull/ctl/hull-run"
+        cmd = (f"incus admin waitready --timeout=300; mkdir -p {ctl}; "
+               f"chown $(incus config get hull-run volatile.idmap.next | tr '{{' '\\n' | grep '\"Nsid\":0,' | grep Isuid | sed 's/.*Hostid.:\\([0-9]*\\).*/\\1/' | head -n1) {ctl}; "
+               "incus start hull-run >/dev/null 2>&1 || incus start hull-run; echo STARTED-$?\n")
+        s.sendall(cmd.encode())
+        until(rb"STARTED-\d")
+        times = []
+        for i in range(rounds):
+            buf = b""
+            s.sendall(b"a=$(date +%s%N); incus exec hull-run -- true; b=$(date +%s%N); echo IX=$((b-a))=\n")
+            m = None
+            end = time.time() + 120
+            while m is None and time.time() < end:
+                m = re.search(rb"IX=(\d+)=", buf)
+                if m is None:
+                    try:
+                        buf += s.recv(65536)
+                    except socket.timeout:
+                        pass
+            if m is None:
+                sys.exit(f"debug guest: no timing; got {buf[-500:]!r}")
+            times.append(int(m.group(1)) / 1e9)
+        return times
+    finally:
+        p.kill()
+        p.wait()
+
+
+def qemu_rss(name):
+    """VmRSS (MiB) of the QEMU whose -name starts with `name`."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"qemu-system-x86_64") and any(a.startswith(name.encode()) for a in cmd):
+            for l in open(f"/proc/{pid}/status"):
+                if l.startswith("VmRSS:"):
+                    return int(l.split()[1]) / 1024
+    return None
+
+
 def med(xs):
     return statistics.median(xs)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3, help="cold rounds (each boots a VM)")
+    ap.add_argument("--rounds", type=int, default=5, help="restore rounds")
+    ap.add_argument("--boot-rounds", type=int, default=2, help="boot rounds (each boots a VM)")
+    ap.add_argument("--pool-jobs", type=int, default=8)
+    ap.add_argument("--incus-rounds", type=int, default=5)
     ap.add_argument("--warm-rounds", type=int, default=20)
     ap.add_argument("--hull", default=shutil.which("hull") or "target/release/hull")
     a = ap.parse_args()
@@ -95,19 +224,41 @@ def main():
     img = image_dir()
     print(f"accelerator: {accel}; image {img}")
 
-    cold_hull, cold_bare = [], []
-    for i in range(a.rounds):
-        cold_hull.append(timed(lambda: must(hull_cmd(hull, ["run", "--tier3", "--", "true"], proj, env), "hull run --tier3")))
-        cold_bare.append(bare_boot(img, accel, work))
-    print(f"cold  hull run --tier3 -- true     p50 {med(cold_hull):7.2f} s  ({', '.join(f'{x:.1f}' for x in cold_hull)})")
-    print(f"cold  bare QEMU to agent start     p50 {med(cold_bare):7.2f} s  ({', '.join(f'{x:.1f}' for x in cold_bare)})")
+    # Prepare the snapshot first (a no-op when `hull image build` made it).
+    must(hull_cmd(hull, ["run", "--tier3", "--", "true"], proj, env), "hull run --tier3 (prepare)")
+    restore = [first_byte(hull, ["run", "--tier3", "--", "echo", "x"], proj, env) for _ in range(a.rounds)]
+    boot_env = dict(env, HULL_VM_SNAPSHOT="off")
+    boot = [first_byte(hull, ["run", "--tier3", "--", "echo", "x"], proj, boot_env) for _ in range(a.boot_rounds)]
+    bare_i = [bare_init(img, accel, work) for _ in range(a.boot_rounds)]
+    bare_a = [bare_boot(img, accel, work) for _ in range(a.boot_rounds)]
+    fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
+    print(f"restore  hull run --tier3 -- echo x, first byte  p50 {med([x[0] for x in restore]):7.2f} s  ({fmt([x[0] for x in restore])})")
+    print(f"restore  hull run --tier3 -- echo x, exit        p50 {med([x[1] for x in restore]):7.2f} s  ({fmt([x[1] for x in restore])})")
+    print(f"boot     HULL_VM_SNAPSHOT=off, first byte        p50 {med([x[0] for x in boot]):7.2f} s  ({fmt([x[0] for x in boot])})")
+    print(f"bare     QEMU to init (mounts done)              p50 {med(bare_i):7.2f} s  ({fmt(bare_i)})")
+    print(f"bare     QEMU to agent start                     p50 {med(bare_a):7.2f} s  ({fmt(bare_a)})")
+    r50 = med([x[0] for x in restore])
+    print(f"ratio    boot / restore {med([x[0] for x in boot]) / r50:5.1f}x   bare-init / restore {med(bare_i) / r50:5.1f}x")
+
+    jobs = os.path.join(work, "jobs.txt")
+    with open(jobs, "w") as f:
+        f.write("true\n" * a.pool_jobs)
+    t = time.perf_counter()
+    out = must(hull_cmd(hull, ["batch", "--pool", "2", "--json", "--out", os.path.join(work, "out"), jobs], proj, env), "hull batch").stdout.decode()
+    wall = time.perf_counter() - t
+    per = [json.loads(l)["job_s"] for l in out.splitlines() if l.strip()]
+    print(f"pool     hull batch --pool 2, {a.pool_jobs} jobs: per job p50 {med(per):6.2f} s  ({fmt(per)}); wall {wall:.1f} s = {wall / a.pool_jobs:.2f} s/job")
 
     name = "bench"
     must(hull_cmd(hull, ["vm", "up", "--name", name, "--idle", "30m"], proj, env), "hull vm up")
     try:
         warm = [timed(lambda: must(hull_cmd(hull, ["run", "--tier3", "--vm", name, "--", "true"], proj, env), "warm run"))
                 for _ in range(a.warm_rounds)]
-        print(f"warm  hull run --tier3 --vm -- true p50 {med(warm) * 1000:7.1f} ms")
+        print(f"warm     hull run --tier3 --vm -- true           p50 {med(warm) * 1000:7.1f} ms")
+        rss = qemu_rss(f"hull-vm-{name}")
+        print(f"rss      QEMU of the idle `hull vm up` VM        {rss:7.0f} MiB" if rss else "rss      QEMU not found")
+        ix = incus_exec(img, accel, work, a.incus_rounds)
+        print(f"incus    incus exec hull-run -- true (guest)     p50 {med(ix) * 1000:7.1f} ms  ({fmt(ix)}); ratio {med(ix) / med(warm):.1f}x")
         with open(os.path.join(proj, "big"), "wb") as f:
             f.write(os.urandom(64 << 20))
         script = ("s=$(date +%s%N); cat big > /dev/null; e=$(date +%s%N); echo read $((e-s)); "

@@ -184,3 +184,171 @@ mod tests {
         assert!(!is_mount_point(info, Path::new("/mnt/hull/my")));
     }
 }
+
+/// One share to attach to a running container: the guest mount `source`
+/// appears at `target` in the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub tag: String,
+    pub source: PathBuf,
+    pub target: PathBuf,
+    pub readonly: bool,
+}
+
+/// Why a share could not be attached to the running container.
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    #[error("share {tag}: cannot clone the guest mount {path} (open_tree)")]
+    Clone {
+        tag: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot enter the mount namespace of container init {pid}")]
+    Enter {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("share {tag}: cannot attach it at {path} in the container")]
+    Attach {
+        tag: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("share {tag}: {path} was to be read-only in the container but is writable")]
+    NotReadOnly { tag: String, path: PathBuf },
+    #[error("the mount thread failed: {0}")]
+    Thread(String),
+}
+
+/// Attaches each share's guest mount to the container whose init is `pid`,
+/// at its container path, `nosuid,nodev` (and read-only for read-only
+/// shares): the tree is cloned in the guest (`open_tree`), then a thread
+/// that entered the container's mount namespace moves it into place
+/// (`move_mount`) and remounts it with the flags. What Incus's disk device
+/// hotplug does, without a helper process per device (a second each under
+/// emulation). Call only for a pristine container (nothing has run in it,
+/// so no path on the way to a target was planted): the targets are created
+/// as guest root.
+///
+/// A read-only share stays read-only against container root too: the
+/// virtiofs superblock was mounted read-only by guest root, which container
+/// root cannot change; and the host's `virtiofsd --readonly` refuses every
+/// write whatever the guest does.
+///
+/// `root` is container root's guest uid and gid: the container's rootfs may
+/// be an idmapped mount where guest root has no id, so mount points are
+/// created as container root.
+pub fn inject(pid: u32, root: (u32, u32), binds: &[Bind]) -> Result<(), InjectError> {
+    use rustix::mount::{open_tree, OpenTreeFlags};
+    let mut trees = Vec::new();
+    for b in binds {
+        let fd = open_tree(
+            rustix::fs::CWD,
+            &b.source,
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .map_err(|e| InjectError::Clone {
+            tag: b.tag.clone(),
+            path: b.source.clone(),
+            source: e.into(),
+        })?;
+        trees.push((b.clone(), fd));
+    }
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+        .map_err(|source| InjectError::Enter { pid, source })?;
+    // setns(CLONE_NEWNS) changes the calling thread's root and cwd: do it in
+    // a thread of its own that first stops sharing them with the others.
+    std::thread::Builder::new()
+        .name("inject-mounts".into())
+        .spawn(move || -> Result<(), InjectError> {
+            use rustix::thread::{LinkNameSpaceType, UnshareFlags};
+            use std::os::fd::AsFd;
+            // SAFETY: CLONE_FS only unshares this thread's root, cwd and umask
+            // from the other threads; it owns no references into them.
+            unsafe { rustix::thread::unshare_unsafe(UnshareFlags::FS) }.map_err(|e| {
+                InjectError::Enter {
+                    pid,
+                    source: e.into(),
+                }
+            })?;
+            rustix::thread::move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::Mount))
+                .map_err(|e| InjectError::Enter {
+                pid,
+                source: e.into(),
+            })?;
+            rustix::process::chdir("/").map_err(|e| InjectError::Enter {
+                pid,
+                source: e.into(),
+            })?;
+            for (b, fd) in &trees {
+                attach(b, fd.as_fd(), root)?;
+            }
+            Ok(())
+        })
+        .map_err(|e| InjectError::Thread(e.to_string()))?
+        .join()
+        .map_err(|_| InjectError::Thread("it panicked".into()))?
+}
+
+/// Runs `f` with this thread's filesystem ids set to `ids`, then back to 0.
+fn as_fs_ids<T>(ids: (u32, u32), f: impl FnOnce() -> T) -> T {
+    // SAFETY: setfsuid/setfsgid are raw syscalls that change only the calling
+    // thread's filesystem ids (no glibc broadcast to other threads); they
+    // take plain integers and cannot fail in a way that corrupts memory.
+    unsafe {
+        libc::syscall(libc::SYS_setfsgid, ids.1 as libc::c_long);
+        libc::syscall(libc::SYS_setfsuid, ids.0 as libc::c_long);
+    }
+    let r = f();
+    // SAFETY: as above; back to guest root's ids (capabilities return with them).
+    unsafe {
+        libc::syscall(libc::SYS_setfsuid, 0 as libc::c_long);
+        libc::syscall(libc::SYS_setfsgid, 0 as libc::c_long);
+    }
+    r
+}
+
+fn attach(
+    b: &Bind,
+    tree: std::os::fd::BorrowedFd<'_>,
+    root: (u32, u32),
+) -> Result<(), InjectError> {
+    use rustix::mount::{move_mount, MountFlags, MountPropagationFlags, MoveMountFlags};
+    let err = |source: std::io::Error| InjectError::Attach {
+        tag: b.tag.clone(),
+        path: b.target.clone(),
+        source,
+    };
+    as_fs_ids(root, || std::fs::create_dir_all(&b.target)).map_err(err)?;
+    move_mount(
+        tree,
+        "",
+        rustix::fs::CWD,
+        &b.target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| err(e.into()))?;
+    // Nothing mounted below it later propagates back to the guest.
+    rustix::mount::mount_change(&b.target, MountPropagationFlags::PRIVATE)
+        .map_err(|e| err(e.into()))?;
+    let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
+    if b.readonly {
+        flags |= MountFlags::RDONLY;
+    }
+    rustix::mount::mount_remount(&b.target, MountFlags::BIND | flags, "")
+        .map_err(|e| err(e.into()))?;
+    if b.readonly {
+        let st = rustix::fs::statvfs(&b.target).map_err(|e| err(e.into()))?;
+        if !st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
+            return Err(InjectError::NotReadOnly {
+                tag: b.tag.clone(),
+                path: b.target.clone(),
+            });
+        }
+    }
+    Ok(())
+}

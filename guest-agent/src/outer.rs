@@ -117,6 +117,8 @@ pub enum SetupError {
     },
     #[error("step handshake: inner agent: {0}")]
     Handshake(String),
+    #[error("step attach")]
+    Attach(#[from] mounts::InjectError),
 }
 
 /// What sets up the container and reaches its inner agent. The real one drives
@@ -696,12 +698,124 @@ fn set_clock(unix_ns: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Interface names in a `/proc/<pid>/net/dev` text.
+pub fn interfaces(netdev: &str) -> Vec<String> {
+    netdev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, _)| n.trim().to_owned())
+        .collect()
+}
+
+/// The cgroup v2 files and values for the spec's limits (what Incus's
+/// `limits.memory`, `limits.processes` and a CPU-time bound for `limits.cpu`
+/// come to): `memory.max` (and no swap), `pids.max`, `cpu.max`.
+pub fn cgroup_limits(spec: &ConfigureSpec) -> Vec<(&'static str, String)> {
+    let c = &spec.container;
+    let mut v = Vec::new();
+    if let Some(m) = c.memory_bytes {
+        v.push(("memory.max", m.to_string()));
+        v.push(("memory.swap.max", "0".to_string()));
+    }
+    if let Some(n) = c.processes {
+        v.push(("pids.max", n.to_string()));
+    }
+    if let Some(n) = c.cpus {
+        v.push(("cpu.max", format!("{} 100000", u64::from(n) * 100_000)));
+    }
+    v
+}
+
+/// Writes [`cgroup_limits`] into the cgroup of container init `pid` (the
+/// container's delegated root: with `nsdelegate`, container root cannot
+/// change these files of its own namespace root).
+fn set_cgroup_limits(pid: u32, spec: &ConfigureSpec) -> Result<(), String> {
+    let limits = cgroup_limits(spec);
+    if limits.is_empty() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_err(|e| format!("cannot read /proc/{pid}/cgroup: {e}"))?;
+    let rel = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or_else(|| format!("container init {pid} is not in a cgroup v2 hierarchy"))?;
+    if !rel.starts_with("/lxc.payload.") || rel.contains("..") {
+        return Err(format!(
+            "container init {pid} is in cgroup {rel}, not an Incus payload"
+        ));
+    }
+    let dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
+    for (file, value) in limits {
+        let p = dir.join(file);
+        if file == "memory.swap.max" && !p.exists() {
+            continue;
+        }
+        std::fs::write(&p, &value)
+            .map_err(|e| format!("cannot write {value} to {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Mixes 64 bytes from the host's virtio-rng into the guest's pool (best
+/// effort: the pool is never made weaker by a failed read).
+fn reseed_crng() {
+    use std::io::{Read, Write};
+    let mut buf = [0u8; 64];
+    let got = std::fs::File::open("/dev/hwrng").and_then(|mut f| f.read_exact(&mut buf));
+    match got {
+        Ok(()) => {
+            if let Err(e) = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/urandom")
+                .and_then(|mut f| f.write_all(&buf))
+            {
+                tracing::warn!("cannot mix host entropy into /dev/urandom: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("cannot read /dev/hwrng for a reseed: {e}"),
+    }
+}
+
+/// `sync; echo 3 > /proc/sys/vm/drop_caches` (best effort).
+fn drop_caches() {
+    rustix::fs::sync();
+    if let Err(e) = std::fs::write("/proc/sys/vm/drop_caches", b"3\n") {
+        tracing::warn!("cannot drop the page cache before the snapshot: {e}");
+    }
+}
+
 /// The real backend: incusd in the outer guest.
 pub struct IncusBackend<T: incus::Transport> {
     incus: Incus<T>,
     not_ready: Option<String>,
     ctl_root: PathBuf,
-    configured: Mutex<Option<String>>,
+    configured: Mutex<Option<Use>>,
+}
+
+/// What the one container of this VM is used for so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Use {
+    /// Started without shares for a snapshot; exactly one later `Configure`
+    /// (after a restore) may add shares to it. Its init pid and root ids
+    /// were checked when it started (memory restored from the snapshot
+    /// still holds them).
+    Prepared {
+        name: String,
+        pid: u32,
+        root: ContainerRoot,
+    },
+    /// Serving a run: its shares are fixed.
+    Configured(String),
+}
+
+impl Use {
+    fn name(&self) -> &str {
+        match self {
+            Use::Prepared { name: n, .. } | Use::Configured(n) => n,
+        }
+    }
 }
 
 impl<T: incus::Transport> std::fmt::Debug for IncusBackend<T> {
@@ -756,6 +870,59 @@ impl<T: incus::Transport> IncusBackend<T> {
         Ok(())
     }
 
+    /// The one `Configure` of a prepared container after a restore: limits
+    /// written to its cgroup, the shares attached to it as it runs, then a
+    /// new link to its inner agent. No Incus call: each costs about half a
+    /// second under emulation, and the container's Incus config (checked
+    /// when it was prepared) is not changed.
+    fn configure_prepared(
+        &self,
+        spec: &ConfigureSpec,
+        pid: u32,
+        root: ContainerRoot,
+    ) -> Result<(String, UnixStream), SetupError> {
+        let name = spec.container.name.clone();
+        let t0 = Instant::now();
+        let verr = |why: String| SetupError::Verify {
+            name: name.clone(),
+            why,
+        };
+        for (file, id) in [("uid_map", root.uid), ("gid_map", root.gid)] {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+                .map_err(|e| verr(format!("cannot read /proc/{pid}/{file}: {e}")))?;
+            check_id_map(&text, id).map_err(|w| verr(format!("{file}: {w}")))?;
+        }
+        let netdev = std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
+            .map_err(|e| verr(format!("cannot read /proc/{pid}/net/dev: {e}")))?;
+        let nics = interfaces(&netdev);
+        if nics.iter().any(|n| n != "lo") {
+            return Err(verr(format!("network interfaces besides lo: {nics:?}")));
+        }
+        set_cgroup_limits(pid, spec).map_err(|why| SetupError::Verify {
+            name: name.clone(),
+            why,
+        })?;
+        let binds: Vec<mounts::Bind> = spec
+            .shares
+            .iter()
+            .map(|s| mounts::Bind {
+                tag: s.tag.clone(),
+                source: PathBuf::from(&s.guest_path),
+                target: PathBuf::from(&s.container_path),
+                readonly: s.readonly,
+            })
+            .collect();
+        mounts::inject(pid, (root.uid, root.gid), &binds)?;
+        tracing::info!(
+            "limits set and {} shares attached in {:.3} s",
+            binds.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        let stream = connect_retry(&self.socket_of(&name), CONNECT_TIMEOUT)?;
+        *lock(&self.configured) = Some(Use::Configured(name.clone()));
+        Ok((name, stream))
+    }
+
     fn verify_running(&self, name: &str, root: ContainerRoot) -> Result<(), SetupError> {
         let verr = |why: String| SetupError::Verify {
             name: name.to_owned(),
@@ -793,8 +960,14 @@ fn connect_retry(path: &Path, timeout: Duration) -> Result<UnixStream, SetupErro
 impl<T: incus::Transport> Backend for IncusBackend<T> {
     fn configure(&self, spec: &ConfigureSpec) -> Result<(String, UnixStream), SetupError> {
         let name = spec.container.name.clone();
-        if let Some(done) = lock(&self.configured).as_ref() {
-            return Err(SetupError::AlreadyConfigured { name: done.clone() });
+        match lock(&self.configured).as_ref() {
+            None => {}
+            Some(Use::Prepared { name: p, .. }) if *p == name && !spec.prepare => {}
+            Some(u) => {
+                return Err(SetupError::AlreadyConfigured {
+                    name: u.name().to_owned(),
+                })
+            }
         }
         if let Some(e) = &self.not_ready {
             // Maybe it came up late.
@@ -803,8 +976,21 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
                 .map_err(|_| SetupError::IncusNotReady(e.clone()))?;
         }
         set_clock(spec.clock_unix_ns).map_err(SetupError::Clock)?;
+        if !spec.prepare {
+            // Every VM restored from one snapshot starts with the same CRNG
+            // state: mix in fresh bytes from the host (virtio-rng) before
+            // anything runs (vmgenid reseeds too, where the kernel has it).
+            reseed_crng();
+        }
         for share in &spec.shares {
             mounts::mount(&mounts::plan(share)?)?;
+        }
+        let prepared = match lock(&self.configured).as_ref() {
+            Some(Use::Prepared { pid, root, .. }) => Some((*pid, *root)),
+            _ => None,
+        };
+        if let Some((pid, root)) = prepared {
+            return self.configure_prepared(spec, pid, root);
         }
         let ctl_dir = self.ctl_root.join(&name);
         let config = container_config(spec);
@@ -849,7 +1035,7 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
             self.prepare_ctl_dir(&ctl_dir, root)?;
         }
         if !fresh {
-            // A container from the image (or a restored snapshot): hot-add the shares.
+            // A container from the image: add the shares before it starts.
             let req = incus::patch_request(&name, &config, &devices).map_err(config_err)?;
             self.incus
                 .call(&req, CREATE_TIMEOUT_S)
@@ -873,12 +1059,32 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
         }
         self.verify_running(&name, root)?;
         let stream = connect_retry(&self.socket_of(&name), CONNECT_TIMEOUT)?;
-        *lock(&self.configured) = Some(name.clone());
+        if spec.prepare {
+            // Less guest memory in the snapshot: every page the page cache
+            // holds would be saved and restored.
+            let pid = self.incus.init_pid(&name).map_err(|e| SetupError::Verify {
+                name: name.clone(),
+                why: e.to_string(),
+            })?;
+            drop_caches();
+            *lock(&self.configured) = Some(Use::Prepared {
+                name: name.clone(),
+                pid,
+                root,
+            });
+        } else {
+            *lock(&self.configured) = Some(Use::Configured(name.clone()));
+        }
         Ok((name, stream))
     }
 
     fn reconnect(&self) -> Option<Result<UnixStream, SetupError>> {
-        let name = lock(&self.configured).clone()?;
+        // A prepared container serves no session until a `Configure` adds
+        // its shares (and the inner agent serves one link at a time).
+        let name = match lock(&self.configured).as_ref()? {
+            Use::Configured(n) => n.clone(),
+            Use::Prepared { .. } => return None,
+        };
         Some(connect_retry(
             &self.socket_of(&name),
             Duration::from_secs(5),
@@ -917,6 +1123,7 @@ mod tests {
                 processes: None,
             },
             clock_unix_ns: 0,
+            prepare: false,
         }
     }
 
@@ -946,6 +1153,30 @@ mod tests {
         assert_eq!(c["limits.cpu"], "1");
         assert!(!c.contains_key("limits.processes"));
         assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn net_dev_names_every_interface() {
+        let t = "Inter-|   Receive\n face |bytes\n    lo: 0 0 0\n  eth0: 1 2 3\n";
+        assert_eq!(interfaces(t), ["lo", "eth0"]);
+        assert_eq!(interfaces("a\nb\n    lo: 0\n"), ["lo"]);
+    }
+
+    #[test]
+    fn cgroup_limits_follow_the_spec() {
+        let mut s = spec();
+        assert_eq!(
+            cgroup_limits(&s),
+            [
+                ("memory.max", (512u64 << 20).to_string()),
+                ("memory.swap.max", "0".to_string()),
+                ("cpu.max", "100000 100000".to_string()),
+            ]
+        );
+        s.container.processes = Some(64);
+        s.container.memory_bytes = None;
+        s.container.cpus = None;
+        assert_eq!(cgroup_limits(&s), [("pids.max", "64".to_string())]);
     }
 
     #[test]

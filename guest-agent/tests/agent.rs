@@ -708,6 +708,7 @@ fn configure_is_unsupported_without_a_configurator() {
             processes: None,
         },
         clock_unix_ns: 0,
+        prepare: false,
     };
     a.conn.send(&Message::Configure(spec), 0).unwrap();
     let (id, m) = a.conn.recv().unwrap();

@@ -121,6 +121,7 @@ fn spec() -> ConfigureSpec {
             processes: None,
         },
         clock_unix_ns: 0,
+        prepare: false,
     }
 }
 

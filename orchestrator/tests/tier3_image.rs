@@ -290,6 +290,7 @@ fn boot_configure_and_run_in_the_container() {
             processes: Some(512),
         },
         clock_unix_ns: now_ns,
+        prepare: false,
     };
     let t_conf = Instant::now();
     conn.send(&Message::Configure(spec), 0).unwrap();

@@ -195,3 +195,227 @@ fn a_warm_vm_serves_runs_until_it_is_taken_down() {
         text(&d.stderr)
     );
 }
+
+/// The console log of the last VM of a run, kept in its instance's spill.
+fn console_logs(w: &World) -> Vec<String> {
+    let mut out = Vec::new();
+    let runs = w.root.path().join("r");
+    for inst in std::fs::read_dir(&runs).into_iter().flatten().flatten() {
+        let spill = inst.path().join("spill");
+        for vm in std::fs::read_dir(&spill).into_iter().flatten().flatten() {
+            if let Ok(t) = std::fs::read_to_string(vm.path().join("console.log")) {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_run_restores_the_snapshot_into_a_fresh_container() {
+    let Some(w) = world() else { return };
+    let script = "cat /var/tmp/marker 2>/dev/null && echo STALE; echo seen > /var/tmp/marker; \
+                  date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; \
+                  echo $$ >> runs.txt";
+    let a = w.run(&[], script);
+    let b = w.run(&[], script);
+    let (sa, sb) = (text(&a.stdout), text(&b.stdout));
+    assert_eq!(a.status.code(), Some(0), "{sa} {}", text(&a.stderr));
+    assert_eq!(b.status.code(), Some(0), "{sb} {}", text(&b.stderr));
+    // Nothing of run a reaches run b: a new container, a new disk overlay.
+    assert!(!sb.contains("STALE"), "{sb}");
+    // Both wrote to the project, and it landed.
+    let runs = std::fs::read_to_string(w.project.join("runs.txt")).unwrap();
+    assert_eq!(runs.lines().count(), 2, "{runs}");
+    // The guest clock was set after the restore (it is frozen in the snapshot).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    for s in [&sa, &sb] {
+        let t: i64 = s.lines().next().unwrap().trim().parse().unwrap();
+        assert!((now - t).abs() < 60, "guest clock {t}, host {now}");
+    }
+    // Two restores of one snapshot do not share random state.
+    let ra = sa.lines().nth(1).unwrap();
+    let rb = sb.lines().nth(1).unwrap();
+    assert_eq!(ra.len(), 32, "{sa}");
+    assert_ne!(ra, rb);
+    // They were restored, not booted: no boot milestone on their consoles.
+    let logs = console_logs(&w);
+    assert_eq!(logs.len(), 2, "one console log per run");
+    for l in &logs {
+        assert!(l.contains("host handshake done"), "{l}");
+        assert!(!l.contains("mounts done"), "the VM booted:\n{l}");
+    }
+    for out in [&a, &b] {
+        assert!(
+            !text(&out.stderr).contains("booting the guest instead"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_boot_path_still_works_when_snapshots_are_off() {
+    let Some(w) = world() else { return };
+    let out = w
+        .cmd(&[
+            "run",
+            "--tier3",
+            "--",
+            "sh",
+            "-c",
+            "cat input.txt; echo b > boot.txt",
+        ])
+        .env("HULL_VM_SNAPSHOT", "off")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "from the host\n");
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("boot.txt")).unwrap(),
+        "b\n"
+    );
+    let logs = console_logs(&w);
+    assert!(
+        logs.iter().any(|l| l.contains("mounts done")),
+        "not booted: {logs:?}"
+    );
+}
+
+#[test]
+fn batch_runs_each_job_in_its_own_restored_vm() {
+    let Some(w) = world() else { return };
+    let jobs = w.root.path().join("jobs.txt");
+    std::fs::write(
+        &jobs,
+        "# three jobs, each must see a pristine container\n\
+         test -e /var/tmp/m && echo STALE; touch /var/tmp/m; echo one > j1.txt; echo out-1\n\
+         \n\
+         test -e /var/tmp/m && echo STALE; touch /var/tmp/m; echo two > j2.txt; echo out-2; exit 3\n\
+         test -e /var/tmp/m && echo STALE; touch /var/tmp/m; (echo x >> .git/config) 2>/dev/null && echo GIT; echo out-3\n",
+    )
+    .unwrap();
+    let out_dir = w.root.path().join("out");
+    let out = w
+        .cmd(&[
+            "batch",
+            "--tier3",
+            "--pool",
+            "2",
+            "--json",
+            "--out",
+            out_dir.to_str().unwrap(),
+            jobs.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    // One job exited 3: the batch says so.
+    assert_eq!(out.status.code(), Some(1), "{stdout} {}", text(&out.stderr));
+    let reports: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(reports.len(), 3, "{stdout}");
+    let by_line = |n: u64| reports.iter().find(|r| r["line"] == n).unwrap();
+    assert_eq!(by_line(2)["exit_code"], 0, "{stdout}");
+    assert_eq!(by_line(4)["exit_code"], 3, "{stdout}");
+    assert_eq!(by_line(5)["exit_code"], 0, "{stdout}");
+    let instances: std::collections::HashSet<String> = reports
+        .iter()
+        .map(|r| r["instance"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(instances.len(), 3, "one instance per job: {stdout}");
+    for (line, want) in [(2, "out-1\n"), (4, "out-2\n"), (5, "out-3\n")] {
+        let got = std::fs::read_to_string(out_dir.join(format!("job-{line}.stdout"))).unwrap();
+        assert_eq!(got, want, "job {line}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("j1.txt")).unwrap(),
+        "one\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("j2.txt")).unwrap(),
+        "two\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join(".git/config")).unwrap(),
+        "[core]\n"
+    );
+}
+
+#[test]
+fn limits_stop_a_fork_flood_and_a_memory_hog_and_the_vm_serves_on() {
+    let Some(w) = world() else { return };
+    let policy = w.root.path().join("limits.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\"]\nread = [\"/etc\"]\n\
+         read_write = [\"${PROJECT}\"]\n[limits]\nmemory = \"256MiB\"\npids = 48\n",
+    )
+    .unwrap();
+    let policy = policy.to_str().unwrap().to_string();
+    let name = format!("l{}", std::process::id());
+    let up = w
+        .cmd(&[
+            "vm", "up", "--name", &name, "--idle", "10m", "--policy", &policy,
+        ])
+        .output()
+        .unwrap();
+    assert!(up.status.success(), "vm up: {}", text(&up.stderr));
+    let run = |script: &str| w.run(&["--vm", &name, "--policy", &policy], script);
+
+    // Container root is not guest root: uid 0 maps to a non-zero guest id.
+    let m = run("cat /proc/self/uid_map");
+    let root_line = text(&m.stdout)
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("0"))
+        .map(str::to_string)
+        .unwrap_or_default();
+    let host: u64 = root_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        host > 0,
+        "container root is guest root: {:?}",
+        text(&m.stdout)
+    );
+
+    // 200 background processes against pids = 48: forks fail, the count stays bounded.
+    let f = run(
+        "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; \
+         ls /proc | grep -c '^[0-9]'",
+    );
+    let n: u32 = text(&f.stdout).trim().parse().unwrap_or(u32::MAX);
+    assert!(
+        n <= 48,
+        "{n} processes under pids = 48; {}",
+        text(&f.stderr)
+    );
+    assert!(
+        text(&f.stderr).to_lowercase().contains("fork"),
+        "no fork failure: {}",
+        text(&f.stderr)
+    );
+
+    // 512 MiB against memory = 256MiB: the hog dies, nothing is printed after.
+    let h = run("python3 -c 'a = bytearray(512 << 20); print(\"ALLOCATED\")'");
+    assert_ne!(h.status.code(), Some(0), "{}", text(&h.stdout));
+    assert!(!text(&h.stdout).contains("ALLOCATED"));
+
+    // And the VM still serves the next command.
+    let ok = run("echo alive; cat input.txt");
+    assert_eq!(
+        (ok.status.code(), text(&ok.stdout)),
+        (Some(0), "alive\nfrom the host\n".to_string()),
+        "{}",
+        text(&ok.stderr)
+    );
+    let down = w.cmd(&["vm", "down", "--name", &name]).output().unwrap();
+    assert!(down.status.success(), "{}", text(&down.stderr));
+}

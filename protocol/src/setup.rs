@@ -57,6 +57,11 @@ pub struct ConfigureSpec {
     /// Host wall clock in nanoseconds since the Unix epoch: the guest sets its
     /// clock from it (a restored snapshot's clock is frozen).
     pub clock_unix_ns: u64,
+    /// Snapshot preparation: start the container with no shares and keep it
+    /// pristine; the VM is then saved, and each restore sends one ordinary
+    /// `Configure` for the same container, which adds the shares and limits.
+    #[serde(default)]
+    pub prepare: bool,
 }
 
 /// The `Configured` payload.
@@ -84,6 +89,11 @@ impl ConfigureSpec {
             if self.shares[..i].iter().any(|o| o.tag == s.tag) {
                 return Err(format!("shares[{i}].tag is used twice"));
             }
+        }
+        if self.prepare && !self.shares.is_empty() {
+            return Err(
+                "a prepare configure takes no shares (they are added after restore)".into(),
+            );
         }
         self.container.validate()
     }
@@ -192,6 +202,7 @@ mod tests {
                 processes: Some(512),
             },
             clock_unix_ns: 1,
+            prepare: false,
         }
     }
 

@@ -43,6 +43,10 @@ pub struct BuildArgs {
     /// Rebuild even when the image is cached.
     #[arg(long)]
     pub force: bool,
+    /// Do not prepare the VM snapshot runs restore from (the first
+    /// `hull run --tier3` then prepares it).
+    #[arg(long)]
+    pub no_snapshot: bool,
 }
 
 impl AgentArg {
@@ -123,7 +127,44 @@ fn build_cmd(cache: &Cache, a: BuildArgs) -> anyhow::Result<i32> {
         eprintln!("  {:>7.1} s  {}", s.seconds, s.name);
     }
     print_paths(&img);
+    if !a.no_snapshot {
+        snapshot_step(&img)?;
+    }
     Ok(0)
+}
+
+/// Prepares (or finds) the snapshot `hull run --tier3` restores.
+#[cfg(target_os = "linux")]
+fn snapshot_step(img: &BuiltImage) -> anyhow::Result<()> {
+    use crate::vm::machine::{BootImage, Tools};
+    use crate::vm::snapshot;
+    let tools = Tools::find()?;
+    let boot = BootImage::from_dir(&img.dir)?;
+    let accel = crate::vm::accel::probe_accel().accel;
+    let g = snapshot::geometry(&img.id, &boot, &tools, accel);
+    let t0 = std::time::Instant::now();
+    let hold = snapshot::ensure(&img.dir, &boot, &g, &tools, &mut |step| {
+        eprintln!("snapshot: {step} ({:.0} s)", t0.elapsed().as_secs_f64())
+    })
+    .context("prepare the tier-3 snapshot")?;
+    let m = &hold.snapshot.manifest;
+    println!(
+        "snapshot  {} ({} MiB of state; {accel}, {} MiB, {} vCPU; boot {:.1} s, prepare {:.1} s, save {:.1} s)",
+        hold.snapshot.dir.display(),
+        m.state_bytes >> 20,
+        m.geometry.memory_mib,
+        m.geometry.cpus,
+        m.boot_s,
+        m.prepare_s,
+        m.save_s
+    );
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn snapshot_step(_img: &BuiltImage) -> anyhow::Result<()> {
+    eprintln!("snapshot: tier vm snapshots need a Linux host; skipped");
+    Ok(())
 }
 
 fn print_paths(img: &BuiltImage) {

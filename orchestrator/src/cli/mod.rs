@@ -1,6 +1,7 @@
 //! Argument parsing and output only: every subcommand parses here and calls
 //! into the library. Errors are printed once, here, as a chain.
 
+pub mod batch;
 pub mod explain;
 pub mod image;
 pub mod probe;
@@ -49,6 +50,8 @@ pub enum Command {
     /// Build, list or remove tier-3 guest images.
     #[command(subcommand)]
     Image(image::ImageCommand),
+    /// Run many jobs, each in a fresh tier-3 VM, from a warm pool of restored VMs.
+    Batch(batch::BatchArgs),
     /// Keep a tier-3 VM up between runs.
     #[command(subcommand)]
     Vm(vm::VmCommand),
@@ -118,6 +121,7 @@ pub fn main() -> i32 {
         Command::Read(a) => read::read(a),
         Command::Image(c) => image::image(c),
         Command::Vm(c) => vm::vm(c),
+        Command::Batch(a) => batch::batch(a),
         Command::LandlockExec(a) => crate::tier::landlock::exec_main(a.plan, a.error_fd, a.argv),
         Command::Setup(a) => {
             crate::tier::windows::elevated::setup_main(&a.elevated).map_err(anyhow::Error::from)

@@ -55,6 +55,9 @@ pub enum VmTierError {
     #[cfg(target_os = "linux")]
     #[error(transparent)]
     Supervisor(#[from] crate::vm::supervisor::SupervisorError),
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Snapshot(#[from] crate::vm::snapshot::SnapshotError),
     #[error("tier vm: cannot install signal handlers: {0}")]
     Signals(#[source] std::io::Error),
     #[error("tier vm is not built for this OS yet (Linux hosts only for now)")]
@@ -155,6 +158,7 @@ pub fn configure_spec(
                 .map(|p| p.min(u64::from(u32::MAX)) as u32),
         },
         clock_unix_ns,
+        prepare: false,
     };
     spec.validate().map_err(VmTierError::Configure)?;
     Ok(spec)
@@ -276,6 +280,9 @@ impl OutputSink for StdioSink {
 }
 
 #[cfg(target_os = "linux")]
+pub use imp::{start_vm, Started};
+
+#[cfg(target_os = "linux")]
 mod imp {
     use std::sync::atomic::{AtomicI32, Ordering};
     use std::sync::Arc;
@@ -284,6 +291,15 @@ mod imp {
     use crate::tier::probe::Helper;
     use crate::vm::agent::ExecOptions;
     use crate::vm::machine::{BootImage, Machine, MachineSpec, Tools};
+    use crate::vm::snapshot;
+
+    /// `HULL_VM_SNAPSHOT=off` boots every run (benchmarks of the boot path).
+    fn snapshot_wanted() -> bool {
+        !matches!(
+            std::env::var("HULL_VM_SNAPSHOT").as_deref(),
+            Ok("off" | "0" | "no")
+        )
+    }
 
     pub(super) fn probe() -> Probe {
         let tools = match Tools::find() {
@@ -396,7 +412,7 @@ mod imp {
         irq: Arc<AtomicI32>,
     ) -> Result<ExitStatus, VmTierError> {
         let tools = Tools::find()?;
-        let image = BootImage::from_dir(&find_image()?)?;
+        let image_dir = find_image()?;
         let accel = crate::vm::accel::probe_accel().accel;
         let (boot_deadline, setup_deadline) = deadlines(accel);
         // Per hull process: several runs may share one instance (--instance).
@@ -418,18 +434,24 @@ mod imp {
             })
         })?;
         let name = lower_vm::RUN_CONTAINER.to_string();
-        let mspec = MachineSpec {
-            name: format!("hull-{instance_id}"),
-            dir: dir.clone(),
-            log_dir,
-            image,
+        let t0 = std::time::Instant::now();
+        let phase =
+            |what: &str| tracing::info!("tier vm: {what} at {:.3} s", t0.elapsed().as_secs_f64());
+        let Started {
+            mut machine,
+            plan,
+            hold: _hold,
+        } = start_vm(
+            plan,
+            &tools,
+            &image_dir,
             accel,
-            memory_mib: vm_memory_mib(plan),
-            cpus: vm_cpus(plan),
-            shares: share_specs(plan, &dir),
-            incoming: None,
-        };
-        let mut machine = Machine::start(&mspec, &tools)?;
+            format!("hull-{instance_id}"),
+            &dir,
+            &log_dir,
+        )?;
+        let plan = &plan;
+        phase("VM started");
         let console = machine.console_log().to_path_buf();
         let agent_err = |source| VmTierError::Agent {
             console: console.clone(),
@@ -441,6 +463,7 @@ mod imp {
             Err(_) if cancelled() => return Ok(interrupted_status(&irq)),
             Err(e) => return Err(e.into()),
         };
+        phase("agent hello");
         let cfg = configure_spec(plan, &name, now_ns())?;
         match agent.configure(&cfg, setup_deadline, &mut || {
             cancelled() || !machine_alive(&mut machine)
@@ -458,9 +481,12 @@ mod imp {
             interrupt: Some(irq.clone()),
             ..ExecOptions::default()
         };
+        phase("container configured");
         match agent.exec(spec, sink, opts) {
             Ok(st) => {
+                phase("command ended");
                 machine.shutdown(Some(&mut agent), Duration::from_secs(10));
+                phase("VM down");
                 Ok(st)
             }
             Err(crate::vm::agent::AgentError::Unresponsive { why, .. }) => {
@@ -475,6 +501,91 @@ mod imp {
             Err(e) => {
                 machine.kill();
                 Err(agent_err(e))
+            }
+        }
+    }
+
+    /// A VM that runs, and the plan its shares were started for (the
+    /// policy's, with slot tags when restored from a snapshot).
+    #[derive(Debug)]
+    pub struct Started {
+        pub machine: Machine,
+        pub plan: VmPlan,
+        /// Keeps the snapshot from being replaced while the VM uses it.
+        pub hold: Option<snapshot::SnapshotUse>,
+    }
+
+    /// Starts the VM for `plan`: restores the image's prepared snapshot
+    /// (built once when missing), or boots when `HULL_VM_SNAPSHOT=off` or
+    /// the plan does not fit a snapshot. Both give the same boundary:
+    /// nothing here changes what is enforced, only how long it takes.
+    pub fn start_vm(
+        plan: &VmPlan,
+        tools: &Tools,
+        image_dir: &Path,
+        accel: Accel,
+        vm_name: String,
+        dir: &Path,
+        log_dir: &Path,
+    ) -> Result<Started, VmTierError> {
+        let image = BootImage::from_dir(image_dir)?;
+        let image_id = image_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let geometry = snapshot::geometry(&image_id, &image, tools, accel);
+        let use_snapshot = match snapshot_wanted() {
+            false => None,
+            true => {
+                match snapshot::fits(plan, &geometry) {
+                    Ok(()) => Some(geometry),
+                    Err(why) => {
+                        eprintln!("hull: tier vm: booting the guest instead of restoring its snapshot: {why}");
+                        None
+                    }
+                }
+            }
+        };
+        match use_snapshot {
+            Some(g) => {
+                let hold = snapshot::ensure(image_dir, &image, &g, tools, &mut |step| {
+                    eprintln!("hull: tier vm: preparing the image's snapshot (once): {step}")
+                })?;
+                let slotted = snapshot::slotted(plan);
+                let machine = snapshot::restore(
+                    &hold.snapshot,
+                    &image,
+                    tools,
+                    &snapshot::RestoreSpec {
+                        name: vm_name,
+                        dir,
+                        log_dir,
+                        slotted: &slotted,
+                    },
+                )?;
+                Ok(Started {
+                    machine,
+                    plan: slotted,
+                    hold: Some(hold),
+                })
+            }
+            None => {
+                let mspec = MachineSpec {
+                    name: vm_name,
+                    dir: dir.to_path_buf(),
+                    log_dir: log_dir.to_path_buf(),
+                    image,
+                    accel,
+                    memory_mib: vm_memory_mib(plan),
+                    cpus: vm_cpus(plan),
+                    shares: share_specs(plan, dir),
+                    incoming: None,
+                };
+                Ok(Started {
+                    machine: Machine::start(&mspec, tools)?,
+                    plan: plan.clone(),
+                    hold: None,
+                })
             }
         }
     }
@@ -585,7 +696,7 @@ mod tests {
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(
             json,
-            r#"{"shares":[{"tag":"spill","guest_path":"/mnt/hull/spill","container_path":"/tmp/hull-runs/ID/spill","readonly":true},{"tag":"tmp","guest_path":"/mnt/hull/tmp","container_path":"/tmp/hull-runs/ID/tmp","readonly":false},{"tag":"project","guest_path":"/mnt/hull/project","container_path":"/work/proj","readonly":false}],"container":{"name":"hull-run","base":"hull-base","uid":1000,"gid":1000,"memory_bytes":4294967296,"cpus":null,"processes":1024},"clock_unix_ns":42}"#
+            r#"{"shares":[{"tag":"spill","guest_path":"/mnt/hull/spill","container_path":"/tmp/hull-runs/ID/spill","readonly":true},{"tag":"tmp","guest_path":"/mnt/hull/tmp","container_path":"/tmp/hull-runs/ID/tmp","readonly":false},{"tag":"project","guest_path":"/mnt/hull/project","container_path":"/work/proj","readonly":false}],"container":{"name":"hull-run","base":"hull-base","uid":1000,"gid":1000,"memory_bytes":4294967296,"cpus":null,"processes":1024},"clock_unix_ns":42,"prepare":false}"#
         );
     }
 

@@ -19,6 +19,8 @@
 //! - [`qmp`]: the control socket;
 //! - [`machine`]: start/stop of one VM, waiting for the agent;
 //! - [`agent`]: the host side of the agent session;
+//! - [`pool`]: `hull batch`, a warm pool of restored VMs, one per job;
+//! - [`snapshot`]: prepared VM snapshots, restored instead of booting;
 //! - [`supervisor`]: VMs kept up by `hull vm up`, relaying agent sessions;
 //! - [`image`]: the guest image: recipe, cache, build;
 //! - [`hyperv`]: the Hyper-V backend (Windows).
@@ -32,10 +34,14 @@ pub mod image;
 pub mod machine;
 pub mod qemu;
 
+#[cfg(target_os = "linux")]
+pub mod pool;
 #[cfg(unix)]
 pub mod proc;
 #[cfg(unix)]
 pub mod qmp;
+#[cfg(target_os = "linux")]
+pub mod snapshot;
 #[cfg(target_os = "linux")]
 pub mod supervisor;
 pub mod virtiofsd;

@@ -360,6 +360,12 @@ impl MachineConfig {
             "-device",
             "virtio-rng-pci,rng=rng0",
         ]);
+        // A VM generation id: a VM restored from a snapshot gets a new one
+        // (`guid=auto` is drawn per QEMU start), and the guest kernel reseeds
+        // its CRNG when it changes, so restores do not share random state.
+        if self.arch == Arch::X86_64 {
+            push(&["-device", "vmgenid,guid=auto"]);
+        }
         // Agent channel: one virtio-serial port on a unix socket.
         let agent = path_str("agent socket", &self.agent_socket)?;
         push(&[
@@ -561,6 +567,8 @@ chardev=qmp,mode=control
 rng-random,id=rng0,filename=/dev/urandom
 -device
 virtio-rng-pci,rng=rng0
+-device
+vmgenid,guid=auto
 -device
 virtio-serial-pci,id=vser0
 -chardev

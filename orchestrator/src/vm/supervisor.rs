@@ -38,7 +38,7 @@ use crate::exec::{CommandSpec, ExitStatus, OutputSink};
 use crate::policy::lower::vm::{self as lower_vm, ShareOrigin, VmLowerError, VmPlan};
 use crate::policy::{Policy, PolicyError};
 use crate::vm::agent::{AgentError, AgentSession, ExecOptions};
-use crate::vm::machine::{BootImage, Machine, MachineError, MachineSpec, Tools};
+use crate::vm::machine::{Machine, MachineError, Tools};
 use crate::vm::proc::PidRecord;
 
 /// Idle time after which a VM with no client and no command stops.
@@ -591,25 +591,28 @@ fn boot(
     let tools = Tools::find()?;
     let image_dir =
         crate::tier::vm::find_image().map_err(|e| SupervisorError::Other(e.to_string()))?;
-    let image = BootImage::from_dir(&image_dir)?;
     let accel = crate::vm::accel::probe_accel().accel;
     state.accel = accel.name().into();
     let (boot_deadline, setup_deadline) = crate::tier::vm::deadlines(accel);
     let mdir = dir.join("m");
     fs::create_dir_all(&mdir).map_err(io_err("create", &mdir))?;
     let name = lower_vm::RUN_CONTAINER.to_string();
-    let spec = MachineSpec {
-        name: format!("hull-vm-{}", o.name),
-        dir: mdir.clone(),
-        log_dir: mdir.clone(),
-        image,
+    let crate::tier::vm::Started {
+        mut machine,
+        plan,
+        hold,
+    } = crate::tier::vm::start_vm(
+        &plan,
+        &tools,
+        &image_dir,
         accel,
-        memory_mib: crate::tier::vm::vm_memory_mib(&plan),
-        cpus: crate::tier::vm::vm_cpus(&plan),
-        shares: crate::tier::vm::share_specs(&plan, &mdir),
-        incoming: None,
-    };
-    let mut machine = Machine::start(&spec, &tools)?;
+        format!("hull-vm-{}", o.name),
+        &mdir,
+        &mdir,
+    )
+    .map_err(|e| SupervisorError::Other(e.to_string()))?;
+    // The snapshot is only read while QEMU starts; the VM keeps its overlay.
+    drop(hold);
     let console = machine.console_log().to_path_buf();
     let agent_err = |source| SupervisorError::Agent {
         console: console.clone(),

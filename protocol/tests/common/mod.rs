@@ -29,6 +29,7 @@ pub fn sample_spec() -> ConfigureSpec {
             processes: None,
         },
         clock_unix_ns: 1_764_000_000_000_000_000,
+        prepare: false,
     }
 }
 

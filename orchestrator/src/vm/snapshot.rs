@@ -1,0 +1,794 @@
+//! Prepared VM snapshots: tier 3 without booting on the hot path.
+//!
+//! Once per image (and per QEMU, accelerator and VM size), [`ensure`] boots the
+//! guest with [`SLOTS`] virtiofs devices that serve an empty read-only
+//! directory and are never mounted, asks the outer agent to start the
+//! pristine run container with no shares (`Configure { prepare: true }`),
+//! closes the session, and saves the VM with QMP (`migrate` to a file with
+//! the mapped-ram capability). What it writes, in `<image>/snapshot/`:
+//! `disk.qcow2` (the root disk as it was at that moment, a qcow2 over the
+//! image's `disk.raw`), `state.mig` (memory and devices) and
+//! `manifest.json` (the [`Geometry`] it was made for, written last).
+//!
+//! Each run then [`restore`]s it: a new QEMU with the same devices and
+//! `-incoming defer`, the disk attached with `snapshot=on` (a throwaway
+//! overlay, so every run starts from the same disk and memory and nothing a
+//! run writes reaches the next), fresh virtiofsd processes serving this
+//! run's directories behind the slot tags, `migrate-incoming`, `cont`. The
+//! agent then mounts the slots, sets the clock, reseeds the CRNG, hot-adds
+//! the shares and limits to the already running container, and runs the
+//! command.
+//!
+//! Protects against: a snapshot of other inputs being restored (the
+//! geometry names image, QEMU version, accelerator, memory, vCPUs, slots and
+//! kernel command line; any change rebuilds), a half-written snapshot being
+//! used (built in `snapshot.partial-<pid>/`, renamed into place after the
+//! manifest; an exclusive lock serialises builders, a shared lock is held by
+//! each restore so nothing replaces it under a run), state crossing runs (a
+//! fresh overlay per restore; the container is only ever configured once).
+//! Does not protect against: identical guest memory across restores beyond
+//! the CRNG (ASLR of processes started before the snapshot is shared by
+//! every restore; the command itself starts after the restore).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use hull_protocol::{ConfigureSpec, ContainerSpec};
+
+use super::machine::{BootImage, Machine, MachineError, MachineSpec, Tools};
+use super::qemu::{Accel, Disk, DiskFormat, Incoming};
+use super::virtiofsd::{SandboxMode, VirtiofsdSpec};
+use crate::policy::lower::vm::{self as lower_vm, VmPlan, GUEST_SHARE_ROOT};
+
+/// virtiofs devices every snapshot has; a plan with more shares boots cold.
+pub const SLOTS: usize = 8;
+/// `manifest.json` format of a snapshot.
+pub const SNAPSHOT_FORMAT: u32 = 1;
+/// VM memory of a snapshot: the default policy's 4 GiB container limit plus
+/// the guest's own needs. RAM is a memfd the host backs only as it is touched.
+pub const SNAPSHOT_MEMORY_MIB: u32 = 4096 + 768;
+/// The file names inside a snapshot directory.
+const DISK: &str = "disk.qcow2";
+const STATE: &str = "state.mig";
+const MANIFEST: &str = "manifest.json";
+
+/// The virtiofs tag of slot `i`.
+pub fn slot_tag(i: usize) -> String {
+    format!("hull{i}")
+}
+
+/// What a snapshot was made for; a restore must match it exactly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Geometry {
+    pub format: u32,
+    pub image_id: String,
+    pub qemu_version: String,
+    pub accel: String,
+    pub memory_mib: u32,
+    pub cpus: u32,
+    pub slots: usize,
+    pub cmdline: String,
+}
+
+/// `manifest.json` of a snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotManifest {
+    pub geometry: Geometry,
+    pub created_unix: u64,
+    /// Seconds from QEMU start to the agent's hello, to the prepared
+    /// container, and to the saved state.
+    pub boot_s: f64,
+    pub prepare_s: f64,
+    pub save_s: f64,
+    /// Bytes of the state file that hold data (it is sparse).
+    pub state_bytes: u64,
+}
+
+/// A complete snapshot on disk.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub dir: PathBuf,
+    pub disk: PathBuf,
+    pub state: PathBuf,
+    pub manifest: SnapshotManifest,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("tier vm snapshot: {path}: cannot {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("tier vm snapshot: qemu-img not found next to {qemu} or on PATH; install qemu-utils (scripts/setup.sh --tier3)")]
+    NoQemuImg { qemu: PathBuf },
+    #[error("tier vm snapshot: `{cmd}` failed: {stderr}")]
+    QemuImg { cmd: String, stderr: String },
+    #[error("tier vm snapshot: preparing the snapshot failed at {step}: {source}")]
+    Machine {
+        step: &'static str,
+        #[source]
+        source: MachineError,
+    },
+    #[error("tier vm snapshot: {step}: {why}\n  console log: {console}")]
+    Guest {
+        step: &'static str,
+        why: String,
+        console: PathBuf,
+    },
+    #[error("tier vm snapshot: restoring {dir} failed: {why}\n  console log: {console}")]
+    Restore {
+        dir: PathBuf,
+        why: String,
+        console: PathBuf,
+    },
+}
+
+fn io_err(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> SnapshotError {
+    let path = path.to_path_buf();
+    move |source| SnapshotError::Io { path, what, source }
+}
+
+/// The geometry a snapshot of `image` needs on this host.
+pub fn geometry(image_id: &str, image: &BootImage, tools: &Tools, accel: Accel) -> Geometry {
+    let host = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    Geometry {
+        format: SNAPSHOT_FORMAT,
+        image_id: image_id.to_owned(),
+        qemu_version: tools.qemu_version.clone(),
+        accel: accel.name().to_owned(),
+        memory_mib: SNAPSHOT_MEMORY_MIB,
+        cpus: host.clamp(1, 2),
+        slots: SLOTS,
+        cmdline: image.cmdline.clone(),
+    }
+}
+
+/// Whether `plan` fits a snapshot of `g`: at most [`SLOTS`] shares and a
+/// memory limit the snapshot's VM can hold. (A plan that does not fit boots
+/// cold: the same boundary, only slower.)
+pub fn fits(plan: &VmPlan, g: &Geometry) -> Result<(), String> {
+    if plan.shares.len() > g.slots {
+        return Err(format!(
+            "the policy needs {} shares, a snapshot has {} slots",
+            plan.shares.len(),
+            g.slots
+        ));
+    }
+    let need = super::super::tier::vm::vm_memory_mib(plan);
+    if need > g.memory_mib {
+        return Err(format!(
+            "the policy's memory limit needs a {need} MiB VM, the snapshot has {} MiB",
+            g.memory_mib
+        ));
+    }
+    Ok(())
+}
+
+/// `plan` with its shares renamed to slot tags (`hull0`, ...), mounted in
+/// the guest at `/mnt/hull/<slot tag>`.
+pub fn slotted(plan: &VmPlan) -> VmPlan {
+    let mut p = plan.clone();
+    for (i, s) in p.shares.iter_mut().enumerate() {
+        s.tag = slot_tag(i);
+        s.guest_path = format!("{GUEST_SHARE_ROOT}/{}", s.tag);
+    }
+    p
+}
+
+/// The virtiofsd of every slot: the plan's shares first (as
+/// [`crate::tier::vm::share_specs`] makes them), then the unused slots,
+/// each serving `empty` read-only.
+pub fn slot_specs(slotted: &VmPlan, dir: &Path, empty: &Path, slots: usize) -> Vec<VirtiofsdSpec> {
+    let mut specs = crate::tier::vm::share_specs(slotted, dir);
+    for i in specs.len()..slots {
+        let tag = slot_tag(i);
+        specs.push(VirtiofsdSpec {
+            socket: MachineSpec::share_socket(dir, &tag),
+            tag,
+            shared_dir: empty.to_path_buf(),
+            readonly: true,
+            sandbox: SandboxMode::Namespace,
+            guest_uid: lower_vm::GUEST_UID,
+            guest_gid: lower_vm::GUEST_GID,
+            masks: Vec::new(),
+        });
+    }
+    specs
+}
+
+/// The snapshot directory of an image.
+pub fn dir_of(image_dir: &Path) -> PathBuf {
+    image_dir.join("snapshot")
+}
+
+fn lock_path(image_dir: &Path) -> PathBuf {
+    image_dir.join("snapshot.lock")
+}
+
+/// A hold on a snapshot: while it lives the snapshot is not replaced.
+#[derive(Debug)]
+pub struct SnapshotUse {
+    _lock: fs::File,
+    pub snapshot: Snapshot,
+}
+
+fn open_lock(image_dir: &Path) -> Result<fs::File, SnapshotError> {
+    let p = lock_path(image_dir);
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&p)
+        .map_err(io_err(&p, "open the snapshot lock"))
+}
+
+/// The complete snapshot in `image_dir` made for `g`, if there is one.
+pub fn open(image_dir: &Path, g: &Geometry) -> Option<Snapshot> {
+    let dir = dir_of(image_dir);
+    let text = fs::read(dir.join(MANIFEST)).ok()?;
+    if text.len() > 1 << 20 {
+        return None;
+    }
+    let manifest: SnapshotManifest = serde_json::from_slice(&text).ok()?;
+    if manifest.geometry != *g {
+        return None;
+    }
+    let (disk, state) = (dir.join(DISK), dir.join(STATE));
+    (disk.is_file() && state.is_file()).then_some(Snapshot {
+        dir,
+        disk,
+        state,
+        manifest,
+    })
+}
+
+/// The snapshot for `g`, holding it shared; builds it first (holding the
+/// lock exclusively) when it is missing or was made for other inputs.
+/// `progress` hears what is happening (a build takes a minute under TCG).
+pub fn ensure(
+    image_dir: &Path,
+    image: &BootImage,
+    g: &Geometry,
+    tools: &Tools,
+    progress: &mut dyn FnMut(&str),
+) -> Result<SnapshotUse, SnapshotError> {
+    let lock = open_lock(image_dir)?;
+    let lp = lock_path(image_dir);
+    lock.lock_shared()
+        .map_err(io_err(&lp, "lock the snapshot"))?;
+    if let Some(s) = open(image_dir, g) {
+        return Ok(SnapshotUse {
+            _lock: lock,
+            snapshot: s,
+        });
+    }
+    lock.unlock().map_err(io_err(&lp, "unlock the snapshot"))?;
+    lock.lock().map_err(io_err(&lp, "lock the snapshot"))?;
+    if open(image_dir, g).is_none() {
+        build(image_dir, image, g, tools, progress)?;
+    }
+    // Downgrade: other runs may restore it now.
+    lock.unlock().map_err(io_err(&lp, "unlock the snapshot"))?;
+    lock.lock_shared()
+        .map_err(io_err(&lp, "lock the snapshot"))?;
+    let snapshot = open(image_dir, g).ok_or_else(|| SnapshotError::Io {
+        path: dir_of(image_dir),
+        what: "open the snapshot just built",
+        source: io::Error::other("it is missing or does not match"),
+    })?;
+    Ok(SnapshotUse {
+        _lock: lock,
+        snapshot,
+    })
+}
+
+/// Finds `qemu-img` next to QEMU, else on PATH.
+fn qemu_img(tools: &Tools) -> Result<PathBuf, SnapshotError> {
+    if let Some(dir) = tools.qemu.parent() {
+        let p = dir.join("qemu-img");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("qemu-img"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| SnapshotError::NoQemuImg {
+            qemu: tools.qemu.clone(),
+        })
+}
+
+/// A qcow2 overlay at `overlay` over the raw disk `base` (stored as a path
+/// relative to the overlay's directory, so the snapshot can be renamed).
+fn create_overlay(tools: &Tools, base: &Path, overlay: &Path) -> Result<(), SnapshotError> {
+    let bin = qemu_img(tools)?;
+    let rel = Path::new("..").join(base.file_name().unwrap_or_default());
+    let out = Command::new(&bin)
+        .arg("create")
+        .args(["-q", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(&rel)
+        .arg(overlay)
+        .output()
+        .map_err(io_err(&bin, "run qemu-img"))?;
+    if !out.status.success() {
+        return Err(SnapshotError::QemuImg {
+            cmd: format!(
+                "{} create -f qcow2 -F raw -b {} {}",
+                bin.display(),
+                rel.display(),
+                overlay.display()
+            ),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Allocated bytes of a (sparse) file.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).map(|m| m.blocks() * 512).unwrap_or(0)
+}
+
+/// The machine spec a snapshot is saved from and restored into: only the
+/// sockets, logs, disk mode, virtiofsd directories and `incoming` differ.
+#[allow(clippy::too_many_arguments)]
+fn machine_spec(
+    name: String,
+    g: &Geometry,
+    image: &BootImage,
+    disk: &Path,
+    restore: bool,
+    dir: &Path,
+    log_dir: &Path,
+    shares: Vec<VirtiofsdSpec>,
+) -> MachineSpec {
+    let mut image = image.clone();
+    image.disks = vec![Disk {
+        path: disk.to_path_buf(),
+        format: DiskFormat::Qcow2,
+        readonly: false,
+        snapshot: restore,
+    }];
+    MachineSpec {
+        name,
+        dir: dir.to_path_buf(),
+        log_dir: log_dir.to_path_buf(),
+        image,
+        accel: parse_accel(&g.accel),
+        memory_mib: g.memory_mib,
+        cpus: g.cpus,
+        shares,
+        incoming: restore.then_some(Incoming::Defer),
+    }
+}
+
+fn parse_accel(name: &str) -> Accel {
+    [Accel::Kvm, Accel::Hvf, Accel::Whpx, Accel::Tcg]
+        .into_iter()
+        .find(|a| a.name() == name)
+        .unwrap_or(Accel::Tcg)
+}
+
+/// Boots the image, prepares the container, saves the VM. Call holding the
+/// snapshot lock exclusively.
+fn build(
+    image_dir: &Path,
+    image: &BootImage,
+    g: &Geometry,
+    tools: &Tools,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), SnapshotError> {
+    let final_dir = dir_of(image_dir);
+    // We hold the lock exclusively: every partial is a dead builder's.
+    if let Ok(rd) = fs::read_dir(image_dir) {
+        for e in rd.flatten() {
+            if e.file_name()
+                .to_string_lossy()
+                .starts_with("snapshot.partial-")
+            {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let tmp = image_dir.join(format!("snapshot.partial-{}", std::process::id()));
+    fs::create_dir_all(&tmp).map_err(io_err(&tmp, "create"))?;
+    let r = build_in(&tmp, image_dir, image, g, tools, progress);
+    if let Err(e) = r {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    // Replace an old snapshot (another geometry) only now.
+    if final_dir.exists() {
+        fs::remove_dir_all(&final_dir).map_err(io_err(&final_dir, "remove the old snapshot"))?;
+    }
+    fs::rename(&tmp, &final_dir).map_err(io_err(&final_dir, "move the snapshot into place"))?;
+    Ok(())
+}
+
+fn build_in(
+    tmp: &Path,
+    image_dir: &Path,
+    image: &BootImage,
+    g: &Geometry,
+    tools: &Tools,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), SnapshotError> {
+    let base = image
+        .disks
+        .first()
+        .map(|d| d.path.clone())
+        .unwrap_or_else(|| image_dir.join("disk.raw"));
+    let disk = tmp.join(DISK);
+    create_overlay(tools, &base, &disk)?;
+    // Sockets go to a short path (a unix socket path has 107 bytes).
+    let sock_dir = std::env::temp_dir().join(format!("hull-snapshot-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&sock_dir);
+    fs::create_dir_all(&sock_dir).map_err(io_err(&sock_dir, "create"))?;
+    let r = boot_and_save(tmp, &sock_dir, &disk, image, g, tools, progress);
+    let _ = fs::remove_dir_all(&sock_dir);
+    r
+}
+
+fn boot_and_save(
+    tmp: &Path,
+    sock_dir: &Path,
+    disk: &Path,
+    image: &BootImage,
+    g: &Geometry,
+    tools: &Tools,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), SnapshotError> {
+    let empty = sock_dir.join("empty");
+    fs::create_dir_all(&empty).map_err(io_err(&empty, "create"))?;
+    let no_shares = VmPlan {
+        shares: Vec::new(),
+        skipped: Vec::new(),
+        uid: lower_vm::GUEST_UID,
+        gid: lower_vm::GUEST_GID,
+        base_container: lower_vm::BASE_CONTAINER.into(),
+        limits: Default::default(),
+        network: "none",
+    };
+    let shares = slot_specs(&no_shares, sock_dir, &empty, g.slots);
+    let spec = machine_spec(
+        "hull-snapshot".into(),
+        g,
+        image,
+        disk,
+        false,
+        sock_dir,
+        tmp,
+        shares,
+    );
+    let (boot_deadline, setup_deadline) = crate::tier::vm::deadlines(parse_accel(&g.accel));
+    let t0 = Instant::now();
+    progress("booting the guest");
+    let mut m = Machine::start(&spec, tools).map_err(|source| SnapshotError::Machine {
+        step: "start",
+        source,
+    })?;
+    let console = m.console_log().to_path_buf();
+    let mut agent = m
+        .connect_agent(boot_deadline)
+        .map_err(|source| SnapshotError::Machine {
+            step: "agent hello",
+            source,
+        })?;
+    let boot_s = t0.elapsed().as_secs_f64();
+    progress("starting the pristine container");
+    let cfg = ConfigureSpec {
+        shares: Vec::new(),
+        container: ContainerSpec {
+            name: lower_vm::RUN_CONTAINER.into(),
+            base: lower_vm::BASE_CONTAINER.into(),
+            uid: lower_vm::GUEST_UID,
+            gid: lower_vm::GUEST_GID,
+            memory_bytes: None,
+            cpus: None,
+            processes: None,
+        },
+        clock_unix_ns: crate::tier::vm::now_ns(),
+        prepare: true,
+    };
+    let guest = |step: &'static str, why: String| SnapshotError::Guest {
+        step,
+        why,
+        console: console.clone(),
+    };
+    agent
+        .configure(&cfg, setup_deadline, &mut || false)
+        .map_err(|e| guest("prepare the container", e.to_string()))?;
+    let prepare_s = t0.elapsed().as_secs_f64() - boot_s;
+    // End the session so the agent waits for the next host again, as it
+    // must be when a restore connects.
+    drop(agent);
+    wait_console(&console, "host session ended", Duration::from_secs(30))
+        .map_err(|why| guest("end the host session", why))?;
+    // Let the agent reach its wait for the next host.
+    std::thread::sleep(Duration::from_millis(300));
+    progress("saving the VM state");
+    let t1 = Instant::now();
+    let state = tmp.join(STATE);
+    let uri = format!("file:{}", state.display());
+    {
+        let q = m.qmp().ok_or_else(|| guest("save", "QMP is gone".into()))?;
+        let qerr = |e: super::qmp::QmpError| e.to_string();
+        q.stop().map_err(|e| guest("stop", qerr(e)))?;
+        q.migrate_set_capabilities(&[("mapped-ram", true)])
+            .map_err(|e| guest("migrate-set-capabilities", qerr(e)))?;
+        q.migrate(&uri).map_err(|e| guest("migrate", qerr(e)))?;
+        q.wait_migration(Duration::from_secs(600))
+            .map_err(|e| guest("migrate", qerr(e)))?;
+    }
+    m.shutdown(None, Duration::from_secs(10));
+    let save_s = t1.elapsed().as_secs_f64();
+    // The disk is part of the snapshot now: nothing may write it again.
+    for f in [disk, state.as_path()] {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(f, fs::Permissions::from_mode(0o444))
+            .map_err(io_err(f, "make read-only"))?;
+    }
+    let manifest = SnapshotManifest {
+        geometry: g.clone(),
+        created_unix: crate::tier::vm::now_ns() / 1_000_000_000,
+        boot_s,
+        prepare_s,
+        save_s,
+        state_bytes: allocated(&state),
+    };
+    let mp = tmp.join(MANIFEST);
+    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| SnapshotError::Io {
+        path: mp.clone(),
+        what: "serialise",
+        source: io::Error::other(e),
+    })?;
+    fs::write(&mp, text).map_err(io_err(&mp, "write"))?;
+    fs::File::open(&mp)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(&mp, "sync"))?;
+    Ok(())
+}
+
+fn wait_console(console: &Path, needle: &str, d: Duration) -> Result<(), String> {
+    let end = Instant::now() + d;
+    loop {
+        if fs::read_to_string(console)
+            .unwrap_or_default()
+            .contains(needle)
+        {
+            return Ok(());
+        }
+        if Instant::now() >= end {
+            return Err(format!(
+                "the console did not show {needle:?} within {} s",
+                d.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What a restore is asked to start.
+#[derive(Debug)]
+pub struct RestoreSpec<'a> {
+    pub name: String,
+    /// Sockets, pid files and the per-run disk overlay.
+    pub dir: &'a Path,
+    pub log_dir: &'a Path,
+    /// The plan after [`slotted`].
+    pub slotted: &'a VmPlan,
+}
+
+/// Starts a VM from `snap`: fresh virtiofsd per slot, QEMU with
+/// `-incoming defer`, `migrate-incoming`, `cont`. The guest then runs where
+/// the snapshot left it; connect to the agent as after a boot.
+pub fn restore(
+    snap: &Snapshot,
+    image: &BootImage,
+    tools: &Tools,
+    r: &RestoreSpec<'_>,
+) -> Result<Machine, SnapshotError> {
+    let g = &snap.manifest.geometry;
+    let empty = r.dir.join("empty");
+    fs::create_dir_all(&empty).map_err(io_err(&empty, "create"))?;
+    let shares = slot_specs(r.slotted, r.dir, &empty, g.slots);
+    let spec = machine_spec(
+        r.name.clone(),
+        g,
+        image,
+        &snap.disk,
+        true,
+        r.dir,
+        r.log_dir,
+        shares,
+    );
+    let mut m = Machine::start(&spec, tools).map_err(|source| SnapshotError::Machine {
+        step: "restore",
+        source,
+    })?;
+    let console = m.console_log().to_path_buf();
+    let fail = |why: String| SnapshotError::Restore {
+        dir: snap.dir.clone(),
+        why,
+        console: console.clone(),
+    };
+    let uri = format!("file:{}", snap.state.display());
+    let q = m.qmp().ok_or_else(|| fail("QMP is gone".into()))?;
+    q.migrate_set_capabilities(&[("mapped-ram", true)])
+        .map_err(|e| fail(format!("migrate-set-capabilities: {e}")))?;
+    q.migrate_incoming(&uri)
+        .map_err(|e| fail(format!("migrate-incoming: {e}")))?;
+    q.wait_migration(Duration::from_secs(120))
+        .map_err(|e| fail(format!("loading {}: {e}", snap.state.display())))?;
+    q.cont().map_err(|e| fail(format!("cont: {e}")))?;
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::hostfs::FakeFs;
+    use crate::policy::{resolve, Vars};
+
+    fn plan() -> VmPlan {
+        let vars = Vars {
+            project: "/work/proj".into(),
+            tmp: "/tmp/hull-runs/ID/tmp".into(),
+            spill: "/tmp/hull-runs/ID/spill".into(),
+            home: "/home/u".into(),
+            runs: "/tmp/hull-runs".into(),
+        };
+        let fs = FakeFs::new()
+            .dir("/work/proj/.git")
+            .dir("/tmp/hull-runs/ID/tmp")
+            .dir("/tmp/hull-runs/ID/spill");
+        let pf = crate::policy::profiles::load("default").unwrap();
+        lower_vm::lower(&resolve(&pf, &vars).unwrap(), &fs).unwrap()
+    }
+
+    fn geo() -> Geometry {
+        Geometry {
+            format: SNAPSHOT_FORMAT,
+            image_id: "0123456789abcdef".into(),
+            qemu_version: "10.0.2".into(),
+            accel: "tcg".into(),
+            memory_mib: SNAPSHOT_MEMORY_MIB,
+            cpus: 2,
+            slots: SLOTS,
+            cmdline: "root=/dev/vda quiet".into(),
+        }
+    }
+
+    #[test]
+    fn slots_keep_the_plan_and_pad_with_the_empty_dir() {
+        let p = slotted(&plan());
+        let tags: Vec<&str> = p.shares.iter().map(|s| s.tag.as_str()).collect();
+        assert_eq!(tags, ["hull0", "hull1", "hull2"]);
+        assert_eq!(p.shares[2].guest_path, "/mnt/hull/hull2");
+        assert_eq!(p.shares[2].host_path, Path::new("/work/proj"));
+        // Masks and read-only stay with their share.
+        assert!(p.shares[0].readonly);
+        assert!(!p.shares[2].masks.is_empty());
+        let specs = slot_specs(&p, Path::new("/r"), Path::new("/r/empty"), SLOTS);
+        assert_eq!(specs.len(), SLOTS);
+        assert_eq!(specs[2].shared_dir, Path::new("/work/proj"));
+        assert_eq!(specs[2].socket, Path::new("/r/vfs-hull2.sock"));
+        for s in &specs[3..] {
+            assert_eq!(s.shared_dir, Path::new("/r/empty"));
+            assert!(s.readonly, "{}", s.tag);
+            assert!(s.masks.is_empty());
+        }
+        assert_eq!(specs[7].tag, "hull7");
+    }
+
+    #[test]
+    fn a_plan_that_does_not_fit_is_named() {
+        let mut p = plan();
+        assert_eq!(fits(&p, &geo()), Ok(()));
+        let extra = p.shares[0].clone();
+        while p.shares.len() <= SLOTS {
+            p.shares.push(extra.clone());
+        }
+        assert!(fits(&p, &geo()).unwrap_err().contains("slots"));
+        let mut p = plan();
+        p.limits.memory_bytes = Some(16 << 30);
+        assert!(fits(&p, &geo()).unwrap_err().contains("memory"));
+    }
+
+    #[test]
+    fn save_and_restore_specs_differ_only_where_they_may() {
+        let img = BootImage {
+            kernel: "/i/vmlinux".into(),
+            initrd: Some("/i/initrd.cpio".into()),
+            disks: vec![],
+            cmdline: "root=/dev/vda quiet".into(),
+        };
+        let g = geo();
+        let shares = |d: &Path| slot_specs(&slotted(&plan()), d, &d.join("empty"), SLOTS);
+        let a = machine_spec(
+            "a".into(),
+            &g,
+            &img,
+            Path::new("/i/snapshot/disk.qcow2"),
+            false,
+            Path::new("/s"),
+            Path::new("/s"),
+            shares(Path::new("/s")),
+        )
+        .qemu_config(true);
+        let b = machine_spec(
+            "b".into(),
+            &g,
+            &img,
+            Path::new("/i/snapshot/disk.qcow2"),
+            true,
+            Path::new("/r"),
+            Path::new("/l"),
+            shares(Path::new("/r")),
+        )
+        .qemu_config(true);
+        assert_eq!(a.memory_mib, b.memory_mib);
+        assert_eq!(a.cpus, b.cpus);
+        assert_eq!(a.cmdline, b.cmdline);
+        assert_eq!(a.kernel, b.kernel);
+        let tags = |c: &super::super::qemu::MachineConfig| -> Vec<String> {
+            c.shares.iter().map(|s| s.tag.clone()).collect()
+        };
+        assert_eq!(tags(&a), tags(&b));
+        assert_eq!(a.disks[0].format, b.disks[0].format);
+        assert!(!a.disks[0].snapshot && b.disks[0].snapshot);
+        assert!(a.incoming.is_none() && b.incoming.is_some());
+    }
+
+    #[test]
+    fn only_a_complete_snapshot_of_the_same_geometry_opens() {
+        let t = tempfile::tempdir().unwrap();
+        let img = t.path();
+        let g = geo();
+        assert!(open(img, &g).is_none(), "nothing there yet");
+        let d = dir_of(img);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(DISK), b"q").unwrap();
+        let m = SnapshotManifest {
+            geometry: g.clone(),
+            created_unix: 1,
+            boot_s: 1.0,
+            prepare_s: 1.0,
+            save_s: 1.0,
+            state_bytes: 1,
+        };
+        fs::write(d.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        assert!(open(img, &g).is_none(), "no state file");
+        fs::write(d.join(STATE), b"s").unwrap();
+        assert!(open(img, &g).is_some());
+        for change in [
+            |g: &mut Geometry| g.qemu_version = "10.1.0".into(),
+            |g: &mut Geometry| g.accel = "kvm".into(),
+            |g: &mut Geometry| g.cpus = 1,
+            |g: &mut Geometry| g.image_id = "fedcba9876543210".into(),
+            |g: &mut Geometry| g.cmdline.push_str(" x"),
+        ] {
+            let mut other = g.clone();
+            change(&mut other);
+            assert!(open(img, &other).is_none(), "{other:?}");
+        }
+        fs::write(d.join(MANIFEST), b"{not json").unwrap();
+        assert!(open(img, &g).is_none(), "a broken manifest");
+    }
+}
