@@ -34,3 +34,6 @@ cargo test --workspace --locked
 
 step "escape matrix on tier 3"
 cargo test -p hull-tests --locked --features tier3 vm:: -- --test-threads=2
+
+step "tier-3 image contract (boots the image by hand, configures, runs, checks both ways)"
+HULL_AGENT="$PWD/target/debug/hull-agent" cargo test -p hull --locked --test tier3_image -- --ignored

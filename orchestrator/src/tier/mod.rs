@@ -197,6 +197,8 @@ pub fn ready(tier: Tier) -> probe::Probe {
     match tier {
         #[cfg(target_os = "linux")]
         Tier::Bwrap => bwrap::ready(),
+        #[cfg(target_os = "linux")]
+        Tier::Vm => vm::ready(),
         _ => probe(tier),
     }
 }

@@ -217,6 +217,30 @@ pub fn explain(policy: &Policy) -> Result<String, VmTierError> {
     Ok(out)
 }
 
+/// The cheap check of a run: QEMU and virtiofsd exist (no process spawned,
+/// no image hashed; a missing image or a broken QEMU fails the run's setup,
+/// naming the piece, and nothing runs).
+#[cfg(target_os = "linux")]
+pub fn ready() -> Probe {
+    let arch = crate::vm::qemu::Arch::host();
+    if crate::vm::qemu::find_qemu(arch).is_none() {
+        return Probe::unavailable(
+            Tier::Vm,
+            format!(
+                "{} not found; install QEMU 9 or later (scripts/setup.sh --tier3)",
+                arch.qemu_binary()
+            ),
+        );
+    }
+    if crate::vm::virtiofsd::find_virtiofsd().is_none() {
+        return Probe::unavailable(
+            Tier::Vm,
+            "virtiofsd not found (PATH, /usr/libexec, ~/.cargo/bin); install it with `cargo install virtiofsd --version 1.14.0 --locked` (scripts/setup.sh --tier3)",
+        );
+    }
+    Probe::available(Tier::Vm, "QEMU and virtiofsd found", Vec::new())
+}
+
 /// Probes tier 3 on this host: QEMU, virtiofsd, a built image, the accelerator.
 pub fn probe() -> Probe {
     imp::probe()
