@@ -262,7 +262,7 @@ pub fn run(
 
 /// Stale-instance cleanup for tier 3 (call from runtime GC for an instance
 /// dir whose `.active` lock is free): kills the QEMU and virtiofsd a crashed
-/// hull left in `<instance>/vm-<pid>/`, removes its placeholders and sockets.
+/// hull left in `<instance>/vm-<pid>/` and removes its sockets.
 #[cfg(target_os = "linux")]
 pub fn cleanup_stale_instance(
     instance_dir: &Path,
@@ -278,7 +278,6 @@ pub fn cleanup_stale_instance(
         if name.starts_with("vm-") && e.path().is_dir() {
             let c = crate::vm::machine::cleanup_stale(&e.path())?;
             all.killed.extend(c.killed);
-            all.placeholders_removed.extend(c.placeholders_removed);
         }
     }
     Ok(all)

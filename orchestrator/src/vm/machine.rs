@@ -567,14 +567,12 @@ impl Drop for Machine {
 pub struct StaleCleanup {
     /// Helper processes (QEMU, virtiofsd) still running and killed.
     pub killed: Vec<(PathBuf, u32)>,
-    /// Placeholders of protected paths removed from shared dirs.
-    pub placeholders_removed: Vec<PathBuf>,
 }
 
 /// Cleans what a crashed hull's VM left in `dir`: kills helpers recorded in
-/// pid files that still run (pid, start time and program must match),
-/// removes empty placeholders it created in shared dirs, and removes the
-/// sockets. Call only for a dir whose `.active` lock is free.
+/// pid files that still run (pid, start time and program must match), and
+/// removes the sockets (placeholders of protected paths stay, as after any
+/// run). Call only for a dir whose `.active` lock is free.
 pub fn cleanup_stale(dir: &Path) -> io::Result<StaleCleanup> {
     let mut out = StaleCleanup::default();
     for s in proc::kill_stale(dir)? {
@@ -583,12 +581,6 @@ pub fn cleanup_stale(dir: &Path) -> io::Result<StaleCleanup> {
                 out.killed.push((r.program.clone(), r.pid));
             }
         }
-    }
-    // Killed helpers release their mount namespaces, so the placeholders are
-    // plain empty files and dirs again.
-    #[cfg(target_os = "linux")]
-    {
-        out.placeholders_removed = super::virtiofsd::remove_stale_placeholders(dir)?;
     }
     if let Ok(rd) = fs::read_dir(dir) {
         for e in rd.filter_map(|e| e.ok()) {

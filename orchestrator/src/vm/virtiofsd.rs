@@ -233,7 +233,7 @@ mod imp {
         },
     }
 
-    /// A running virtiofsd. Killed on drop; placeholders removed after.
+    /// A running virtiofsd. Killed on drop.
     #[derive(Debug)]
     pub struct Virtiofsd {
         pub spec: VirtiofsdSpec,
@@ -241,7 +241,6 @@ mod imp {
         pub sandbox_used: SandboxMode,
         pub log: PathBuf,
         proc: Supervised,
-        placeholders: Placeholders,
     }
 
     impl Virtiofsd {
@@ -261,14 +260,13 @@ mod imp {
                     path: spec.shared_dir.clone(),
                 });
             }
-            let placeholders = Placeholders::create(spec, dir)?;
+            create_placeholders(spec)?;
             match start_once(bin, spec, dir, log_dir) {
                 Ok((proc, log)) => Ok(Virtiofsd {
                     spec: spec.clone(),
                     sandbox_used: spec.sandbox,
                     log,
                     proc,
-                    placeholders,
                 }),
                 Err(VirtiofsdError::Exited { tail, .. })
                     if spec.sandbox == SandboxMode::Namespace
@@ -291,7 +289,6 @@ mod imp {
                         sandbox_used: SandboxMode::Chroot,
                         log,
                         proc,
-                        placeholders,
                     })
                 }
                 Err(e) => Err(e),
@@ -323,7 +320,6 @@ mod imp {
             let mut pid = self.spec.socket.clone().into_os_string();
             pid.push(".pid");
             let _ = fs::remove_file(pid);
-            self.placeholders.remove();
         }
     }
 
@@ -487,129 +483,66 @@ mod imp {
         Ok(())
     }
 
-    /// Placeholders created for protected paths that did not exist.
-    #[derive(Debug, Default)]
-    struct Placeholders {
-        /// Created paths, parents first.
-        created: Vec<PathBuf>,
-        list: Option<PathBuf>,
-    }
-
-    impl Placeholders {
-        fn create(spec: &VirtiofsdSpec, dir: &Path) -> Result<Placeholders, VirtiofsdError> {
-            let mut me = Placeholders::default();
-            for m in &spec.masks {
-                check_mask_path(&spec.tag, &spec.shared_dir, &m.path)?;
+    /// Placeholders for protected paths that do not exist yet: an empty
+    /// directory (or file) the mask is mounted on. They stay after the run,
+    /// as with the process tiers: two runs on one project (concurrent VMs,
+    /// a pool) must not remove each other's protection, and creating one
+    /// that another run just created is not an error.
+    fn create_placeholders(spec: &VirtiofsdSpec) -> Result<(), VirtiofsdError> {
+        for m in &spec.masks {
+            check_mask_path(&spec.tag, &spec.shared_dir, &m.path)?;
+        }
+        if spec.readonly {
+            // Nothing can be created through a read-only share.
+            return Ok(());
+        }
+        let exists_ok = |r: io::Result<()>| match r {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            r => r,
+        };
+        for m in &spec.masks {
+            if fs::symlink_metadata(&m.path).is_ok() {
+                continue;
             }
-            if spec.readonly {
-                // Nothing can be created through a read-only share.
-                return Ok(me);
+            let err = |source| VirtiofsdError::Placeholder {
+                tag: spec.tag.clone(),
+                path: m.path.clone(),
+                source,
+            };
+            // Missing parents first.
+            let mut missing = Vec::new();
+            let mut p = m.path.parent();
+            while let Some(d) = p {
+                if d == spec.shared_dir || fs::symlink_metadata(d).is_ok() {
+                    break;
+                }
+                missing.push(d.to_path_buf());
+                p = d.parent();
             }
-            for m in &spec.masks {
-                if fs::symlink_metadata(&m.path).is_ok() {
-                    continue;
-                }
-                let err = |source| VirtiofsdError::Placeholder {
-                    tag: spec.tag.clone(),
-                    path: m.path.clone(),
-                    source,
-                };
-                // Missing parents first, each recorded.
-                let mut missing = Vec::new();
-                let mut p = m.path.parent();
-                while let Some(d) = p {
-                    if d == spec.shared_dir || fs::symlink_metadata(d).is_ok() {
-                        break;
-                    }
-                    missing.push(d.to_path_buf());
-                    p = d.parent();
-                }
-                for d in missing.into_iter().rev() {
-                    fs::create_dir(&d).map_err(err)?;
-                    me.created.push(d);
-                }
-                if m.placeholder_is_file {
+            for d in missing.into_iter().rev() {
+                exists_ok(fs::create_dir(&d)).map_err(err)?;
+            }
+            if m.placeholder_is_file {
+                exists_ok(
                     fs::OpenOptions::new()
                         .write(true)
                         .create_new(true)
                         .open(&m.path)
-                        .map_err(err)?;
-                } else {
-                    fs::create_dir(&m.path).map_err(err)?;
-                }
-                me.created.push(m.path.clone());
+                        .map(drop),
+                )
+                .map_err(err)?;
+            } else {
+                exists_ok(fs::create_dir(&m.path)).map_err(err)?;
             }
-            if !me.created.is_empty() {
-                let list = dir.join(format!("vfs-{}.placeholders", spec.tag));
-                let mut text = Vec::new();
-                for p in &me.created {
-                    text.extend_from_slice(p.as_os_str().as_bytes());
-                    text.push(0);
-                }
-                fs::write(&list, text).map_err(|source| VirtiofsdError::Io {
-                    tag: spec.tag.clone(),
-                    what: format!("write {}", list.display()),
-                    source,
-                })?;
-                me.list = Some(list);
-            }
-            Ok(me)
-        }
-
-        fn remove(&mut self) {
-            remove_placeholders(&self.created);
-            self.created.clear();
-            if let Some(l) = self.list.take() {
-                let _ = fs::remove_file(l);
+            // What is there now must be what the mask expects.
+            let meta = fs::symlink_metadata(&m.path).map_err(err)?;
+            if meta.is_dir() == m.placeholder_is_file || meta.file_type().is_symlink() {
+                return Err(err(io::Error::other(
+                    "another process put something else there",
+                )));
             }
         }
-    }
-
-    /// Removes placeholders (deepest first) that are still empty.
-    fn remove_placeholders(created: &[PathBuf]) {
-        for p in created.iter().rev() {
-            match fs::symlink_metadata(p) {
-                Ok(m) if m.is_dir() => {
-                    let _ = fs::remove_dir(p); // fails (kept) when not empty
-                }
-                Ok(m) if m.is_file() && m.len() == 0 => {
-                    let _ = fs::remove_file(p);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Removes the placeholders a crashed hull left in `dir` (from the
-    /// `vfs-*.placeholders` lists), if still empty. For stale-instance GC.
-    pub fn remove_stale_placeholders(dir: &Path) -> io::Result<Vec<PathBuf>> {
-        let mut removed = Vec::new();
-        let rd = match fs::read_dir(dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(removed),
-            Err(e) => return Err(e),
-        };
-        for e in rd.filter_map(|e| e.ok()) {
-            let p = e.path();
-            if !p.to_string_lossy().ends_with(".placeholders") {
-                continue;
-            }
-            let data = fs::read(&p)?;
-            let created: Vec<PathBuf> = data
-                .split(|&b| b == 0)
-                .filter(|s| !s.is_empty())
-                .map(|s| PathBuf::from(std::ffi::OsStr::from_bytes(s)))
-                .filter(|p| p.is_absolute())
-                .collect();
-            remove_placeholders(&created);
-            removed.extend(
-                created
-                    .into_iter()
-                    .filter(|p| fs::symlink_metadata(p).is_err()),
-            );
-            let _ = fs::remove_file(&p);
-        }
-        Ok(removed)
+        Ok(())
     }
 
     /// Mounts prepared before the fork, applied in the child before exec.
