@@ -71,6 +71,22 @@ pub fn plan(share: &Share) -> Result<MountPlan, MountError> {
     })
 }
 
+/// The mount points below [`SHARE_ROOT`] (the mounted shares).
+pub fn mounted_shares() -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    shares_in(&info)
+}
+
+/// [`mounted_shares`] of a `mountinfo` text.
+pub fn shares_in(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape(p)))
+        .filter(|p| p.starts_with(SHARE_ROOT) && p != Path::new(SHARE_ROOT))
+        .collect()
+}
+
 /// Whether `path` is a mount point according to `mountinfo` text.
 pub fn is_mount_point(mountinfo: &str, path: &Path) -> bool {
     mountinfo
@@ -147,6 +163,22 @@ pub fn mount(p: &MountPlan) -> Result<(), MountError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_are_the_mounts_below_the_root() {
+        let info = "22 1 0:21 / / rw - ext4 /dev/vda rw\n\
+                    30 22 0:30 / /mnt/hull rw - tmpfs t rw\n\
+                    31 30 0:31 / /mnt/hull/hull0 rw - virtiofs hull0 rw\n\
+                    32 30 0:32 / /mnt/hull/hull1 ro - virtiofs hull1 ro\n\
+                    33 22 0:33 / /mnt/hullx rw - tmpfs t rw\n";
+        assert_eq!(
+            shares_in(info),
+            [
+                PathBuf::from("/mnt/hull/hull0"),
+                PathBuf::from("/mnt/hull/hull1")
+            ]
+        );
+    }
 
     fn share(path: &str) -> Share {
         Share {

@@ -67,6 +67,11 @@ pub struct OuterArgs {
     /// Seconds to wait for incusd before serving; the agent's hello follows readiness.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub ready_timeout: u64,
+    /// On the host's `Shutdown`: flush the shares and power the guest off
+    /// (the guest's init passes it; the root disk is a throwaway overlay, so
+    /// only the shares need flushing).
+    #[arg(long)]
+    pub poweroff: bool,
 }
 
 /// A setup step that failed; the message names the step.
@@ -175,6 +180,9 @@ pub fn run(args: OuterArgs) -> anyhow::Result<()> {
                 port.wait_for_host()
                     .map_err(|e: TransportError| anyhow::anyhow!(e))?;
                 if serve_session(port.session(), &backend) == SessionEnd::Shutdown {
+                    if args.poweroff {
+                        power_off();
+                    }
                     return Ok(());
                 }
             }
@@ -696,6 +704,30 @@ fn set_clock(unix_ns: u64) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Flushes every share mounted under the share root (`syncfs`), so writes
+/// still in the guest's page cache reach the host, then powers off. Returns
+/// only if the power-off was refused.
+fn power_off() {
+    let t0 = Instant::now();
+    for p in mounts::mounted_shares() {
+        match std::fs::File::open(&p) {
+            Ok(f) => {
+                if let Err(e) = rustix::fs::syncfs(&f) {
+                    tracing::warn!("syncfs {}: {e}", p.display());
+                }
+            }
+            Err(e) => tracing::warn!("open {}: {e}", p.display()),
+        }
+    }
+    tracing::info!(
+        "shares flushed in {:.3} s; powering off",
+        t0.elapsed().as_secs_f64()
+    );
+    if let Err(e) = rustix::system::reboot(rustix::system::RebootCommand::PowerOff) {
+        tracing::error!("power off refused: {e}; the guest's init takes over");
+    }
 }
 
 /// Interface names in a `/proc/<pid>/net/dev` text.

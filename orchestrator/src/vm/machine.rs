@@ -66,7 +66,9 @@ impl BootImage {
                 readonly: false,
                 snapshot: true,
             }],
-            cmdline: "root=/dev/vda quiet".into(),
+            // init_on_free: freed guest pages are zeroed, and zero pages are
+            // left out of a snapshot and of the memory a restore loads.
+            cmdline: "root=/dev/vda quiet init_on_free=1".into(),
         })
     }
 }
@@ -518,13 +520,25 @@ impl Machine {
         self.qemu.wait_timeout(d)
     }
 
-    /// Clean stop: the agent's `Shutdown` (if given), QMP `quit`, up to
-    /// `grace` for QEMU to exit, then SIGKILL; then the file servers.
+    /// Clean stop: the agent's `Shutdown` (if given) and up to `grace` for
+    /// the guest to sync and power off; else QMP `quit`, up to `grace` for
+    /// QEMU to exit, then SIGKILL; then the file servers.
     pub fn shutdown(mut self, agent: Option<&mut AgentSession>, grace: Duration) {
+        let start = Instant::now();
         if let Some(a) = agent {
             a.shutdown();
+            // The guest syncs and powers off by itself: wait for that, so what
+            // its page cache still holds (a file written through mmap on a
+            // share) reaches the host before the VM goes.
+            if self.qemu.wait_timeout(grace).is_some() {
+                self.qmp = None;
+                for v in self.vfs.drain(..) {
+                    v.stop();
+                }
+                return;
+            }
+            tracing::warn!("tier vm: the guest did not power off within {grace:?}; quitting QEMU");
         }
-        let start = Instant::now();
         if let Some(q) = self.qmp.as_mut() {
             if q.quit().is_err() {
                 tracing::debug!("tier vm: QMP quit failed; killing QEMU");
