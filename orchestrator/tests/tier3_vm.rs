@@ -443,3 +443,25 @@ for k in kids:
     let down = w.cmd(&["vm", "down", "--name", &name]).output().unwrap();
     assert!(down.status.success(), "{}", text(&down.stderr));
 }
+
+#[test]
+fn a_write_through_mmap_lands_on_the_host() {
+    let Some(w) = world() else { return };
+    std::fs::write(w.project.join("mapped.bin"), vec![b'.'; 8192]).unwrap();
+    std::fs::write(
+        w.project.join("mm.py"),
+        "import mmap, os\n\
+         f = open('mapped.bin', 'r+b')\n\
+         m = mmap.mmap(f.fileno(), 8192)\n\
+         m[0:9] = b'MMAPWRITE'\n\
+         m[4096:4100] = b'PAGE'\n\
+         os._exit(0)\n",
+    )
+    .unwrap();
+    let out = w.run(&[], "python3 mm.py");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let got = std::fs::read(w.project.join("mapped.bin")).unwrap();
+    assert_eq!(&got[..9], b"MMAPWRITE");
+    assert_eq!(&got[4096..4100], b"PAGE");
+    assert_eq!(got.len(), 8192);
+}

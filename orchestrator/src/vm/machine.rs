@@ -66,9 +66,7 @@ impl BootImage {
                 readonly: false,
                 snapshot: true,
             }],
-            // init_on_free: freed guest pages are zeroed, and zero pages are
-            // left out of a snapshot and of the memory a restore loads.
-            cmdline: "root=/dev/vda quiet init_on_free=1".into(),
+            cmdline: "root=/dev/vda quiet".into(),
         })
     }
 }

@@ -57,6 +57,13 @@ const DISK: &str = "disk.qcow2";
 const STATE: &str = "state.mig";
 const MANIFEST: &str = "manifest.json";
 
+/// Added to the kernel command line of the boot a snapshot is made from:
+/// freed guest pages are zeroed, and zero pages are left out of the state
+/// file and of what a restore loads (about a quarter less here). Not on the
+/// plain boot path: zeroing every page the kernel frees at boot costs about
+/// 20 s under TCG.
+pub const SNAPSHOT_CMDLINE_EXTRA: &str = "init_on_free=1";
+
 /// The virtiofs tag of slot `i`.
 pub fn slot_tag(i: usize) -> String {
     format!("hull{i}")
@@ -151,7 +158,7 @@ pub fn geometry(image_id: &str, image: &BootImage, tools: &Tools, accel: Accel) 
         memory_mib: SNAPSHOT_MEMORY_MIB,
         cpus: host.clamp(1, 2),
         slots: SLOTS,
-        cmdline: image.cmdline.clone(),
+        cmdline: format!("{} {SNAPSHOT_CMDLINE_EXTRA}", image.cmdline),
     }
 }
 
@@ -359,6 +366,7 @@ fn machine_spec(
     shares: Vec<VirtiofsdSpec>,
 ) -> MachineSpec {
     let mut image = image.clone();
+    image.cmdline = g.cmdline.clone();
     image.disks = vec![Disk {
         path: disk.to_path_buf(),
         format: DiskFormat::Qcow2,
