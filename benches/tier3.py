@@ -252,11 +252,16 @@ def main():
     name = "bench"
     must(hull_cmd(hull, ["vm", "up", "--name", name, "--idle", "30m"], proj, env), "hull vm up")
     try:
+        time.sleep(2)
+        rss_idle = qemu_rss(f"hull-vm-{name}")
         warm = [timed(lambda: must(hull_cmd(hull, ["run", "--tier3", "--vm", name, "--", "true"], proj, env), "warm run"))
                 for _ in range(a.warm_rounds)]
         print(f"warm     hull run --tier3 --vm -- true           p50 {med(warm) * 1000:7.1f} ms")
         rss = qemu_rss(f"hull-vm-{name}")
-        print(f"rss      QEMU of the idle `hull vm up` VM        {rss:7.0f} MiB" if rss else "rss      QEMU not found")
+        if rss_idle and rss:
+            print(f"rss      QEMU of the `hull vm up` VM: idle {rss_idle:5.0f} MiB, after {a.warm_rounds} runs {rss:5.0f} MiB")
+        else:
+            print("rss      QEMU not found")
         ix = incus_exec(img, accel, work, a.incus_rounds)
         print(f"incus    incus exec hull-run -- true (guest)     p50 {med(ix) * 1000:7.1f} ms  ({fmt(ix)}); ratio {med(ix) / med(warm):.1f}x")
         with open(os.path.join(proj, "big"), "wb") as f:
