@@ -48,34 +48,47 @@ def image_dir():
     return max(dirs, key=lambda d: os.path.getmtime(os.path.join(d, "manifest.json")))
 
 
-def bare_boot(img, accel, workdir):
-    """Seconds from QEMU start to the guest's agent-start milestone."""
-    console = os.path.join(workdir, "bare-console.log")
-    open(console, "w").close()
-    argv = ["qemu-system-x86_64", "-accel", accel, "-M", "pc", "-nodefaults", "-no-user-config",
+def bare_argv(img, accel, serial, cmdline_extra=""):
+    """QEMU booting the image's kernel, initrd and disk (copy-on-write), no NIC."""
+    return ["qemu-system-x86_64", "-accel", accel, "-M", "pc", "-nodefaults", "-no-user-config",
             "-display", "none", "-no-reboot", "-nic", "none", "-m", "2048", "-smp", "2",
             "-cpu", "max" if accel == "tcg" else "host",
             "-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0",
             "-kernel", os.path.join(img, "vmlinux"), "-initrd", os.path.join(img, "initrd.cpio"),
-            "-append", "console=ttyS0 quiet panic=-1 root=/dev/vda",
+            "-append", ("console=ttyS0 quiet panic=-1 root=/dev/vda " + cmdline_extra).strip(),
             "-drive", f"file={os.path.join(img, 'disk.raw')},if=none,id=d0,format=raw,snapshot=on",
-            "-device", "virtio-blk-pci,drive=d0", "-serial", f"file:{console}"]
+            "-device", "virtio-blk-pci,drive=d0", "-serial", serial]
+
+
+def bare_until(img, accel, workdir, milestone):
+    """Seconds from QEMU start until the console shows `milestone`."""
+    console = os.path.join(workdir, "bare-console.log")
+    open(console, "w").close()
+    argv = bare_argv(img, accel, f"file:{console}")
     t = time.perf_counter()
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, env=dict(os.environ, TMPDIR=workdir))
     try:
         while True:
             with open(console, errors="replace") as f:
-                if "starting hull-agent outer" in f.read():
+                if milestone in f.read():
                     return time.perf_counter() - t
-            if p.poll() is not None:
-                sys.exit("bare QEMU exited before the milestone; see " + console)
-            if time.perf_counter() - t > 600:
-                sys.exit("bare QEMU boot took longer than 600 s")
-            time.sleep(0.05)
+            if p.poll() is not None or time.perf_counter() - t > 600:
+                sys.exit(f"bare QEMU did not reach {milestone!r}; see {console}")
+            time.sleep(0.02)
     finally:
         p.kill()
         p.wait()
+
+
+def bare_boot(img, accel, workdir):
+    """To the guest's agent-start milestone (incusd socket up)."""
+    return bare_until(img, accel, workdir, "starting hull-agent outer")
+
+
+def bare_init(img, accel, workdir):
+    """To init's first milestone (`mounts done`)."""
+    return bare_until(img, accel, workdir, "mounts done")
 
 
 def first_byte(hull, args, cwd, env):
@@ -92,45 +105,11 @@ def first_byte(hull, args, cwd, env):
     return t1, t2
 
 
-def bare_init(img, accel, workdir):
-    """Seconds from QEMU start to init's first milestone (`mounts done`)."""
-    console = os.path.join(workdir, "bare-init.log")
-    open(console, "w").close()
-    argv = ["qemu-system-x86_64", "-accel", accel, "-M", "pc", "-nodefaults", "-no-user-config",
-            "-display", "none", "-no-reboot", "-nic", "none", "-m", "2048", "-smp", "2",
-            "-cpu", "max" if accel == "tcg" else "host",
-            "-kernel", os.path.join(img, "vmlinux"), "-initrd", os.path.join(img, "initrd.cpio"),
-            "-append", "console=ttyS0 quiet panic=-1 root=/dev/vda",
-            "-drive", f"file={os.path.join(img, 'disk.raw')},if=none,id=d0,format=raw,snapshot=on",
-            "-device", "virtio-blk-pci,drive=d0", "-serial", f"file:{console}"]
-    t = time.perf_counter()
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, env=dict(os.environ, TMPDIR=workdir))
-    try:
-        while True:
-            with open(console, errors="replace") as f:
-                if "mounts done" in f.read():
-                    return time.perf_counter() - t
-            if p.poll() is not None or time.perf_counter() - t > 600:
-                sys.exit("bare QEMU did not reach init; see " + console)
-            time.sleep(0.02)
-    finally:
-        p.kill()
-        p.wait()
-
-
 def incus_exec(img, accel, workdir, rounds):
     """`incus exec hull-run -- true` timed by the guest shell (debug boot)."""
     import socket
     sock = os.path.join(workdir, "dbg.sock")
-    argv = ["qemu-system-x86_64", "-accel", accel, "-M", "pc", "-nodefaults", "-no-user-config",
-            "-display", "none", "-no-reboot", "-nic", "none", "-m", "2048", "-smp", "2",
-            "-cpu", "max" if accel == "tcg" else "host",
-            "-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0",
-            "-kernel", os.path.join(img, "vmlinux"), "-initrd", os.path.join(img, "initrd.cpio"),
-            "-append", "console=ttyS0 quiet panic=-1 root=/dev/vda hull.mode=debug",
-            "-drive", f"file={os.path.join(img, 'disk.raw')},if=none,id=d0,format=raw,snapshot=on",
-            "-device", "virtio-blk-pci,drive=d0", "-serial", f"unix:{sock},server=on,wait=off"]
+    argv = bare_argv(img, accel, f"unix:{sock},server=on,wait=off", "hull.mode=debug")
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, env=dict(os.environ, TMPDIR=workdir))
     try:

@@ -552,11 +552,7 @@ mod imp {
         log_dir: &Path,
     ) -> Result<Started, VmTierError> {
         let image = BootImage::from_dir(image_dir)?;
-        let image_id = image_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let geometry = snapshot::geometry(&image_id, &image, tools, accel);
+        let geometry = snapshot::geometry_for(image_dir, &image, tools, accel);
         let use_snapshot = match snapshot_wanted() {
             false => None,
             true => {
@@ -663,12 +659,18 @@ mod imp {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::policy::hostfs::FakeFs;
     use crate::policy::{resolve, PolicyFile, Vars};
 
     fn plan() -> VmPlan {
+        default_plan()
+    }
+
+    /// The default profile lowered for a fake host (also used by the
+    /// snapshot tests).
+    pub(crate) fn default_plan() -> VmPlan {
         let vars = Vars {
             project: "/work/proj".into(),
             tmp: "/tmp/hull-runs/ID/tmp".into(),

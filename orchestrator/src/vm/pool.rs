@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::fs;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -418,22 +418,10 @@ pub fn prepare_snapshot(progress: &mut dyn FnMut(&str)) -> Result<u64, BatchErro
     let image = crate::vm::machine::BootImage::from_dir(&image_dir)
         .map_err(|e| BatchError::Setup(e.to_string()))?;
     let accel = crate::vm::accel::probe_accel().accel;
-    let id = image_dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let g = crate::vm::snapshot::geometry(&id, &image, &tools, accel);
+    let g = crate::vm::snapshot::geometry_for(&image_dir, &image, &tools, accel);
     let hold = crate::vm::snapshot::ensure(&image_dir, &image, &g, &tools, progress)
         .map_err(|e| BatchError::Setup(e.to_string()))?;
     Ok(hold.snapshot.manifest.state_bytes)
-}
-
-/// The output file paths of a job (for messages before it ran).
-pub fn job_files(out: &Path, line: usize) -> (PathBuf, PathBuf) {
-    (
-        out.join(format!("job-{line}.stdout")),
-        out.join(format!("job-{line}.stderr")),
-    )
 }
 
 #[cfg(test)]

@@ -162,6 +162,15 @@ pub fn geometry(image_id: &str, image: &BootImage, tools: &Tools, accel: Accel) 
     }
 }
 
+/// [`geometry`] for the image in `image_dir` (its id is the directory name).
+pub fn geometry_for(image_dir: &Path, image: &BootImage, tools: &Tools, accel: Accel) -> Geometry {
+    let id = image_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    geometry(&id, image, tools, accel)
+}
+
 /// Whether `plan` fits a snapshot of `g`: at most [`SLOTS`] shares and a
 /// memory limit the snapshot's VM can hold. (A plan that does not fit boots
 /// cold: the same boundary, only slower.)
@@ -173,7 +182,7 @@ pub fn fits(plan: &VmPlan, g: &Geometry) -> Result<(), String> {
             g.slots
         ));
     }
-    let need = super::super::tier::vm::vm_memory_mib(plan);
+    let need = crate::tier::vm::vm_memory_mib(plan);
     if need > g.memory_mib {
         return Err(format!(
             "the policy's memory limit needs a {need} MiB VM, the snapshot has {} MiB",
@@ -651,23 +660,9 @@ pub fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::hostfs::FakeFs;
-    use crate::policy::{resolve, Vars};
 
     fn plan() -> VmPlan {
-        let vars = Vars {
-            project: "/work/proj".into(),
-            tmp: "/tmp/hull-runs/ID/tmp".into(),
-            spill: "/tmp/hull-runs/ID/spill".into(),
-            home: "/home/u".into(),
-            runs: "/tmp/hull-runs".into(),
-        };
-        let fs = FakeFs::new()
-            .dir("/work/proj/.git")
-            .dir("/tmp/hull-runs/ID/tmp")
-            .dir("/tmp/hull-runs/ID/spill");
-        let pf = crate::policy::profiles::load("default").unwrap();
-        lower_vm::lower(&resolve(&pf, &vars).unwrap(), &fs).unwrap()
+        crate::tier::vm::tests::default_plan()
     }
 
     fn geo() -> Geometry {
