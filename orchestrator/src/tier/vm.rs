@@ -355,19 +355,37 @@ mod imp {
             "QEMU without -sandbox (seccomp not built in)"
         };
         match find_image() {
-            Ok(img) => Probe {
-                helpers,
-                ..Probe::available(
-                    Tier::Vm,
-                    format!(
-                        "accelerator {} ({}); {sandbox}; image {}",
-                        choice.accel,
-                        choice.reason,
-                        img.display()
-                    ),
-                    Vec::new(),
-                )
-            },
+            Ok(img) => {
+                let snap = match BootImage::from_dir(&img) {
+                    Ok(boot) => {
+                        let g = snapshot::geometry_for(&img, &boot, &tools, choice.accel);
+                        match snapshot::open(&img, &g) {
+                            Some(s) => format!(
+                                "snapshot ready ({} MiB of state)",
+                                s.manifest.state_bytes >> 20
+                            ),
+                            None => {
+                                "no snapshot yet (`hull image build` or the first run prepares it)"
+                                    .into()
+                            }
+                        }
+                    }
+                    Err(e) => format!("image unusable: {e}"),
+                };
+                Probe {
+                    helpers,
+                    ..Probe::available(
+                        Tier::Vm,
+                        format!(
+                            "accelerator {} ({}); {sandbox}; image {}; {snap}",
+                            choice.accel,
+                            choice.reason,
+                            img.display()
+                        ),
+                        Vec::new(),
+                    )
+                }
+            }
             Err(e) => Probe {
                 helpers,
                 ..Probe::unavailable(
