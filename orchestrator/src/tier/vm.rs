@@ -64,6 +64,18 @@ pub enum VmTierError {
     Unsupported,
 }
 
+/// Hello and setup deadlines for a VM restored from a snapshot: it answers
+/// in about a second here, so a silent one is reported well before a boot
+/// deadline would end.
+pub fn restore_deadlines(accel: Accel) -> (Duration, Duration) {
+    let (boot, setup) = deadlines(accel);
+    let cap = match accel {
+        Accel::Tcg => Duration::from_secs(60),
+        _ => Duration::from_secs(20),
+    };
+    (boot.min(cap), setup.min(cap * 2))
+}
+
 /// Boot and setup deadlines for an accelerator (TCG is 10-20x slower).
 pub fn deadlines(accel: Accel) -> (Duration, Duration) {
     let scale = |secs: u64| {
@@ -455,7 +467,6 @@ mod imp {
         let tools = Tools::find()?;
         let image_dir = find_image()?;
         let accel = crate::vm::accel::probe_accel().accel;
-        let (boot_deadline, setup_deadline) = deadlines(accel);
         // Per hull process: several runs may share one instance (--instance).
         let run_name = format!("vm-{}", std::process::id());
         let dir = instance_dir.join(&run_name);
@@ -482,6 +493,7 @@ mod imp {
             mut machine,
             plan,
             hold: _hold,
+            deadlines: (boot_deadline, setup_deadline),
         } = start_vm(
             plan,
             &tools,
@@ -554,6 +566,8 @@ mod imp {
         pub plan: VmPlan,
         /// Keeps the snapshot from being replaced while the VM uses it.
         pub hold: Option<snapshot::SnapshotUse>,
+        /// Hello and setup deadlines: a restored VM gets shorter ones.
+        pub deadlines: (Duration, Duration),
     }
 
     /// Starts the VM for `plan`: restores the image's prepared snapshot
@@ -604,6 +618,7 @@ mod imp {
                     machine,
                     plan: slotted,
                     hold: Some(hold),
+                    deadlines: restore_deadlines(accel),
                 })
             }
             None => {
@@ -622,6 +637,7 @@ mod imp {
                     machine: Machine::start(&mspec, tools)?,
                     plan: plan.clone(),
                     hold: None,
+                    deadlines: deadlines(accel),
                 })
             }
         }

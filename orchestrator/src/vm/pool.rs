@@ -206,7 +206,7 @@ fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, String> {
     )
     .map_err(|e| e.to_string())?;
     let mut started = started;
-    let (boot_deadline, _) = crate::tier::vm::deadlines(ctx.accel);
+    let (boot_deadline, _) = started.deadlines;
     let agent = started
         .machine
         .connect_agent_until(boot_deadline, &|| ctx.irq.load(Ordering::SeqCst) != 0)
@@ -246,7 +246,7 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
         truncated: 0,
     };
     let result = (|| -> Result<ExitStatus, String> {
-        let (_, setup_deadline) = crate::tier::vm::deadlines(ctx.accel);
+        let (_, setup_deadline) = w.started.deadlines;
         let cfg = crate::tier::vm::configure_spec(
             &w.started.plan,
             lower_vm::RUN_CONTAINER,

@@ -593,7 +593,6 @@ fn boot(
         crate::tier::vm::find_image().map_err(|e| SupervisorError::Other(e.to_string()))?;
     let accel = crate::vm::accel::probe_accel().accel;
     state.accel = accel.name().into();
-    let (boot_deadline, setup_deadline) = crate::tier::vm::deadlines(accel);
     let mdir = dir.join("m");
     fs::create_dir_all(&mdir).map_err(io_err("create", &mdir))?;
     let name = lower_vm::RUN_CONTAINER.to_string();
@@ -601,6 +600,7 @@ fn boot(
         mut machine,
         plan,
         hold,
+        deadlines: (boot_deadline, setup_deadline),
     } = crate::tier::vm::start_vm(
         &plan,
         &tools,
