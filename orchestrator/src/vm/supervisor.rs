@@ -633,6 +633,21 @@ fn boot(
     Ok((machine, raw))
 }
 
+/// Waits until `fd` is readable (a pending connection) or `d` passes.
+fn wait_readable(fd: &impl std::os::fd::AsRawFd, d: Duration) {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = d.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `p` is one valid pollfd on the stack for the duration of the
+    // call, and the count passed is 1.
+    if unsafe { libc::poll(&mut p, 1, ms) } < 0 {
+        std::thread::sleep(d);
+    }
+}
+
 type ClientWriter = Arc<Mutex<FrameWriter<UnixStream>>>;
 
 #[derive(Default)]
@@ -746,7 +761,9 @@ fn relay(
                 std::thread::spawn(move || client(&hub, s));
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(100));
+                // Wake as soon as a client connects (a warm run waits for
+                // this), else every 100 ms to check the VM and the flags.
+                wait_readable(&listener, Duration::from_millis(100));
             }
             Err(e) => {
                 hub.stop_because(format!("accept failed: {e}"));
