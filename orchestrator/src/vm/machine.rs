@@ -338,15 +338,12 @@ impl Machine {
                 tool: "virtiofsd",
                 hint: "install it (cargo install virtiofsd --version 1.14.0 --locked, needs libseccomp-dev libcap-ng-dev; scripts/setup.sh --tier3)",
             })?;
-            for s in &spec.shares {
-                let v = Virtiofsd::start(bin, s, &spec.dir, &spec.log_dir).map_err(|source| {
-                    MachineErrorKind::Virtiofsd {
-                        console: console.clone(),
-                        source,
-                    }
-                })?;
-                vfs.push(v);
-            }
+            vfs = Virtiofsd::start_all(bin, &spec.shares, &spec.dir, &spec.log_dir).map_err(
+                |source| MachineErrorKind::Virtiofsd {
+                    console: console.clone(),
+                    source,
+                },
+            )?;
         }
 
         let qemu_log = spec.log_dir.join("qemu.log");

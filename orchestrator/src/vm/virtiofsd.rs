@@ -254,14 +254,47 @@ mod imp {
             dir: &Path,
             log_dir: &Path,
         ) -> Result<Self, VirtiofsdError> {
-            if !spec.shared_dir.is_dir() {
-                return Err(VirtiofsdError::NotADir {
-                    tag: spec.tag.clone(),
-                    path: spec.shared_dir.clone(),
-                });
+            let mut v = Self::start_all(bin, std::slice::from_ref(spec), dir, log_dir)?;
+            Ok(v.remove(0))
+        }
+
+        /// [`Virtiofsd::start`] for every spec: all are spawned first, then
+        /// waited for, so their start-ups overlap. On any error the ones
+        /// already started are killed (dropped).
+        pub fn start_all(
+            bin: &Path,
+            specs: &[VirtiofsdSpec],
+            dir: &Path,
+            log_dir: &Path,
+        ) -> Result<Vec<Self>, VirtiofsdError> {
+            for spec in specs {
+                if !spec.shared_dir.is_dir() {
+                    return Err(VirtiofsdError::NotADir {
+                        tag: spec.tag.clone(),
+                        path: spec.shared_dir.clone(),
+                    });
+                }
+                create_placeholders(spec)?;
             }
-            create_placeholders(spec)?;
-            match start_once(bin, spec, dir, log_dir) {
+            let mut pending = Vec::new();
+            for spec in specs {
+                pending.push(spawn_once(bin, spec, dir, log_dir)?);
+            }
+            let mut out = Vec::new();
+            for (spec, p) in specs.iter().zip(pending) {
+                out.push(Self::ready_or_fallback(bin, spec, dir, log_dir, p.wait())?);
+            }
+            Ok(out)
+        }
+
+        fn ready_or_fallback(
+            bin: &Path,
+            spec: &VirtiofsdSpec,
+            dir: &Path,
+            log_dir: &Path,
+            waited: Result<(Supervised, PathBuf), VirtiofsdError>,
+        ) -> Result<Self, VirtiofsdError> {
+            match waited {
                 Ok((proc, log)) => Ok(Virtiofsd {
                     spec: spec.clone(),
                     sandbox_used: spec.sandbox,
@@ -329,6 +362,24 @@ mod imp {
         dir: &Path,
         log_dir: &Path,
     ) -> Result<(Supervised, PathBuf), VirtiofsdError> {
+        spawn_once(bin, spec, dir, log_dir)?.wait()
+    }
+
+    /// A virtiofsd started and not yet known to listen.
+    struct Pending {
+        tag: String,
+        shared_dir: PathBuf,
+        child: Supervised,
+        log: PathBuf,
+        ready: mpsc::Receiver<()>,
+    }
+
+    fn spawn_once(
+        bin: &Path,
+        spec: &VirtiofsdSpec,
+        dir: &Path,
+        log_dir: &Path,
+    ) -> Result<Pending, VirtiofsdError> {
         let io_err = |what: &str| {
             let tag = spec.tag.clone();
             let what = what.to_string();
@@ -385,31 +436,51 @@ mod imp {
                 })
                 .map_err(io_err("start log thread"))?;
         }
-        let deadline = std::time::Instant::now() + START_DEADLINE;
-        loop {
-            match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(()) => return Ok((child, log)),
-                Err(mpsc::RecvTimeoutError::Timeout)
-                | Err(mpsc::RecvTimeoutError::Disconnected) => {}
-            }
-            if let Some(status) = child.try_wait() {
-                // Give the log thread a moment to flush the last lines.
-                std::thread::sleep(Duration::from_millis(50));
-                return Err(VirtiofsdError::Exited {
-                    tag: spec.tag.clone(),
-                    dir: spec.shared_dir.clone(),
-                    status: status.to_string(),
-                    tail: proc::log_tail(&log, 2000),
-                    log,
-                });
-            }
-            if std::time::Instant::now() >= deadline {
-                return Err(VirtiofsdError::Timeout {
-                    tag: spec.tag.clone(),
-                    secs: START_DEADLINE.as_secs(),
-                    tail: proc::log_tail(&log, 2000),
-                    log,
-                });
+        Ok(Pending {
+            tag: spec.tag.clone(),
+            shared_dir: spec.shared_dir.clone(),
+            child,
+            log,
+            ready: rx,
+        })
+    }
+
+    impl Pending {
+        /// Waits until it says it listens; an exit or the deadline is an error.
+        fn wait(self) -> Result<(Supervised, PathBuf), VirtiofsdError> {
+            let Pending {
+                tag,
+                shared_dir,
+                mut child,
+                log,
+                ready,
+            } = self;
+            let deadline = std::time::Instant::now() + START_DEADLINE;
+            loop {
+                match ready.recv_timeout(Duration::from_millis(50)) {
+                    Ok(()) => return Ok((child, log)),
+                    Err(mpsc::RecvTimeoutError::Timeout)
+                    | Err(mpsc::RecvTimeoutError::Disconnected) => {}
+                }
+                if let Some(status) = child.try_wait() {
+                    // Give the log thread a moment to flush the last lines.
+                    std::thread::sleep(Duration::from_millis(50));
+                    return Err(VirtiofsdError::Exited {
+                        tag,
+                        dir: shared_dir,
+                        status: status.to_string(),
+                        tail: proc::log_tail(&log, 2000),
+                        log,
+                    });
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err(VirtiofsdError::Timeout {
+                        tag,
+                        secs: START_DEADLINE.as_secs(),
+                        tail: proc::log_tail(&log, 2000),
+                        log,
+                    });
+                }
             }
         }
     }
