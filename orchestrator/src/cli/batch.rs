@@ -49,6 +49,7 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
 
     use crate::vm::pool;
 
+    // `--tier3` changes nothing: every job runs on tier 3.
     let _ = a.tier3;
     let text = if a.jobs.as_os_str() == "-" {
         let mut s = String::new();

@@ -195,7 +195,7 @@ fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, String> {
     let dir = instance.dir().join(&run_name);
     let log_dir = instance.spill().join(format!("hull-{run_name}"));
     fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let started = crate::tier::vm::start_vm(
+    let mut started = crate::tier::vm::start_vm(
         &plan,
         &ctx.tools,
         &ctx.image_dir,
@@ -205,7 +205,6 @@ fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, String> {
         &log_dir,
     )
     .map_err(|e| e.to_string())?;
-    let mut started = started;
     let (boot_deadline, _) = started.deadlines;
     let agent = started
         .machine
