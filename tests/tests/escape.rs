@@ -399,31 +399,29 @@ fn setsid_grandchild_dies_on_timeout(t: &str) {
     );
     let o = w.run(t, &["--timeout", "3s"], &script);
     assert_eq!(o.status.code(), Some(124), "{}", show(&o));
+    let left = left_after_10s(&marker);
+    assert!(left.is_empty(), "left running: {left:?}");
+    no_helper_left(&w);
+}
+
+/// The processes whose command line holds `marker`, once none is left or
+/// after 10 s.
+fn left_after_10s(marker: &str) -> Vec<i32> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !pids_with(&marker).is_empty() && Instant::now() < deadline {
+    while !pids_with(marker).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(
-        pids_with(&marker).is_empty(),
-        "left running: {:?}",
-        pids_with(&marker)
-    );
-    no_helper_left(&w);
+    pids_with(marker)
 }
 
 /// Nothing started for the world's runs (on tier 3: QEMU and virtiofsd,
 /// whose sockets live in the runs dir; the command's tree was in the VM)
 /// outlives the run.
 fn no_helper_left(w: &World) {
-    let runs = w.runs.to_string_lossy().into_owned();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !pids_with(&runs).is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let left = left_after_10s(&w.runs.to_string_lossy());
     assert!(
-        pids_with(&runs).is_empty(),
-        "helpers of the run still running: {:?}",
-        pids_with(&runs)
+        left.is_empty(),
+        "helpers of the run still running: {left:?}"
     );
 }
 

@@ -74,11 +74,11 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
         Some(p) => p,
         None => super::default_project()?,
     };
-    let state = pool::prepare_snapshot(&mut |step| {
+    let host = pool::Host::prepare(&mut |step| {
         eprintln!("hull batch: preparing the image's snapshot (once): {step}")
     })?;
     let bound = pool::mem_available()
-        .map(|m| pool::pool_bound(m, state))
+        .map(|m| pool::pool_bound(m, host.state_bytes))
         .unwrap_or(1);
     let size = if a.pool > bound {
         eprintln!(
@@ -121,7 +121,7 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
     );
     let t0 = std::time::Instant::now();
     let json = a.json;
-    let reports = pool::run_batch(jobs, &opts, irq.clone(), &mut |r| {
+    let reports = pool::run_batch(host, jobs, &opts, irq.clone(), &mut |r| {
         if json {
             println!("{}", serde_json::to_string(r).unwrap_or_default());
         } else {

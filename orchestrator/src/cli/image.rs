@@ -136,14 +136,12 @@ fn build_cmd(cache: &Cache, a: BuildArgs) -> anyhow::Result<i32> {
 /// Prepares (or finds) the snapshot `hull run --tier3` restores.
 #[cfg(target_os = "linux")]
 fn snapshot_step(img: &BuiltImage) -> anyhow::Result<()> {
-    use crate::vm::machine::{BootImage, Tools};
+    use crate::vm::machine::Tools;
     use crate::vm::snapshot;
     let tools = Tools::find()?;
-    let boot = BootImage::from_dir(&img.dir)?;
     let accel = crate::vm::accel::probe_accel().accel;
-    let g = snapshot::geometry(&img.id, &boot, &tools, accel);
     let t0 = std::time::Instant::now();
-    let hold = snapshot::ensure(&img.dir, &boot, &g, &tools, &mut |step| {
+    let hold = snapshot::ensure_for(&img.dir, &tools, accel, &mut |step| {
         eprintln!("snapshot: {step} ({:.0} s)", t0.elapsed().as_secs_f64())
     })
     .context("prepare the tier-3 snapshot")?;
@@ -161,10 +159,12 @@ fn snapshot_step(img: &BuiltImage) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Off Linux there is no tier-3 VM to snapshot: asking for one is an error.
 #[cfg(not(target_os = "linux"))]
 fn snapshot_step(_img: &BuiltImage) -> anyhow::Result<()> {
-    eprintln!("snapshot: tier vm snapshots need a Linux host; skipped");
-    Ok(())
+    anyhow::bail!(
+        "tier vm snapshots need a Linux host (QEMU with virtiofsd); build with --no-snapshot here"
+    )
 }
 
 fn print_paths(img: &BuiltImage) {

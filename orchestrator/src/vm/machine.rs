@@ -520,33 +520,34 @@ impl Machine {
     /// QEMU to exit, then SIGKILL; then the file servers.
     pub fn shutdown(mut self, agent: Option<&mut AgentSession>, grace: Duration) {
         let start = Instant::now();
-        if let Some(a) = agent {
+        // The guest syncs and powers off by itself after the agent's
+        // Shutdown: wait for that, so what its page cache still holds (a file
+        // written through mmap on a share) reaches the host before the VM goes.
+        let powered_off = agent.is_some_and(|a| {
             a.shutdown();
-            // The guest syncs and powers off by itself: wait for that, so what
-            // its page cache still holds (a file written through mmap on a
-            // share) reaches the host before the VM goes.
-            if self.qemu.wait_timeout(grace).is_some() {
-                self.qmp = None;
-                for v in self.vfs.drain(..) {
-                    v.stop();
-                }
-                return;
+            let done = self.qemu.wait_timeout(grace).is_some();
+            if !done {
+                tracing::warn!(
+                    "tier vm: the guest did not power off within {grace:?}; quitting QEMU"
+                );
             }
-            tracing::warn!("tier vm: the guest did not power off within {grace:?}; quitting QEMU");
-        }
-        if let Some(q) = self.qmp.as_mut() {
-            if q.quit().is_err() {
-                tracing::debug!("tier vm: QMP quit failed; killing QEMU");
+            done
+        });
+        if !powered_off {
+            if let Some(q) = self.qmp.as_mut() {
+                if q.quit().is_err() {
+                    tracing::debug!("tier vm: QMP quit failed; killing QEMU");
+                }
+            }
+            if self
+                .qemu
+                .wait_timeout(grace.saturating_sub(start.elapsed()))
+                .is_none()
+            {
+                self.qemu.kill();
             }
         }
         self.qmp = None;
-        if self
-            .qemu
-            .wait_timeout(grace.saturating_sub(start.elapsed()))
-            .is_none()
-        {
-            self.qemu.kill();
-        }
         for v in self.vfs.drain(..) {
             v.stop();
         }

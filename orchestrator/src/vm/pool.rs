@@ -354,9 +354,10 @@ fn worker(ctx: Arc<Ctx>, n: usize, tx: mpsc::Sender<JobReport>) {
     }
 }
 
-/// Runs `jobs` with a pool of `o.pool` workers; `on_report` hears each job
+/// Runs `jobs` on `host` with a pool of `o.pool` workers; `on_report` hears each job
 /// as it ends. Returns the reports in the order the jobs ended.
 pub fn run_batch(
+    host: Host,
     jobs: Vec<Job>,
     o: &BatchOptions,
     irq: Arc<AtomicI32>,
@@ -372,18 +373,15 @@ pub fn run_batch(
         what: "create the output directory",
         source,
     })?;
-    let tools = Tools::find().map_err(|e| BatchError::Setup(e.to_string()))?;
-    let image_dir = crate::tier::vm::find_image().map_err(|e| BatchError::Setup(e.to_string()))?;
-    let accel = crate::vm::accel::probe_accel().accel;
     let total = jobs.len();
     let ctx = Arc::new(Ctx {
         o: o.clone(),
         project,
         runs,
         policy_file,
-        tools,
-        image_dir,
-        accel,
+        tools: host.tools,
+        image_dir: host.image_dir,
+        accel: host.accel,
         queue: Mutex::new(jobs.into()),
         irq,
     });
@@ -409,18 +407,33 @@ pub fn run_batch(
     Ok(reports)
 }
 
-/// The snapshot's state size, building the snapshot when missing (so the
-/// workers do not race to build it).
-pub fn prepare_snapshot(progress: &mut dyn FnMut(&str)) -> Result<u64, BatchError> {
-    let tools = Tools::find().map_err(|e| BatchError::Setup(e.to_string()))?;
-    let image_dir = crate::tier::vm::find_image().map_err(|e| BatchError::Setup(e.to_string()))?;
-    let image = crate::vm::machine::BootImage::from_dir(&image_dir)
-        .map_err(|e| BatchError::Setup(e.to_string()))?;
-    let accel = crate::vm::accel::probe_accel().accel;
-    let g = crate::vm::snapshot::geometry_for(&image_dir, &image, &tools, accel);
-    let hold = crate::vm::snapshot::ensure(&image_dir, &image, &g, &tools, progress)
-        .map_err(|e| BatchError::Setup(e.to_string()))?;
-    Ok(hold.snapshot.manifest.state_bytes)
+/// What every job of a batch uses from the host, found once: QEMU and
+/// virtiofsd, the image, the accelerator, and the image's snapshot (built
+/// here when missing, so the workers do not race to build it).
+#[derive(Debug)]
+pub struct Host {
+    tools: Tools,
+    image_dir: PathBuf,
+    accel: crate::vm::qemu::Accel,
+    /// Bytes of the snapshot's saved guest memory (what one idle VM holds).
+    pub state_bytes: u64,
+}
+
+impl Host {
+    pub fn prepare(progress: &mut dyn FnMut(&str)) -> Result<Host, BatchError> {
+        let setup = |e: &dyn std::fmt::Display| BatchError::Setup(e.to_string());
+        let tools = Tools::find().map_err(|e| setup(&e))?;
+        let image_dir = crate::tier::vm::find_image().map_err(|e| setup(&e))?;
+        let accel = crate::vm::accel::probe_accel().accel;
+        let hold = crate::vm::snapshot::ensure_for(&image_dir, &tools, accel, progress)
+            .map_err(|e| setup(&e))?;
+        Ok(Host {
+            state_bytes: hold.snapshot.manifest.state_bytes,
+            tools,
+            image_dir,
+            accel,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -311,6 +311,22 @@ pub fn ensure(
     })
 }
 
+/// [`ensure`] for the image in `image_dir` on this host (its geometry from
+/// `tools` and `accel`): what `hull image build` and `hull batch` call.
+pub fn ensure_for(
+    image_dir: &Path,
+    tools: &Tools,
+    accel: Accel,
+    progress: &mut dyn FnMut(&str),
+) -> Result<SnapshotUse, SnapshotError> {
+    let image = BootImage::from_dir(image_dir).map_err(|source| SnapshotError::Machine {
+        step: "open the image",
+        source,
+    })?;
+    let g = geometry_for(image_dir, &image, tools, accel);
+    ensure(image_dir, &image, &g, tools, progress)
+}
+
 /// Finds `qemu-img` next to QEMU, else on PATH.
 fn qemu_img(tools: &Tools) -> Result<PathBuf, SnapshotError> {
     if let Some(dir) = tools.qemu.parent() {
@@ -723,29 +739,23 @@ mod tests {
             cmdline: "root=/dev/vda quiet".into(),
         };
         let g = geo();
-        let shares = |d: &Path| slot_specs(&slotted(&plan()), d, &d.join("empty"), SLOTS);
-        let a = machine_spec(
-            "a".into(),
-            &g,
-            &img,
-            Path::new("/i/snapshot/disk.qcow2"),
-            false,
-            Path::new("/s"),
-            Path::new("/s"),
-            shares(Path::new("/s")),
-        )
-        .qemu_config(true);
-        let b = machine_spec(
-            "b".into(),
-            &g,
-            &img,
-            Path::new("/i/snapshot/disk.qcow2"),
-            true,
-            Path::new("/r"),
-            Path::new("/l"),
-            shares(Path::new("/r")),
-        )
-        .qemu_config(true);
+        let config = |name: &str, restore: bool, dir: &str, log: &str| {
+            let d = Path::new(dir);
+            let shares = slot_specs(&slotted(&plan()), d, &d.join("empty"), SLOTS);
+            machine_spec(
+                name.into(),
+                &g,
+                &img,
+                Path::new("/i/snapshot/disk.qcow2"),
+                restore,
+                d,
+                Path::new(log),
+                shares,
+            )
+            .qemu_config(true)
+        };
+        let a = config("a", false, "/s", "/s");
+        let b = config("b", true, "/r", "/l");
         assert_eq!(a.memory_mib, b.memory_mib);
         assert_eq!(a.cpus, b.cpus);
         assert_eq!(a.cmdline, b.cmdline);
