@@ -277,16 +277,6 @@ pub fn patch_request(
     })
 }
 
-/// `PATCH /1.0/instances/<name>` with config keys only (devices untouched).
-pub fn config_patch_request(name: &str, config: &Config) -> Result<Request, IncusError> {
-    check_name("instance", name)?;
-    Ok(Request {
-        method: Method::Patch,
-        path: format!("/1.0/instances/{name}"),
-        body: Some(json!({ "config": config })),
-    })
-}
-
 /// `PUT /1.0/instances/<name>/state`.
 pub fn state_request(
     name: &str,
@@ -581,18 +571,6 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-
-    #[test]
-    fn config_patch_leaves_devices_alone() {
-        let mut c = Config::new();
-        c.insert("limits.memory".into(), "1024".into());
-        let r = config_patch_request("hull-run", &c).unwrap();
-        assert_eq!(r.path, "/1.0/instances/hull-run");
-        let body = r.body.unwrap();
-        assert_eq!(body["config"]["limits.memory"], "1024");
-        assert!(body.get("devices").is_none(), "{body}");
-        assert!(config_patch_request("bad/name", &c).is_err());
-    }
 
     /// Records requests and answers from a script of (status, body) pairs.
     struct Fake {

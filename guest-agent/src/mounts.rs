@@ -79,20 +79,38 @@ pub fn mounted_shares() -> Vec<PathBuf> {
 
 /// [`mounted_shares`] of a `mountinfo` text.
 pub fn shares_in(mountinfo: &str) -> Vec<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape(p)))
+    mount_points(mountinfo)
         .filter(|p| p.starts_with(SHARE_ROOT) && p != Path::new(SHARE_ROOT))
         .collect()
 }
 
 /// Whether `path` is a mount point according to `mountinfo` text.
 pub fn is_mount_point(mountinfo: &str, path: &Path) -> bool {
+    mount_points(mountinfo).any(|p| p == path)
+}
+
+/// The mount points of a `mountinfo` text (field 5, unescaped).
+fn mount_points(mountinfo: &str) -> impl Iterator<Item = PathBuf> + '_ {
     mountinfo
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .any(|p| Path::new(&unescape(p)) == path)
+        .map(|p| PathBuf::from(unescape(p)))
+}
+
+/// `nosuid,nodev` always, and read-only for a read-only share.
+fn share_flags(readonly: bool) -> rustix::mount::MountFlags {
+    use rustix::mount::MountFlags;
+    let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
+    if readonly {
+        flags |= MountFlags::RDONLY;
+    }
+    flags
+}
+
+/// Whether the mount at `path` is read-only (`statvfs`).
+fn is_read_only(path: &Path) -> std::io::Result<bool> {
+    let st = rustix::fs::statvfs(path)?;
+    Ok(st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
 }
 
 fn unescape(s: &str) -> String {
@@ -119,8 +137,6 @@ fn unescape(s: &str) -> String {
 
 /// Mount one share as planned.
 pub fn mount(p: &MountPlan) -> Result<(), MountError> {
-    use rustix::mount::MountFlags;
-
     std::fs::create_dir_all(&p.path).map_err(|source| MountError::Mkdir {
         tag: p.tag.clone(),
         path: p.path.clone(),
@@ -133,88 +149,26 @@ pub fn mount(p: &MountPlan) -> Result<(), MountError> {
             path: p.path.clone(),
         });
     }
-    let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
-    if p.readonly {
-        flags |= MountFlags::RDONLY;
-    }
-    rustix::mount::mount(p.tag.as_str(), &p.path, "virtiofs", flags, None).map_err(|e| {
-        MountError::Mount {
+    let mount_err = |source: std::io::Error| MountError::Mount {
+        tag: p.tag.clone(),
+        path: p.path.clone(),
+        source,
+    };
+    rustix::mount::mount(
+        p.tag.as_str(),
+        &p.path,
+        "virtiofs",
+        share_flags(p.readonly),
+        None,
+    )
+    .map_err(|e| mount_err(e.into()))?;
+    if p.readonly && !is_read_only(&p.path).map_err(mount_err)? {
+        return Err(MountError::NotReadOnly {
             tag: p.tag.clone(),
             path: p.path.clone(),
-            source: e.into(),
-        }
-    })?;
-    if p.readonly {
-        let st = rustix::fs::statvfs(&p.path).map_err(|e| MountError::Mount {
-            tag: p.tag.clone(),
-            path: p.path.clone(),
-            source: e.into(),
-        })?;
-        if !st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
-            return Err(MountError::NotReadOnly {
-                tag: p.tag.clone(),
-                path: p.path.clone(),
-            });
-        }
+        });
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shares_are_the_mounts_below_the_root() {
-        let info = "22 1 0:21 / / rw - ext4 /dev/vda rw\n\
-                    30 22 0:30 / /mnt/hull rw - tmpfs t rw\n\
-                    31 30 0:31 / /mnt/hull/hull0 rw - virtiofs hull0 rw\n\
-                    32 30 0:32 / /mnt/hull/hull1 ro - virtiofs hull1 ro\n\
-                    33 22 0:33 / /mnt/hullx rw - tmpfs t rw\n";
-        assert_eq!(
-            shares_in(info),
-            [
-                PathBuf::from("/mnt/hull/hull0"),
-                PathBuf::from("/mnt/hull/hull1")
-            ]
-        );
-    }
-
-    fn share(path: &str) -> Share {
-        Share {
-            tag: "project".into(),
-            guest_path: path.into(),
-            container_path: "/home/u/p".into(),
-            readonly: true,
-        }
-    }
-
-    #[test]
-    fn shares_go_below_the_share_root_only() {
-        let p = plan(&share("/mnt/hull/project")).unwrap();
-        assert_eq!(p.path, Path::new("/mnt/hull/project"));
-        assert!(p.readonly);
-        for bad in [
-            "/mnt/hull",
-            "/mnt/hull/",
-            "/etc",
-            "/mnt/hullx/a",
-            "/mnt/hull/../etc",
-            "/mnt/hull/a/../../etc",
-        ] {
-            assert!(
-                matches!(plan(&share(bad)), Err(MountError::OutsideRoot { .. })),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn mount_points_are_found_with_escapes() {
-        let info = "36 35 0:40 / /mnt/hull/my\\040proj rw - virtiofs project rw\n";
-        assert!(is_mount_point(info, Path::new("/mnt/hull/my proj")));
-        assert!(!is_mount_point(info, Path::new("/mnt/hull/my")));
-    }
 }
 
 /// One share to attach to a running container: the guest mount `source`
@@ -367,20 +321,70 @@ fn attach(
     // Nothing mounted below it later propagates back to the guest.
     rustix::mount::mount_change(&b.target, MountPropagationFlags::PRIVATE)
         .map_err(|e| err(e.into()))?;
-    let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
-    if b.readonly {
-        flags |= MountFlags::RDONLY;
-    }
-    rustix::mount::mount_remount(&b.target, MountFlags::BIND | flags, "")
+    rustix::mount::mount_remount(&b.target, MountFlags::BIND | share_flags(b.readonly), "")
         .map_err(|e| err(e.into()))?;
-    if b.readonly {
-        let st = rustix::fs::statvfs(&b.target).map_err(|e| err(e.into()))?;
-        if !st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
-            return Err(InjectError::NotReadOnly {
-                tag: b.tag.clone(),
-                path: b.target.clone(),
-            });
-        }
+    if b.readonly && !is_read_only(&b.target).map_err(err)? {
+        return Err(InjectError::NotReadOnly {
+            tag: b.tag.clone(),
+            path: b.target.clone(),
+        });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_are_the_mounts_below_the_root() {
+        let info = "22 1 0:21 / / rw - ext4 /dev/vda rw\n\
+                    30 22 0:30 / /mnt/hull rw - tmpfs t rw\n\
+                    31 30 0:31 / /mnt/hull/hull0 rw - virtiofs hull0 rw\n\
+                    32 30 0:32 / /mnt/hull/hull1 ro - virtiofs hull1 ro\n\
+                    33 22 0:33 / /mnt/hullx rw - tmpfs t rw\n";
+        assert_eq!(
+            shares_in(info),
+            [
+                PathBuf::from("/mnt/hull/hull0"),
+                PathBuf::from("/mnt/hull/hull1")
+            ]
+        );
+    }
+
+    fn share(path: &str) -> Share {
+        Share {
+            tag: "project".into(),
+            guest_path: path.into(),
+            container_path: "/home/u/p".into(),
+            readonly: true,
+        }
+    }
+
+    #[test]
+    fn shares_go_below_the_share_root_only() {
+        let p = plan(&share("/mnt/hull/project")).unwrap();
+        assert_eq!(p.path, Path::new("/mnt/hull/project"));
+        assert!(p.readonly);
+        for bad in [
+            "/mnt/hull",
+            "/mnt/hull/",
+            "/etc",
+            "/mnt/hullx/a",
+            "/mnt/hull/../etc",
+            "/mnt/hull/a/../../etc",
+        ] {
+            assert!(
+                matches!(plan(&share(bad)), Err(MountError::OutsideRoot { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn mount_points_are_found_with_escapes() {
+        let info = "36 35 0:40 / /mnt/hull/my\\040proj rw - virtiofs project rw\n";
+        assert!(is_mount_point(info, Path::new("/mnt/hull/my proj")));
+        assert!(!is_mount_point(info, Path::new("/mnt/hull/my")));
+    }
 }

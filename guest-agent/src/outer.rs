@@ -730,6 +730,21 @@ fn power_off() {
     }
 }
 
+/// Container init `pid`'s uid and gid maps: container root is `root`, and no
+/// range reaches guest id 0.
+fn check_init_ids(name: &str, pid: u32, root: ContainerRoot) -> Result<(), SetupError> {
+    let verr = |why: String| SetupError::Verify {
+        name: name.to_owned(),
+        why,
+    };
+    for (file, id) in [("uid_map", root.uid), ("gid_map", root.gid)] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+            .map_err(|e| verr(format!("cannot read /proc/{pid}/{file}: {e}")))?;
+        check_id_map(&text, id).map_err(|w| verr(format!("{file}: {w}")))?;
+    }
+    Ok(())
+}
+
 /// Interface names in a `/proc/<pid>/net/dev` text.
 pub fn interfaces(netdev: &str) -> Vec<String> {
     netdev
@@ -919,11 +934,7 @@ impl<T: incus::Transport> IncusBackend<T> {
             name: name.clone(),
             why,
         };
-        for (file, id) in [("uid_map", root.uid), ("gid_map", root.gid)] {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/{file}"))
-                .map_err(|e| verr(format!("cannot read /proc/{pid}/{file}: {e}")))?;
-            check_id_map(&text, id).map_err(|w| verr(format!("{file}: {w}")))?;
-        }
+        check_init_ids(&name, pid, root)?;
         let netdev = std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
             .map_err(|e| verr(format!("cannot read /proc/{pid}/net/dev: {e}")))?;
         let nics = interfaces(&netdev);
@@ -955,18 +966,14 @@ impl<T: incus::Transport> IncusBackend<T> {
         Ok((name, stream))
     }
 
-    fn verify_running(&self, name: &str, root: ContainerRoot) -> Result<(), SetupError> {
-        let verr = |why: String| SetupError::Verify {
+    /// The running container's init pid, its id maps checked.
+    fn verify_running(&self, name: &str, root: ContainerRoot) -> Result<u32, SetupError> {
+        let pid = self.incus.init_pid(name).map_err(|e| SetupError::Verify {
             name: name.to_owned(),
-            why,
-        };
-        let pid = self.incus.init_pid(name).map_err(|e| verr(e.to_string()))?;
-        for (file, id) in [("uid_map", root.uid), ("gid_map", root.gid)] {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/{file}"))
-                .map_err(|e| verr(format!("cannot read /proc/{pid}/{file}: {e}")))?;
-            check_id_map(&text, id).map_err(|w| verr(format!("{file}: {w}")))?;
-        }
-        Ok(())
+            why: e.to_string(),
+        })?;
+        check_init_ids(name, pid, root)?;
+        Ok(pid)
     }
 }
 
@@ -1089,15 +1096,11 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
                 incus::state_request(&name, "start", false, START_TIMEOUT_S).map_err(start_err)?;
             self.incus.call(&req, START_TIMEOUT_S).map_err(start_err)?;
         }
-        self.verify_running(&name, root)?;
+        let pid = self.verify_running(&name, root)?;
         let stream = connect_retry(&self.socket_of(&name), CONNECT_TIMEOUT)?;
         if spec.prepare {
             // Less guest memory in the snapshot: every page the page cache
             // holds would be saved and restored.
-            let pid = self.incus.init_pid(&name).map_err(|e| SetupError::Verify {
-                name: name.clone(),
-                why: e.to_string(),
-            })?;
             drop_caches();
             *lock(&self.configured) = Some(Use::Prepared {
                 name: name.clone(),
