@@ -4,14 +4,17 @@
 #   scripts/setup.sh            host tiers (bubblewrap, landlock) + toolchain targets
 #   scripts/setup.sh --tier3    also QEMU 10 (backports), virtiofsd, mmdebstrap
 #   scripts/setup.sh --fuzz     also a nightly toolchain and cargo-fuzz (fuzz/)
+#   scripts/setup.sh --test     also cargo-nextest, the test runner (scripts/test.sh)
 set -euo pipefail
 
 want_tier3=0
 want_fuzz=0
+want_test=0
 for a in "$@"; do
   case "$a" in
     --tier3) want_tier3=1 ;;
     --fuzz) want_fuzz=1 ;;
+    --test) want_test=1 ;;
     *) echo "setup.sh: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -83,6 +86,12 @@ SRC
     say "cargo install virtiofsd (a few minutes)"
     cargo install virtiofsd --version 1.14.0 --locked --quiet
   fi
+fi
+
+# The test runner (scripts/test.sh, .config/nextest.toml).
+if [ "$want_test" -eq 1 ] && ! cargo nextest --version >/dev/null 2>&1; then
+  say "cargo install cargo-nextest (a few minutes)"
+  (cd / && cargo install --locked cargo-nextest --quiet)
 fi
 
 # Foreign targets: the macOS and Windows code type-checks from Linux.

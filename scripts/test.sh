@@ -1,39 +1,128 @@
 #!/usr/bin/env bash
 # Sets up what is missing, then runs every check and test of hull:
-# format, clippy (Linux, macOS and Windows targets), unit and golden tests,
-# the escape matrix on every Linux tier, and the tier-3 VM tests.
-set -euo pipefail
+# format, clippy (Linux, macOS and Windows targets), the build, the tier-3
+# guest image, the native tests (unit, golden, CLI, escape matrix on landlock
+# and bwrap), the tier-3 tests (escape matrix on the VM, the VM CLI, the
+# image contract, the busybox-guest tests), and the doc tests.
+#
+# Tests run under cargo-nextest's `ci` profile (.config/nextest.toml): every
+# test has a deadline and is killed and named past it; nothing is retried;
+# JUnit goes to target/nextest/ci/. Every step runs even when an earlier one
+# failed (a fmt slip does not hide a failing test); the script ends with a
+# table of each step's time, the ten slowest tests and the ignored tests, and
+# exits non-zero when any step failed. docs/testing.md says more.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 
-bash scripts/setup.sh --tier3
+# The tier-3 tests are compiled in by these features: this script declares
+# that the machine runs tier 3 (setup.sh --tier3 installs what it needs).
+FEATURES="hull/tier3,hull-tests/tier3"
+NEXTEST_OUT=target/nextest/ci
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+names=()
+secs=()
+results=()
+failed=0
 
-step "cargo fmt --check"
-cargo fmt --all -- --check
+# step NAME CMD...: runs CMD, records its time and result.
+step() {
+  local name=$1
+  shift
+  printf '\n==> %s\n' "$name" >&2
+  local t0 rc
+  t0=$(date +%s)
+  "$@"
+  rc=$?
+  names+=("$name")
+  secs+=($(($(date +%s) - t0)))
+  if [ "$rc" -eq 0 ]; then
+    results+=("ok")
+  else
+    results+=("FAILED (exit $rc)")
+    failed=1
+  fi
+  return 0
+}
 
-step "clippy (Linux)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+# nextest_run NAME JUNIT_COPY ARGS...: one nextest run of the ci profile,
+# its JUnit kept under its own name (each run rewrites junit.xml).
+nextest_run() {
+  local copy=$1
+  shift
+  rm -f "$NEXTEST_OUT/junit.xml"
+  cargo nextest run --workspace --locked --features "$FEATURES" --profile ci "$@"
+  local rc=$?
+  [ -f "$NEXTEST_OUT/junit.xml" ] && mv "$NEXTEST_OUT/junit.xml" "$NEXTEST_OUT/$copy"
+  return "$rc"
+}
+
+summary() {
+  printf '\n==> summary\n'
+  local total=0 i
+  printf '  %-34s %8s  %s\n' step time result
+  for i in "${!names[@]}"; do
+    printf '  %-34s %5dm%02ds  %s\n' "${names[$i]}" $((secs[i] / 60)) $((secs[i] % 60)) "${results[$i]}"
+    total=$((total + secs[i]))
+  done
+  printf '  %-34s %5dm%02ds\n' total $((total / 60)) $((total % 60))
+
+  # The ten slowest tests of both runs, from their JUnit reports.
+  local reports=()
+  for f in "$NEXTEST_OUT"/junit-*.xml; do [ -f "$f" ] && reports+=("$f"); done
+  if [ "${#reports[@]}" -gt 0 ]; then
+    printf '\n  ten slowest tests:\n'
+    awk '
+      /<testcase / {
+        name = $0; sub(/.*<testcase[^>]* name="/, "", name); sub(/".*/, "", name)
+        cls = $0; sub(/.*classname="/, "", cls); sub(/".*/, "", cls)
+        t = $0; sub(/.* time="/, "", t); sub(/".*/, "", t)
+        printf "%9.1fs  %s %s\n", t, cls, name
+      }' "${reports[@]}" | sort -rn | head -n 10 | sed 's/^/  /'
+  fi
+
+  # Ignored tests and why: every #[ignore = "reason"] in the sources.
+  local ignored
+  ignored=$(grep -rn --include='*.rs' -A4 '#\[ignore' orchestrator guest-agent protocol tests 2>/dev/null |
+    awk '
+      /#\[ignore/ { reason = $0; sub(/.*#\[ignore *=? *"?/, "", reason); sub(/"?\]$/, "", reason); want = 1; next }
+      want && /fn [a-z_0-9]+/ { f = $0; sub(/.*fn /, "", f); sub(/\(.*/, "", f); printf "    %s: %s\n", f, reason; want = 0 }')
+  printf '\n  ignored tests: %d\n' "$(grep -c . <<<"$ignored")"
+  [ -n "$ignored" ] && printf '%s\n' "$ignored"
+  if [ "$(id -u)" -eq 0 ]; then
+    printf '    (run here anyway, as root: the ones that need root)\n'
+  fi
+}
+trap summary EXIT
+
+step "setup" bash scripts/setup.sh --tier3 --test || true
+
+step "fmt" cargo fmt --all -- --check
+step "clippy (Linux)" cargo clippy --workspace --all-targets --locked --features "$FEATURES" -- -D warnings
 for target in aarch64-apple-darwin x86_64-pc-windows-gnu; do
-  step "clippy ($target)"
-  cargo clippy -p hull -p hull-protocol --all-targets --locked --target "$target" -- -D warnings
+  step "clippy ($target)" cargo clippy -p hull -p hull-protocol --all-targets --locked --target "$target" -- -D warnings
 done
 
-step "build"
-cargo build --workspace --locked
+step "build" cargo build --workspace --locked --features "$FEATURES"
 
 # Tier 3 needs the guest image built for this recipe and this hull-agent
 # (cached under ~/.cache/hull/images by hash: rebuilt only when either changed;
 # the only network use is the Debian mirror during the build).
-step "tier-3 guest image"
-target/debug/hull image build
+step "tier-3 guest image" timeout 1800 target/debug/hull image build
 
-step "tests (unit, golden, escape matrix on landlock and bwrap, tier-3 VM tests)"
-cargo test --workspace --locked
+# The VM tests are the `vm` test group of .config/nextest.toml.
+# Root runs the tests ignored for needing root too; `helper_process` is not
+# a test but a process the runtime tests start.
+root_args=()
+if [ "$(id -u)" -eq 0 ]; then
+  root_args=(--run-ignored all)
+fi
+step "native tests" nextest_run junit-native.xml "${root_args[@]}" \
+  -E 'not group(vm) & not test(=runtime::tests::helper_process)'
 
-step "escape matrix on tier 3"
-cargo test -p hull-tests --locked --features tier3 vm:: -- --test-threads=2
+export HULL_AGENT="$PWD/target/debug/hull-agent"
+step "tier-3 tests" nextest_run junit-tier3.xml -E 'group(vm)'
 
-step "tier-3 image contract (boots the image by hand, configures, runs, checks both ways)"
-HULL_AGENT="$PWD/target/debug/hull-agent" cargo test -p hull --locked --test tier3_image -- --ignored
+step "doc tests" timeout 600 cargo test --doc --workspace --locked --features "$FEATURES"
+
+exit "$failed"

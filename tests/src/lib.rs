@@ -63,6 +63,11 @@ pub struct World {
     pub runs: PathBuf,
 }
 
+/// The `--timeout` of every `hull run` a test makes: well below the test
+/// runner's limit (`.config/nextest.toml`: 60 s a native test, 5 min a
+/// tier-3 one), above any command a test runs to completion.
+pub const RUN_TIMEOUT: &str = "45s";
+
 pub const CANARY: &str = "CANARY-PRIVATE-KEY-7f3a9c";
 pub const VICTIM: &str = "victim-original-contents";
 
@@ -104,6 +109,9 @@ impl World {
     }
 
     /// A `hull run` command for `tier` running `sh -c script` in the project.
+    /// It carries [`RUN_TIMEOUT`] unless `extra` names its own `--timeout`,
+    /// so a hung command ends as hull's exit 124 with its message, before
+    /// the test runner's own limit kills the test without one.
     pub fn cmd(&self, tier: &str, extra: &[&str], script: &str) -> Command {
         let mut c = Command::new(hull_bin());
         c.arg("run");
@@ -113,6 +121,9 @@ impl World {
             c.args(["--tier", tier]);
         }
         c.arg("--project").arg(&self.project);
+        if !extra.contains(&"--timeout") {
+            c.args(["--timeout", RUN_TIMEOUT]);
+        }
         c.args(extra);
         c.args(["--", "sh", "-c", script]);
         // The fake home must not hide hull's own caches (the tier-3 image).

@@ -19,6 +19,12 @@ pub enum VmCommand {
         /// Stop after this long with no client and no command (e.g. 30m, 2h).
         #[arg(long, default_value = "30m", value_parser = parse_duration)]
         idle: Duration,
+        /// Give up when the VM is not ready after this long (e.g. 3m): the
+        /// supervisor and its VM are stopped and hull exits 125 with the
+        /// supervisor log's tail. Default: the accelerator's boot and setup
+        /// deadlines plus a minute (11 min under TCG).
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
     },
     /// Show the VMs and whether they are up.
     Status {
@@ -29,6 +35,10 @@ pub enum VmCommand {
     Down {
         #[arg(long, default_value = "default")]
         name: String,
+        /// How long the VM may take to shut down cleanly before its
+        /// supervisor is killed (and the VM with it).
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
     },
     /// Internal: the supervisor process `hull vm up` starts.
     #[command(name = "__serve", hide = true)]
@@ -57,6 +67,7 @@ pub fn vm(c: VmCommand) -> anyhow::Result<i32> {
             project,
             policy,
             idle,
+            timeout,
         } => {
             let project = match project {
                 Some(p) => p,
@@ -73,6 +84,7 @@ pub fn vm(c: VmCommand) -> anyhow::Result<i32> {
                     policy,
                     idle,
                 },
+                timeout,
             )?;
             println!(
                 "hull vm {}: up (accelerator {}, supervisor pid {}, project {}, policy {}, idle stop after {}s)",
@@ -121,8 +133,8 @@ pub fn vm(c: VmCommand) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        VmCommand::Down { name } => {
-            if supervisor::down(&name)? {
+        VmCommand::Down { name, timeout } => {
+            if supervisor::down(&name, timeout)? {
                 println!("hull vm {name}: down");
             } else {
                 println!("hull vm {name}: was not up");

@@ -426,7 +426,8 @@ mod imp {
     }
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(all(target_os = "linux", feature = "tier3"))]
 mod tests {
     use super::*;
 

@@ -48,7 +48,10 @@ pub mod virtiofsd;
 
 pub use crate::policy::lower::vm::{GUEST_GID, GUEST_UID};
 
+// The VM tests: built with the `tier3` feature only (Cargo.toml).
 #[cfg(test)]
+#[cfg(feature = "tier3")]
 pub(crate) mod testkit;
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(all(target_os = "linux", feature = "tier3"))]
 mod vm_tests;

@@ -256,8 +256,14 @@ fn now_unix() -> u64 {
 }
 
 /// `hull vm up`: starts the supervisor `exe vm __serve ...` detached and
-/// waits until the VM is ready (or failed).
-pub fn up(exe: &Path, o: &UpOptions) -> Result<VmState, SupervisorError> {
+/// waits until the VM is ready (or failed), at most `ready_within` (default:
+/// the accelerator's boot and setup deadlines plus a minute); past it the
+/// supervisor is killed, and its VM with it (PDEATHSIG).
+pub fn up(
+    exe: &Path,
+    o: &UpOptions,
+    ready_within: Option<Duration>,
+) -> Result<VmState, SupervisorError> {
     use std::os::unix::process::CommandExt;
     let dir = vm_dir(&o.name)?;
     fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
@@ -298,9 +304,11 @@ pub fn up(exe: &Path, o: &UpOptions) -> Result<VmState, SupervisorError> {
         });
     }
     let mut child = cmd.spawn().map_err(io_err("start the supervisor", exe))?;
-    let accel = crate::vm::accel::probe_accel().accel;
-    let (boot, setup) = crate::tier::vm::deadlines(accel);
-    let deadline = boot + setup + Duration::from_secs(60);
+    let deadline = ready_within.unwrap_or_else(|| {
+        let accel = crate::vm::accel::probe_accel().accel;
+        let (boot, setup) = crate::tier::vm::deadlines(accel);
+        boot + setup + Duration::from_secs(60)
+    });
     let end = Instant::now() + deadline;
     loop {
         if let Some(s) = read_state(&dir) {
@@ -375,8 +383,9 @@ pub fn status() -> Result<Vec<VmStatus>, SupervisorError> {
 }
 
 /// `hull vm down`: stops the VM's supervisor (which shuts the VM down
-/// cleanly). Returns false when it was not up.
-pub fn down(name: &str) -> Result<bool, SupervisorError> {
+/// cleanly), killing it when it is not gone after `grace`. Returns false
+/// when it was not up.
+pub fn down(name: &str, grace: Duration) -> Result<bool, SupervisorError> {
     let dir = vm_dir(name)?;
     if !lock_held(&dir) {
         let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
@@ -403,7 +412,7 @@ pub fn down(name: &str) -> Result<bool, SupervisorError> {
     unsafe {
         libc::kill(s.pid as libc::pid_t, libc::SIGTERM);
     }
-    let end = Instant::now() + Duration::from_secs(60);
+    let end = Instant::now() + grace;
     while lock_held(&dir) {
         if Instant::now() >= end {
             if rec.is_alive() {

@@ -2,23 +2,14 @@
 //! Helpers for the tier-3 tests that boot real VMs.
 //!
 //! The tests need QEMU, virtiofsd, a guest kernel (the built image's
-//! `vmlinux`, or `HULL_VM_KERNEL`) and a static busybox. A missing piece is
-//! a failure with the reason, unless `HULL_TEST_TIER3=0` declares that this
-//! machine lacks tier 3 (then the VM tests report that and do nothing).
+//! `vmlinux`, or `HULL_VM_KERNEL`) and a static busybox. They are built
+//! with the `tier3` feature only, which declares that this machine has
+//! them: a missing piece is then a failure with the reason.
 
 use std::path::{Path, PathBuf};
 
-/// True when the environment declares this machine has no tier 3.
-pub fn tier3_declared_absent() -> bool {
-    if std::env::var("HULL_TEST_TIER3").as_deref() == Ok("0") {
-        eprintln!("HULL_TEST_TIER3=0: this machine is declared to lack tier 3; VM test not run");
-        true
-    } else {
-        false
-    }
-}
-
-const HOW: &str = "set HULL_TEST_TIER3=0 to declare that this machine lacks tier 3";
+const HOW: &str =
+    "or build the tests without the `tier3` feature to declare that this machine lacks tier 3";
 
 /// The guest kernel to boot.
 pub fn kernel() -> PathBuf {

@@ -1,7 +1,8 @@
 //! End-to-end tests of the host side with real QEMU (TCG here) and real
 //! virtiofsd, booting the guest kernel with a busybox initramfs whose init
 //! runs a shell script: what the guest could do to shared files, checked on
-//! the host afterwards.
+//! the host afterwards. Built with the `tier3` feature only (the machine
+//! declares it has QEMU, virtiofsd and a guest kernel).
 
 use std::fs;
 use std::path::Path;
@@ -55,9 +56,6 @@ fn spec(dir: &Path, initrd: &Path, shares: Vec<VirtiofsdSpec>) -> MachineSpec {
 /// every write it can; afterwards the host checks what actually landed.
 #[test]
 fn guest_writes_land_where_allowed_and_nowhere_else() {
-    if testkit::tier3_declared_absent() {
-        return;
-    }
     let tools = testkit::tools();
     let t = tempfile::tempdir().unwrap();
     let run = t.path().join("run");
@@ -177,9 +175,6 @@ echo evil >> /mnt/p/.git/config && echo GITCFG-WRITTEN-AFTER-UMOUNT
 /// clean QMP shutdown works; pid files are removed.
 #[test]
 fn helpers_end_with_the_machine() {
-    if testkit::tier3_declared_absent() {
-        return;
-    }
     let tools = testkit::tools();
     let t = tempfile::tempdir().unwrap();
     let run = t.path().join("run");
@@ -216,9 +211,6 @@ fn helpers_end_with_the_machine() {
 /// error naming the step and the console log, and the VM is torn down.
 #[test]
 fn a_guest_without_agent_is_an_error_naming_the_console_log() {
-    if testkit::tier3_declared_absent() {
-        return;
-    }
     let tools = testkit::tools();
     let t = tempfile::tempdir().unwrap();
     let run = t.path().join("run");
@@ -287,9 +279,6 @@ fn agent_session_over_virtio_serial() {
     use std::sync::atomic::{AtomicI32, Ordering};
     use std::sync::Arc;
 
-    if testkit::tier3_declared_absent() {
-        return;
-    }
     let tools = testkit::tools();
     let t = tempfile::tempdir().unwrap();
     let run = t.path().join("run");
@@ -436,9 +425,6 @@ fn agent_session_over_virtio_serial() {
 #[test]
 fn snapshot_to_file_and_restore_continues_the_guest() {
     use super::qemu::Incoming;
-    if testkit::tier3_declared_absent() {
-        return;
-    }
     let tools = testkit::tools();
     let t = tempfile::tempdir().unwrap();
     let run = t.path().join("run");
