@@ -9,7 +9,7 @@ use std::net::TcpListener;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use hull_tests::{feed, pids_with, require_tier, show, World, CANARY, VICTIM};
+use hull_tests::{feed, pids_with, require_tier, show, HostLock, Restore, World, CANARY, VICTIM};
 
 fn hull_policy_default() -> String {
     std::fs::read_to_string(concat!(
@@ -459,6 +459,181 @@ fn interrupt_kills_the_tree(t: &str) {
     no_helper_left(&w);
 }
 
+/// A global sysctl (no namespace has its own) that nothing here depends on.
+const SYSCTL: &str = "/proc/sys/kernel/printk_ratelimit_burst";
+
+/// The kernel's knobs: a command that is host uid 0 passes the owner check
+/// on a 0644 sysctl without any capability (`kernel.core_pattern` set to a
+/// pipe runs a program as host root).
+fn kernel_knobs_are_read_only(t: &str) {
+    require_tier(t);
+    let _lock = HostLock::take("sysctl");
+    let w = World::new();
+    let before = std::fs::read_to_string(SYSCTL).expect("read the sysctl");
+    let n: u64 = before.trim().parse().expect("a number");
+    let write = format!("echo {} > {SYSCTL}", n + 1);
+    // core_pattern written back with its own value: harmless if it lands.
+    // (An actual write: Landlock does not answer access(2) checks.)
+    let writable = "f=/proc/sys/kernel/core_pattern; v=$(cat $f); \
+                    (printf '%s\\n' \"$v\" > $f) 2>/dev/null && echo \"writable $f\"; true";
+    {
+        let _restore = Restore {
+            path: SYSCTL.into(),
+            value: before.clone().into_bytes(),
+        };
+        let control = w.run("none", &[], &format!("{write} && {writable}"));
+        assert_eq!(
+            control.status.code(),
+            Some(0),
+            "control: {}",
+            show(&control)
+        );
+        assert_eq!(
+            std::fs::read_to_string(SYSCTL).expect("sysctl").trim(),
+            (n + 1).to_string(),
+            "control: the write did not land"
+        );
+        assert!(
+            String::from_utf8_lossy(&control.stdout)
+                .contains("writable /proc/sys/kernel/core_pattern"),
+            "control: {}",
+            show(&control)
+        );
+    }
+    assert_eq!(std::fs::read_to_string(SYSCTL).expect("sysctl"), before);
+    let o = w.run(t, &[], &write);
+    let after = std::fs::read_to_string(SYSCTL).expect("sysctl");
+    if after != before {
+        let _ = std::fs::write(SYSCTL, &before);
+    }
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(after, before, "tier {t} changed the host's {SYSCTL}");
+    let o = w.run(t, &[], writable);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("writable"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// The host's device nodes: usable, but their mode is the host's.
+fn host_device_nodes_keep_their_mode(t: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    require_tier(t);
+    let _lock = HostLock::take("dev-full");
+    let w = World::new();
+    let node = std::path::Path::new("/dev/full");
+    let mode = || {
+        std::fs::metadata(node)
+            .expect("/dev/full")
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    let before = mode();
+    struct Back(u32);
+    impl Drop for Back {
+        fn drop(&mut self) {
+            let _ = std::fs::set_permissions("/dev/full", std::fs::Permissions::from_mode(self.0));
+        }
+    }
+    {
+        let _back = Back(before);
+        let control = w.run("none", &[], "chmod 0600 /dev/full");
+        assert_eq!(
+            control.status.code(),
+            Some(0),
+            "control: {}",
+            show(&control)
+        );
+        assert_eq!(mode(), 0o600, "control: the chmod did not land");
+    }
+    assert_eq!(mode(), before);
+    let o = w.run(t, &[], "chmod 0600 /dev/full");
+    let after = mode();
+    if after != before {
+        let _ = std::fs::set_permissions(node, std::fs::Permissions::from_mode(before));
+    }
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(after, before, "tier {t} changed the host's /dev/full");
+    // And the nodes still work as devices.
+    let o = w.run(
+        t,
+        &[],
+        "echo x > /dev/null && head -c 4 /dev/zero | od -An -tx1 && head -c 4 /dev/urandom | wc -c",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["00", "00", "00", "00", "4"],
+        "{}",
+        show(&o)
+    );
+}
+
+/// Set-id bits: a set-id copy of a shell left in the project runs as its
+/// owner (root, when hull runs as root) for any local user who finds it.
+fn setid_bits_are_refused(t: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    require_tier(t);
+    let w = World::new();
+    let sh = w.project.join("src/sh");
+    std::fs::copy("/bin/sh", &sh).expect("copy /bin/sh");
+    std::fs::set_permissions(&sh, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let setid =
+        |p: &std::path::Path| std::fs::symlink_metadata(p).map(|m| m.permissions().mode() & 0o6000);
+    let control = w.run("none", &[], "chmod 4755 src/sh");
+    assert_eq!(
+        control.status.code(),
+        Some(0),
+        "control: {}",
+        show(&control)
+    );
+    assert_eq!(
+        setid(&sh).expect("sh"),
+        0o4000,
+        "control: the chmod did not land"
+    );
+    std::fs::set_permissions(&sh, std::fs::Permissions::from_mode(0o755)).expect("chmod back");
+    let attempts = [
+        ("chmod 4755 src/sh", "src/sh"),
+        ("chmod 2755 src/sh", "src/sh"),
+        ("chmod u+s,g+s src/sh", "src/sh"),
+        (
+            "python3 -c 'import os; os.close(os.open(\"src/new\", os.O_CREAT | os.O_WRONLY, 0o4755))'",
+            "src/new",
+        ),
+        (
+            "python3 -c 'import os; os.mkdir(\"src/dir\", 0o2755)'",
+            "src/dir",
+        ),
+        ("mknod src/fifo p && chmod 4644 src/fifo", "src/fifo"),
+    ];
+    for (a, path) in attempts {
+        let o = w.run(t, &[], a);
+        assert!(failed(&o), "{a}: {}", show(&o));
+        let p = w.project.join(path);
+        if let Ok(bits) = setid(&p) {
+            assert_eq!(bits, 0, "{a}: {} has mode bits {bits:o}", p.display());
+        }
+    }
+    // Positive: ordinary modes still work.
+    let o = w.run(
+        t,
+        &[],
+        "chmod 0700 src/sh && mkdir -m 0750 src/ok && touch src/ok/f",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        std::fs::metadata(&sh).expect("sh").permissions().mode() & 0o7777,
+        0o700
+    );
+    assert!(w.project.join("src/ok/f").exists());
+}
+
 // ---- positive cases ----------------------------------------------------
 
 fn project_read_and_write(t: &str) {
@@ -539,65 +714,52 @@ fn output_is_byte_exact(t: &str) {
     );
 }
 
+/// The matrix: the common cases on every tier compiled in, then the cases
+/// each tier has so far (issue 20 lands tier by tier; a case is listed for a
+/// tier once that tier refuses it).
 macro_rules! matrix {
-    ($($case:ident),* $(,)?) => {
+    (
+        common: [$($case:ident),* $(,)?],
+        landlock: [$($l:ident),* $(,)?],
+        bwrap: [$($b:ident),* $(,)?],
+        vm: [$($v:ident),* $(,)?] $(,)?
+    ) => {
         #[cfg(feature = "landlock")]
-        mod landlock { $( #[test] fn $case() { super::$case("landlock") } )* }
+        mod landlock { $( #[test] fn $case() { super::$case("landlock") } )* $( #[test] fn $l() { super::$l("landlock") } )* }
         #[cfg(feature = "bwrap")]
-        mod bwrap { $( #[test] fn $case() { super::$case("bwrap") } )* }
-    };
-}
-
-/// Tier 3 runs the whole matrix: a run restores a VM in about 2 s. On tier 3
-/// the command's processes live in the guest, so the process cases also
-/// check that no QEMU or virtiofsd of the run outlives it on the host.
-macro_rules! matrix_vm {
-    ($($case:ident),* $(,)?) => {
+        mod bwrap { $( #[test] fn $case() { super::$case("bwrap") } )* $( #[test] fn $b() { super::$b("bwrap") } )* }
+        // Tier 3 runs the whole matrix: a run restores a VM in seconds. On
+        // tier 3 the command's processes live in the guest, so the process
+        // cases also check that no QEMU or virtiofsd of the run outlives it.
         #[cfg(feature = "tier3")]
-        mod vm { $( #[test] fn $case() { super::$case("vm") } )* }
+        mod vm { $( #[test] fn $case() { super::$case("vm") } )* $( #[test] fn $v() { super::$v("vm") } )* }
     };
 }
-
-matrix_vm!(
-    read_canary_outside,
-    write_outside,
-    spill_is_readable_not_writable,
-    other_instance_is_invisible,
-    protected_names_in_project,
-    protected_names_before_they_exist,
-    symlink_out_of_project,
-    hardlink_to_outside,
-    proc_root_traversal,
-    tcp_to_host_loopback,
-    ptrace_host_process,
-    host_env_secret_not_visible,
-    setsid_grandchild_dies_on_timeout,
-    interrupt_kills_the_tree,
-    project_read_and_write,
-    tmp_works_and_tmpdir_is_honoured,
-    exit_codes_and_signals,
-    streams_are_live_and_stdin_passes,
-    output_is_byte_exact,
-);
 
 matrix!(
-    read_canary_outside,
-    write_outside,
-    spill_is_readable_not_writable,
-    other_instance_is_invisible,
-    protected_names_in_project,
-    protected_names_before_they_exist,
-    symlink_out_of_project,
-    hardlink_to_outside,
-    proc_root_traversal,
-    tcp_to_host_loopback,
-    ptrace_host_process,
-    host_env_secret_not_visible,
-    setsid_grandchild_dies_on_timeout,
-    interrupt_kills_the_tree,
-    project_read_and_write,
-    tmp_works_and_tmpdir_is_honoured,
-    exit_codes_and_signals,
-    streams_are_live_and_stdin_passes,
-    output_is_byte_exact,
+    common: [
+        read_canary_outside,
+        write_outside,
+        spill_is_readable_not_writable,
+        other_instance_is_invisible,
+        protected_names_in_project,
+        protected_names_before_they_exist,
+        symlink_out_of_project,
+        hardlink_to_outside,
+        proc_root_traversal,
+        tcp_to_host_loopback,
+        ptrace_host_process,
+        host_env_secret_not_visible,
+        setsid_grandchild_dies_on_timeout,
+        interrupt_kills_the_tree,
+        kernel_knobs_are_read_only,
+        project_read_and_write,
+        tmp_works_and_tmpdir_is_honoured,
+        exit_codes_and_signals,
+        streams_are_live_and_stdin_passes,
+        output_is_byte_exact,
+    ],
+    landlock: [setid_bits_are_refused],
+    bwrap: [setid_bits_are_refused],
+    vm: [host_device_nodes_keep_their_mode],
 );

@@ -57,7 +57,20 @@ pub fn resolve(pf: &PolicyFile, vars: &Vars) -> Result<Policy, ResolveError> {
         match key {
             "fs.read" => grants.push(grant(path, Access::Read)),
             "fs.read_exec" => grants.push(grant(path, Access::ReadExec)),
-            "fs.read_write" => grants.push(grant(path, Access::ReadWrite)),
+            "fs.read_write" => {
+                if let Some(k_if) = kernel_interface_overlap(&path) {
+                    return Err(pf.error_at(
+                        entry.span(),
+                        &k,
+                        format!(
+                            "{} would make {k_if} writable: the kernel's interfaces are never \
+                             writable to a command (grant it read-only, or a narrower path)",
+                            path.display()
+                        ),
+                    ));
+                }
+                grants.push(grant(path, Access::ReadWrite))
+            }
             _ => protects.push(Protect {
                 path,
                 protection: Protection::Hidden,
@@ -135,6 +148,18 @@ pub fn resolve(pf: &PolicyFile, vars: &Vars) -> Result<Policy, ResolveError> {
         env,
         vars: vars.clone(),
     })
+}
+
+/// The kernel's own interfaces: a writable grant over one of them (sysctls,
+/// sysrq, cgroup and device knobs) hands the command the host's kernel.
+const KERNEL_INTERFACES: &[&str] = &["/proc", "/sys"];
+
+/// The kernel interface `path` is, lies in or contains, if any.
+fn kernel_interface_overlap(path: &Path) -> Option<&'static str> {
+    KERNEL_INTERFACES
+        .iter()
+        .copied()
+        .find(|k| path.starts_with(k) || Path::new(k).starts_with(path))
 }
 
 fn grant(path: PathBuf, access: Access) -> Grant {
@@ -382,6 +407,24 @@ mod tests {
             p.grants.iter().filter(|g| g.path == vars().spill).count(),
             1
         );
+    }
+
+    #[test]
+    fn the_kernel_interfaces_are_never_writable() {
+        for path in ["/proc/sys", "/sys/fs/cgroup", "/proc", "/"] {
+            let text = format!("version = 1\n[fs]\nread_write = [\"{path}\"]\n");
+            let pf = PolicyFile::parse("p.toml", &text).unwrap();
+            let e = resolve(&pf, &vars()).unwrap_err().to_string();
+            assert!(e.contains("never writable"), "{path}: {e}");
+            assert!(e.contains("fs.read_write[0]"), "{path}: {e}");
+        }
+        // Read-only is fine, and so is a writable path beside them.
+        let pf = PolicyFile::parse(
+            "p.toml",
+            "version = 1\n[fs]\nread = [\"/proc/cpuinfo\", \"/sys\"]\nread_write = [\"/procfs-cache\"]\n",
+        )
+        .unwrap();
+        resolve(&pf, &vars()).unwrap();
     }
 
     #[test]

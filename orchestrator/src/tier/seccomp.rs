@@ -24,7 +24,9 @@ pub enum SeccompError {
 /// Which tier the filter is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profile {
-    /// bwrap: namespaces already isolate the network.
+    /// bwrap: namespaces already isolate the network; socket families are an
+    /// allowlist (unix, inet and inet6 for the sandbox's own loopback,
+    /// netlink route).
     Bwrap,
     /// landlock: no namespaces, so IP sockets are refused here; unix sockets
     /// only when Landlock itself mediates connecting to them.
@@ -101,6 +103,99 @@ pub const DENIED: &[(&str, i64)] = &[
     ("name_to_handle_at", libc::SYS_name_to_handle_at),
 ];
 
+/// Calls that fail with ENOSYS (not EPERM) so libc and runtimes fall back
+/// to a form the filter can inspect: clone3 hides its flags and openat2 its
+/// mode behind a pointer.
+pub const ENOSYS: &[(&str, i64)] = &[
+    (
+        "clone3: flags behind a pointer (libc falls back to clone)",
+        libc::SYS_clone3,
+    ),
+    (
+        "openat2: mode behind a pointer (callers fall back to openat)",
+        libc::SYS_openat2,
+    ),
+];
+
+/// Socket families the bwrap tier allows; every other family (vsock,
+/// packet, bluetooth, alg, ...) is refused.
+const BWRAP_SOCKET_FAMILIES: &[i32] = &[
+    libc::AF_UNIX,
+    libc::AF_INET,
+    libc::AF_INET6,
+    libc::AF_NETLINK,
+];
+
+/// The set-id bits: a file carrying them, left in a writable root, runs with
+/// its owner's or group's identity for whoever on the host executes it.
+const SETID_BITS: &[u64] = &[libc::S_ISUID as u64, libc::S_ISGID as u64];
+
+/// Calls that set a mode, with the index of the mode argument and, for the
+/// open family, the index of the flags argument (the mode counts only with
+/// O_CREAT or O_TMPFILE).
+fn mode_setting_calls() -> Vec<(i64, u8, Option<u8>)> {
+    let mut calls = vec![
+        (libc::SYS_fchmod, 1, None),
+        (libc::SYS_fchmodat, 2, None),
+        (libc::SYS_fchmodat2, 2, None),
+        (libc::SYS_openat, 3, Some(2)),
+        (libc::SYS_mkdirat, 2, None),
+        (libc::SYS_mknodat, 2, None),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([
+        (libc::SYS_chmod, 1, None),
+        (libc::SYS_open, 2, Some(1)),
+        (libc::SYS_creat, 1, None),
+        (libc::SYS_mkdir, 1, None),
+        (libc::SYS_mknod, 1, None),
+    ]);
+    calls
+}
+
+/// Rules refusing a set-id bit in the mode argument of every call that sets
+/// one (chmod, open with O_CREAT or O_TMPFILE, mkdir, mknod).
+fn setid_rules(rules: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<(), SeccompError> {
+    // O_TMPFILE includes O_DIRECTORY; its own bit is what marks a creation.
+    const O_TMPFILE_BIT: u64 = (libc::O_TMPFILE & !libc::O_DIRECTORY) as u64;
+    for (nr, mode_arg, flags_arg) in mode_setting_calls() {
+        let mut list = Vec::new();
+        for bit in SETID_BITS {
+            let mode = cond(mode_arg, SeccompCmpOp::MaskedEq(*bit), *bit)?;
+            match flags_arg {
+                None => list.push(rule(vec![mode])?),
+                Some(f) => {
+                    for creating in [libc::O_CREAT as u64, O_TMPFILE_BIT] {
+                        list.push(rule(vec![
+                            cond(f, SeccompCmpOp::MaskedEq(creating), creating)?,
+                            cond(mode_arg, SeccompCmpOp::MaskedEq(*bit), *bit)?,
+                        ])?);
+                    }
+                }
+            }
+        }
+        rules.insert(nr, list);
+    }
+    Ok(())
+}
+
+/// Rules refusing every socket family outside `allowed`, and netlink
+/// protocols other than route.
+fn socket_family_rules(allowed: &[i32]) -> Result<Vec<SeccompRule>, SeccompError> {
+    let not_allowed = allowed
+        .iter()
+        .map(|f| cond(0, SeccompCmpOp::Ne, *f as u64))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut list = vec![rule(not_allowed)?];
+    if allowed.contains(&libc::AF_NETLINK) {
+        list.push(rule(vec![
+            cond(0, SeccompCmpOp::Eq, libc::AF_NETLINK as u64)?,
+            cond(2, SeccompCmpOp::Ne, libc::NETLINK_ROUTE as u64)?,
+        ])?);
+    }
+    Ok(list)
+}
+
 const TIOCSTI: u64 = 0x5412;
 const TIOCLINUX: u64 = 0x541C;
 const CLONE_NS_FLAGS: &[u64] = &[
@@ -147,6 +242,17 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
         clone_rules.push(rule(vec![cond(0, SeccompCmpOp::MaskedEq(*f), *f)?])?);
     }
     rules.insert(libc::SYS_clone, clone_rules);
+    setid_rules(&mut rules)?;
+    if profile == Profile::Bwrap {
+        rules.insert(
+            libc::SYS_socket,
+            socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
+        );
+        rules.insert(
+            libc::SYS_socketpair,
+            socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
+        );
+    }
     if let Profile::Landlock { allow_unix_sockets } = profile {
         let mut socket_rules = vec![rule(vec![cond(
             0,
@@ -175,15 +281,15 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
     let mut prog: BpfProgram = filter
         .try_into()
         .map_err(|e: seccompiler::BackendError| SeccompError::Build(e.to_string()))?;
-    // clone3 -> ENOSYS, prepended so it wins over the EPERM default.
-    prepend_clone3_enosys(&mut prog);
+    // clone3, openat2 -> ENOSYS, prepended so they win over the EPERM default.
+    prepend_enosys(&mut prog);
     Ok(prog)
 }
 
 /// Prepends, after the architecture check: x32-ABI syscall numbers are
-/// refused (EPERM), and clone3 fails with ENOSYS so libc falls back to clone,
-/// whose flags the filter can see.
-fn prepend_clone3_enosys(prog: &mut BpfProgram) {
+/// refused (EPERM), and the calls of [`ENOSYS`] fail with ENOSYS so libc
+/// falls back to calls whose arguments the filter can see.
+fn prepend_enosys(prog: &mut BpfProgram) {
     use seccompiler::sock_filter;
     const BPF_LD_W_ABS: u16 = 0x20;
     const BPF_JEQ_K: u16 = 0x15;
@@ -191,42 +297,30 @@ fn prepend_clone3_enosys(prog: &mut BpfProgram) {
     const BPF_RET_K: u16 = 0x06;
     const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
     const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-    let ins = [
-        sock_filter {
-            code: BPF_LD_W_ABS,
-            jt: 0,
-            jf: 0,
-            k: 0,
-        },
-        sock_filter {
-            code: BPF_JGE_K,
-            jt: 2,
-            jf: 0,
-            k: X32_SYSCALL_BIT,
-        },
-        sock_filter {
-            code: BPF_JEQ_K,
-            jt: 0,
-            jf: 2,
-            k: libc::SYS_clone3 as u32,
-        },
-        sock_filter {
-            code: BPF_RET_K,
-            jt: 0,
-            jf: 0,
-            k: SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
-        },
-        sock_filter {
-            code: BPF_RET_K,
-            jt: 0,
-            jf: 0,
-            k: SECCOMP_RET_ERRNO | libc::EPERM as u32,
-        },
+    let n = ENOSYS.len();
+    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    // load nr; x32 -> EPERM; each ENOSYS call -> ENOSYS; else fall through.
+    let mut block = vec![
+        ins(BPF_LD_W_ABS, 0, 0, 0),
+        ins(BPF_JGE_K, (n + 2) as u8, 0, X32_SYSCALL_BIT),
     ];
+    for (i, (_, nr)) in ENOSYS.iter().enumerate() {
+        // Matching jumps to the ENOSYS return, just past the last compare.
+        block.push(ins(BPF_JEQ_K, (n - i) as u8, 0, *nr as u32));
+    }
+    // No match: skip both returns.
+    block.push(ins(0x05, 0, 0, 2)); // BPF_JMP | BPF_JA
+    block.push(ins(
+        BPF_RET_K,
+        0,
+        0,
+        SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+    ));
+    block.push(ins(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | libc::EPERM as u32));
     // seccompiler starts with a 3-instruction architecture check
     // (load arch, jump-if-equal, kill); insert after it.
     let at = 3.min(prog.len());
-    for (i, x) in ins.into_iter().enumerate() {
+    for (i, x) in block.into_iter().enumerate() {
         prog.insert(at + i, x);
     }
 }

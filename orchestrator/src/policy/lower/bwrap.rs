@@ -27,6 +27,17 @@ pub struct Masks {
     pub empty_file: PathBuf,
 }
 
+/// Kernel interfaces of /proc that stay read-only (the read-only paths of
+/// Docker's default profile): sysctls (`kernel.core_pattern` runs a program
+/// as host root), sysrq, IRQ affinity, bus and filesystem knobs.
+pub const PROC_READ_ONLY: &[&str] = &[
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/irq",
+    "/proc/bus",
+    "/proc/fs",
+];
+
 /// What `bwrap` is given, between the binary and `--`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BwrapPlan {
@@ -75,6 +86,11 @@ pub fn lower(
     // A fresh tmpfs root is bwrap's default; /proc and a minimal /dev on it.
     a.opt("--proc", "/proc");
     a.opt("--dev", "/dev");
+    // The kernel's knobs in the new /proc read-only: a command that is uid 0
+    // passes the owner check on a 0644 sysctl without any capability.
+    for p in PROC_READ_ONLY {
+        a.two("--ro-bind-try", p, p);
+    }
     for s in &steps {
         match s {
             Step::Grant { path, access, .. } => {
