@@ -634,6 +634,108 @@ fn setid_bits_are_refused(t: &str) {
     assert!(w.project.join("src/ok/f").exists());
 }
 
+/// A secret directory outside every grant, and a command line that hands
+/// its descriptor to a child as fd 3 (as `3</dir` or `flock DIR cmd` do).
+fn with_fd3(cmd: &mut std::process::Command, dir: &std::path::Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let d = std::fs::File::open(dir).expect("open the secret dir");
+    let fd = d.as_raw_fd();
+    // SAFETY: dup2 or fcntl in the child before exec, on descriptors it has.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would keep close-on-exec.
+            let r = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    d
+}
+
+/// A descriptor hull's caller left open: its magic link leads out of every
+/// mount namespace and past Landlock's paths.
+fn inherited_descriptors_are_closed(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let key = ".ssh/id_ed25519";
+    let script = format!(
+        "cat /proc/self/fd/3/{key}; ls /proc/self/fd/3/ >/dev/null && echo LISTED; \
+         echo planted > /proc/self/fd/3/planted && echo WROTE"
+    );
+    let mut control = std::process::Command::new("sh");
+    control.args(["-c", &script]);
+    let _d = with_fd3(&mut control, &w.home);
+    let control = control.output().expect("sh");
+    assert!(
+        String::from_utf8_lossy(&control.stdout).contains(CANARY),
+        "control: {}",
+        show(&control)
+    );
+    std::fs::remove_file(w.home.join("planted")).expect("the control planted a file");
+    let mut c = w.cmd(t, &[], &script);
+    let _d = with_fd3(&mut c, &w.home);
+    let o = c.stdin(Stdio::null()).output().expect("hull");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(failed(&o), "{}", show(&o));
+    for bad in [CANARY, "LISTED", "WROTE"] {
+        assert!(!out.contains(bad), "{bad}: {}", show(&o));
+    }
+    assert!(!w.home.join("planted").exists());
+}
+
+/// The caller's stdout is a log file: the command must not reopen it
+/// through `/proc/self/fd/1` and read what the caller wrote before the run.
+fn stdout_file_is_not_reopened(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let log = w.root.path().join("caller.log");
+    let earlier = "EARLIER-LOG-SECRET-51c2";
+    let open_log = || {
+        std::fs::write(&log, format!("{earlier}\n")).expect("log");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .expect("open log")
+    };
+    // Reopens its own fd 1 for reading (a relay pipe's write end reopens
+    // as its read end, which blocks: hence the timeout), and for writing.
+    let script = "timeout 3 python3 -c 'import sys; sys.stderr.write(open(\"/proc/self/fd/1\").read(200))'; \
+                  (echo overwritten > /proc/self/fd/1) 2>/dev/null; echo appended";
+    let control = std::process::Command::new("sh")
+        .args(["-c", script])
+        .stdout(open_log())
+        .output()
+        .expect("sh");
+    assert!(
+        String::from_utf8_lossy(&control.stderr).contains(earlier),
+        "control: {}",
+        show(&control)
+    );
+    let o = w
+        .cmd(t, &[], script)
+        .stdin(Stdio::null())
+        .stdout(open_log())
+        .output()
+        .expect("hull");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains(earlier),
+        "{}",
+        show(&o)
+    );
+    // The log kept its earlier line and got the command's output after it.
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.starts_with(&format!("{earlier}\n")), "{text:?}");
+    assert!(text.ends_with("appended\n"), "{text:?}");
+}
+
 // ---- positive cases ----------------------------------------------------
 
 fn project_read_and_write(t: &str) {
@@ -753,6 +855,8 @@ matrix!(
         setsid_grandchild_dies_on_timeout,
         interrupt_kills_the_tree,
         kernel_knobs_are_read_only,
+        inherited_descriptors_are_closed,
+        stdout_file_is_not_reopened,
         project_read_and_write,
         tmp_works_and_tmpdir_is_honoured,
         exit_codes_and_signals,

@@ -112,6 +112,16 @@ pub fn default_project() -> std::io::Result<PathBuf> {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     init_tracing(cli.verbose, cli.quiet);
+    // Nothing hull starts (a command, bwrap, QEMU, virtiofsd) inherits a
+    // descriptor from hull's caller. The Landlock helper is hull started by
+    // hull: what it holds above 2 was passed on purpose.
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::LandlockExec(_)) {
+        if let Err(e) = crate::exec::fds::cloexec_from(3) {
+            eprintln!("hull: error: cannot mark inherited descriptors close-on-exec: {e}");
+            return EXIT_HULL_FAILED;
+        }
+    }
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Probe(a) => probe::probe(a),

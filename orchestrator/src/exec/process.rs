@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::fds::Inheritable;
 use super::{ExecError, ExitStatus, OutputSink};
 
 /// Whether the tree can outlive the direct child.
@@ -39,8 +40,10 @@ enum Stream {
 }
 
 /// Spawns `cmd` and runs it to the end. With a `sink`, stdout and stderr are
-/// piped through it; without one they are inherited (byte for byte, live).
-/// stdin is always inherited.
+/// piped through it; without one they are inherited (byte for byte, live)
+/// when they are pipes, sockets, terminals or /dev/null, and relayed through
+/// pipes otherwise (a regular file or directory could be reopened through
+/// `/proc/self/fd`: see [`super::fds`]); stdin likewise.
 pub fn run(
     mut cmd: Command,
     timeout: Option<Duration>,
@@ -50,12 +53,17 @@ pub fn run(
 ) -> Result<ExitStatus, ExecError> {
     become_subreaper();
     let program = cmd.get_program().to_string_lossy().into_owned();
-    cmd.stdin(Stdio::inherit());
-    if sink.is_some() {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    } else {
-        cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
-    }
+    let relay = |fd| Inheritable::of(fd) == Inheritable::No;
+    let stdio = |piped: bool| {
+        if piped {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        }
+    };
+    cmd.stdin(stdio(relay(0)));
+    cmd.stdout(stdio(sink.is_some() || relay(1)));
+    cmd.stderr(stdio(sink.is_some() || relay(2)));
     let (tx, rx) = mpsc::channel::<Event>();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -81,6 +89,12 @@ pub fn run(
     tracing::debug!(pid = child.id(), "spawned");
     // The child has its copies; ours must go so pipes see EOF.
     drop(close_after_spawn);
+    if let Some(mut input) = child.stdin.take() {
+        // Ends at EOF, or with EPIPE once the command's tree is gone.
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut input);
+        });
+    }
     let main_pid = child.id() as i32;
     let mut open_streams = 0;
     if let Some(out) = child.stdout.take() {
@@ -133,16 +147,16 @@ pub fn run(
                 kill_descendants(main_pid);
             }
             Ok(Event::Out(stream, data)) => {
-                if let Some(s) = sink.as_deref_mut() {
-                    let r = match stream {
-                        Stream::Stdout => s.stdout(&data),
-                        Stream::Stderr => s.stderr(&data),
-                    };
-                    if let Err(e) = r {
-                        if output_error.is_none() {
-                            output_error = Some(e);
-                            kill_descendants(main_pid);
-                        }
+                let r = match (sink.as_deref_mut(), stream) {
+                    (Some(s), Stream::Stdout) => s.stdout(&data),
+                    (Some(s), Stream::Stderr) => s.stderr(&data),
+                    (None, Stream::Stdout) => write_through(&mut std::io::stdout().lock(), &data),
+                    (None, Stream::Stderr) => write_through(&mut std::io::stderr().lock(), &data),
+                };
+                if let Err(e) = r {
+                    if output_error.is_none() {
+                        output_error = Some(e);
+                        kill_descendants(main_pid);
                     }
                 }
             }
@@ -179,6 +193,12 @@ pub fn run(
     }
     let st = exited.ok_or_else(|| ExecError::Wait(std::io::Error::other("no exit status")))?;
     Ok(map_status(st))
+}
+
+/// Relays a chunk to hull's own stream as it arrives.
+fn write_through(w: &mut impl std::io::Write, data: &[u8]) -> std::io::Result<()> {
+    w.write_all(data)?;
+    w.flush()
 }
 
 fn pump(mut r: impl Read + Send + 'static, stream: Stream, tx: mpsc::Sender<Event>) {

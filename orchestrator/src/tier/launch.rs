@@ -160,6 +160,8 @@ impl ChildSetup {
         // on plain integers; it allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
+                // Only the descriptors passed on purpose survive the exec.
+                crate::exec::fds::cloexec_from(3)?;
                 for fd in &keep {
                     if libc::fcntl(*fd, libc::F_SETFD, 0) != 0 {
                         return Err(std::io::Error::last_os_error());

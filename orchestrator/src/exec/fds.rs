@@ -1,0 +1,130 @@
+//! The descriptors a command starts with: exactly 0, 1 and 2 and the ones
+//! hull passes on purpose, never one inherited from hull's caller.
+//!
+//! A descriptor reaches past every boundary a sandbox draws with paths: the
+//! magic link `/proc/self/fd/N` of a directory hull's caller left open (a
+//! shell's `3</root`, `flock DIR hull run ...`) opens anything below it,
+//! whatever mounts or Landlock rules the command runs under. So hull marks
+//! every inherited descriptor above 2 close-on-exec when it starts, and the
+//! process tiers do it again in the child before exec, then clear the flag
+//! on the descriptors they pass.
+//!
+//! Standard streams are the caller's on purpose, but a regular file, a
+//! directory or a block device there can be reopened through the same magic
+//! link, for writing too (the log a caller redirected stdout to, read back
+//! from its start). [`Inheritable::of`] says which ones the command may get
+//! as they are; the others are relayed through pipes (`exec::process`).
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// Marks every descriptor from `first` up close-on-exec. Async-signal-safe
+/// (raw system calls, no allocation): usable between fork and exec.
+pub fn cloexec_from(first: RawFd) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+        // SAFETY: close_range(2) with integer arguments; it only sets flags.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                first as libc::c_uint,
+                libc::c_uint::MAX,
+                CLOSE_RANGE_CLOEXEC,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        // Kernels before 5.11 lack the flag (EINVAL) or the call (ENOSYS).
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+            return Err(e);
+        }
+    }
+    // One fcntl per possible descriptor, up to the soft limit.
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let end = lim.rlim_cur.min(1 << 20) as RawFd;
+    for fd in first..end {
+        // SAFETY: fcntl on an integer; EBADF for descriptors not open.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a standard stream of hull's may be handed to the command as it
+/// is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inheritable {
+    /// A pipe, a socket, a terminal or `/dev/null`: reopening it through
+    /// `/proc/self/fd/N` reaches nothing the descriptor does not.
+    Yes,
+    /// A regular file, a directory, a block device or another device node:
+    /// relay it through a pipe.
+    No,
+    /// Not open: the command gets it closed too.
+    Closed,
+}
+
+impl Inheritable {
+    pub fn of(fd: RawFd) -> Inheritable {
+        // SAFETY: fstat into a zeroed local struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; fd is an integer, EBADF when not open.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Inheritable::Closed;
+        }
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFIFO | libc::S_IFSOCK => Inheritable::Yes,
+            // SAFETY: isatty on an integer.
+            libc::S_IFCHR if unsafe { libc::isatty(fd) } == 1 => Inheritable::Yes,
+            libc::S_IFCHR if is_dev_null(&st) => Inheritable::Yes,
+            _ => Inheritable::No,
+        }
+    }
+}
+
+fn is_dev_null(st: &libc::stat) -> bool {
+    let Ok(null) = std::fs::metadata("/dev/null") else {
+        return false;
+    };
+    use std::os::unix::fs::MetadataExt;
+    // dev_t is u64 on Linux, i32 on macOS.
+    #[allow(clippy::unnecessary_cast)]
+    let rdev = st.st_rdev as u64;
+    null.rdev() == rdev
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn streams_are_classified() {
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        assert_eq!(Inheritable::of(r.as_raw_fd()), Inheritable::Yes);
+        assert_eq!(Inheritable::of(w.as_raw_fd()), Inheritable::Yes);
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(Inheritable::of(null.as_raw_fd()), Inheritable::Yes);
+        let file = tempfile::tempfile().unwrap();
+        assert_eq!(Inheritable::of(file.as_raw_fd()), Inheritable::No);
+        let dir = std::fs::File::open("/").unwrap();
+        assert_eq!(Inheritable::of(dir.as_raw_fd()), Inheritable::No);
+        let zero = std::fs::File::open("/dev/zero").unwrap();
+        assert_eq!(Inheritable::of(zero.as_raw_fd()), Inheritable::No);
+        assert_eq!(Inheritable::of(10_000), Inheritable::Closed);
+    }
+}
