@@ -21,7 +21,10 @@
 //! Guards against: inherited descriptors (the shepherd closes every fd but its
 //! own four before forking the command), inherited signal state (mask
 //! cleared, dispositions reset), privilege (`setgroups`/`setgid`/`setuid` when
-//! asked, and `no_new_privs` always, so setuid binaries gain nothing). It does
+//! asked, and `no_new_privs` always, so setuid binaries gain nothing), and
+//! set-id files: the `hull-seccomp` guest filter refuses set-id mode bits,
+//! which would land on the host through virtiofs as set-id files of the host
+//! user the share maps to. It does
 //! not drop capabilities when the agent runs as root and no uid is given:
 //! the caller decides the uid (the session policy can force one).
 
@@ -49,6 +52,7 @@ pub(crate) fn step_name(step: i32) -> &'static str {
         STEP_SETGID => "setgid",
         STEP_SETUID => "setuid",
         STEP_NO_NEW_PRIVS => "prctl(PR_SET_NO_NEW_PRIVS)",
+        STEP_SECCOMP => "installing the seccomp filter",
         STEP_CHDIR => "chdir",
         STEP_EXEC => "execve",
         _ => "an unknown step",
@@ -61,6 +65,19 @@ const STEP_SETUID: i32 = 4;
 const STEP_NO_NEW_PRIVS: i32 = 5;
 const STEP_CHDIR: i32 = 6;
 const STEP_EXEC: i32 = 7;
+const STEP_SECCOMP: i32 = 8;
+
+/// The guest filter, built once per agent.
+fn guest_filter() -> Result<&'static hull_seccomp::Raw, SpawnError> {
+    static RAW: std::sync::OnceLock<Result<hull_seccomp::Raw, String>> = std::sync::OnceLock::new();
+    RAW.get_or_init(|| {
+        hull_seccomp::build(hull_seccomp::Profile::Guest)
+            .map(|p| hull_seccomp::Raw::new(&p))
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| SpawnError::Seccomp(e.clone()))
+}
 
 /// Pids of live shepherds. Held across `fork` + insert so a concurrent
 /// orphan sweep never mistakes a fresh shepherd for an orphan.
@@ -80,6 +97,8 @@ pub enum SpawnError {
     },
     #[error("fork of the exec shepherd failed: {0}")]
     Fork(#[source] io::Error),
+    #[error("the command's seccomp filter: {0}")]
+    Seccomp(String),
 }
 
 /// The agent's ends of a started exec.
@@ -194,6 +213,7 @@ pub fn spawn(req: &Exec, ids: Option<(u32, u32)>) -> Result<Spawned, SpawnError>
         envp: envp_ptrs.as_ptr(),
         cwd: prep.cwd.as_ref().map(|c| c.as_ptr()),
         ids: prep.ids,
+        filter: guest_filter()?,
         fds: [
             in_r.as_raw_fd(),
             out_w.as_raw_fd(),
@@ -256,6 +276,7 @@ struct Child {
     envp: *const *const libc::c_char,
     cwd: Option<*const libc::c_char>,
     ids: Option<(u32, u32)>,
+    filter: &'static hull_seccomp::Raw,
     /// stdin, stdout, stderr, status: moved to 0, 1, 2, 3 in the shepherd.
     fds: [RawFd; 4],
 }
@@ -412,6 +433,9 @@ unsafe fn command(c: &Child, errfd: RawFd) -> ! {
         }
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             fail(STEP_NO_NEW_PRIVS);
+        }
+        if !c.filter.apply_in_child() {
+            fail(STEP_SECCOMP);
         }
         if let Some(cwd) = c.cwd {
             if libc::chdir(cwd) != 0 {

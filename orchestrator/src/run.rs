@@ -83,6 +83,13 @@ pub enum RunError {
     Exec(#[from] crate::exec::ExecError),
     #[error("tier {0} cannot run on this OS")]
     WrongOs(Tier),
+    #[cfg(target_os = "linux")]
+    #[error("tier {tier}: {source}")]
+    SetIdSweep {
+        tier: Tier,
+        #[source]
+        source: crate::runtime::setid::SweepError,
+    },
 }
 
 /// Resolves the choice to a tier that is available, or fails.
@@ -317,6 +324,7 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
         .transpose()
         .map_err(|e| RunError::Instance(e.to_string()))?;
     let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
+    let started = std::time::SystemTime::now();
     let result = match tier {
         Tier::Vm => crate::tier::vm::run(
             &pol,
@@ -341,8 +349,42 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
             sink,
         ),
     };
+    // Second layer behind seccomp: no set-id file of the command's is left
+    // for the host, also when the command's own status is an error.
+    let swept = sweep_setid(tier, &pol, started);
     if let Err(e) = instance.finish() {
         tracing::warn!("cleaning up the instance: {e}");
     }
-    result
+    let status = result?;
+    swept?;
+    Ok(status)
+}
+
+/// On tier 3, when hull runs as root, clears the set-id bits the command
+/// left in its writable roots (see [`crate::runtime::setid`]); fails when
+/// one could not be cleared or checked. The process tiers need no sweep:
+/// their seccomp filter is enforced by the host's kernel, and a command
+/// that can defeat it already owns the host. On tier 3 the filter is the
+/// guest kernel's, which the command may own without owning the host.
+#[cfg(target_os = "linux")]
+fn sweep_setid(tier: Tier, pol: &Policy, since: std::time::SystemTime) -> Result<(), RunError> {
+    use crate::runtime::setid;
+    if tier != Tier::Vm || !setid::needed() {
+        return Ok(());
+    }
+    let roots = pol.writable_roots().map(|g| g.path.as_path());
+    let cleared =
+        setid::sweep_roots(roots, since).map_err(|source| RunError::SetIdSweep { tier, source })?;
+    for (path, mode) in cleared {
+        eprintln!(
+            "hull: tier {tier}: cleared the set-id bits of {} (mode {mode:o}) the command left",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn sweep_setid(_tier: Tier, _pol: &Policy, _since: std::time::SystemTime) -> Result<(), RunError> {
+    Ok(())
 }

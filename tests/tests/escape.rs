@@ -865,5 +865,5 @@ matrix!(
     ],
     landlock: [setid_bits_are_refused],
     bwrap: [setid_bits_are_refused],
-    vm: [host_device_nodes_keep_their_mode],
+    vm: [setid_bits_are_refused, host_device_nodes_keep_their_mode],
 );

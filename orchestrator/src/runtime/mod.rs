@@ -32,6 +32,8 @@
 pub mod gc;
 pub mod instance;
 pub mod read;
+#[cfg(target_os = "linux")]
+pub mod setid;
 pub mod spill;
 
 mod beneath;

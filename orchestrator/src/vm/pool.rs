@@ -104,6 +104,8 @@ pub enum BatchError {
         #[source]
         source: io::Error,
     },
+    #[error("hull batch: after the jobs: {0}")]
+    SetId(#[from] crate::runtime::setid::SweepError),
 }
 
 /// How many restored VMs fit in memory: what the host has available (80%)
@@ -363,11 +365,22 @@ pub fn run_batch(
     irq: Arc<AtomicI32>,
     on_report: &mut dyn FnMut(&JobReport),
 ) -> Result<Vec<JobReport>, BatchError> {
+    let started = std::time::SystemTime::now();
     let runs = crate::runtime::runs_root();
     let project = crate::run::project_path(&o.project, &runs)
         .map_err(|e| BatchError::Setup(e.to_string()))?;
     let policy_file =
         crate::policy::profiles::load(&o.policy).map_err(|e| BatchError::Setup(e.to_string()))?;
+    // The writable roots every job shares (each job's own tmp goes with it).
+    let shared_roots: Vec<PathBuf> = {
+        let none = runs.join("-");
+        let vars = crate::run::vars_for(project.clone(), none.clone(), none, runs.clone());
+        crate::policy::resolve(&policy_file, &vars)
+            .map_err(|e| BatchError::Setup(e.to_string()))?
+            .writable_roots()
+            .map(|g| g.path.clone())
+            .collect()
+    };
     fs::create_dir_all(&o.out).map_err(|source| BatchError::Io {
         path: o.out.clone(),
         what: "create the output directory",
@@ -403,6 +416,18 @@ pub fn run_batch(
     }
     for h in handles {
         let _ = h.join();
+    }
+    // Second layer behind the guest's seccomp filter: no set-id file of a
+    // job's is left for the host (crate::runtime::setid).
+    if crate::runtime::setid::needed() {
+        let roots = shared_roots.iter().map(PathBuf::as_path);
+        let cleared = crate::runtime::setid::sweep_roots(roots, started)?;
+        for (path, mode) in cleared {
+            eprintln!(
+                "hull batch: cleared the set-id bits of {} (mode {mode:o}) a job left",
+                path.display()
+            );
+        }
     }
     Ok(reports)
 }

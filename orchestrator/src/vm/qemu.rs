@@ -309,7 +309,15 @@ impl MachineConfig {
                 "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
             ]);
         }
-        push(&["-M", self.arch.machine(), "-accel", self.accel.accel_arg()]);
+        let accel = match (self.accel, &self.incoming) {
+            // QEMU 10.0's multi-threaded TCG can abort (iotlb_to_section
+            // assertion) when a vCPU touches MMIO while another reprograms
+            // the memory map, as a booting guest does (PCI BARs): boots run
+            // every vCPU on one thread. A restored guest's map is settled.
+            (Accel::Tcg, None) if self.cpus > 1 => "tcg,thread=single",
+            (a, _) => a.accel_arg(),
+        };
+        push(&["-M", self.arch.machine(), "-accel", accel]);
         push(&["-cpu", self.accel.cpu()]);
         let mem = self.memory_mib.to_string();
         let smp = self.cpus.to_string();
@@ -624,7 +632,7 @@ on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny
 -M
 pc
 -accel
-tcg
+tcg,thread=single
 -cpu
 max
 -m
@@ -752,6 +760,8 @@ console=ttyS0 panic=-1 root=/dev/vda ro quiet
         c.disks[0].format = DiskFormat::Qcow2;
         let got = joined(&c);
         assert!(got.ends_with("\n-incoming\ndefer"), "{got}");
+        // A restored guest runs a TCG thread per vCPU; a boot, one for all.
+        assert!(got.contains("\n-accel\ntcg\n"), "{got}");
         assert!(got.contains("file=/cache/img/root.img,if=none,id=disk0,format=qcow2,snapshot=on"));
     }
 

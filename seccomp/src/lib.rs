@@ -1,0 +1,487 @@
+//! The seccomp filters of hull's Linux sandboxes, as data: one entry per
+//! syscall with the reason it is refused. The host's process tiers
+//! (landlock, bwrap) and the tier-3 guest agent, which starts the command
+//! inside the container, build theirs here, so a rule such as "no set-id
+//! mode bits" is written once for every tier.
+//!
+//! Refused calls fail with EPERM (not a kill), so a program probing for a
+//! feature sees it missing. What this does not cover: syscalls of other ABIs
+//! (i386 compat calls fail the architecture check and kill the process; the
+//! x32 ABI is off in Debian kernels unless booted with `syscall.x32=y`).
+#![cfg(target_os = "linux")]
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("building the seccomp filter failed: {0}")]
+    Build(String),
+    #[error("installing the seccomp filter failed: {0}")]
+    Apply(String),
+}
+
+/// Which tier the filter is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// bwrap: namespaces already isolate the network; socket families are an
+    /// allowlist (unix, inet and inet6 for the sandbox's own loopback,
+    /// netlink route).
+    Bwrap,
+    /// landlock: no namespaces, so IP sockets are refused here; unix sockets
+    /// only when Landlock itself mediates connecting to them.
+    Landlock { allow_unix_sockets: bool },
+    /// The command inside the tier-3 container, started by the guest agent:
+    /// only what the container's own boundary (an unprivileged Incus
+    /// container under LXC's seccomp policy) does not cover: set-id mode
+    /// bits, which land on the host through virtiofs.
+    Guest,
+}
+
+/// Refused unconditionally, with the reason.
+pub const DENIED: &[(&str, i64)] = &[
+    (
+        "ptrace: inspect or control other processes",
+        libc::SYS_ptrace,
+    ),
+    (
+        "process_vm_readv: read another process's memory",
+        libc::SYS_process_vm_readv,
+    ),
+    (
+        "process_vm_writev: write another process's memory",
+        libc::SYS_process_vm_writev,
+    ),
+    (
+        "io_uring_setup: io_uring bypasses syscall filtering",
+        libc::SYS_io_uring_setup,
+    ),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
+    ("mount: change the filesystem view", libc::SYS_mount),
+    ("umount2", libc::SYS_umount2),
+    ("pivot_root", libc::SYS_pivot_root),
+    ("move_mount", libc::SYS_move_mount),
+    ("open_tree", libc::SYS_open_tree),
+    ("fsopen", libc::SYS_fsopen),
+    ("fsconfig", libc::SYS_fsconfig),
+    ("fsmount", libc::SYS_fsmount),
+    ("fspick", libc::SYS_fspick),
+    ("mount_setattr", libc::SYS_mount_setattr),
+    ("bpf: load kernel programs", libc::SYS_bpf),
+    (
+        "perf_event_open: kernel and side-channel observation",
+        libc::SYS_perf_event_open,
+    ),
+    (
+        "userfaultfd: a classic kernel exploit primitive",
+        libc::SYS_userfaultfd,
+    ),
+    (
+        "keyctl: the kernel keyring is not namespaced",
+        libc::SYS_keyctl,
+    ),
+    ("add_key", libc::SYS_add_key),
+    ("request_key", libc::SYS_request_key),
+    ("kexec_load", libc::SYS_kexec_load),
+    ("kexec_file_load", libc::SYS_kexec_file_load),
+    ("init_module: load kernel modules", libc::SYS_init_module),
+    ("finit_module", libc::SYS_finit_module),
+    ("delete_module", libc::SYS_delete_module),
+    (
+        "unshare: new namespaces inside the sandbox",
+        libc::SYS_unshare,
+    ),
+    ("setns: join other namespaces", libc::SYS_setns),
+    (
+        "personality: disable ASLR and similar",
+        libc::SYS_personality,
+    ),
+    ("acct", libc::SYS_acct),
+    ("swapon", libc::SYS_swapon),
+    ("swapoff", libc::SYS_swapoff),
+    ("reboot", libc::SYS_reboot),
+    (
+        "open_by_handle_at: open files by handle, bypassing paths",
+        libc::SYS_open_by_handle_at,
+    ),
+    ("name_to_handle_at", libc::SYS_name_to_handle_at),
+];
+
+/// Calls that fail with ENOSYS (not EPERM) so libc and runtimes fall back
+/// to a form the filter can inspect: clone3 hides its flags and openat2 its
+/// mode behind a pointer.
+pub const ENOSYS: &[(&str, i64)] = &[
+    (
+        "clone3: flags behind a pointer (libc falls back to clone)",
+        libc::SYS_clone3,
+    ),
+    (
+        "openat2: mode behind a pointer (callers fall back to openat)",
+        libc::SYS_openat2,
+    ),
+];
+
+/// Socket families the bwrap tier allows; every other family (vsock,
+/// packet, bluetooth, alg, ...) is refused.
+const BWRAP_SOCKET_FAMILIES: &[i32] = &[
+    libc::AF_UNIX,
+    libc::AF_INET,
+    libc::AF_INET6,
+    libc::AF_NETLINK,
+];
+
+/// The set-id bits: a file carrying them, left in a writable root, runs with
+/// its owner's or group's identity for whoever on the host executes it.
+const SETID_BITS: &[u64] = &[libc::S_ISUID as u64, libc::S_ISGID as u64];
+
+/// Calls that set a mode, with the index of the mode argument and, for the
+/// open family, the index of the flags argument (the mode counts only with
+/// O_CREAT or O_TMPFILE).
+fn mode_setting_calls() -> Vec<(i64, u8, Option<u8>)> {
+    let mut calls = vec![
+        (libc::SYS_fchmod, 1, None),
+        (libc::SYS_fchmodat, 2, None),
+        (libc::SYS_fchmodat2, 2, None),
+        (libc::SYS_openat, 3, Some(2)),
+        (libc::SYS_mkdirat, 2, None),
+        (libc::SYS_mknodat, 2, None),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([
+        (libc::SYS_chmod, 1, None),
+        (libc::SYS_open, 2, Some(1)),
+        (libc::SYS_creat, 1, None),
+        (libc::SYS_mkdir, 1, None),
+        (libc::SYS_mknod, 1, None),
+    ]);
+    calls
+}
+
+/// Rules refusing a set-id bit in the mode argument of every call that sets
+/// one (chmod, open with O_CREAT or O_TMPFILE, mkdir, mknod).
+fn setid_rules(rules: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<(), SeccompError> {
+    // O_TMPFILE includes O_DIRECTORY; its own bit is what marks a creation.
+    const O_TMPFILE_BIT: u64 = (libc::O_TMPFILE & !libc::O_DIRECTORY) as u64;
+    for (nr, mode_arg, flags_arg) in mode_setting_calls() {
+        let mut list = Vec::new();
+        for bit in SETID_BITS {
+            let mode = cond(mode_arg, SeccompCmpOp::MaskedEq(*bit), *bit)?;
+            match flags_arg {
+                None => list.push(rule(vec![mode])?),
+                Some(f) => {
+                    for creating in [libc::O_CREAT as u64, O_TMPFILE_BIT] {
+                        list.push(rule(vec![
+                            cond(f, SeccompCmpOp::MaskedEq(creating), creating)?,
+                            cond(mode_arg, SeccompCmpOp::MaskedEq(*bit), *bit)?,
+                        ])?);
+                    }
+                }
+            }
+        }
+        rules.insert(nr, list);
+    }
+    Ok(())
+}
+
+/// Rules refusing every socket family outside `allowed`, and netlink
+/// protocols other than route.
+fn socket_family_rules(allowed: &[i32]) -> Result<Vec<SeccompRule>, SeccompError> {
+    let not_allowed = allowed
+        .iter()
+        .map(|f| cond(0, SeccompCmpOp::Ne, *f as u64))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut list = vec![rule(not_allowed)?];
+    if allowed.contains(&libc::AF_NETLINK) {
+        list.push(rule(vec![
+            cond(0, SeccompCmpOp::Eq, libc::AF_NETLINK as u64)?,
+            cond(2, SeccompCmpOp::Ne, libc::NETLINK_ROUTE as u64)?,
+        ])?);
+    }
+    Ok(list)
+}
+
+const TIOCSTI: u64 = 0x5412;
+const TIOCLINUX: u64 = 0x541C;
+const CLONE_NS_FLAGS: &[u64] = &[
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWNET as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWCGROUP as u64,
+];
+
+fn cond(arg: u8, op: SeccompCmpOp, v: u64) -> Result<SeccompCondition, SeccompError> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, v)
+        .map_err(|e| SeccompError::Build(e.to_string()))
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
+    SeccompRule::new(conds).map_err(|e| SeccompError::Build(e.to_string()))
+}
+
+/// Builds the BPF program for a profile.
+pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    if profile == Profile::Guest {
+        setid_rules(&mut rules)?;
+        return finish(rules);
+    }
+    for (_, nr) in DENIED {
+        rules.insert(*nr, Vec::new());
+    }
+    // Injecting keystrokes into a terminal hull's caller reads.
+    rules.insert(
+        libc::SYS_ioctl,
+        vec![
+            rule(vec![cond(1, SeccompCmpOp::MaskedEq(0xffff_ffff), TIOCSTI)?])?,
+            rule(vec![cond(
+                1,
+                SeccompCmpOp::MaskedEq(0xffff_ffff),
+                TIOCLINUX,
+            )?])?,
+        ],
+    );
+    // clone with namespace flags; clone3 hides its flags behind a pointer,
+    // so it is refused outright (libc falls back to clone on ENOSYS).
+    let mut clone_rules = Vec::new();
+    for f in CLONE_NS_FLAGS {
+        clone_rules.push(rule(vec![cond(0, SeccompCmpOp::MaskedEq(*f), *f)?])?);
+    }
+    rules.insert(libc::SYS_clone, clone_rules);
+    setid_rules(&mut rules)?;
+    if profile == Profile::Bwrap {
+        rules.insert(
+            libc::SYS_socket,
+            socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
+        );
+        rules.insert(
+            libc::SYS_socketpair,
+            socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
+        );
+    }
+    if let Profile::Landlock { allow_unix_sockets } = profile {
+        let mut socket_rules = vec![rule(vec![cond(
+            0,
+            SeccompCmpOp::Ne,
+            libc::AF_UNIX as u64,
+        )?])?];
+        if !allow_unix_sockets {
+            socket_rules.push(rule(vec![cond(
+                0,
+                SeccompCmpOp::Eq,
+                libc::AF_UNIX as u64,
+            )?])?);
+        }
+        rules.insert(libc::SYS_socket, socket_rules);
+    }
+    finish(rules)
+}
+
+/// Compiles the rules: what matches fails with EPERM, the rest is allowed.
+fn finish(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, SeccompError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| {
+        SeccompError::Build(format!("architecture {}: {e}", std::env::consts::ARCH))
+    })?;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| SeccompError::Build(e.to_string()))?;
+    let mut prog: BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| SeccompError::Build(e.to_string()))?;
+    // clone3, openat2 -> ENOSYS, prepended so they win over the EPERM default.
+    prepend_enosys(&mut prog);
+    Ok(prog)
+}
+
+/// Prepends, after the architecture check: x32-ABI syscall numbers are
+/// refused (EPERM), and the calls of [`ENOSYS`] fail with ENOSYS so libc
+/// falls back to calls whose arguments the filter can see.
+fn prepend_enosys(prog: &mut BpfProgram) {
+    use seccompiler::sock_filter;
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_JEQ_K: u16 = 0x15;
+    const BPF_JGE_K: u16 = 0x35;
+    const BPF_RET_K: u16 = 0x06;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let n = ENOSYS.len();
+    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    // load nr; x32 -> EPERM; each ENOSYS call -> ENOSYS; else fall through.
+    let mut block = vec![
+        ins(BPF_LD_W_ABS, 0, 0, 0),
+        ins(BPF_JGE_K, (n + 2) as u8, 0, X32_SYSCALL_BIT),
+    ];
+    for (i, (_, nr)) in ENOSYS.iter().enumerate() {
+        // Matching jumps to the ENOSYS return, just past the last compare.
+        block.push(ins(BPF_JEQ_K, (n - i) as u8, 0, *nr as u32));
+    }
+    // No match: skip both returns.
+    block.push(ins(0x05, 0, 0, 2)); // BPF_JMP | BPF_JA
+    block.push(ins(
+        BPF_RET_K,
+        0,
+        0,
+        SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+    ));
+    block.push(ins(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | libc::EPERM as u32));
+    // seccompiler starts with a 3-instruction architecture check
+    // (load arch, jump-if-equal, kill); insert after it.
+    let at = 3.min(prog.len());
+    for (i, x) in block.into_iter().enumerate() {
+        prog.insert(at + i, x);
+    }
+}
+
+/// The program as the bytes `bwrap --seccomp FD` reads (struct sock_filter, native order).
+pub fn to_bytes(prog: &BpfProgram) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prog.len() * 8);
+    for f in prog {
+        out.extend_from_slice(&f.code.to_ne_bytes());
+        out.push(f.jt);
+        out.push(f.jf);
+        out.extend_from_slice(&f.k.to_ne_bytes());
+    }
+    out
+}
+
+/// Installs the filter on the calling thread (needs no_new_privs first).
+pub fn apply(prog: &BpfProgram) -> Result<(), SeccompError> {
+    seccompiler::apply_filter(prog).map_err(|e| SeccompError::Apply(e.to_string()))
+}
+
+/// A program in the kernel's own types, built before a fork, to install in
+/// the child with [`Raw::apply_in_child`] (no allocation after the fork).
+#[derive(Debug)]
+pub struct Raw(Vec<libc::sock_filter>);
+
+impl Raw {
+    pub fn new(prog: &BpfProgram) -> Raw {
+        Raw(prog
+            .iter()
+            .map(|f| libc::sock_filter {
+                code: f.code,
+                jt: f.jt,
+                jf: f.jf,
+                k: f.k,
+            })
+            .collect())
+    }
+
+    /// Installs the filter on the calling thread; returns false (errno
+    /// set) when the kernel refused it. Async-signal-safe: one prctl(2)
+    /// on memory prepared before the fork. Needs no_new_privs first.
+    pub fn apply_in_child(&self) -> bool {
+        let prog = libc::sock_fprog {
+            len: self.0.len() as libc::c_ushort,
+            filter: self.0.as_ptr().cast_mut(),
+        };
+        // SAFETY: `prog` points at `self.0`, alive for the call; the kernel
+        // copies the program.
+        unsafe {
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+                &prog as *const libc::sock_fprog,
+            ) == 0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_build_for_every_profile() {
+        for p in [
+            Profile::Guest,
+            Profile::Bwrap,
+            Profile::Landlock {
+                allow_unix_sockets: true,
+            },
+            Profile::Landlock {
+                allow_unix_sockets: false,
+            },
+        ] {
+            let prog = build(p).unwrap();
+            if p != Profile::Guest {
+                assert!(prog.len() > DENIED.len(), "{p:?}");
+            }
+            assert_eq!(to_bytes(&prog).len(), prog.len() * 8);
+        }
+    }
+
+    /// The set-id rules for real: on a thread of its own (a filter binds
+    /// the thread that installs it and what it starts), as the guest agent
+    /// installs it.
+    #[test]
+    fn the_guest_filter_refuses_setid_bits_and_nothing_else() {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        let raw = Raw::new(&build(Profile::Guest).unwrap());
+        let d = dir.path().to_path_buf();
+        let file = f.clone();
+        std::thread::spawn(move || {
+            let f = file;
+            // SAFETY: prctl with integer arguments.
+            let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+            assert_eq!(r, 0);
+            assert!(raw.apply_in_child(), "{}", std::io::Error::last_os_error());
+            let mode = |m| std::fs::Permissions::from_mode(m);
+            for m in [0o4755, 0o2755, 0o6755] {
+                let e = std::fs::set_permissions(&f, mode(m)).unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{m:o}");
+            }
+            std::fs::set_permissions(&f, mode(0o700)).unwrap();
+            let e = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o4755)
+                .open(d.join("g"))
+                .unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o755)
+                .open(d.join("h"))
+                .unwrap();
+            let mut b = std::fs::DirBuilder::new();
+            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o2755);
+            let e = b.create(d.join("sub")).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+            // SAFETY: openat2 with a null `how` fails either way; the
+            // filter answers first.
+            let r =
+                unsafe { libc::syscall(libc::SYS_openat2, libc::AT_FDCWD, c"/".as_ptr(), 0, 0) };
+            assert_eq!(r, -1);
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::ENOSYS)
+            );
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o7777,
+            0o700
+        );
+        assert!(!dir.path().join("g").exists());
+        assert!(!dir.path().join("sub").exists());
+    }
+}
