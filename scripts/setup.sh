@@ -88,6 +88,14 @@ SRC
   fi
 fi
 
+# When hull runs as root, the process tiers run the command as this
+# unprivileged system user (orchestrator/src/tier/identity.rs).
+if ! getent passwd hull-sandbox >/dev/null; then
+  say "useradd hull-sandbox (the sandboxed command's user when hull runs as root)"
+  $SUDO useradd --system --user-group --no-create-home --home-dir /nonexistent \
+    --shell /usr/sbin/nologin hull-sandbox
+fi
+
 # The test runner (scripts/test.sh, .config/nextest.toml).
 if [ "$want_test" -eq 1 ] && ! cargo nextest --version >/dev/null 2>&1; then
   say "cargo install cargo-nextest (a few minutes)"

@@ -203,8 +203,25 @@ pub fn run_process_tier(
                 .map_err(|source| RunError::Lower { tier, source })?;
             let paths: Vec<PathBuf> = plan.placeholders.iter().map(|p| p.path.clone()).collect();
             launch::create_placeholders(&paths).map_err(|e| RunError::Tier(e.to_string()))?;
-            let prepared = crate::tier::bwrap::command(&plan, &spec.argv)
+            let mut prepared = crate::tier::bwrap::command(&plan, &spec.argv)
                 .map_err(|e| RunError::Tier(e.to_string()))?;
+            if crate::tier::identity::hull_is_root() {
+                // Registered before ChildSetup's hook: the change of
+                // credentials clears PDEATHSIG, which ChildSetup sets.
+                let grants: Vec<crate::tier::identity::Grant> = plan
+                    .sources
+                    .iter()
+                    .map(|s| crate::tier::identity::Grant {
+                        path: s.path.clone(),
+                        writable: s.writable,
+                        // The instance's own dirs and masks are hull's.
+                        own: s.writable || s.path.starts_with(run_dir),
+                    })
+                    .collect();
+                let switch = crate::tier::identity::Switch::prepare("bwrap", &grants)
+                    .map_err(|e| RunError::Tier(e.to_string()))?;
+                install_switch(&mut prepared.command, switch);
+            }
             for fd in &prepared.keep {
                 setup.keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(fd));
             }
@@ -234,6 +251,24 @@ pub fn run_process_tier(
             }));
             let mut c = prepared.command;
             c.current_dir(&spec.cwd);
+            if crate::tier::identity::hull_is_root() {
+                // As for bwrap: the helper that applies Landlock and execs
+                // the command runs as the sandbox user already.
+                let grants: Vec<crate::tier::identity::Grant> = policy
+                    .grants
+                    .iter()
+                    .map(|g| crate::tier::identity::Grant {
+                        path: g.path.clone(),
+                        writable: g.access == crate::policy::Access::ReadWrite,
+                        own: g.access == crate::policy::Access::ReadWrite
+                            || g.origin != crate::policy::GrantOrigin::Policy,
+                    })
+                    .collect();
+                let switch = crate::tier::identity::Switch::prepare("landlock", &grants)
+                    .and_then(|s| s.with_cwd(&spec.cwd))
+                    .map_err(|e| RunError::Tier(e.to_string()))?;
+                install_switch(&mut c, switch);
+            }
             c
         }
         Tier::Vm | Tier::Seatbelt | Tier::Restricted | Tier::AppContainer => {
@@ -251,6 +286,18 @@ pub fn run_process_tier(
         check()?;
     }
     Ok(status)
+}
+
+/// Runs the switch to the sandbox user in the child before exec; the
+/// switch (and the user namespaces it holds) lives as long as the command.
+#[cfg(target_os = "linux")]
+fn install_switch(cmd: &mut std::process::Command, switch: crate::tier::identity::Switch) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: `apply_in_child` makes raw, async-signal-safe system calls
+    // only, on memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || switch.apply_in_child());
+    }
 }
 
 /// Off Linux the process tiers are the native ones: seatbelt on macOS,

@@ -78,6 +78,13 @@ impl World {
             .prefix("hull-test-")
             .tempdir_in(std::env::temp_dir())
             .expect("tempdir");
+        // A private parent, as a home directory is: the command must work in
+        // a project it could not reach by path as an unprivileged uid.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700))
+                .expect("chmod 0700");
+        }
         let project = root.path().join("project");
         let home = root.path().join("home");
         let outside = root.path().join("outside");

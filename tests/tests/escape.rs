@@ -736,6 +736,73 @@ fn stdout_file_is_not_reopened(t: &str) {
     assert!(text.ends_with("appended\n"), "{text:?}");
 }
 
+/// A 0600 root-owned file inside a directory the policy grants read-only
+/// (as `/etc/shadow`-like files under a granted `/etc`): a command that
+/// runs as host uid 0 passes the owner check without any capability.
+fn root_only_files_stay_unreadable(t: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    require_tier(t);
+    let w = World::new();
+    let secret = w.outside.join("root-only");
+    std::fs::write(&secret, CANARY).expect("write");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let open = w.outside.join("public");
+    std::fs::write(&open, "public-data").expect("write");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let pol = w.root.path().join("read-outside.toml");
+    let text = hull_policy_default().replace(
+        "read = [",
+        &format!("read = [\"{}\", ", w.outside.display()),
+    );
+    std::fs::write(&pol, text).expect("write policy");
+    let pol = pol.to_str().expect("utf8");
+    let script = format!("cat '{}'; cat '{}'", open.display(), secret.display());
+    let control = w.run("none", &["--policy", pol], &script);
+    assert!(
+        String::from_utf8_lossy(&control.stdout).contains(CANARY),
+        "control: {}",
+        show(&control)
+    );
+    let o = w.run(t, &["--policy", pol], &script);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(failed(&o), "{}", show(&o));
+    assert!(out.contains("public-data"), "the grant works: {}", show(&o));
+    assert!(!out.contains(CANARY), "{}", show(&o));
+}
+
+/// A project inside a mode-0700 directory of the caller's (the World's
+/// root is one): the command works there, and what it creates belongs to
+/// the caller on the host, whatever uid the command ran as.
+fn new_files_belong_to_the_caller(t: &str) {
+    use std::os::unix::fs::MetadataExt;
+    require_tier(t);
+    let w = World::new();
+    let top = std::fs::metadata(w.root.path()).expect("root");
+    assert_eq!(top.mode() & 0o777, 0o700, "the test needs a 0700 parent");
+    let o = w.run(
+        t,
+        &[],
+        "mkdir -p src/build/out && echo built > src/build/out/artifact && echo more >> src/main.txt && cat src/build/out/artifact",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "built\n");
+    // SAFETY: geteuid/getegid take no arguments and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    for p in [
+        "src/build",
+        "src/build/out",
+        "src/build/out/artifact",
+        "src/main.txt",
+    ] {
+        let m = std::fs::symlink_metadata(w.project.join(p)).expect("created");
+        assert_eq!((m.uid(), m.gid()), (uid, gid), "{p}");
+    }
+    assert_eq!(
+        w.read(&w.project.join("src/main.txt")),
+        "project-file\nmore\n"
+    );
+}
+
 // ---- positive cases ----------------------------------------------------
 
 fn project_read_and_write(t: &str) {
@@ -862,8 +929,17 @@ matrix!(
         exit_codes_and_signals,
         streams_are_live_and_stdin_passes,
         output_is_byte_exact,
+        new_files_belong_to_the_caller,
     ],
-    landlock: [setid_bits_are_refused],
-    bwrap: [setid_bits_are_refused],
+    landlock: [
+        setid_bits_are_refused,
+        host_device_nodes_keep_their_mode,
+        root_only_files_stay_unreadable,
+    ],
+    bwrap: [
+        setid_bits_are_refused,
+        host_device_nodes_keep_their_mode,
+        root_only_files_stay_unreadable,
+    ],
     vm: [setid_bits_are_refused, host_device_nodes_keep_their_mode],
 );

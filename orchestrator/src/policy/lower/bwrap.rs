@@ -44,6 +44,18 @@ pub struct BwrapPlan {
     pub args: Vec<OsString>,
     pub placeholders: Vec<Placeholder>,
     pub notes: Vec<String>,
+    /// The host paths bwrap binds in (the sources of the policy's binds and
+    /// masks), with whether each is bound writable: what a command running
+    /// as another uid must be able to reach (`tier::identity`).
+    #[serde(skip)]
+    pub sources: Vec<BindSource>,
+}
+
+/// A host path bwrap binds into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindSource {
+    pub path: PathBuf,
+    pub writable: bool,
 }
 
 impl BwrapPlan {
@@ -91,6 +103,13 @@ pub fn lower(
     for p in PROC_READ_ONLY {
         a.two("--ro-bind-try", p, p);
     }
+    let mut sources = Vec::new();
+    let mut source = |path: &Path, writable: bool| {
+        sources.push(BindSource {
+            path: path.to_path_buf(),
+            writable,
+        })
+    };
     for s in &steps {
         match s {
             Step::Grant { path, access, .. } => {
@@ -98,6 +117,7 @@ pub fn lower(
                     Access::ReadWrite => "--bind",
                     Access::Read | Access::ReadExec => "--ro-bind",
                 };
+                source(path, *access == Access::ReadWrite);
                 a.two(op, path, path);
             }
             Step::Symlink { path, target } => a.two("--symlink", target, path),
@@ -107,9 +127,13 @@ pub fn lower(
                 } else {
                     &masks.empty_file
                 };
+                source(mask, false);
                 a.two("--ro-bind", mask, path);
             }
-            Step::ReadOnly { path, .. } => a.two("--ro-bind", path, path),
+            Step::ReadOnly { path, .. } => {
+                source(path, false);
+                a.two("--ro-bind", path, path)
+            }
         }
     }
     a.opt("--remount-ro", "/");
@@ -118,6 +142,7 @@ pub fn lower(
         args: a.0,
         placeholders,
         notes,
+        sources,
     })
 }
 

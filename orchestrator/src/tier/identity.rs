@@ -1,0 +1,565 @@
+//! Who the command is on the host when hull runs as root.
+//!
+//! A command running as host uid 0 passes every owner check without any
+//! capability: it can write root-owned sysctl and cgroup files, read 0600
+//! root files inside a granted system directory, change the mode of the
+//! host's device nodes, and leave root-owned files behind. So when hull's
+//! euid is 0, the process tiers (landlock, bwrap) run the command as the
+//! unprivileged system user [`SANDBOX_USER`] (no supplementary groups), and
+//! it reaches what the policy grants through mounts made in a private mount
+//! namespace of the child, just before it drops root:
+//!
+//! - each writable root, and hull's own instance dirs and masks, are
+//!   re-mounted on themselves with an idmapping that shows their on-disk
+//!   owner as the sandbox user: what the command creates is stored as that
+//!   owner's (the caller's tree stays the caller's);
+//! - each ancestor of a grant the sandbox user cannot search (a 0700 home
+//!   or run directory) is re-mounted the same way, so path lookup works;
+//!   what is visible below it is still only what the tier grants;
+//! - a read-only grant below such an ancestor is re-mounted as it is, with
+//!   the host's ids, so the ancestor's mapping does not make its 0600 files
+//!   the sandbox user's;
+//! - everything else (the system directories) is seen as "others": 0600
+//!   root files stay unreadable, kernel knobs and device nodes unchangeable.
+//!
+//! Every re-mount is cloned from the host's mounts and checked in hull
+//! before the child starts (a filesystem without idmapped mounts fails the
+//! run there, naming the path); the child only attaches them. They exist
+//! only in the child's mount namespace; the host sees none of them, and
+//! they carry nosuid and nodev. When hull is not root nothing here applies:
+//! the command already runs as the caller.
+//!
+//! What this does not cover: the sandbox user is one uid for every run, so
+//! `limits.pids` (RLIMIT_NPROC) counts the processes of every concurrent
+//! run together; set-id bits (refused by seccomp) would still be stored as
+//! the owner's.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// The host user commands run as when hull runs as root (created by
+/// `scripts/setup.sh`).
+pub const SANDBOX_USER: &str = "hull-sandbox";
+
+/// The command that creates [`SANDBOX_USER`].
+pub const CREATE_USER: &str = "useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin hull-sandbox";
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("tier {tier}: hull runs as root, so the command must run as the unprivileged user `{SANDBOX_USER}`, which does not exist; create it with `{CREATE_USER}` (scripts/setup.sh does); the command did not run")]
+    NoUser { tier: &'static str },
+    #[error("tier {tier}: user `{SANDBOX_USER}` has uid 0 or gid 0 in /etc/passwd; it must be an unprivileged user")]
+    PrivilegedUser { tier: &'static str },
+    #[error("tier {tier}: cannot read /etc/passwd to find `{SANDBOX_USER}`: {source}")]
+    Passwd {
+        tier: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "tier {tier}: cannot inspect {path} (needed to grant it to `{SANDBOX_USER}`): {source}"
+    )]
+    Inspect {
+        tier: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("tier {tier}: path {path} contains a NUL byte")]
+    Nul { tier: &'static str, path: PathBuf },
+    #[error("tier {tier}: cannot create the user namespace for an idmapped mount: {source}")]
+    Userns {
+        tier: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("tier {tier}: cannot {step} {path} as an idmapped mount for `{SANDBOX_USER}` (the filesystem must support idmapped mounts, Linux 5.12+; ext4, xfs, btrfs and tmpfs do): {source}; the command did not run")]
+    Mount {
+        tier: &'static str,
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A uid and gid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ids {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Whether hull runs as root, so the command must change identity.
+pub fn hull_is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Finds [`SANDBOX_USER`] in `/etc/passwd`.
+pub fn sandbox_user(tier: &'static str) -> Result<Ids, IdentityError> {
+    let text = std::fs::read_to_string("/etc/passwd")
+        .map_err(|source| IdentityError::Passwd { tier, source })?;
+    let ids = find_user(&text, SANDBOX_USER).ok_or(IdentityError::NoUser { tier })?;
+    if ids.uid == 0 || ids.gid == 0 {
+        return Err(IdentityError::PrivilegedUser { tier });
+    }
+    Ok(ids)
+}
+
+/// `name:pw:uid:gid:...` lines; the first entry for `name` wins.
+fn find_user(passwd: &str, name: &str) -> Option<Ids> {
+    passwd.lines().find_map(|line| {
+        let mut f = line.split(':');
+        if f.next()? != name {
+            return None;
+        }
+        let _pw = f.next()?;
+        let uid = f.next()?.parse().ok()?;
+        let gid = f.next()?.parse().ok()?;
+        Some(Ids { uid, gid })
+    })
+}
+
+/// One path re-mounted on itself with an idmapping: the detached,
+/// idmapped copy of its mount made in the parent, attached in the child.
+#[derive(Debug)]
+struct Remount {
+    cpath: CString,
+    tree: OwnedFd,
+}
+
+/// What the child does before it execs: prepared in the parent (all
+/// allocation, file inspection and every mount that can fail on the
+/// filesystem happen here, reported with their path), applied in the child
+/// with raw system calls only.
+#[derive(Debug)]
+pub struct Switch {
+    tier: &'static str,
+    user: Ids,
+    remounts: Vec<Remount>,
+    /// Entered again once the mounts are in place (the child's working
+    /// directory, set before the mounts, still names the mount below).
+    cwd: Option<CString>,
+}
+
+/// A path the command is given, whether it must be writable, and whether
+/// it is the command's own (a writable root, or hull's instance dirs and
+/// masks): shown as the sandbox user's. Other read-only grants keep the
+/// host's ids, so the sandbox user reads in them only what others may.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub path: PathBuf,
+    pub writable: bool,
+    pub own: bool,
+}
+
+/// Can `user` (no supplementary groups) get `bits` (octal rwx, 0-7) on a
+/// file with this metadata, as the kernel's owner/group/other check would?
+fn allowed(m: &std::fs::Metadata, user: Ids, bits: u32) -> bool {
+    let mode = m.mode();
+    let granted = if m.uid() == user.uid {
+        (mode >> 6) & 7
+    } else if m.gid() == user.gid {
+        (mode >> 3) & 7
+    } else {
+        mode & 7
+    };
+    granted & bits == bits
+}
+
+/// How a path is re-mounted in the command's mount namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Remap {
+    /// Shown with `owner`'s ids as the sandbox user's: a writable root
+    /// (what the command creates there is stored as `owner`'s), or an
+    /// ancestor of a grant the sandbox user could not search.
+    As(Ids),
+    /// A plain copy with the host's ids: a grant that is not writable, below
+    /// an ancestor re-mounted only to be searched, which would otherwise
+    /// show it as the sandbox user's (a 0600 root file readable).
+    Host,
+}
+
+/// The paths to re-mount for `user` so that every grant is reachable, in
+/// the order to mount them (parents first).
+fn remount_paths(
+    tier: &'static str,
+    user: Ids,
+    grants: &[Grant],
+) -> Result<Vec<(PathBuf, Remap)>, IdentityError> {
+    let inspect = |p: &Path| match std::fs::symlink_metadata(p) {
+        Ok(m) => Ok(Some(m)),
+        // Missing grants are skipped by the lowering (noted there).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(IdentityError::Inspect {
+            tier,
+            path: p.to_path_buf(),
+            source,
+        }),
+    };
+    let ids = |m: &std::fs::Metadata| Ids {
+        uid: m.uid(),
+        gid: m.gid(),
+    };
+    let mut out: Vec<(PathBuf, Remap)> = Vec::new();
+    // Ancestors to search, and the writable roots.
+    let mut searched: Vec<PathBuf> = Vec::new();
+    for g in grants {
+        let Some(m) = inspect(&g.path)? else { continue };
+        for a in g.path.ancestors().skip(1) {
+            if a == Path::new("/") || searched.iter().any(|s| s == a) {
+                continue;
+            }
+            let Some(am) = inspect(a)? else { continue };
+            if !allowed(&am, user, 0o1) {
+                searched.push(a.to_path_buf());
+                out.push((a.to_path_buf(), Remap::As(ids(&am))));
+            }
+        }
+        if g.writable && !out.iter().any(|(p, _)| *p == g.path) {
+            out.push((g.path.clone(), Remap::As(ids(&m))));
+        }
+    }
+    // Grants that are not writable, below an ancestor re-mounted only to be
+    // searched (not inside a writable root: those are the owner's own).
+    for g in grants.iter().filter(|g| !g.writable && !g.own) {
+        if out.iter().any(|(p, _)| *p == g.path) || inspect(&g.path)?.is_none() {
+            continue;
+        }
+        let deepest = out
+            .iter()
+            .filter(|(p, _)| g.path.starts_with(p))
+            .max_by_key(|(p, _)| p.components().count())
+            .map(|(p, _)| p.clone());
+        let under_searched_only = deepest.is_some_and(|d| {
+            searched.contains(&d)
+                && !grants
+                    .iter()
+                    .any(|w| w.writable && g.path.starts_with(&w.path))
+        });
+        if under_searched_only {
+            out.push((g.path.clone(), Remap::Host));
+        }
+    }
+    out.sort_by(|(a, _), (b, _)| (a.components().count(), a).cmp(&(b.components().count(), b)));
+    Ok(out)
+}
+
+impl Switch {
+    /// Prepares the switch to the sandbox user for `grants`: every path to
+    /// re-mount is cloned and idmapped now, from the host's own mounts (a
+    /// clone taken inside an idmapped mount could not be idmapped again).
+    pub fn prepare(tier: &'static str, grants: &[Grant]) -> Result<Switch, IdentityError> {
+        let user = sandbox_user(tier)?;
+        let paths = remount_paths(tier, user, grants)?;
+        let mut userns: Vec<(Ids, OwnedFd)> = Vec::new();
+        let mut remounts = Vec::new();
+        for (path, remap) in paths {
+            let ns = match remap {
+                Remap::Host => None,
+                Remap::As(owner) => match userns.iter().position(|(o, _)| *o == owner) {
+                    Some(i) => Some(i),
+                    None => {
+                        let fd = idmap_userns(owner, user)
+                            .map_err(|source| IdentityError::Userns { tier, source })?;
+                        userns.push((owner, fd));
+                        Some(userns.len() - 1)
+                    }
+                },
+            };
+            let cpath =
+                CString::new(path.as_os_str().as_bytes()).map_err(|_| IdentityError::Nul {
+                    tier,
+                    path: path.clone(),
+                })?;
+            let tree =
+                cloned_tree(&cpath, ns.map(|i| &userns[i].1)).map_err(|(step, source)| {
+                    IdentityError::Mount {
+                        tier,
+                        step,
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+            remounts.push(Remount { cpath, tree });
+        }
+        // The user namespaces may go: each idmapped tree holds its own.
+        Ok(Switch {
+            tier,
+            user,
+            remounts,
+            cwd: None,
+        })
+    }
+
+    /// Makes the child enter `dir` again after the mounts (for commands
+    /// started with a working directory of their own; bwrap sets its own).
+    pub fn with_cwd(mut self, dir: &Path) -> Result<Switch, IdentityError> {
+        let c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| IdentityError::Nul {
+            tier: self.tier,
+            path: dir.to_path_buf(),
+        })?;
+        self.cwd = Some(c);
+        Ok(self)
+    }
+
+    /// In the child: a private mount namespace with the idmapped trees on
+    /// their paths, parents first. Raw system calls only.
+    fn mount_all(&self) -> std::io::Result<()> {
+        let err = std::io::Error::last_os_error;
+        // SAFETY: unshare and mount take integer flags and NUL-terminated
+        // static strings.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(err());
+            }
+            if libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(err());
+            }
+        }
+        for r in &self.remounts {
+            // SAFETY: attaches the detached tree (a descriptor `self` owns)
+            // onto the NUL-terminated path `self` owns.
+            let moved = unsafe {
+                libc::syscall(
+                    libc::SYS_move_mount,
+                    r.tree.as_raw_fd(),
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    r.cpath.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                )
+            };
+            if moved != 0 {
+                return Err(err());
+            }
+        }
+        Ok(())
+    }
+
+    /// In the child, before exec: makes the mounts, then becomes the
+    /// sandbox user (no supplementary groups; the kernel clears every
+    /// capability on the change from uid 0). Async-signal-safe.
+    pub fn apply_in_child(&self) -> std::io::Result<()> {
+        self.mount_all()?;
+        if let Some(cwd) = &self.cwd {
+            // SAFETY: chdir to a NUL-terminated path `self` owns.
+            if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        let Ids { uid, gid } = self.user;
+        // SAFETY: integer-only credential calls.
+        unsafe {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(gid, gid, gid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A detached copy of the mounts at `path` (submounts included), nosuid and
+/// nodev, whose ids are shown through `userns`'s mapping when one is given;
+/// on failure, the step and error.
+fn cloned_tree(
+    path: &CString,
+    userns: Option<&OwnedFd>,
+) -> Result<OwnedFd, (&'static str, std::io::Error)> {
+    // SAFETY: `path` is NUL-terminated; open_tree returns a new descriptor.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | AT_RECURSIVE | AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if tree < 0 {
+        return Err(("clone", std::io::Error::last_os_error()));
+    }
+    // SAFETY: open_tree returned a new descriptor owned by nobody else.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_NOSUID
+            | MOUNT_ATTR_NODEV
+            | if userns.is_some() {
+                MOUNT_ATTR_IDMAP
+            } else {
+                0
+            },
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
+    };
+    // SAFETY: `attr` is a valid, correctly sized mount_attr; the empty path
+    // with AT_EMPTY_PATH names `tree` itself.
+    let set = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            (libc::AT_EMPTY_PATH as u32) | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if set != 0 {
+        return Err(("idmap", std::io::Error::last_os_error()));
+    }
+    Ok(tree)
+}
+
+const OPEN_TREE_CLONE: u32 = 1;
+const AT_RECURSIVE: u32 = 0x8000;
+const AT_SYMLINK_NOFOLLOW: u32 = 0x100;
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// `struct mount_attr` of linux/mount.h.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// A user namespace whose id maps show `owner` as `user`: the idmapping of
+/// a mount that lets `user` act as the owner of what it covers.
+fn idmap_userns(owner: Ids, user: Ids) -> std::io::Result<OwnedFd> {
+    let (ready_r, ready_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let (done_r, done_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    // SAFETY: the child makes raw system calls only (unshare, write, read,
+    // _exit) on descriptors opened before the fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; the buffers are stack bytes.
+        unsafe {
+            // Our copies of the parent's ends: with `done_w` open here the
+            // read below would never see end of file.
+            libc::close(ready_r.as_raw_fd());
+            libc::close(done_w.as_raw_fd());
+            let ok: u8 = if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                1
+            } else {
+                0
+            };
+            libc::write(ready_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
+            let mut b = 0u8;
+            libc::read(done_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    drop(ready_w);
+    drop(done_r);
+    let result = (|| {
+        let mut b = [0u8; 1];
+        let n = rustix::io::read(&ready_r, &mut b)?;
+        if n != 1 || b[0] != 1 {
+            return Err(std::io::Error::other(
+                "the helper child could not unshare a user namespace",
+            ));
+        }
+        std::fs::write(
+            format!("/proc/{pid}/uid_map"),
+            format!("{} {} 1\n", owner.uid, user.uid),
+        )?;
+        std::fs::write(
+            format!("/proc/{pid}/gid_map"),
+            format!("{} {} 1\n", owner.gid, user.gid),
+        )?;
+        let f = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;
+        Ok(OwnedFd::from(f))
+    })();
+    drop(done_w);
+    let mut status = 0;
+    // SAFETY: reaps the child forked above.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_user_in_passwd() {
+        let passwd =
+            "root:x:0:0::/root:/bin/sh\nhull-sandbox:x:998:997::/nonexistent:/usr/sbin/nologin\n";
+        assert_eq!(
+            find_user(passwd, "hull-sandbox"),
+            Some(Ids { uid: 998, gid: 997 })
+        );
+        assert_eq!(find_user(passwd, "hull"), None);
+        assert_eq!(
+            find_user("hull-sandbox:x:notanumber:1::", "hull-sandbox"),
+            None
+        );
+    }
+
+    #[test]
+    fn remounts_what_the_sandbox_user_must_reach_parents_first() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let closed = dir.path().join("closed");
+        let open = closed.join("open");
+        let proj = closed.join("proj");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::create_dir_all(proj.join(".git")).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let me = std::fs::metadata(&closed).unwrap();
+        let owner = Ids {
+            uid: me.uid(),
+            gid: me.gid(),
+        };
+        let user = Ids {
+            uid: 64_000,
+            gid: 64_000,
+        };
+        let grant = |path: &Path, writable| Grant {
+            path: path.to_path_buf(),
+            writable,
+            own: writable,
+        };
+        let grants = [
+            grant(&open, false),
+            grant(&open.join("missing"), true),
+            grant(&proj, true),
+            grant(&proj.join(".git"), false),
+        ];
+        let got = remount_paths("bwrap", user, &grants).unwrap();
+        // `closed` (0700, another owner) is re-mounted to be searched; the
+        // read-only `open` below it keeps the host's ids; the project is
+        // the owner's, and so is its read-only .git; the missing grant is
+        // skipped.
+        assert_eq!(
+            got,
+            vec![
+                (closed, Remap::As(owner)),
+                (open, Remap::Host),
+                (proj, Remap::As(owner)),
+            ]
+        );
+    }
+}
