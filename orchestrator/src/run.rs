@@ -244,6 +244,7 @@ pub fn run_process_tier(
                 .keep_fds
                 .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
             keep_alive.push(prepared.error_w);
+            keep_alive.push(prepared.exe);
             let err_r = prepared.error_r;
             started_check = Some(Box::new(move || {
                 crate::tier::landlock::check_started(err_r)

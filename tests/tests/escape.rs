@@ -941,5 +941,9 @@ matrix!(
         host_device_nodes_keep_their_mode,
         root_only_files_stay_unreadable,
     ],
-    vm: [setid_bits_are_refused, host_device_nodes_keep_their_mode],
+    vm: [
+        setid_bits_are_refused,
+        host_device_nodes_keep_their_mode,
+        root_only_files_stay_unreadable,
+    ],
 );

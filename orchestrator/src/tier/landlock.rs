@@ -115,6 +115,8 @@ pub struct Prepared {
     pub command: Command,
     pub error_w: std::os::fd::OwnedFd,
     pub error_r: std::os::fd::OwnedFd,
+    /// hull's executable, which `command` runs: open until it is spawned.
+    pub exe: std::os::fd::OwnedFd,
 }
 
 /// Reads the helper's error pipe after it is done.
@@ -149,13 +151,25 @@ pub fn command(
         pids: limits.pids,
     };
     let json = serde_json::to_string(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
-    let me = std::env::current_exe().map_err(|source| LandlockError::Exec {
-        program: "hull (current executable)".into(),
-        source,
+    // The helper is this executable, started through a descriptor: when
+    // hull runs as root the helper runs as the sandbox user, who may not be
+    // able to search the directories hull lives in (a 0700 home).
+    let exe = rustix::fs::open(
+        "/proc/self/exe",
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| LandlockError::Exec {
+        program: "hull (/proc/self/exe)".into(),
+        source: e.into(),
     })?;
     let (error_r, error_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| LandlockError::Caps(e.into()))?;
-    let mut cmd = Command::new(me);
+    // Executed before the exec closes the (close-on-exec) descriptor.
+    let mut cmd = Command::new(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&exe)
+    ));
     cmd.arg("__landlock-exec")
         .arg("--plan")
         .arg(json)
@@ -167,6 +181,7 @@ pub fn command(
         command: cmd,
         error_w,
         error_r,
+        exe,
     })
 }
 

@@ -106,6 +106,21 @@ pub fn vm_cpus(plan: &VmPlan) -> u32 {
     plan.limits.cpus.unwrap_or(2).clamp(1, host.max(1))
 }
 
+/// Whether a share's files show the host's uid 0 as the command's uid:
+/// the command's own (writable shares, the instance's dirs). A read-only
+/// grant of the policy keeps the host's ids when hull runs as root, so the
+/// container user reads only what others may there (a 0600 root file stays
+/// unreadable), as on the process tiers. When hull is not root, uid 0 in
+/// virtiofsd is the caller, and the caller's files stay the command's.
+fn own_ids(s: &lower_vm::Share) -> bool {
+    #[cfg(unix)]
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    #[cfg(not(unix))]
+    let root = false;
+    !s.readonly || s.origin != lower_vm::ShareOrigin::Policy || !root
+}
+
 /// The virtiofsd of each share, sockets in `dir`.
 pub fn share_specs(plan: &VmPlan, dir: &Path) -> Vec<VirtiofsdSpec> {
     plan.shares
@@ -116,8 +131,7 @@ pub fn share_specs(plan: &VmPlan, dir: &Path) -> Vec<VirtiofsdSpec> {
             socket: dir.join(format!("vfs-{}.sock", s.tag)),
             readonly: s.readonly,
             sandbox: SandboxMode::Namespace,
-            guest_uid: plan.uid,
-            guest_gid: plan.gid,
+            translate: own_ids(s).then_some((plan.uid, plan.gid)),
             masks: s
                 .masks
                 .iter()

@@ -216,8 +216,7 @@ pub fn slot_specs(slotted: &VmPlan, dir: &Path, empty: &Path, slots: usize) -> V
             shared_dir: empty.to_path_buf(),
             readonly: true,
             sandbox: SandboxMode::Namespace,
-            guest_uid: lower_vm::GUEST_UID,
-            guest_gid: lower_vm::GUEST_GID,
+            translate: None,
             masks: Vec::new(),
         });
     }

@@ -78,9 +78,11 @@ pub struct VirtiofsdSpec {
     pub socket: PathBuf,
     pub readonly: bool,
     pub sandbox: SandboxMode,
-    /// Guest uid/gid the files virtiofsd sees as owned by uid/gid 0 appear as.
-    pub guest_uid: u32,
-    pub guest_gid: u32,
+    /// The guest uid and gid the files virtiofsd sees as owned by uid and
+    /// gid 0 appear as (the command's own shares); `None` shows every id as
+    /// it is on the host (a host root file is then nobody's in the
+    /// container, read as "others").
+    pub translate: Option<(u32, u32)>,
     pub masks: Vec<HostMask>,
 }
 
@@ -102,14 +104,10 @@ impl VirtiofsdSpec {
         kv("--cache=", &"auto".into());
         // Files virtiofsd sees as 0 (host root, or the host user inside
         // virtiofsd's user namespace) appear as the guest's command uid.
-        kv(
-            "--translate-uid=",
-            &format!("map:{}:0:1", self.guest_uid).into(),
-        );
-        kv(
-            "--translate-gid=",
-            &format!("map:{}:0:1", self.guest_gid).into(),
-        );
+        if let Some((uid, gid)) = self.translate {
+            kv("--translate-uid=", &format!("map:{uid}:0:1").into());
+            kv("--translate-gid=", &format!("map:{gid}:0:1").into());
+        }
         kv("--log-level=", &"info".into());
         if self.readonly {
             a.push("--readonly".into());
@@ -879,8 +877,7 @@ mod imp {
                 socket: d.path().join("s.sock"),
                 readonly: false,
                 sandbox: SandboxMode::Namespace,
-                guest_uid: 1000,
-                guest_gid: 1000,
+                translate: Some((1000, 1000)),
                 masks: vec![
                     super::super::HostMask {
                         path: share.join(".git"),
@@ -978,8 +975,7 @@ mod tests {
             socket: "/tmp/hull-runs/ID/vfs-spill.sock".into(),
             readonly: true,
             sandbox: SandboxMode::Namespace,
-            guest_uid: 1000,
-            guest_gid: 1000,
+            translate: Some((1000, 1000)),
             masks: vec![],
         };
         let got: Vec<String> = spec

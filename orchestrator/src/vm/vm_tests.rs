@@ -26,8 +26,7 @@ fn share(
         socket: MachineSpec::share_socket(dir, tag),
         readonly,
         sandbox: SandboxMode::Namespace,
-        guest_uid: super::GUEST_UID,
-        guest_gid: super::GUEST_GID,
+        translate: Some((super::GUEST_UID, super::GUEST_GID)),
         masks,
     }
 }
