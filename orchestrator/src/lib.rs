@@ -13,6 +13,7 @@ pub mod exec;
 pub mod policy;
 pub mod run;
 pub mod runtime;
+pub mod sandbox_user;
 pub mod tier;
 pub mod vm;
 

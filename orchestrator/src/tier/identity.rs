@@ -40,24 +40,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// The host user commands run as when hull runs as root (created by
-/// `scripts/setup.sh`).
-pub const SANDBOX_USER: &str = "hull-sandbox";
-
-/// The command that creates [`SANDBOX_USER`].
-pub const CREATE_USER: &str = "useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin hull-sandbox";
+pub use crate::sandbox_user::{hull_is_root, Ids, NAME as SANDBOX_USER};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
-    #[error("tier {tier}: hull runs as root, so the command must run as the unprivileged user `{SANDBOX_USER}`, which does not exist; create it with `{CREATE_USER}` (scripts/setup.sh does); the command did not run")]
-    NoUser { tier: &'static str },
-    #[error("tier {tier}: user `{SANDBOX_USER}` has uid 0 or gid 0 in /etc/passwd; it must be an unprivileged user")]
-    PrivilegedUser { tier: &'static str },
-    #[error("tier {tier}: cannot read /etc/passwd to find `{SANDBOX_USER}`: {source}")]
-    Passwd {
+    #[error("tier {tier}: {source}")]
+    User {
         tier: &'static str,
         #[source]
-        source: std::io::Error,
+        source: crate::sandbox_user::SandboxUserError,
     },
     #[error(
         "tier {tier}: cannot inspect {path} (needed to grant it to `{SANDBOX_USER}`): {source}"
@@ -84,43 +75,6 @@ pub enum IdentityError {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// A uid and gid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ids {
-    pub uid: u32,
-    pub gid: u32,
-}
-
-/// Whether hull runs as root, so the command must change identity.
-pub fn hull_is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
-/// Finds [`SANDBOX_USER`] in `/etc/passwd`.
-pub fn sandbox_user(tier: &'static str) -> Result<Ids, IdentityError> {
-    let text = std::fs::read_to_string("/etc/passwd")
-        .map_err(|source| IdentityError::Passwd { tier, source })?;
-    let ids = find_user(&text, SANDBOX_USER).ok_or(IdentityError::NoUser { tier })?;
-    if ids.uid == 0 || ids.gid == 0 {
-        return Err(IdentityError::PrivilegedUser { tier });
-    }
-    Ok(ids)
-}
-
-/// `name:pw:uid:gid:...` lines; the first entry for `name` wins.
-fn find_user(passwd: &str, name: &str) -> Option<Ids> {
-    passwd.lines().find_map(|line| {
-        let mut f = line.split(':');
-        if f.next()? != name {
-            return None;
-        }
-        let _pw = f.next()?;
-        let uid = f.next()?.parse().ok()?;
-        let gid = f.next()?.parse().ok()?;
-        Some(Ids { uid, gid })
-    })
 }
 
 /// One path re-mounted on itself with an idmapping: the detached,
@@ -253,7 +207,8 @@ impl Switch {
     /// re-mount is cloned and idmapped now, from the host's own mounts (a
     /// clone taken inside an idmapped mount could not be idmapped again).
     pub fn prepare(tier: &'static str, grants: &[Grant]) -> Result<Switch, IdentityError> {
-        let user = sandbox_user(tier)?;
+        let user = crate::sandbox_user::lookup("the command")
+            .map_err(|source| IdentityError::User { tier, source })?;
         let paths = remount_paths(tier, user, grants)?;
         let mut userns: Vec<(Ids, OwnedFd)> = Vec::new();
         let mut remounts = Vec::new();
@@ -500,21 +455,6 @@ fn idmap_userns(owner: Ids, user: Ids) -> std::io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn finds_the_user_in_passwd() {
-        let passwd =
-            "root:x:0:0::/root:/bin/sh\nhull-sandbox:x:998:997::/nonexistent:/usr/sbin/nologin\n";
-        assert_eq!(
-            find_user(passwd, "hull-sandbox"),
-            Some(Ids { uid: 998, gid: 997 })
-        );
-        assert_eq!(find_user(passwd, "hull"), None);
-        assert_eq!(
-            find_user("hull-sandbox:x:notanumber:1::", "hull-sandbox"),
-            None
-        );
-    }
 
     #[test]
     fn remounts_what_the_sandbox_user_must_reach_parents_first() {

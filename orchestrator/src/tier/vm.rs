@@ -62,6 +62,8 @@ pub enum VmTierError {
     Signals(#[source] std::io::Error),
     #[error("tier vm is not built for this OS yet (Linux hosts only for now)")]
     Unsupported,
+    #[error(transparent)]
+    SandboxUser(#[from] crate::sandbox_user::SandboxUserError),
 }
 
 /// Hello and setup deadlines for a VM restored from a snapshot: it answers
@@ -598,6 +600,7 @@ mod imp {
         log_dir: &Path,
     ) -> Result<Started, VmTierError> {
         let image = BootImage::from_dir(image_dir)?;
+        let run_as = qemu_user()?;
         let geometry = snapshot::geometry_for(image_dir, &image, tools, accel);
         let use_snapshot = match snapshot_wanted() {
             false => None,
@@ -626,6 +629,7 @@ mod imp {
                         dir,
                         log_dir,
                         slotted: &slotted,
+                        run_as: run_as.as_deref(),
                     },
                 )?;
                 Ok(Started {
@@ -646,6 +650,7 @@ mod imp {
                     cpus: vm_cpus(plan),
                     shares: share_specs(plan, dir),
                     incoming: None,
+                    run_as,
                 };
                 Ok(Started {
                     machine: Machine::start(&mspec, tools)?,
@@ -655,6 +660,16 @@ mod imp {
                 })
             }
         }
+    }
+
+    /// The user QEMU runs the guest as: the sandbox user when hull runs as
+    /// root (QEMU is then never root while untrusted code runs in it).
+    fn qemu_user() -> Result<Option<String>, VmTierError> {
+        if !crate::sandbox_user::hull_is_root() {
+            return Ok(None);
+        }
+        crate::sandbox_user::lookup("tier vm: QEMU")?;
+        Ok(Some(crate::sandbox_user::NAME.to_string()))
     }
 
     fn interrupted_status(irq: &AtomicI32) -> ExitStatus {

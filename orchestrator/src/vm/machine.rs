@@ -116,6 +116,10 @@ pub struct MachineSpec {
     /// One virtiofsd each; their sockets must be in `dir`.
     pub shares: Vec<VirtiofsdSpec>,
     pub incoming: Option<Incoming>,
+    /// The user QEMU becomes once it has opened what it needs, before the
+    /// guest runs (`-run-with user=`): a VM that runs untrusted code never
+    /// keeps root's identity.
+    pub run_as: Option<String>,
 }
 
 impl MachineSpec {
@@ -161,6 +165,7 @@ impl MachineSpec {
             console_log: self.console_log(),
             sandbox,
             incoming: self.incoming.clone(),
+            run_as: self.run_as.clone(),
         }
     }
 }

@@ -205,6 +205,8 @@ pub struct MachineConfig {
     /// Whether to pass `-sandbox on,...` (the QEMU build supports it).
     pub sandbox: bool,
     pub incoming: Option<Incoming>,
+    /// `-run-with user=`: the user QEMU switches to after its setup.
+    pub run_as: Option<String>,
 }
 
 /// The virtio-serial port name the guest agent opens (`/sys/class/virtio-ports/*/name`).
@@ -304,10 +306,23 @@ impl MachineConfig {
         push(&["-nodefaults", "-no-user-config", "-display", "none"]);
         push(&["-no-reboot", "-nic", "none"]);
         if self.sandbox {
+            // With `-run-with user=` QEMU's own set*id calls must pass the
+            // filter (it installs it first); it then has no capability left
+            // to regain anything with them.
+            let elevate = if self.run_as.is_some() {
+                "allow"
+            } else {
+                "deny"
+            };
             push(&[
                 "-sandbox",
-                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+                &format!(
+                    "on,obsolete=deny,elevateprivileges={elevate},spawn=deny,resourcecontrol=deny"
+                ),
             ]);
+        }
+        if let Some(user) = &self.run_as {
+            push(&["-run-with", &format!("user={}", opt(user))]);
         }
         let accel = match (self.accel, &self.incoming) {
             // QEMU 10.0's multi-threaded TCG can abort (iotlb_to_section
@@ -568,6 +583,7 @@ mod tests {
             console_log: "/run/ID/console.log".into(),
             sandbox: true,
             incoming: None,
+            run_as: None,
         }
     }
 
@@ -749,6 +765,18 @@ console=ttyS0 panic=-1 root=/dev/vda ro quiet
                 assert!(!got.contains(bad), "{accel}: {bad} in {got}");
             }
         }
+    }
+
+    #[test]
+    fn run_as_drops_to_the_user_and_lets_qemu_do_it() {
+        let mut c = config(Accel::Tcg, Arch::X86_64, MemBackend::Memfd);
+        let got = joined(&c);
+        assert!(got.contains("elevateprivileges=deny"), "{got}");
+        assert!(!got.contains("-run-with"), "{got}");
+        c.run_as = Some("hull-sandbox".into());
+        let got = joined(&c);
+        assert!(got.contains("\n-run-with\nuser=hull-sandbox\n"), "{got}");
+        assert!(got.contains("elevateprivileges=allow"), "{got}");
     }
 
     #[test]

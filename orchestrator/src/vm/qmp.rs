@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -143,6 +144,35 @@ impl Qmp {
         args: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, QmpError> {
+        self.execute_with_fd(cmd, args, None, timeout)
+    }
+
+    /// Hands QEMU an open file: `add-fd` with the descriptor passed over the
+    /// socket (SCM_RIGHTS), into a new fd set whose id is returned. QEMU
+    /// then opens `/dev/fdset/ID` without any access of its own to the
+    /// file's path (it may run as a user that has none).
+    pub fn add_fd(&mut self, fd: BorrowedFd<'_>, opaque: &str) -> Result<u64, QmpError> {
+        let r = self.execute_with_fd(
+            "add-fd",
+            Some(json!({ "opaque": opaque })),
+            Some(fd),
+            COMMAND_TIMEOUT,
+        )?;
+        r.get("fdset-id")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| QmpError::Protocol {
+                cmd: "add-fd".into(),
+                detail: "no fdset-id in the reply".into(),
+            })
+    }
+
+    fn execute_with_fd(
+        &mut self,
+        cmd: &str,
+        args: Option<Value>,
+        fd: Option<BorrowedFd<'_>>,
+        timeout: Duration,
+    ) -> Result<Value, QmpError> {
         let id = self.next_id;
         self.next_id += 1;
         let mut msg = json!({ "execute": cmd, "id": id });
@@ -151,8 +181,7 @@ impl Qmp {
         }
         let mut line = msg.to_string();
         line.push('\n');
-        self.writer
-            .write_all(line.as_bytes())
+        self.send(line.as_bytes(), fd)
             .map_err(|source| QmpError::Io {
                 cmd: cmd.into(),
                 source,
@@ -186,6 +215,32 @@ impl Qmp {
                 detail: "reply has neither return nor error".into(),
             });
         }
+    }
+
+    /// Writes `line`, the descriptor (if any) riding on its first bytes.
+    fn send(&mut self, line: &[u8], fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
+        use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let Some(fd) = fd else {
+            return self.writer.write_all(line);
+        };
+        let fds = [fd];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(std::io::Error::other("no room for the descriptor"));
+        }
+        let n = loop {
+            match sendmsg(
+                &self.writer,
+                &[std::io::IoSlice::new(line)],
+                &mut control,
+                SendFlags::empty(),
+            ) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => break r?,
+            }
+        };
+        self.writer.write_all(&line[n..])
     }
 
     /// Events received so far (oldest first, at most 64 kept).

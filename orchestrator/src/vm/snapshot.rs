@@ -407,6 +407,7 @@ fn machine_spec(
         cpus: g.cpus,
         shares,
         incoming: restore.then_some(Incoming::Defer),
+        run_as: None,
     }
 }
 
@@ -625,6 +626,8 @@ pub struct RestoreSpec<'a> {
     pub log_dir: &'a Path,
     /// The plan after [`slotted`].
     pub slotted: &'a VmPlan,
+    /// The user QEMU runs the guest as (`MachineSpec::run_as`).
+    pub run_as: Option<&'a str>,
 }
 
 /// Starts a VM from `snap`: fresh virtiofsd per slot, QEMU with
@@ -640,7 +643,7 @@ pub fn restore(
     let empty = r.dir.join("empty");
     fs::create_dir_all(&empty).map_err(io_err(&empty, "create"))?;
     let shares = slot_specs(r.slotted, r.dir, &empty, g.slots);
-    let spec = machine_spec(
+    let mut spec = machine_spec(
         r.name.clone(),
         g,
         image,
@@ -650,6 +653,7 @@ pub fn restore(
         r.log_dir,
         shares,
     );
+    spec.run_as = r.run_as.map(str::to_string);
     let mut m = Machine::start(&spec, tools).map_err(|source| SnapshotError::Machine {
         step: "restore",
         source,
@@ -660,8 +664,15 @@ pub fn restore(
         why,
         console: console.clone(),
     };
-    let uri = format!("file:{}", snap.state.display());
+    // The state file is handed over open: QEMU may run as a user who
+    // cannot reach the image cache.
+    let state = fs::File::open(&snap.state).map_err(io_err(&snap.state, "open"))?;
     let q = m.qmp().ok_or_else(|| fail("QMP is gone".into()))?;
+    let fdset = q
+        .add_fd(std::os::fd::AsFd::as_fd(&state), "snapshot state")
+        .map_err(|e| fail(format!("add-fd: {e}")))?;
+    drop(state);
+    let uri = format!("file:/dev/fdset/{fdset}");
     q.migrate_set_capabilities(&[("mapped-ram", true)])
         .map_err(|e| fail(format!("migrate-set-capabilities: {e}")))?;
     q.migrate_incoming(&uri)

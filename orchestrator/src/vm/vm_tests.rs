@@ -48,6 +48,7 @@ fn spec(dir: &Path, initrd: &Path, shares: Vec<VirtiofsdSpec>) -> MachineSpec {
         cpus: 1,
         shares,
         incoming: None,
+        run_as: None,
     }
 }
 
@@ -249,6 +250,7 @@ fn missing_kernel_is_named() {
         cpus: 1,
         shares: vec![],
         incoming: None,
+        run_as: None,
     };
     let tools = super::machine::Tools {
         qemu: "/usr/bin/qemu-system-x86_64".into(),
