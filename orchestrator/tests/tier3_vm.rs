@@ -504,3 +504,74 @@ fn a_write_through_mmap_lands_on_the_host() {
     assert_eq!(&got[4096..4100], b"PAGE");
     assert_eq!(got.len(), 8192);
 }
+
+/// When hull runs as root, QEMU runs the guest as the unprivileged
+/// `hull-sandbox`: a guest that escapes into QEMU is not root on the host.
+#[test]
+fn qemu_runs_the_guest_as_the_sandbox_user() {
+    use std::io::BufRead;
+    let w = world();
+    let mut child = w
+        .cmd(&[
+            "run",
+            "--tier3",
+            "--timeout",
+            RUN_TIMEOUT,
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 30",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "started\n");
+    // The run's QEMU: its sockets live under this world's runs dir.
+    let marker = w.root.path().to_string_lossy().into_owned();
+    let uids: Vec<(u64, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.starts_with(|c: char| c != '\0')
+                && cmd
+                    .split('\0')
+                    .next()
+                    .is_some_and(|a| a.contains("qemu-system"))
+                && cmd.contains(&marker)
+        })
+        .map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let uid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|u| u.parse().ok())
+                .unwrap();
+            (pid, uid)
+        })
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(uids.len(), 1, "one QEMU for the run: {uids:?}");
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+        let sandbox: u32 = passwd
+            .lines()
+            .find(|l| l.starts_with("hull-sandbox:"))
+            .and_then(|l| l.split(':').nth(2))
+            .and_then(|u| u.parse().ok())
+            .expect("hull-sandbox in /etc/passwd (scripts/setup.sh)");
+        assert_eq!(uids[0].1, sandbox, "QEMU's effective uid");
+    } else {
+        // SAFETY: as above.
+        assert_eq!(uids[0].1, unsafe { libc::geteuid() });
+    }
+}
