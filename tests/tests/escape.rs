@@ -770,6 +770,52 @@ fn root_only_files_stay_unreadable(t: &str) {
     assert!(!out.contains(CANARY), "{}", show(&o));
 }
 
+/// Metadata of a file outside every grant (Landlock does not mediate
+/// chmod, chown, utimes or xattrs): the command may not change it.
+fn metadata_outside_the_grants_is_unchangeable(t: &str) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    require_tier(t);
+    let w = World::new();
+    let key = w.outside.join("key");
+    let reset = || {
+        // A new file: no xattr, mode or time left from the control run.
+        let _ = std::fs::remove_file(&key);
+        std::fs::write(&key, "private").expect("write");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let m = std::fs::metadata(&key).expect("key");
+        (m.mode(), m.mtime())
+    };
+    let script = format!(
+        "chmod 0644 '{0}'; touch -m -d 2001-01-01 '{0}'; chown 0:0 '{0}'; \
+         python3 -c 'import os; os.setxattr(\"{0}\", \"user.hull\", b\"x\")'",
+        key.display()
+    );
+    let before = reset();
+    let control = w.run("none", &[], &script);
+    let m = std::fs::metadata(&key).expect("key");
+    assert_ne!((m.mode(), m.mtime()), before, "control: {}", show(&control));
+    let before = reset();
+    let o = w.run(t, &[], &script);
+    assert!(failed(&o), "{}", show(&o));
+    let m = std::fs::metadata(&key).expect("key");
+    assert_eq!((m.mode(), m.mtime()), before, "{}", show(&o));
+    assert!(
+        xattr_absent(&key),
+        "the command set an xattr on {}: {}",
+        key.display(),
+        show(&o)
+    );
+}
+
+/// No `user.hull` extended attribute on `p`.
+fn xattr_absent(p: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+    // SAFETY: getxattr with a NUL-terminated path and name, no buffer.
+    let r = unsafe { libc::getxattr(c.as_ptr(), c"user.hull".as_ptr(), std::ptr::null_mut(), 0) };
+    r < 0
+}
+
 /// A project inside a mode-0700 directory of the caller's (the World's
 /// root is one): the command works there, and what it creates belongs to
 /// the caller on the host, whatever uid the command ran as.
@@ -930,6 +976,7 @@ matrix!(
         streams_are_live_and_stdin_passes,
         output_is_byte_exact,
         new_files_belong_to_the_caller,
+        metadata_outside_the_grants_is_unchangeable,
     ],
     landlock: [
         setid_bits_are_refused,

@@ -13,12 +13,15 @@
 //!   re-mounted on themselves with an idmapping that shows their on-disk
 //!   owner as the sandbox user: what the command creates is stored as that
 //!   owner's (the caller's tree stays the caller's);
-//! - each ancestor of a grant the sandbox user cannot search (a 0700 home
-//!   or run directory) is re-mounted the same way, so path lookup works;
-//!   what is visible below it is still only what the tier grants;
-//! - a read-only grant below such an ancestor is re-mounted as it is, with
-//!   the host's ids, so the ancestor's mapping does not make its 0600 files
-//!   the sandbox user's;
+//! - each directory above a grant that the sandbox user cannot search (a
+//!   0700 home or run directory) is covered by a fresh tmpfs holding only
+//!   empty mount points down to the grants below it, so path lookup works
+//!   and nothing else of that directory is there (on the landlock tier,
+//!   which shows the rest of the host, a sibling of the project in a 0700
+//!   home would otherwise be reachable for chmod, utimes and xattrs, which
+//!   Landlock does not mediate);
+//! - a read-only grant below such a tmpfs is mounted onto it as it is, with
+//!   the host's ids;
 //! - everything else (the system directories) is seen as "others": 0600
 //!   root files stay unreadable, kernel knobs and device nodes unchangeable.
 //!
@@ -124,21 +127,26 @@ fn allowed(m: &std::fs::Metadata, user: Ids, bits: u32) -> bool {
     granted & bits == bits
 }
 
-/// How a path is re-mounted in the command's mount namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One mount of the command's view, made over a host path.
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Remap {
-    /// Shown with `owner`'s ids as the sandbox user's: a writable root
-    /// (what the command creates there is stored as `owner`'s), or an
-    /// ancestor of a grant the sandbox user could not search.
+    /// A fresh tmpfs (root's, 0755) over a directory the sandbox user
+    /// cannot search (a 0700 home), holding only the empty mount points
+    /// down to the grants below it (relative paths, parents first; true for
+    /// a directory): path lookup works, and nothing else of the directory
+    /// is there to read, chmod or touch.
+    Skeleton(Vec<(PathBuf, bool)>),
+    /// Shown with `owner`'s ids as the sandbox user's: the command's own (a
+    /// writable root, hull's instance dirs); what it creates there is
+    /// stored as `owner`'s.
     As(Ids),
-    /// A plain copy with the host's ids: a grant that is not writable, below
-    /// an ancestor re-mounted only to be searched, which would otherwise
-    /// show it as the sandbox user's (a 0600 root file readable).
+    /// A plain copy with the host's ids: a grant below a skeleton, which
+    /// must be mounted to be there at all.
     Host,
 }
 
-/// The paths to re-mount for `user` so that every grant is reachable, in
-/// the order to mount them (parents first).
+/// The mounts that give `user` the grants, in the order to make them
+/// (parents first).
 fn remount_paths(
     tier: &'static str,
     user: Ids,
@@ -154,52 +162,85 @@ fn remount_paths(
             source,
         }),
     };
-    let ids = |m: &std::fs::Metadata| Ids {
-        uid: m.uid(),
-        gid: m.gid(),
-    };
-    let mut out: Vec<(PathBuf, Remap)> = Vec::new();
-    // Ancestors to search, and the writable roots.
-    let mut searched: Vec<PathBuf> = Vec::new();
+    let mut present = Vec::new();
     for g in grants {
-        let Some(m) = inspect(&g.path)? else { continue };
-        for a in g.path.ancestors().skip(1) {
-            if a == Path::new("/") || searched.iter().any(|s| s == a) {
-                continue;
-            }
-            let Some(am) = inspect(a)? else { continue };
-            if !allowed(&am, user, 0o1) {
-                searched.push(a.to_path_buf());
-                out.push((a.to_path_buf(), Remap::As(ids(&am))));
-            }
-        }
-        if g.writable && !out.iter().any(|(p, _)| *p == g.path) {
-            out.push((g.path.clone(), Remap::As(ids(&m))));
+        if let Some(m) = inspect(&g.path)? {
+            present.push((g, m));
         }
     }
-    // Grants that are not writable, below an ancestor re-mounted only to be
-    // searched (not inside a writable root: those are the owner's own).
-    for g in grants.iter().filter(|g| !g.writable && !g.own) {
-        if out.iter().any(|(p, _)| *p == g.path) || inspect(&g.path)?.is_none() {
-            continue;
+    present.sort_by(|(a, _), (b, _)| depth_then_path(&a.path, &b.path));
+    let mut out: Vec<(PathBuf, Remap)> = Vec::new();
+    for (g, m) in present {
+        // Every directory above the grant must be searchable in the view.
+        let mut above: Vec<&Path> = g.path.ancestors().skip(1).collect();
+        above.reverse();
+        for a in above.into_iter().filter(|a| *a != Path::new("/")) {
+            let searchable = match covering(&out, a) {
+                Some(Remap::Skeleton(_) | Remap::As(_)) => true,
+                Some(Remap::Host) | None => match inspect(a)? {
+                    Some(am) => allowed(&am, user, 0o1),
+                    None => true,
+                },
+            };
+            if !searchable {
+                out.push((a.to_path_buf(), Remap::Skeleton(Vec::new())));
+            }
         }
-        let deepest = out
-            .iter()
-            .filter(|(p, _)| g.path.starts_with(p))
-            .max_by_key(|(p, _)| p.components().count())
-            .map(|(p, _)| p.clone());
-        let under_searched_only = deepest.is_some_and(|d| {
-            searched.contains(&d)
-                && !grants
-                    .iter()
-                    .any(|w| w.writable && g.path.starts_with(&w.path))
-        });
-        if under_searched_only {
-            out.push((g.path.clone(), Remap::Host));
+        let remap = if g.own {
+            Some(Remap::As(Ids {
+                uid: m.uid(),
+                gid: m.gid(),
+            }))
+        } else if matches!(covering(&out, &g.path), Some(Remap::Skeleton(_))) {
+            Some(Remap::Host)
+        } else {
+            None
+        };
+        if let Some(r) = remap {
+            if !out.iter().any(|(p, _)| *p == g.path) {
+                point_in_skeleton(&mut out, &g.path, m.is_dir());
+                out.push((g.path.clone(), r));
+            }
         }
     }
-    out.sort_by(|(a, _), (b, _)| (a.components().count(), a).cmp(&(b.components().count(), b)));
+    out.sort_by(|(a, _), (b, _)| depth_then_path(a, b));
     Ok(out)
+}
+
+fn depth_then_path(a: &Path, b: &Path) -> std::cmp::Ordering {
+    (a.components().count(), a).cmp(&(b.components().count(), b))
+}
+
+/// The deepest planned mount at or above `p`.
+fn covering<'a>(out: &'a [(PathBuf, Remap)], p: &Path) -> Option<&'a Remap> {
+    out.iter()
+        .filter(|(m, _)| p.starts_with(m))
+        .max_by_key(|(m, _)| m.components().count())
+        .map(|(_, r)| r)
+}
+
+/// When the deepest mount above `p` is a skeleton, adds the mount points
+/// from it down to `p` (a directory or a file).
+fn point_in_skeleton(out: &mut [(PathBuf, Remap)], p: &Path, is_dir: bool) {
+    let Some((root, Remap::Skeleton(points))) = out
+        .iter_mut()
+        .filter(|(m, _)| p.starts_with(m) && m != p)
+        .max_by_key(|(m, _)| m.components().count())
+    else {
+        return;
+    };
+    let Ok(rel) = p.strip_prefix(&*root) else {
+        return;
+    };
+    let mut acc = PathBuf::new();
+    let n = rel.components().count();
+    for (i, c) in rel.components().enumerate() {
+        acc.push(c);
+        let dir = i + 1 < n || is_dir;
+        if !points.iter().any(|(q, _)| *q == acc) {
+            points.push((acc.clone(), dir));
+        }
+    }
 }
 
 impl Switch {
@@ -213,32 +254,33 @@ impl Switch {
         let mut userns: Vec<(Ids, OwnedFd)> = Vec::new();
         let mut remounts = Vec::new();
         for (path, remap) in paths {
-            let ns = match remap {
-                Remap::Host => None,
-                Remap::As(owner) => match userns.iter().position(|(o, _)| *o == owner) {
-                    Some(i) => Some(i),
-                    None => {
-                        let fd = idmap_userns(owner, user)
-                            .map_err(|source| IdentityError::Userns { tier, source })?;
-                        userns.push((owner, fd));
-                        Some(userns.len() - 1)
-                    }
-                },
-            };
             let cpath =
                 CString::new(path.as_os_str().as_bytes()).map_err(|_| IdentityError::Nul {
                     tier,
                     path: path.clone(),
                 })?;
-            let tree =
-                cloned_tree(&cpath, ns.map(|i| &userns[i].1)).map_err(|(step, source)| {
-                    IdentityError::Mount {
-                        tier,
-                        step,
-                        path: path.clone(),
-                        source,
-                    }
-                })?;
+            let mount_err = |(step, source)| IdentityError::Mount {
+                tier,
+                step,
+                path: path.clone(),
+                source,
+            };
+            let tree = match remap {
+                Remap::Skeleton(points) => skeleton_tree(&points).map_err(mount_err)?,
+                Remap::Host => cloned_tree(&cpath, None).map_err(mount_err)?,
+                Remap::As(owner) => {
+                    let i = match userns.iter().position(|(o, _)| *o == owner) {
+                        Some(i) => i,
+                        None => {
+                            let fd = idmap_userns(owner, user)
+                                .map_err(|source| IdentityError::Userns { tier, source })?;
+                            userns.push((owner, fd));
+                            userns.len() - 1
+                        }
+                    };
+                    cloned_tree(&cpath, Some(&userns[i].1)).map_err(mount_err)?
+                }
+            };
             remounts.push(Remount { cpath, tree });
         }
         // The user namespaces may go: each idmapped tree holds its own.
@@ -325,6 +367,43 @@ impl Switch {
         }
         Ok(())
     }
+}
+
+/// A detached tmpfs (root's, 0755, nosuid, nodev; the sandbox user can
+/// change nothing in it) holding `points`: empty directories and files,
+/// parents first.
+fn skeleton_tree(points: &[(PathBuf, bool)]) -> Result<OwnedFd, (&'static str, std::io::Error)> {
+    use rustix::fs::{mkdirat, openat, Mode, OFlags};
+    use rustix::mount::{
+        fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
+        MountAttrFlags,
+    };
+    let step = |what: &'static str| move |e: rustix::io::Errno| (what, std::io::Error::from(e));
+    let fs = fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC).map_err(step("make a tmpfs for"))?;
+    fsconfig_set_string(&fs, "mode", "0755").map_err(step("make a tmpfs for"))?;
+    fsconfig_set_string(&fs, "size", "64k").map_err(step("make a tmpfs for"))?;
+    fsconfig_create(&fs).map_err(step("make a tmpfs for"))?;
+    let tree = fsmount(
+        &fs,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
+    )
+    .map_err(step("mount a tmpfs for"))?;
+    for (p, dir) in points {
+        if *dir {
+            mkdirat(&tree, p, Mode::from_raw_mode(0o755))
+                .map_err(step("make a mount point in the tmpfs over"))?;
+        } else {
+            openat(
+                &tree,
+                p,
+                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o444),
+            )
+            .map_err(step("make a mount point in the tmpfs over"))?;
+        }
+    }
+    Ok(tree)
 }
 
 /// A detached copy of the mounts at `path` (submounts included), nosuid and
@@ -457,7 +536,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn remounts_what_the_sandbox_user_must_reach_parents_first() {
+    fn mounts_what_the_sandbox_user_must_reach_parents_first() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let closed = dir.path().join("closed");
@@ -489,14 +568,17 @@ mod tests {
             grant(&proj.join(".git"), false),
         ];
         let got = remount_paths("bwrap", user, &grants).unwrap();
-        // `closed` (0700, another owner) is re-mounted to be searched; the
-        // read-only `open` below it keeps the host's ids; the project is
-        // the owner's, and so is its read-only .git; the missing grant is
-        // skipped.
+        // `closed` (0700, another owner) gets a skeleton with the mount
+        // points of the two grants below it; the read-only `open` keeps the
+        // host's ids, the project is the owner's, and so is its read-only
+        // .git (no mount of its own); the missing grant is skipped.
         assert_eq!(
             got,
             vec![
-                (closed, Remap::As(owner)),
+                (
+                    closed.clone(),
+                    Remap::Skeleton(vec![("open".into(), true), ("proj".into(), true)])
+                ),
                 (open, Remap::Host),
                 (proj, Remap::As(owner)),
             ]
