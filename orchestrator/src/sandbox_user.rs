@@ -21,7 +21,7 @@ const PASSWD: &str = "/etc/passwd";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxUserError {
-    #[error("{what}: hull runs as root, so it runs as the unprivileged user `{NAME}`, which does not exist; create it with `{CREATE}` (scripts/setup.sh does); nothing was run")]
+    #[error("{what}: hull runs as root, so it runs as the unprivileged user `{NAME}`, which does not exist; create it with `{CREATE}` (scripts/setup.sh does)")]
     Missing { what: &'static str },
     #[error(
         "{what}: user `{NAME}` has uid 0 or gid 0 in {PASSWD}; it must be an unprivileged user"

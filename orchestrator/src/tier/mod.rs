@@ -174,7 +174,7 @@ pub fn probe(tier: Tier) -> probe::Probe {
     if !probe::built_for_this_os(tier) {
         return probe::Probe::wrong_os(tier);
     }
-    match tier {
+    let p = match tier {
         Tier::None => none::probe(),
         Tier::Landlock => landlock::probe(),
         Tier::Bwrap => bwrap::probe(),
@@ -183,7 +183,27 @@ pub fn probe(tier: Tier) -> probe::Probe {
         Tier::Seatbelt => seatbelt::probe(),
         Tier::Restricted => windows::probe_restricted(),
         Tier::AppContainer => windows::probe_appcontainer(),
+    };
+    with_sandbox_user(p)
+}
+
+/// When hull runs as root, the Linux tiers run the command (landlock,
+/// bwrap) or QEMU (vm) as the sandbox user: without it they are
+/// unavailable, and say how to create it.
+fn with_sandbox_user(p: probe::Probe) -> probe::Probe {
+    #[cfg(target_os = "linux")]
+    if p.available
+        && matches!(p.tier, Tier::Landlock | Tier::Bwrap | Tier::Vm)
+        && crate::sandbox_user::hull_is_root()
+    {
+        if let Err(e) = crate::sandbox_user::lookup(p.tier.name()) {
+            return probe::Probe {
+                helpers: p.helpers,
+                ..probe::Probe::unavailable(p.tier, e.to_string())
+            };
+        }
     }
+    p
 }
 
 fn vm_probe() -> probe::Probe {
@@ -198,9 +218,9 @@ pub fn ready(tier: Tier) -> probe::Probe {
     }
     match tier {
         #[cfg(target_os = "linux")]
-        Tier::Bwrap => bwrap::ready(),
+        Tier::Bwrap => with_sandbox_user(bwrap::ready()),
         #[cfg(target_os = "linux")]
-        Tier::Vm => vm::ready(),
+        Tier::Vm => with_sandbox_user(vm::ready()),
         _ => probe(tier),
     }
 }
