@@ -575,3 +575,57 @@ fn qemu_runs_the_guest_as_the_sandbox_user() {
         assert_eq!(uids[0].1, unsafe { libc::geteuid() });
     }
 }
+
+/// hull killed outright (SIGKILL: no handler runs) mid-command: its QEMU
+/// (which dropped root, and PDEATHSIG with it) and every virtiofsd go too.
+#[test]
+fn killing_hull_ends_its_vm() {
+    use std::io::BufRead;
+    let w = world();
+    let mut child = w
+        .cmd(&[
+            "run",
+            "--tier3",
+            "--timeout",
+            RUN_TIMEOUT,
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 30",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "started\n");
+    let marker = w.root.path().to_string_lossy().into_owned();
+    let helpers = || -> Vec<u64> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+            .filter(|pid| {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                String::from_utf8_lossy(&cmd).contains(&marker) && running(*pid)
+            })
+            .collect()
+    };
+    assert!(
+        !helpers().is_empty(),
+        "no QEMU or virtiofsd found for the run"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !helpers().is_empty() && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        helpers().is_empty(),
+        "left running after hull was killed: {:?}",
+        helpers()
+    );
+}

@@ -362,11 +362,16 @@ impl Machine {
             // `snapshot=on` overlays live (and die) with the instance.
             .env("TMPDIR", &spec.dir);
         proc::tie_to_parent(&mut cmd);
-        let qemu = Supervised::spawn(cmd, "qemu", &spec.dir).map_err(|e| MachineErrorKind::Io {
-            step: Step::Qemu,
-            console: console.clone(),
-            source: io::Error::other(e.to_string()),
-        })?;
+        let mut qemu =
+            Supervised::spawn(cmd, "qemu", &spec.dir).map_err(|e| MachineErrorKind::Io {
+                step: Step::Qemu,
+                console: console.clone(),
+                source: io::Error::other(e.to_string()),
+            })?;
+        if spec.run_as.is_some() {
+            // Its switch of user clears the PDEATHSIG tie_to_parent set.
+            qemu.watch_parent().map_err(io_err(Step::Qemu))?;
+        }
         let mut m = Machine {
             name: spec.name.clone(),
             dir: spec.dir.clone(),

@@ -9,6 +9,12 @@
 //! a reused pid harmless: a process is only killed when pid, start time and
 //! program all match.
 //!
+//! A child that changes its credentials itself (QEMU's `-run-with user=`)
+//! loses PDEATHSIG with the change: [`Supervised::watch_parent`] gives it a
+//! watcher instead, a forked process that holds a pipe from hull and a
+//! pidfd of the child, and kills exactly that child when the pipe ends
+//! (hull gone, however it died).
+//!
 //! What it does not: PDEATHSIG fires when the *thread* that spawned the child
 //! ends, so spawn from a thread that lives as long as the child (the caller's
 //! main thread or the VM's owner thread). On non-Linux hosts there is no
@@ -72,6 +78,8 @@ pub struct Supervised {
     child: Option<Child>,
     pid_file: PathBuf,
     status: Option<ExitStatus>,
+    /// The watcher's pid and our end of its pipe ([`Supervised::watch_parent`]).
+    watcher: Option<(i32, std::os::fd::OwnedFd)>,
 }
 
 impl Supervised {
@@ -91,6 +99,7 @@ impl Supervised {
             child: Some(child),
             pid_file,
             status: None,
+            watcher: None,
         };
         let record = PidRecord {
             pid: me.pid(),
@@ -144,7 +153,7 @@ impl Supervised {
         }
     }
 
-    /// SIGKILL and reap; removes the pid file. Idempotent.
+    /// SIGKILL and reap; removes the pid file; ends the watcher. Idempotent.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             if self.status.is_none() {
@@ -155,6 +164,74 @@ impl Supervised {
             }
             let _ = fs::remove_file(&self.pid_file);
         }
+        if let Some((pid, pipe)) = self.watcher.take() {
+            // End of file: the watcher signals a child that is gone, exits.
+            drop(pipe);
+            let mut st = 0;
+            // SAFETY: reaps our own child, the watcher; `st` is a valid pointer.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+        }
+    }
+
+    /// Kills the child when this process ends, however it ends, also after
+    /// the child changed its credentials (which clears PDEATHSIG): a forked
+    /// watcher holds a pipe whose other end only this process has, and a
+    /// pidfd of the child, and SIGKILLs exactly that child at end of file.
+    #[cfg(target_os = "linux")]
+    pub fn watch_parent(&mut self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let Some(child) = self.child.as_ref() else {
+            return Ok(());
+        };
+        let pid = rustix::process::Pid::from_raw(child.id() as i32)
+            .ok_or_else(|| io::Error::other("the child has no pid"))?;
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+        let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let (rfd, pfd) = (r.as_raw_fd(), pidfd.as_raw_fd());
+        let (lo, hi) = (rfd.min(pfd), rfd.max(pfd));
+        // SAFETY: the forked child only makes raw, async-signal-safe system
+        // calls (close_range, read, pidfd_send_signal, _exit) on integers
+        // and a stack buffer; it allocates nothing and takes no lock.
+        let watcher = unsafe { libc::fork() };
+        if watcher < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if watcher == 0 {
+            // SAFETY: see above.
+            unsafe {
+                // Nothing of hull's but the pipe's read end and the pidfd:
+                // the write end must close with hull, and no socket, file
+                // or terminal of hull's may stay open because of us.
+                let close = |from: i32, to: i32| {
+                    if from <= to {
+                        libc::syscall(libc::SYS_close_range, from as u32, to as u32, 0u32);
+                    }
+                };
+                close(0, lo - 1);
+                close(lo + 1, hi - 1);
+                close(hi + 1, i32::MAX);
+                let mut b = [0u8; 1];
+                loop {
+                    let n = libc::read(rfd, b.as_mut_ptr().cast(), 1);
+                    if n < 0 && *libc::__errno_location() == libc::EINTR {
+                        continue;
+                    }
+                    break;
+                }
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pfd,
+                    libc::SIGKILL,
+                    0usize,
+                    0u32,
+                );
+                libc::_exit(0);
+            }
+        }
+        drop(r);
+        drop(pidfd);
+        self.watcher = Some((watcher, w));
+        Ok(())
     }
 
     /// Sends SIGTERM (a polite stop; virtiofsd exits cleanly on it).
