@@ -816,6 +816,44 @@ fn xattr_absent(p: &std::path::Path) -> bool {
     r < 0
 }
 
+/// A read-only grant nested in the writable project stays read-only
+/// (Landlock adds rights up: the project must be split around it).
+fn read_only_grant_nested_in_the_project(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let lib = w.project.join("src/vendor/lib");
+    std::fs::create_dir_all(&lib).expect("mkdir");
+    std::fs::write(lib.join("code.rs"), "vendored\n").expect("write");
+    let pol = w.root.path().join("nested.toml");
+    let text = hull_policy_default().replace("read = [", "read = [\"src/vendor/lib\", ");
+    std::fs::write(&pol, text).expect("write policy");
+    let pol = pol.to_str().expect("utf8");
+    let attack = "f=0; (echo changed > src/vendor/lib/code.rs) || f=1; \
+                  (echo new > src/vendor/lib/new.rs) || f=1; exit $f";
+    let control = w.run("none", &["--policy", pol], attack);
+    assert!(
+        w.project.join("src/vendor/lib/new.rs").exists(),
+        "control: {}",
+        show(&control)
+    );
+    std::fs::remove_file(lib.join("new.rs")).expect("rm");
+    std::fs::write(lib.join("code.rs"), "vendored\n").expect("write");
+    let o = w.run(t, &["--policy", pol], attack);
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(w.read(&lib.join("code.rs")), "vendored\n");
+    assert!(!lib.join("new.rs").exists());
+    // It stays readable, and the rest of the project writable (on
+    // landlock the directories around it are split: existing files only).
+    let o = w.run(
+        t,
+        &["--policy", pol],
+        "cat src/vendor/lib/code.rs && echo ok >> src/main.txt",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "vendored\n");
+    assert_eq!(w.read(&w.project.join("src/main.txt")), "project-file\nok\n");
+}
+
 /// A project inside a mode-0700 directory of the caller's (the World's
 /// root is one): the command works there, and what it creates belongs to
 /// the caller on the host, whatever uid the command ran as.
@@ -977,6 +1015,7 @@ matrix!(
         output_is_byte_exact,
         new_files_belong_to_the_caller,
         metadata_outside_the_grants_is_unchangeable,
+        read_only_grant_nested_in_the_project,
     ],
     landlock: [
         setid_bits_are_refused,

@@ -105,17 +105,49 @@ fn rights(access: Access, dir: bool) -> Vec<Right> {
     }
 }
 
+/// What keeps a path inside a grant from getting the grant's rights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// A protection that hides it.
+    Hidden,
+    /// A protection that makes it read-only.
+    ReadOnly,
+    /// A grant of its own, narrower than the writable one around it.
+    Narrower,
+}
+
 /// Lowers a policy to Landlock rules.
 pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError> {
     let fsplan = plan::plan(policy, fs)?;
     let mut notes = fsplan.notes.clone();
-    // Protections that some grant would otherwise expose: (path, read-only?).
-    let protected: Vec<(PathBuf, bool)> = fsplan
+    // What a grant would otherwise expose: protections, and narrower grants
+    // nested in a writable one (Landlock rights add up, so a read-only
+    // grant inside a writable root is only read-only if the root is split
+    // around it).
+    let writable: Vec<&Path> = fsplan
         .steps
         .iter()
         .filter_map(|s| match s {
-            Step::Hide { path, .. } => Some((path.clone(), false)),
-            Step::ReadOnly { path, .. } => Some((path.clone(), true)),
+            Step::Grant {
+                path,
+                access: Access::ReadWrite,
+                ..
+            } => Some(path.as_path()),
+            _ => None,
+        })
+        .collect();
+    let protected: Vec<(PathBuf, Guard)> = fsplan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Hide { path, .. } => Some((path.clone(), Guard::Hidden)),
+            Step::ReadOnly { path, .. } => Some((path.clone(), Guard::ReadOnly)),
+            Step::Grant { path, access, .. }
+                if *access != Access::ReadWrite
+                    && writable.iter().any(|w| path.starts_with(w) && path != w) =>
+            {
+                Some((path.clone(), Guard::Narrower))
+            }
             _ => None,
         })
         .collect();
@@ -125,12 +157,12 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
         let Step::Grant { path, access, dir } = s else {
             continue;
         };
-        let inside: Vec<&(PathBuf, bool)> = protected
+        let inside: Vec<&(PathBuf, Guard)> = protected
             .iter()
             .filter(|(p, _)| p.starts_with(path) && p != path)
             .collect();
         // A read grant around read-only protections needs no split.
-        let needs_split = inside.iter().any(|(_, ro)| !ro)
+        let needs_split = inside.iter().any(|(_, g)| *g == Guard::Hidden)
             || (*access == Access::ReadWrite && !inside.is_empty());
         if !*dir || !needs_split {
             rules.push(Rule {
@@ -177,7 +209,7 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
 fn split(
     dir: &Path,
     access: Access,
-    inside: &[&(PathBuf, bool)],
+    inside: &[&(PathBuf, Guard)],
     placeholders: &[PathBuf],
     fs: &dyn HostFs,
     rules: &mut Vec<Rule>,
@@ -206,8 +238,10 @@ fn split(
         } else {
             fs.kind(&child)
         };
-        if let Some((_, ro)) = inside.iter().find(|(p, _)| *p == child) {
-            if *ro {
+        if let Some((_, guard)) = inside.iter().find(|(p, _)| *p == child) {
+            // A hidden path gets nothing; a narrower grant has a rule of
+            // its own.
+            if *guard == Guard::ReadOnly {
                 let is_dir = kind == NodeKind::Dir;
                 rules.push(Rule {
                     path: child,
@@ -216,7 +250,7 @@ fn split(
             }
             continue;
         }
-        let below: Vec<&(PathBuf, bool)> = inside
+        let below: Vec<&(PathBuf, Guard)> = inside
             .iter()
             .copied()
             .filter(|(p, _)| p.starts_with(&child))
