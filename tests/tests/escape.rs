@@ -851,7 +851,49 @@ fn read_only_grant_nested_in_the_project(t: &str) {
     );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "vendored\n");
-    assert_eq!(w.read(&w.project.join("src/main.txt")), "project-file\nok\n");
+    assert_eq!(
+        w.read(&w.project.join("src/main.txt")),
+        "project-file\nok\n"
+    );
+}
+
+/// The `build` profile's package caches: readable, never writable (an
+/// unpacked crate's build.rs runs at the next host build of any project).
+fn toolchain_caches_are_read_only(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let krate = w.home.join(".cargo/registry/src/index-x/dep-1.0.0");
+    std::fs::create_dir_all(&krate).expect("mkdir");
+    std::fs::write(krate.join("lib.rs"), "pub fn f() {}\n").expect("write");
+    let attack = format!(
+        "cat '{0}/lib.rs' && f=0; (echo 'fn main() {{}}' > '{0}/build.rs') || f=1; \
+         (echo evil >> '{0}/lib.rs') || f=1; exit $f",
+        krate.display()
+    );
+    let control = w.run("none", &["--policy", "build"], &attack);
+    assert_eq!(
+        control.status.code(),
+        Some(0),
+        "control: {}",
+        show(&control)
+    );
+    assert!(
+        krate.join("build.rs").exists(),
+        "control: {}",
+        show(&control)
+    );
+    std::fs::remove_file(krate.join("build.rs")).expect("rm");
+    std::fs::write(krate.join("lib.rs"), "pub fn f() {}\n").expect("write");
+    let o = w.run(t, &["--policy", "build"], &attack);
+    assert!(failed(&o), "{}", show(&o));
+    // Readable: the cat ran first and printed the source.
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("pub fn f()"),
+        "{}",
+        show(&o)
+    );
+    assert!(!krate.join("build.rs").exists());
+    assert_eq!(w.read(&krate.join("lib.rs")), "pub fn f() {}\n");
 }
 
 /// A project inside a mode-0700 directory of the caller's (the World's
@@ -1016,6 +1058,7 @@ matrix!(
         new_files_belong_to_the_caller,
         metadata_outside_the_grants_is_unchangeable,
         read_only_grant_nested_in_the_project,
+        toolchain_caches_are_read_only,
     ],
     landlock: [
         setid_bits_are_refused,

@@ -880,12 +880,15 @@ pub(crate) mod tests {
         );
         assert!(plan.ignored.iter().any(|i| i.path == "/usr"));
         assert!(plan.ignored.iter().any(|i| i.path == "/etc/shadow"));
-        // the build policy's caches are writable roots with their own guards
+        // the build policy's caches are read-only: no writable root, no
+        // delete guard there; the project is the writable root
         let reg = WinPath::parse_str("C:\\Users\\u\\.cargo\\registry").unwrap();
+        assert!(!plan.denies.iter().any(|d| d.path == reg));
+        let proj = WinPath::parse_str("C:\\Users\\u\\proj").unwrap();
         assert!(plan
             .denies
             .iter()
-            .any(|d| d.path == reg && d.deny == Deny::Delete));
+            .any(|d| d.path == proj && d.deny == Deny::Delete));
     }
 
     #[test]

@@ -581,16 +581,17 @@ tier vm: QEMU outer VM (no NIC) + unprivileged Incus container (no NIC)
         let p = profile("build", &host());
         let got = p.render();
         assert!(
-            got.contains("    ro-1     ro /home/u/.rustup -> guest /mnt/hull/ro-1 -> container /home/u/.rustup\n"),
+            got.contains("    ro-2     ro /home/u/.rustup -> guest /mnt/hull/ro-2 -> container /home/u/.rustup\n"),
             "{got}"
         );
+        // The caches are read-only (and not executable) in the guest too.
         assert!(
-            got.contains("    rw-1     rw /home/u/.cargo/registry -> guest /mnt/hull/rw-1 -> container /home/u/.cargo/registry\n"),
+            got.contains("    ro-1     ro /home/u/.cargo/registry (noexec) -> guest /mnt/hull/ro-1 -> container /home/u/.cargo/registry\n"),
             "{got}"
         );
         // The home itself is never shared; missing caches are listed.
         assert!(!p.shares.iter().any(|s| s.host_path == Path::new("/home/u")));
-        assert!(got.contains("/home/u/.cargo/bin /home/u/.pyenv /home/u/.nvm /home/u/.cargo/git /home/u/.npm /home/u/.cache/pip: missing on the host"), "{got}");
+        assert!(got.contains("/home/u/.cargo/git /home/u/.npm /home/u/.cache/pip /home/u/.cargo/bin /home/u/.pyenv /home/u/.nvm: missing on the host"), "{got}");
         // credentials sit outside every share: nothing to mask, nothing visible.
         assert!(!got.contains("credentials"), "{got}");
     }
