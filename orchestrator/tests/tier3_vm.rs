@@ -629,3 +629,60 @@ fn killing_hull_ends_its_vm() {
         helpers()
     );
 }
+
+/// `hull batch` never writes its output where a job could plant a link:
+/// an output directory inside the project is refused before any job runs;
+/// a used one too.
+#[test]
+fn batch_output_stays_out_of_the_project() {
+    let w = world();
+    let jobs = w.root.path().join("jobs.txt");
+    std::fs::write(&jobs, "echo ran > ran.txt\n").unwrap();
+    for out in [w.project.join("out"), w.project.clone()] {
+        let o = w
+            .cmd(&[
+                "batch",
+                "--tier3",
+                "--timeout",
+                RUN_TIMEOUT,
+                "--out",
+                out.to_str().unwrap(),
+                jobs.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains("which the jobs may write"),
+            "{}",
+            text(&o.stderr)
+        );
+    }
+    assert!(!w.project.join("out").exists());
+    assert!(!w.project.join("ran.txt").exists(), "a job ran");
+    let used = w.root.path().join("used");
+    std::fs::create_dir_all(&used).unwrap();
+    std::fs::write(used.join("job-1.stdout"), "earlier").unwrap();
+    let o = w
+        .cmd(&[
+            "batch",
+            "--tier3",
+            "--timeout",
+            RUN_TIMEOUT,
+            "--out",
+            used.to_str().unwrap(),
+            jobs.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("not an empty directory"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(used.join("job-1.stdout")).unwrap(),
+        "earlier"
+    );
+}

@@ -24,9 +24,11 @@ pub struct BatchArgs {
     /// Kill a job's process tree after this long (e.g. 90s, 10m).
     #[arg(long, value_parser = parse_timeout)]
     pub timeout: Option<std::time::Duration>,
-    /// Directory for `job-<line>.stdout` and `job-<line>.stderr`.
-    #[arg(long, default_value = "hull-batch-out")]
-    pub out: PathBuf,
+    /// A new or empty directory for `job-<line>.stdout` and
+    /// `job-<line>.stderr`, outside every writable root of the policy
+    /// (default: a new one under `~/.local/state/hull/batches`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Most bytes kept per stream and job; the rest is counted and dropped.
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
     pub max_output: u64,
@@ -111,7 +113,7 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
         policy: a.policy,
         project,
         timeout: a.timeout,
-        out: a.out,
+        out: a.out.unwrap_or_else(crate::vm::batch_out::default_dir),
         max_output: a.max_output,
     };
     let total = jobs.len();

@@ -28,6 +28,8 @@
 pub mod accel;
 #[cfg(unix)]
 pub mod agent;
+#[cfg(target_os = "linux")]
+pub mod batch_out;
 pub mod hyperv;
 pub mod image;
 #[cfg(target_os = "linux")]

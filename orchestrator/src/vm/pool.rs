@@ -106,6 +106,8 @@ pub enum BatchError {
     },
     #[error("hull batch: after the jobs: {0}")]
     SetId(#[from] crate::runtime::setid::SweepError),
+    #[error(transparent)]
+    Out(#[from] crate::vm::batch_out::OutError),
 }
 
 /// How many restored VMs fit in memory: what the host has available (80%)
@@ -175,6 +177,8 @@ struct Ctx {
     accel: crate::vm::qemu::Accel,
     queue: Mutex<VecDeque<Job>>,
     irq: Arc<AtomicI32>,
+    /// The output directory, held open.
+    out: crate::vm::batch_out::OutDir,
 }
 
 /// A restored VM waiting for a job, with its own instance.
@@ -232,8 +236,12 @@ fn status_text(st: &ExitStatus) -> (String, Option<i32>) {
 
 fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
     let t0 = Instant::now();
-    let stdout = ctx.o.out.join(format!("job-{}.stdout", job.line));
-    let stderr = ctx.o.out.join(format!("job-{}.stderr", job.line));
+    let (out_name, err_name) = (
+        format!("job-{}.stdout", job.line),
+        format!("job-{}.stderr", job.line),
+    );
+    let stdout = ctx.out.path.join(&out_name);
+    let stderr = ctx.out.path.join(&err_name);
     let mut report = JobReport {
         line: job.line,
         command: job.command.clone(),
@@ -261,8 +269,14 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
             })
             .map_err(|e| format!("{e}\n  console log: {}", machine.console_log().display()))?;
         let mut sink = FileSink {
-            out: fs::File::create(&stdout).map_err(|e| format!("{}: {e}", stdout.display()))?,
-            err: fs::File::create(&stderr).map_err(|e| format!("{}: {e}", stderr.display()))?,
+            out: ctx
+                .out
+                .create(&out_name)
+                .map_err(|e| format!("{}: {e}", stdout.display()))?,
+            err: ctx
+                .out
+                .create(&err_name)
+                .map_err(|e| format!("{}: {e}", stderr.display()))?,
             max: ctx.o.max_output,
             written: [0, 0],
             cut: 0,
@@ -381,11 +395,7 @@ pub fn run_batch(
             .map(|g| g.path.clone())
             .collect()
     };
-    fs::create_dir_all(&o.out).map_err(|source| BatchError::Io {
-        path: o.out.clone(),
-        what: "create the output directory",
-        source,
-    })?;
+    let out = crate::vm::batch_out::OutDir::open(&o.out, &shared_roots)?;
     let total = jobs.len();
     let ctx = Arc::new(Ctx {
         o: o.clone(),
@@ -397,6 +407,7 @@ pub fn run_batch(
         accel: host.accel,
         queue: Mutex::new(jobs.into()),
         irq,
+        out,
     });
     let (tx, rx) = mpsc::channel();
     let mut handles = Vec::new();
