@@ -896,6 +896,44 @@ fn toolchain_caches_are_read_only(t: &str) {
     assert_eq!(w.read(&krate.join("lib.rs")), "pub fn f() {}\n");
 }
 
+/// A policy grant inside the project that crosses a link the project
+/// planted (`sub -> outside`): refused before anything is created, on
+/// every tier; nothing appears in the directory the link points to.
+fn grant_through_a_planted_link_is_refused(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    std::fs::create_dir_all(w.outside.join("cache")).expect("mkdir");
+    std::os::unix::fs::symlink(&w.outside, w.project.join("sub")).expect("symlink");
+    let pol = w.root.path().join("link.toml");
+    let text = hull_policy_default().replace(
+        "read_write = [\"${PROJECT}\"]",
+        "read_write = [\"${PROJECT}\", \"sub/cache\"]",
+    );
+    assert!(text.contains("sub/cache"), "the default profile changed");
+    std::fs::write(&pol, text).expect("write policy");
+    let pol = pol.to_str().expect("utf8");
+    let control = w.run("none", &["--policy", pol], "echo x > sub/cache/planted");
+    assert!(
+        w.outside.join("cache/planted").exists(),
+        "control: {}",
+        show(&control)
+    );
+    std::fs::remove_file(w.outside.join("cache/planted")).expect("rm");
+    let o = w.run(t, &["--policy", pol], "echo x > sub/cache/planted");
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("a symlink"),
+        "{}",
+        show(&o)
+    );
+    let left: Vec<_> = std::fs::read_dir(w.outside.join("cache"))
+        .expect("cache")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "created outside the project: {left:?}");
+}
+
 /// A project inside a mode-0700 directory of the caller's (the World's
 /// root is one): the command works there, and what it creates belongs to
 /// the caller on the host, whatever uid the command ran as.
@@ -1059,6 +1097,7 @@ matrix!(
         metadata_outside_the_grants_is_unchangeable,
         read_only_grant_nested_in_the_project,
         toolchain_caches_are_read_only,
+        grant_through_a_planted_link_is_refused,
     ],
     landlock: [
         setid_bits_are_refused,

@@ -251,6 +251,32 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_through_a_link_planted_in_the_project_is_refused() {
+        let fs = host()
+            .symlink("/work/proj/sub", "/elsewhere")
+            .dir("/elsewhere/cache");
+        let pf = crate::policy::PolicyFile::parse(
+            "p.toml",
+            "version = 1\n[fs]\nread_write = [\"${PROJECT}\", \"sub/cache\"]\n",
+        )
+        .unwrap();
+        let p = resolve(&pf, &vars()).unwrap();
+        let e = lower(&p, &fs, &masks(), Path::new("/work/proj")).unwrap_err();
+        assert!(
+            matches!(&e, PlanError::CrossesSymlink { link, .. } if link == Path::new("/work/proj/sub")),
+            "{e}"
+        );
+        // The same grant outside any writable root is the host's business.
+        let pf = crate::policy::PolicyFile::parse(
+            "p.toml",
+            "version = 1\n[fs]\nread = [\"/work/proj/sub/cache\"]\n",
+        )
+        .unwrap();
+        let p = resolve(&pf, &vars()).unwrap();
+        lower(&p, &fs, &masks(), Path::new("/work/proj")).unwrap();
+    }
+
+    #[test]
     fn a_symlinked_protected_path_fails_closed() {
         let fs = host().symlink("/work/proj/.git", "/elsewhere");
         let pf = profiles::load("default").unwrap();

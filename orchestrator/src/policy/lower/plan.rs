@@ -65,7 +65,7 @@ pub struct FsPlan {
 }
 
 /// Why a policy cannot be enforced on this host as written.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
     #[error("cannot protect {path} ({reason}): it is a symlink; replace it with a directory or file, or remove it")]
     ProtectedSymlink { path: PathBuf, reason: &'static str },
@@ -75,12 +75,54 @@ pub enum PlanError {
         root: PathBuf,
         reason: &'static str,
     },
+    #[error("the policy path {path} lies below {link}, a symlink (to {target}) inside the writable root {root}, which a command could have planted there; refusing it (remove the link, or name the real path in the policy)")]
+    CrossesSymlink {
+        path: PathBuf,
+        link: PathBuf,
+        target: PathBuf,
+        root: PathBuf,
+    },
+}
+
+/// Refuses a grant or protection whose path goes through a symlink inside
+/// a writable root: a command can plant one there between runs, and the
+/// tiers would then grant, mask or create placeholders wherever it points.
+pub fn check_no_planted_links(policy: &Policy, fs: &dyn HostFs) -> Result<(), PlanError> {
+    let writable: Vec<&Path> = policy.writable_roots().map(|g| g.path.as_path()).collect();
+    let paths = policy
+        .grants
+        .iter()
+        .map(|g| g.path.as_path())
+        .chain(policy.protects.iter().map(|p| p.path.as_path()));
+    for path in paths {
+        let Some(root) = writable
+            .iter()
+            .filter(|w| path.starts_with(w) && path != **w)
+            .max_by_key(|w| w.components().count())
+        else {
+            continue;
+        };
+        let mut between: Vec<&Path> = path.ancestors().skip(1).take_while(|a| a != root).collect();
+        between.reverse();
+        for a in between {
+            if let NodeKind::Symlink(target) = fs.kind(a) {
+                return Err(PlanError::CrossesSymlink {
+                    path: path.to_path_buf(),
+                    link: a.to_path_buf(),
+                    target,
+                    root: root.to_path_buf(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Builds the ordered plan. Steps are sorted by depth so a parent comes
 /// before what is layered inside it; at equal depth grants come before
 /// protections.
 pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
+    check_no_planted_links(policy, fs)?;
     let mut out = FsPlan::default();
     let writable: Vec<&Grant> = policy.writable_roots().collect();
     let mut entries: Vec<(usize, u8, Step)> = Vec::new();

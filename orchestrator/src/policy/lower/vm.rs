@@ -171,6 +171,8 @@ pub enum VmLowerError {
     },
     #[error("tier vm: more than {0} shares; narrow the policy")]
     TooManyShares(usize),
+    #[error("tier vm: {0}")]
+    Plan(#[from] super::plan::PlanError),
 }
 
 /// The most shares one VM gets (each is a virtiofsd and a PCI device).
@@ -182,6 +184,7 @@ fn is_system(p: &Path) -> bool {
 
 /// Lowers `policy` for tier 3. Pure: the host is only seen through `fs`.
 pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<VmPlan, VmLowerError> {
+    super::plan::check_no_planted_links(policy, fs)?;
     let mut skipped = Vec::new();
     // Candidate shares: (path, access, origin), sorted by path so parents come first.
     let mut cands: Vec<(PathBuf, Access, ShareOrigin)> = Vec::new();
