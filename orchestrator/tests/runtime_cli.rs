@@ -239,3 +239,51 @@ fn runs_list_and_gc() {
     assert!(idle_tmp.with_file_name("spill").join("s.txt").is_file());
     assert!(busy.tmp().is_dir());
 }
+
+/// A VMs directory another user made first (or could write): `hull vm`
+/// refuses it instead of acting on what may be planted there (a pid file
+/// naming a victim, which `hull vm status` would otherwise kill).
+#[test]
+fn a_vms_directory_of_another_user_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let _g = serial();
+    let t = tempfile::tempdir().unwrap();
+    let vms = t.path().join("vms");
+    std::fs::create_dir_all(vms.join("victim/m")).unwrap();
+    let mut victim = Command::new("sleep").arg("60").spawn().unwrap();
+    // A planted record of a "stale" VM whose helper is the victim: its
+    // pid, start time and program, as hull writes them.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", victim.id())).unwrap();
+    let start: u64 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let exe = std::fs::read_link(format!("/proc/{}/exe", victim.id())).unwrap();
+    std::fs::write(
+        vms.join("victim/m/qemu.pid"),
+        format!("{}\n{start}\n{}\n", victim.id(), exe.display()),
+    )
+    .unwrap();
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(&vms, Some(65534), Some(65534)).unwrap();
+    } else {
+        std::fs::set_permissions(&vms, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let o = hull(
+        t.path(),
+        &["vm", "status"],
+        &[("HULL_VMS_DIR", vms.to_str().unwrap())],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("not safe to use"), "{err}");
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the planted pid's process was killed"
+    );
+    let _ = victim.kill();
+    let _ = victim.wait();
+}

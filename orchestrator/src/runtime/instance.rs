@@ -254,37 +254,62 @@ impl Instance {
 /// Creates the root if missing; checks it is a private directory of ours
 /// and UTF-8; returns its canonical path.
 fn prepare_root(runs_root: &Path) -> Result<PathBuf, InstanceError> {
-    fsx::make_private_dir_all(runs_root).map_err(io_err("creating", runs_root))?;
-    let md = std::fs::symlink_metadata(runs_root).map_err(io_err("inspecting", runs_root))?;
-    let insecure = |reason: String| InstanceError::RunsRootInsecure {
-        path: runs_root.to_path_buf(),
-        reason,
-    };
+    let canon = private_root(runs_root).map_err(|e| match e {
+        PrivateRootError::Io { what, source } => io_err(what, runs_root)(source),
+        PrivateRootError::Insecure(reason) => InstanceError::RunsRootInsecure {
+            path: runs_root.to_path_buf(),
+            reason,
+        },
+    })?;
+    if canon.to_str().is_none() {
+        return Err(InstanceError::NotUtf8 { path: canon });
+    }
+    Ok(canon)
+}
+
+/// Why a directory of hull's own state cannot be used.
+#[derive(Debug)]
+pub enum PrivateRootError {
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    /// Another user could plant something in it.
+    Insecure(String),
+}
+
+/// Creates `root` (and missing parents, each 0700) if missing, then checks
+/// it is a real directory (not a symlink), owned by this user, and not
+/// writable by group or others: a directory another local user made first
+/// (in /tmp, say) could hold planted pid files or symlinks. Returns its
+/// canonical path.
+pub fn private_root(root: &Path) -> Result<PathBuf, PrivateRootError> {
+    let io = |what| move |source| PrivateRootError::Io { what, source };
+    fsx::make_private_dir_all(root).map_err(io("creating"))?;
+    let md = std::fs::symlink_metadata(root).map_err(io("inspecting"))?;
     if !md.is_dir() {
-        return Err(insecure("it is a symlink or not a directory".into()));
+        return Err(PrivateRootError::Insecure(
+            "it is a symlink or not a directory".into(),
+        ));
     }
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
         let me = rustix::process::geteuid().as_raw();
         if md.uid() != me {
-            return Err(insecure(format!(
+            return Err(PrivateRootError::Insecure(format!(
                 "owned by uid {}, not by us (uid {me})",
                 md.uid()
             )));
         }
         if md.mode() & 0o022 != 0 {
-            return Err(insecure(format!(
+            return Err(PrivateRootError::Insecure(format!(
                 "writable by group or others (mode {:o})",
                 md.mode() & 0o7777
             )));
         }
     }
-    let canon = std::fs::canonicalize(runs_root).map_err(io_err("resolving", runs_root))?;
-    if canon.to_str().is_none() {
-        return Err(InstanceError::NotUtf8 { path: canon });
-    }
-    Ok(canon)
+    std::fs::canonicalize(root).map_err(io("resolving"))
 }
 
 /// Builds a run dir for `id` under a staging name and renames it into

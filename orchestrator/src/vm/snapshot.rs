@@ -470,9 +470,18 @@ fn build_in(
     let disk = tmp.join(DISK);
     create_overlay(tools, &base, &disk)?;
     // Sockets go to a short path (a unix socket path has 107 bytes).
-    let sock_dir = std::env::temp_dir().join(format!("hull-snapshot-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&sock_dir);
-    fs::create_dir_all(&sock_dir).map_err(io_err(&sock_dir, "create"))?;
+    // A new private directory with an unpredictable name (unix sockets need
+    // a short path; another user could pre-create a predictable one).
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let sock_dir = std::env::temp_dir().join(format!("hull-snapshot-{}", &id[..12]));
+    // create_dir fails on a name that exists: never someone else's.
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&sock_dir)
+            .map_err(io_err(&sock_dir, "create"))?;
+    }
     let r = boot_and_save(tmp, &sock_dir, &disk, image, g, tools, progress);
     let _ = fs::remove_dir_all(&sock_dir);
     r

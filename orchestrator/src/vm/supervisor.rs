@@ -189,7 +189,25 @@ pub fn validate_name(name: &str) -> Result<(), SupervisorError> {
 
 pub fn vm_dir(name: &str) -> Result<PathBuf, SupervisorError> {
     validate_name(name)?;
-    Ok(vms_root().join(name))
+    Ok(checked_vms_root()?.join(name))
+}
+
+/// The VMs root, created private when missing and refused when another
+/// user owns it or could write it (a directory pre-created in /tmp could
+/// hold planted pid files and symlinks that hull, as root, would act on).
+fn checked_vms_root() -> Result<PathBuf, SupervisorError> {
+    let root = vms_root();
+    crate::runtime::instance::private_root(&root).map_err(|e| match e {
+        crate::runtime::instance::PrivateRootError::Io { what, source } => {
+            io_err(what, &root)(source)
+        }
+        crate::runtime::instance::PrivateRootError::Insecure(reason) => {
+            SupervisorError::Other(format!(
+                "hull vm: the VMs directory {} is not safe to use: {reason}; set HULL_VMS_DIR to a private directory",
+                root.display()
+            ))
+        }
+    })
 }
 
 /// The shares of a plan that identify what a VM exposes (not its own tmp/spill).
@@ -355,7 +373,7 @@ fn set_private(dir: &Path) -> Result<(), SupervisorError> {
 /// `hull vm status`: every known VM and whether its supervisor runs.
 /// Dirs of dead supervisors are cleaned (helpers killed, sockets removed).
 pub fn status() -> Result<Vec<VmStatus>, SupervisorError> {
-    let root = vms_root();
+    let root = checked_vms_root()?;
     let mut out = Vec::new();
     let rd = match fs::read_dir(&root) {
         Ok(rd) => rd,
