@@ -263,7 +263,7 @@ mod tests {
         let p = resolve(&pf, &vars()).unwrap();
         let e = lower(&p, &fs, &masks(), Path::new("/work/proj")).unwrap_err();
         assert!(
-            matches!(&e, PlanError::CrossesSymlink { link, .. } if link == Path::new("/work/proj/sub")),
+            matches!(&e, PlanError::CrossesSymlink(c) if c.link == Path::new("/work/proj/sub")),
             "{e}"
         );
         // The same grant outside any writable root is the host's business.

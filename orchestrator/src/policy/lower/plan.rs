@@ -75,13 +75,32 @@ pub enum PlanError {
         root: PathBuf,
         reason: &'static str,
     },
-    #[error("the policy path {path} lies below {link}, a symlink (to {target}) inside the writable root {root}, which a command could have planted there; refusing it (remove the link, or name the real path in the policy)")]
-    CrossesSymlink {
-        path: PathBuf,
-        link: PathBuf,
-        target: PathBuf,
-        root: PathBuf,
-    },
+    #[error("{0}")]
+    CrossesSymlink(Box<LinkCrossing>),
+}
+
+/// A policy path that goes through a symlink inside a writable root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkCrossing {
+    pub path: PathBuf,
+    pub link: PathBuf,
+    pub target: PathBuf,
+    pub root: PathBuf,
+}
+
+impl std::fmt::Display for LinkCrossing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the policy path {} lies below {}, a symlink (to {}) inside the writable root {}, \
+             which a command could have planted there; refusing it (remove the link, or name \
+             the real path in the policy)",
+            self.path.display(),
+            self.link.display(),
+            self.target.display(),
+            self.root.display()
+        )
+    }
 }
 
 /// Refuses a grant or protection whose path goes through a symlink inside
@@ -106,12 +125,12 @@ pub fn check_no_planted_links(policy: &Policy, fs: &dyn HostFs) -> Result<(), Pl
         between.reverse();
         for a in between {
             if let NodeKind::Symlink(target) = fs.kind(a) {
-                return Err(PlanError::CrossesSymlink {
+                return Err(PlanError::CrossesSymlink(Box::new(LinkCrossing {
                     path: path.to_path_buf(),
                     link: a.to_path_buf(),
                     target,
                     root: root.to_path_buf(),
-                });
+                })));
             }
         }
     }
