@@ -143,6 +143,29 @@ pub fn project_path(p: &Path, runs: &Path) -> Result<PathBuf, RunError> {
     Ok(path)
 }
 
+/// Resolves `pf` for an instance, hiding hull's own state from every grant
+/// that would expose it: the runs root (in the policy already), the tier-3
+/// image cache and the VMs of `hull vm up`.
+pub fn resolve_policy(pf: &policy::PolicyFile, vars: &Vars) -> Result<Policy, policy::PolicyError> {
+    let mut pol = policy::resolve(pf, vars)?;
+    let mut state = vec![crate::vm::supervisor_root()];
+    if let Ok(cache) = crate::vm::image::Cache::default_location() {
+        state.push(cache.root().to_path_buf());
+    }
+    for path in state {
+        if !pol.protects.iter().any(|p| p.path == path) {
+            pol.protects.push(policy::Protect {
+                path,
+                protection: policy::Protection::Hidden,
+                reason: policy::ProtectReason::HullState,
+            });
+        }
+    }
+    pol.protects
+        .sort_by(|a, b| a.path.cmp(&b.path).then(a.protection.cmp(&b.protection)));
+    Ok(pol)
+}
+
 /// The variables for resolving a policy in an instance.
 pub fn vars_for(project: PathBuf, tmp: PathBuf, spill: PathBuf, runs: PathBuf) -> Vars {
     Vars {
@@ -357,7 +380,7 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
         tracing::warn!("cleaning old instances: {e}");
     }
     let vars = instance.vars(&project, &home_dir());
-    let pol = policy::resolve(&pf, &vars)?;
+    let pol = resolve_policy(&pf, &vars)?;
     let env = command_env(&pol, &opts.env, instance.child_env());
     tracing::debug!(instance = %instance.id(), "policy resolved");
     let spec = CommandSpec {

@@ -934,6 +934,40 @@ fn grant_through_a_planted_link_is_refused(t: &str) {
     assert!(left.is_empty(), "created outside the project: {left:?}");
 }
 
+/// hull's own state inside a writable root (here the VMs of `hull vm up`,
+/// with their QMP sockets) is hidden from the command.
+fn hull_state_is_hidden(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let vms = w.project.join("src/vms");
+    std::fs::create_dir_all(vms.join("dev")).expect("mkdir");
+    std::fs::write(vms.join("dev/vm.json"), "{\"secret-state\": 1}").expect("write");
+    let vms_env = vms.to_str().expect("utf8").to_string();
+    let run = |tier: &str, script: &str| {
+        w.cmd(tier, &[], script)
+            .env("HULL_VMS_DIR", &vms_env)
+            .stdin(Stdio::null())
+            .output()
+            .expect("hull")
+    };
+    let script = "cat src/vms/dev/vm.json; echo x > src/vms/dev/planted";
+    let control = run("none", script);
+    assert!(
+        String::from_utf8_lossy(&control.stdout).contains("secret-state"),
+        "control: {}",
+        show(&control)
+    );
+    std::fs::remove_file(vms.join("dev/planted")).expect("rm");
+    let o = run(t, script);
+    assert!(failed(&o), "{}", show(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("secret-state"),
+        "{}",
+        show(&o)
+    );
+    assert!(!vms.join("dev/planted").exists());
+}
+
 /// A project inside a mode-0700 directory of the caller's (the World's
 /// root is one): the command works there, and what it creates belongs to
 /// the caller on the host, whatever uid the command ran as.
@@ -1098,6 +1132,7 @@ matrix!(
         read_only_grant_nested_in_the_project,
         toolchain_caches_are_read_only,
         grant_through_a_planted_link_is_refused,
+        hull_state_is_hidden,
     ],
     landlock: [
         setid_bits_are_refused,

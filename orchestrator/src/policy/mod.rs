@@ -94,6 +94,9 @@ pub enum ProtectReason {
     ShellRc,
     /// The directory holding every hull instance (other instances' tmp/spill).
     OtherInstances,
+    /// hull's own state: the tier-3 image cache and the VMs of `hull vm up`
+    /// (their QMP and agent sockets).
+    HullState,
 }
 
 impl ProtectReason {
@@ -104,6 +107,7 @@ impl ProtectReason {
             ProtectReason::GitMetadata => "git metadata",
             ProtectReason::ShellRc => "shell startup file",
             ProtectReason::OtherInstances => "other hull instances",
+            ProtectReason::HullState => "hull's own state",
         }
     }
 }

@@ -164,14 +164,7 @@ pub struct VmStatus {
 
 /// Where persistent VMs live: next to the runs dir (`/tmp/hull-vms`).
 pub fn vms_root() -> PathBuf {
-    if let Some(d) = std::env::var_os("HULL_VMS_DIR") {
-        return PathBuf::from(d);
-    }
-    let runs = crate::runtime::runs_root();
-    runs.parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(std::env::temp_dir)
-        .join("hull-vms")
+    crate::vm::supervisor_root()
 }
 
 pub fn validate_name(name: &str) -> Result<(), SupervisorError> {
@@ -612,7 +605,7 @@ fn boot(
     }
     let pf = crate::policy::profiles::load(&o.policy)?;
     let vars = crate::run::vars_for(project, state.tmp.clone(), state.spill.clone(), runs);
-    let policy = crate::policy::resolve(&pf, &vars)?;
+    let policy = crate::run::resolve_policy(&pf, &vars)?;
     let plan = lower_vm::lower(&policy, &crate::policy::RealFs)?;
     state.shares = fingerprint(&plan);
     let tools = Tools::find()?;

@@ -248,6 +248,8 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
                         });
                         true
                     }
+                    // Nothing of hull's there yet: nothing to hide.
+                    ProtectReason::HullState => continue,
                     ProtectReason::PolicyDeny | ProtectReason::ShellRc => {
                         return Err(PlanError::MissingProtected {
                             path: p.path.clone(),
