@@ -968,6 +968,36 @@ fn hull_state_is_hidden(t: &str) {
     assert!(!vms.join("dev/planted").exists());
 }
 
+/// A protection two levels deep (a read-only grant nested in the project)
+/// cannot be removed by renaming an ancestor and recreating the path.
+fn renaming_an_ancestor_keeps_the_protection(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let lib = w.project.join("src/vendor/lib");
+    std::fs::create_dir_all(&lib).expect("mkdir");
+    std::fs::write(lib.join("code.rs"), "vendored\n").expect("write");
+    let pol = w.root.path().join("nested.toml");
+    let text = hull_policy_default().replace("read = [", "read = [\"src/vendor/lib\", ");
+    std::fs::write(&pol, text).expect("write policy");
+    let pol = pol.to_str().expect("utf8");
+    let attack = "mv src/vendor src/moved && mkdir -p src/vendor/lib && \
+                  echo evil > src/vendor/lib/code.rs";
+    let control = w.run("none", &["--policy", pol], attack);
+    assert_eq!(
+        control.status.code(),
+        Some(0),
+        "control: {}",
+        show(&control)
+    );
+    assert_eq!(w.read(&lib.join("code.rs")), "evil\n", "control");
+    std::fs::remove_dir_all(w.project.join("src/vendor")).expect("rm");
+    std::fs::rename(w.project.join("src/moved"), w.project.join("src/vendor")).expect("mv back");
+    let o = w.run(t, &["--policy", pol], attack);
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(w.read(&lib.join("code.rs")), "vendored\n", "{}", show(&o));
+    assert!(!w.project.join("src/moved").exists(), "{}", show(&o));
+}
+
 /// A project inside a mode-0700 directory of the caller's (the World's
 /// root is one): the command works there, and what it creates belongs to
 /// the caller on the host, whatever uid the command ran as.
@@ -1133,6 +1163,7 @@ matrix!(
         toolchain_caches_are_read_only,
         grant_through_a_planted_link_is_refused,
         hull_state_is_hidden,
+        renaming_an_ancestor_keeps_the_protection,
     ],
     landlock: [
         setid_bits_are_refused,

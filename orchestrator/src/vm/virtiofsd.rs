@@ -631,6 +631,8 @@ mod imp {
         },
         /// An empty read-only tmpfs over the directory `dst`.
         EmptyDir { dst: CString },
+        /// `dst` bound onto itself (writable as before): a mount point.
+        Pin { dst: CString },
     }
 
     fn cstr(p: &Path) -> io::Result<CString> {
@@ -676,6 +678,29 @@ mod imp {
         /// user namespace of its own, mapping only itself).
         fn for_ids(spec: &VirtiofsdSpec, dir: &Path, uid: u32, gid: u32) -> io::Result<MountPlan> {
             let mut ops = Vec::new();
+            // Pins first: every directory between the share's root and a
+            // mask becomes a mount point of its own, which the guest cannot
+            // rename (EBUSY). Renaming an ancestor of a mount is allowed and
+            // would let it recreate the masked path unmasked.
+            if !spec.readonly {
+                let mut pins: Vec<&Path> = Vec::new();
+                for m in &spec.masks {
+                    for a in m.path.ancestors().skip(1) {
+                        if a == spec.shared_dir || !a.starts_with(&spec.shared_dir) {
+                            break;
+                        }
+                        if !pins.contains(&a) {
+                            pins.push(a);
+                        }
+                    }
+                }
+                pins.sort_by_key(|p| p.components().count());
+                for p in pins {
+                    if fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()) {
+                        ops.push(MountOp::Pin { dst: cstr(p)? });
+                    }
+                }
+            }
             let mut empty_file: Option<PathBuf> = None;
             for m in &spec.masks {
                 let meta = match fs::symlink_metadata(&m.path) {
@@ -776,6 +801,18 @@ mod imp {
                                     | libc::MS_NOSUID
                                     | libc::MS_NODEV
                                     | flags,
+                                std::ptr::null(),
+                            ) != 0
+                            {
+                                return Err(io::Error::last_os_error());
+                            }
+                        }
+                        MountOp::Pin { dst } => {
+                            if libc::mount(
+                                dst.as_ptr(),
+                                dst.as_ptr(),
+                                std::ptr::null(),
+                                libc::MS_BIND,
                                 std::ptr::null(),
                             ) != 0
                             {

@@ -134,6 +134,10 @@ pub fn lower(
                 source(path, false);
                 a.two("--ro-bind", path, path)
             }
+            // A mount point cannot be renamed (EBUSY): the protection
+            // below it stays where it is. Inside a writable root, so the
+            // sandbox user reaches it through that root's mount.
+            Step::Pin { path } => a.two("--bind", path, path),
         }
     }
     a.opt("--remount-ro", "/");

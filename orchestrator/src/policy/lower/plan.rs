@@ -42,6 +42,12 @@ pub enum Step {
         dir: bool,
         reason: ProtectReason,
     },
+    /// Keep the directory `path` where it is: a directory between a
+    /// writable root and something protected inside it. A tier that
+    /// protects with mounts makes it a mount point of its own (bwrap binds
+    /// it onto itself), since renaming an ancestor of a mount is allowed
+    /// and would let the command recreate the protected path unprotected.
+    Pin { path: PathBuf },
 }
 
 impl Step {
@@ -50,7 +56,8 @@ impl Step {
             Step::Grant { path, .. }
             | Step::Symlink { path, .. }
             | Step::Hide { path, .. }
-            | Step::ReadOnly { path, .. } => path,
+            | Step::ReadOnly { path, .. }
+            | Step::Pin { path } => path,
         }
     }
 }
@@ -273,6 +280,39 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
             },
         };
         entries.push((depth(&p.path), 1, step));
+    }
+
+    // Pins: every directory strictly between a writable root and a
+    // protection or narrower grant inside it, unless a step of its own
+    // already covers it (it is then a mount point anyway).
+    let mut pins: Vec<PathBuf> = Vec::new();
+    for (_, _, step) in &entries {
+        let (path, narrower) = match step {
+            Step::Hide { path, .. } | Step::ReadOnly { path, .. } => (path, true),
+            Step::Grant { path, access, .. } => (path, *access != Access::ReadWrite),
+            Step::Symlink { .. } | Step::Pin { .. } => continue,
+        };
+        if !narrower {
+            continue;
+        }
+        let Some(root) = writable
+            .iter()
+            .filter(|w| path.starts_with(&w.path) && *path != w.path)
+            .max_by_key(|w| depth(&w.path))
+        else {
+            continue;
+        };
+        for a in path.ancestors().skip(1).take_while(|a| *a != root.path) {
+            if !pins.iter().any(|p| p == a) {
+                pins.push(a.to_path_buf());
+            }
+        }
+    }
+    pins.retain(|p| !entries.iter().any(|(_, _, s)| s.path() == p));
+    for path in pins {
+        if fs.kind(&path) == NodeKind::Dir {
+            entries.push((depth(&path), 0, Step::Pin { path }));
+        }
     }
 
     entries.sort_by(|a, b| {
