@@ -69,6 +69,8 @@ pub enum RunError {
     ProjectInRuns { path: PathBuf, runs: PathBuf },
     #[error(transparent)]
     Policy(#[from] policy::PolicyError),
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
     #[error("tier {tier}: {source}")]
     Lower {
         tier: Tier,
@@ -143,10 +145,31 @@ pub fn project_path(p: &Path, runs: &Path) -> Result<PathBuf, RunError> {
     Ok(path)
 }
 
+/// Why a policy could not be prepared for a run.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    #[cfg(unix)]
+    #[error(transparent)]
+    Git(#[from] policy::git::GitScanError),
+}
+
+/// The git repositories in a run's writable roots, as found before it.
+#[cfg(unix)]
+pub type Repos = policy::git::Repos;
+/// Nothing to find where git repositories are not scanned.
+#[cfg(not(unix))]
+pub type Repos = ();
+
 /// Resolves `pf` for an instance, hiding hull's own state from every grant
-/// that would expose it: the runs root (in the policy already), the tier-3
-/// image cache and the VMs of `hull vm up`.
-pub fn resolve_policy(pf: &policy::PolicyFile, vars: &Vars) -> Result<Policy, policy::PolicyError> {
+/// that would expose it (the runs root, in the policy already; the tier-3
+/// image cache; the VMs of `hull vm up`) and protecting what git would run
+/// from every repository in the writable roots ([`policy::git`]).
+pub fn resolve_policy(
+    pf: &policy::PolicyFile,
+    vars: &Vars,
+) -> Result<(Policy, Repos), PrepareError> {
     let mut pol = policy::resolve(pf, vars)?;
     let mut state = vec![crate::vm::supervisor_root()];
     if let Ok(cache) = crate::vm::image::Cache::default_location() {
@@ -163,7 +186,16 @@ pub fn resolve_policy(pf: &policy::PolicyFile, vars: &Vars) -> Result<Policy, po
     }
     pol.protects
         .sort_by(|a, b| a.path.cmp(&b.path).then(a.protection.cmp(&b.protection)));
-    Ok(pol)
+    #[cfg(unix)]
+    let repos = {
+        let roots: Vec<&Path> = pol.writable_roots().map(|g| g.path.as_path()).collect();
+        let repos = policy::git::find_repositories(&roots)?;
+        policy::git::protect(&mut pol, &repos)?;
+        repos
+    };
+    #[cfg(not(unix))]
+    let repos = ();
+    Ok((pol, repos))
 }
 
 /// The variables for resolving a policy in an instance.
@@ -380,7 +412,7 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
         tracing::warn!("cleaning old instances: {e}");
     }
     let vars = instance.vars(&project, &home_dir());
-    let pol = resolve_policy(&pf, &vars)?;
+    let (pol, repos_before) = resolve_policy(&pf, &vars)?;
     let env = command_env(&pol, &opts.env, instance.child_env());
     tracing::debug!(instance = %instance.id(), "policy resolved");
     let spec = CommandSpec {
@@ -423,6 +455,7 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     // Second layer behind seccomp: no set-id file of the command's is left
     // for the host, also when the command's own status is an error.
     let swept = sweep_setid(tier, &pol, started);
+    report_new_repositories(tier, &pol, &repos_before);
     if let Err(e) = instance.finish() {
         tracing::warn!("cleaning up the instance: {e}");
     }
@@ -430,6 +463,28 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     swept?;
     Ok(status)
 }
+
+/// Names the git repositories the command created in its writable roots:
+/// git runs what their config says when someone uses git there.
+#[cfg(unix)]
+fn report_new_repositories(tier: Tier, pol: &Policy, before: &Repos) {
+    if tier == Tier::None {
+        return;
+    }
+    let roots: Vec<&Path> = pol.writable_roots().map(|g| g.path.as_path()).collect();
+    let Ok(after) = policy::git::find_repositories(&roots) else {
+        return;
+    };
+    for git in policy::git::new_repositories(before, &after) {
+        eprintln!(
+            "hull: tier {tier}: the command created the git repository {} (its config and hooks run when git is used there; review it)",
+            git.display()
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn report_new_repositories(_tier: Tier, _pol: &Policy, _before: &Repos) {}
 
 /// On tier 3, when hull runs as root, clears the set-id bits the command
 /// left in its writable roots (see [`crate::runtime::setid`]); fails when

@@ -998,6 +998,121 @@ fn renaming_an_ancestor_keeps_the_protection(t: &str) {
     assert!(!w.project.join("src/moved").exists(), "{}", show(&o));
 }
 
+/// `git -C DIR ...` on the host, as a user would run it after the run.
+fn host_git(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("git")
+}
+
+/// A nested repository (a vendored checkout, a submodule) has a `.git`
+/// whose config git obeys: an fsmonitor there runs at the next host
+/// `git status`. Every `.git` at any depth is read-only, and a repository
+/// the command creates is reported.
+fn nested_repositories_are_protected(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    w.git_init();
+    let nested = w.project.join("src/lib");
+    std::fs::create_dir_all(&nested).expect("mkdir");
+    assert!(host_git(&nested, &["init", "-q"]).status.success());
+    let config = nested.join(".git/config");
+    let before = w.read(&config);
+    let marker = w.root.path().join("fsmonitor-ran");
+    let attack = format!(
+        "printf '[core]\\n\\tfsmonitor = touch {}\\n' >> src/lib/.git/config",
+        marker.display()
+    );
+    let control = w.run("none", &[], &attack);
+    assert_eq!(
+        control.status.code(),
+        Some(0),
+        "control: {}",
+        show(&control)
+    );
+    let _ = host_git(&nested, &["status", "--short"]);
+    assert!(marker.exists(), "control: host git status ran no fsmonitor");
+    std::fs::remove_file(&marker).expect("rm");
+    std::fs::write(&config, &before).expect("restore config");
+    let o = w.run(t, &[], &attack);
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(w.read(&config), before);
+    let _ = host_git(&nested, &["status", "--short"]);
+    assert!(
+        !marker.exists(),
+        "host git status ran the command's fsmonitor"
+    );
+    // A repository made during the run is named afterwards (in a directory
+    // the landlock tier has not split around a protection).
+    std::fs::create_dir_all(w.project.join("src/other")).expect("mkdir");
+    let o = w.run(
+        t,
+        &[],
+        "mkdir -p src/other/made && cd src/other/made && git init -q .",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("created the git repository"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// Repository config that names files in the worktree (shared hooks under
+/// `core.hooksPath`, an `include.path`): those files are read-only too.
+fn git_config_targets_in_the_worktree_are_protected(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    w.git_init();
+    std::fs::create_dir_all(w.project.join("src/githooks")).expect("mkdir");
+    std::fs::write(
+        w.project.join("src/githooks/pre-commit"),
+        "#!/bin/sh\nexit 0\n",
+    )
+    .expect("write");
+    std::fs::write(
+        w.project.join("src/shared.gitconfig"),
+        "[user]\n\tname = x\n",
+    )
+    .expect("write");
+    assert!(
+        host_git(&w.project, &["config", "core.hooksPath", "src/githooks"])
+            .status
+            .success()
+    );
+    assert!(host_git(
+        &w.project,
+        &["config", "include.path", "../src/shared.gitconfig"]
+    )
+    .status
+    .success());
+    let hook = w.project.join("src/githooks/pre-commit");
+    let shared = w.project.join("src/shared.gitconfig");
+    let (hook_before, shared_before) = (w.read(&hook), w.read(&shared));
+    let attack = "f=0; (echo 'touch /tmp/hull-hook-ran' >> src/githooks/pre-commit) || f=1; \
+                  (printf '[core]\\n\\tfsmonitor = true\\n' >> src/shared.gitconfig) || f=1; exit $f";
+    let control = w.run("none", &[], attack);
+    assert_eq!(
+        control.status.code(),
+        Some(0),
+        "control: {}",
+        show(&control)
+    );
+    assert_ne!(w.read(&hook), hook_before, "control");
+    std::fs::write(&hook, &hook_before).expect("restore");
+    std::fs::write(&shared, &shared_before).expect("restore");
+    let o = w.run(t, &[], attack);
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(w.read(&hook), hook_before);
+    assert_eq!(w.read(&shared), shared_before);
+}
+
 /// A project inside a mode-0700 directory of the caller's (the World's
 /// root is one): the command works there, and what it creates belongs to
 /// the caller on the host, whatever uid the command ran as.
@@ -1164,6 +1279,8 @@ matrix!(
         grant_through_a_planted_link_is_refused,
         hull_state_is_hidden,
         renaming_an_ancestor_keeps_the_protection,
+        nested_repositories_are_protected,
+        git_config_targets_in_the_worktree_are_protected,
     ],
     landlock: [
         setid_bits_are_refused,

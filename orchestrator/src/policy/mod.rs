@@ -13,6 +13,8 @@
 //! that grants too much. `hull policy explain` shows the boundary for review.
 
 pub mod file;
+#[cfg(unix)]
+pub mod git;
 pub mod hostfs;
 pub mod lower;
 pub mod profiles;

@@ -194,7 +194,8 @@ fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, String> {
     let t0 = Instant::now();
     let instance = crate::runtime::Instance::create(&ctx.runs).map_err(|e| e.to_string())?;
     let vars = instance.vars(&ctx.project, &crate::run::home_dir());
-    let pol = crate::run::resolve_policy(&ctx.policy_file, &vars).map_err(|e| e.to_string())?;
+    let (pol, _) =
+        crate::run::resolve_policy(&ctx.policy_file, &vars).map_err(|e| e.to_string())?;
     let env = crate::run::command_env(&pol, &[], instance.child_env());
     let plan = lower_vm::lower(&pol, &crate::policy::RealFs).map_err(|e| e.to_string())?;
     let run_name = format!("vm-{}-{worker}", std::process::id());

@@ -605,7 +605,8 @@ fn boot(
     }
     let pf = crate::policy::profiles::load(&o.policy)?;
     let vars = crate::run::vars_for(project, state.tmp.clone(), state.spill.clone(), runs);
-    let policy = crate::run::resolve_policy(&pf, &vars)?;
+    let (policy, _) = crate::run::resolve_policy(&pf, &vars)
+        .map_err(|e| SupervisorError::Other(e.to_string()))?;
     let plan = lower_vm::lower(&policy, &crate::policy::RealFs)?;
     state.shares = fingerprint(&plan);
     let tools = Tools::find()?;
