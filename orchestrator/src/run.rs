@@ -241,6 +241,8 @@ pub fn run_process_tier(
     let mut setup = ChildSetup::from_limits(&policy.limits);
     setup.keep_fds.push(lock_fd);
     let mut keep_alive = Vec::new();
+    // Released after the command and everything it started are gone.
+    let mut placeholders = crate::runtime::placeholder::Held::default();
     let mut started_check: Option<Box<dyn FnOnce() -> Result<(), RunError>>> = None;
     let mut containment = crate::exec::process::Containment::None;
     let mut cmd = match tier {
@@ -256,8 +258,18 @@ pub fn run_process_tier(
             let masks = launch::create_masks(run_dir).map_err(|e| RunError::Tier(e.to_string()))?;
             let plan = crate::policy::lower::bwrap::lower(policy, &RealFs, &masks, &spec.cwd)
                 .map_err(|source| RunError::Lower { tier, source })?;
-            let paths: Vec<PathBuf> = plan.placeholders.iter().map(|p| p.path.clone()).collect();
-            launch::create_placeholders(&paths).map_err(|e| RunError::Tier(e.to_string()))?;
+            let wanted: Vec<crate::runtime::placeholder::Wanted> = plan
+                .placeholders
+                .iter()
+                .map(|p| crate::runtime::placeholder::Wanted {
+                    path: p.path.clone(),
+                    root: p.root.clone(),
+                    dir: p.dir,
+                })
+                .collect();
+            let runs_root = run_dir.parent().unwrap_or(run_dir);
+            placeholders = crate::runtime::placeholder::hold(&wanted, runs_root)
+                .map_err(|e| RunError::Tier(format!("tier bwrap: {e}")))?;
             let mut prepared = crate::tier::bwrap::command(&plan, &spec.argv)
                 .map_err(|e| RunError::Tier(e.to_string()))?;
             if crate::tier::identity::hull_is_root() {
@@ -291,8 +303,6 @@ pub fn run_process_tier(
         Tier::Landlock => {
             let plan = crate::policy::lower::landlock::lower(policy, &RealFs)
                 .map_err(|source| RunError::Lower { tier, source })?;
-            launch::create_placeholders(&plan.placeholders)
-                .map_err(|e| RunError::Tier(e.to_string()))?;
             let prepared = crate::tier::landlock::command(&plan, &policy.limits, &spec.argv)
                 .map_err(|e| RunError::Tier(e.to_string()))?;
             setup
@@ -336,6 +346,9 @@ pub fn run_process_tier(
     tracing::debug!(%tier, "command built");
     let status = crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive)?;
     tracing::debug!(?status, "command ended");
+    for problem in placeholders.release() {
+        eprintln!("hull: warning: tier {tier}: {problem} (left in place)");
+    }
     if let Some(check) = started_check {
         // A sandbox that could not be set up is hull's failure, not the
         // command's exit code: report it as such (exit 125).

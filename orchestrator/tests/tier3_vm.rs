@@ -137,11 +137,11 @@ fn run_tier3_streams_output_keeps_exit_codes_and_enforces_the_policy() {
         "[core]\n"
     );
     assert!(!w.project.join(".git/hooks/pre-commit").exists());
-    // The placeholder of the hidden .hull stays, empty: nothing got through.
-    assert_eq!(
-        std::fs::read_dir(w.project.join(".hull")).unwrap().count(),
-        0,
-        "the guest wrote into the hidden .hull"
+    // The placeholder of the hidden .hull went with the run; a guest
+    // write into it would have kept it (non-empty directories stay).
+    assert!(
+        !w.project.join(".hull").exists(),
+        "the placeholder .hull is left behind (or the guest wrote into it)"
     );
 }
 

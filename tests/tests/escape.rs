@@ -219,6 +219,88 @@ fn protected_names_before_they_exist(t: &str) {
     assert!(!w.project.join(".git/hooks").exists());
     assert!(!w.project.join(".git/HEAD").exists());
     assert!(!w.project.join(".hull/x").exists());
+    // The placeholders the masks were mounted on went with each run.
+    for name in [".git", ".hull"] {
+        assert!(
+            std::fs::symlink_metadata(w.project.join(name)).is_err(),
+            "{name} is left in the project after the runs"
+        );
+    }
+}
+
+/// A writable home: the shell startup files that do not exist stay
+/// uncreatable during the run (a ~/.bashrc written by the command runs in
+/// the user's next shell), and nothing is left for them afterwards (an empty
+/// ~/.bash_profile left behind stops bash from reading ~/.profile).
+fn shell_rc_files_in_a_writable_home(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    std::fs::write(w.home.join(".profile"), "# the user's profile\n").expect("write");
+    let pol = w.root.path().join("home-rw.toml");
+    let text = hull_policy_default().replace(
+        "read_write = [\"${PROJECT}\"]",
+        "read_write = [\"${PROJECT}\", \"${HOME}\"]",
+    );
+    assert!(text.contains("${HOME}\"]"), "policy edit");
+    std::fs::write(&pol, text).expect("write policy");
+    let pol = pol.to_str().expect("utf8");
+    // The policy sets HOME to the run's tmp: name the home by its path.
+    let attacks: Vec<String> = [
+        "echo 'echo pwned' > H/.bash_profile",
+        "echo 'echo pwned' >> H/.profile",
+        "mkdir -p H/.config/fish && echo 'echo pwned' > H/.config/fish/config.fish",
+        "mv H/.config H/.config-moved; mkdir -p H/.config/fish && \
+         echo 'echo pwned' > H/.config/fish/config.fish",
+    ]
+    .iter()
+    .map(|a| a.replace('H', &w.home.display().to_string()))
+    .collect();
+    for a in &attacks {
+        let control = w.run("none", &["--policy", pol], a);
+        assert_eq!(
+            control.status.code(),
+            Some(0),
+            "control {a}: {}",
+            show(&control)
+        );
+        let landed = [".bash_profile", ".profile", ".config/fish/config.fish"]
+            .iter()
+            .any(|f| std::fs::read_to_string(w.home.join(f)).is_ok_and(|x| x.contains("pwned")));
+        assert!(landed, "control {a}: {}", show(&control));
+        // Back to the user's own home.
+        for n in [".bash_profile", ".config", ".config-moved"] {
+            let _ = std::fs::remove_dir_all(w.home.join(n));
+            let _ = std::fs::remove_file(w.home.join(n));
+        }
+        std::fs::write(w.home.join(".profile"), "# the user's profile\n").expect("write");
+    }
+    for a in &attacks {
+        let o = w.run(t, &["--policy", pol], a);
+        assert!(failed(&o), "{a}: {}", show(&o));
+        assert_eq!(
+            w.read(&w.home.join(".profile")),
+            "# the user's profile\n",
+            "{a}"
+        );
+    }
+    // An allowed write in the home lands (in a directory of it: Landlock
+    // creates nothing directly in a directory it splits around protections).
+    std::fs::create_dir(w.home.join("work")).expect("mkdir");
+    let o = w.run(
+        t,
+        &["--policy", pol],
+        &format!("echo kept > {}/work/notes.txt", w.home.display()),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(w.read(&w.home.join("work/notes.txt")), "kept\n");
+    // Nothing of the placeholders is left: the home holds what it held.
+    let mut names: Vec<String> = std::fs::read_dir(&w.home)
+        .expect("home")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, [".profile", ".ssh", "work"]);
 }
 
 fn symlink_out_of_project(t: &str) {
@@ -1270,6 +1352,7 @@ matrix!(
         other_instance_is_invisible,
         protected_names_in_project,
         protected_names_before_they_exist,
+        shell_rc_files_in_a_writable_home,
         symlink_out_of_project,
         hardlink_to_outside,
         proc_root_traversal,

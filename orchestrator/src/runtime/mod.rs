@@ -31,6 +31,8 @@
 
 pub mod gc;
 pub mod instance;
+#[cfg(target_os = "linux")]
+pub mod placeholder;
 pub mod read;
 #[cfg(target_os = "linux")]
 pub mod setid;

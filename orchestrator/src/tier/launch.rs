@@ -1,5 +1,5 @@
 //! What every Linux process tier shares when it builds the command: finding
-//! helper binaries at absolute paths, creating placeholders and masks,
+//! helper binaries at absolute paths, creating masks,
 //! passing file descriptors through exec, and resource limits.
 
 use std::ffi::OsString;
@@ -13,12 +13,6 @@ use crate::policy::Limits;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    #[error("cannot create placeholder {path} (it keeps the protected path covered): {source}")]
-    Placeholder {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("cannot create mask {path}: {source}")]
     Mask {
         path: PathBuf,
@@ -58,37 +52,6 @@ pub fn find_binary(name: &str, fixed: &[&str]) -> Option<PathBuf> {
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Creates the placeholders a plan needs (empty directories that stay).
-pub fn create_placeholders(paths: &[PathBuf]) -> Result<(), LaunchError> {
-    for p in paths {
-        match std::fs::create_dir(p) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                // Something appeared since planning: it must be a real dir,
-                // never a symlink planted to redirect the mask.
-                let m =
-                    std::fs::symlink_metadata(p).map_err(|source| LaunchError::Placeholder {
-                        path: p.clone(),
-                        source,
-                    })?;
-                if !m.is_dir() {
-                    return Err(LaunchError::Placeholder {
-                        path: p.clone(),
-                        source: std::io::Error::other("exists and is not a directory"),
-                    });
-                }
-            }
-            Err(source) => {
-                return Err(LaunchError::Placeholder {
-                    path: p.clone(),
-                    source,
-                })
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Creates the empty read-only dir and file protections are masked with.

@@ -162,6 +162,7 @@ mod imp {
     use std::time::Duration;
 
     use super::{MaskKind, SandboxMode, VirtiofsdSpec};
+    use crate::runtime::placeholder::{self, Held, Wanted};
     use crate::vm::proc::{self, Supervised};
 
     /// How long virtiofsd may take to reach "waiting for connection".
@@ -192,14 +193,11 @@ mod imp {
             path: PathBuf,
             share: PathBuf,
         },
-        #[error(
-            "tier vm: share {tag}: cannot create placeholder {path} for a protected path: {source}"
-        )]
+        #[error("tier vm: share {tag}: {source}")]
         Placeholder {
             tag: String,
-            path: PathBuf,
             #[source]
-            source: io::Error,
+            source: crate::runtime::placeholder::PlaceholderError,
         },
         #[error("tier vm: share {tag}: {what}: {source}")]
         Io {
@@ -239,6 +237,9 @@ mod imp {
         pub sandbox_used: SandboxMode,
         pub log: PathBuf,
         proc: Supervised,
+        /// Dropped after `proc` (fields drop in order): a placeholder goes
+        /// only once the mount namespace with its mask is gone.
+        placeholders: Held,
     }
 
     impl Virtiofsd {
@@ -272,15 +273,20 @@ mod imp {
                         path: spec.shared_dir.clone(),
                     });
                 }
-                create_placeholders(spec)?;
+            }
+            let mut held = Vec::new();
+            for spec in specs {
+                held.push(hold_placeholders(spec)?);
             }
             let mut pending = Vec::new();
             for spec in specs {
                 pending.push(spawn_once(bin, spec, dir, log_dir)?);
             }
             let mut out = Vec::new();
-            for (spec, p) in specs.iter().zip(pending) {
-                out.push(Self::ready_or_fallback(bin, spec, dir, log_dir, p.wait())?);
+            for ((spec, p), placeholders) in specs.iter().zip(pending).zip(held) {
+                let mut v = Self::ready_or_fallback(bin, spec, dir, log_dir, p.wait())?;
+                v.placeholders = placeholders;
+                out.push(v);
             }
             Ok(out)
         }
@@ -298,6 +304,7 @@ mod imp {
                     sandbox_used: spec.sandbox,
                     log,
                     proc,
+                    placeholders: Held::default(),
                 }),
                 Err(VirtiofsdError::Exited { tail, .. })
                     if spec.sandbox == SandboxMode::Namespace
@@ -320,6 +327,7 @@ mod imp {
                         sandbox_used: SandboxMode::Chroot,
                         log,
                         proc,
+                        placeholders: Held::default(),
                     })
                 }
                 Err(e) => Err(e),
@@ -553,65 +561,33 @@ mod imp {
     }
 
     /// Placeholders for protected paths that do not exist yet: an empty
-    /// directory (or file) the mask is mounted on. They stay after the run,
-    /// as with the process tiers: two runs on one project (concurrent VMs,
-    /// a pool) must not remove each other's protection, and creating one
-    /// that another run just created is not an error.
-    fn create_placeholders(spec: &VirtiofsdSpec) -> Result<(), VirtiofsdError> {
+    /// directory (or file) the mask is mounted on, with missing parents.
+    /// Held while virtiofsd runs and removed after it is gone when no other
+    /// run or VM uses them (`runtime::placeholder`).
+    fn hold_placeholders(spec: &VirtiofsdSpec) -> Result<Held, VirtiofsdError> {
         for m in &spec.masks {
             check_mask_path(&spec.tag, &spec.shared_dir, &m.path)?;
         }
         if spec.readonly {
             // Nothing can be created through a read-only share.
-            return Ok(());
+            return Ok(Held::default());
         }
-        let exists_ok = |r: io::Result<()>| match r {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-            r => r,
-        };
-        for m in &spec.masks {
-            if fs::symlink_metadata(&m.path).is_ok() {
-                continue;
-            }
-            let err = |source| VirtiofsdError::Placeholder {
-                tag: spec.tag.clone(),
+        let wanted: Vec<Wanted> = spec
+            .masks
+            .iter()
+            .filter(|m| fs::symlink_metadata(&m.path).is_err())
+            .map(|m| Wanted {
                 path: m.path.clone(),
+                root: spec.shared_dir.clone(),
+                dir: !m.placeholder_is_file,
+            })
+            .collect();
+        placeholder::hold(&wanted, &crate::runtime::runs_root()).map_err(|source| {
+            VirtiofsdError::Placeholder {
+                tag: spec.tag.clone(),
                 source,
-            };
-            // Missing parents first.
-            let mut missing = Vec::new();
-            let mut p = m.path.parent();
-            while let Some(d) = p {
-                if d == spec.shared_dir || fs::symlink_metadata(d).is_ok() {
-                    break;
-                }
-                missing.push(d.to_path_buf());
-                p = d.parent();
             }
-            for d in missing.into_iter().rev() {
-                exists_ok(fs::create_dir(&d)).map_err(err)?;
-            }
-            if m.placeholder_is_file {
-                exists_ok(
-                    fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .open(&m.path)
-                        .map(drop),
-                )
-                .map_err(err)?;
-            } else {
-                exists_ok(fs::create_dir(&m.path)).map_err(err)?;
-            }
-            // What is there now must be what the mask expects.
-            let meta = fs::symlink_metadata(&m.path).map_err(err)?;
-            if meta.is_dir() == m.placeholder_is_file || meta.file_type().is_symlink() {
-                return Err(err(io::Error::other(
-                    "another process put something else there",
-                )));
-            }
-        }
-        Ok(())
+        })
     }
 
     /// Mounts prepared before the fork, applied in the child before exec.

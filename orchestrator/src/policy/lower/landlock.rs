@@ -51,8 +51,6 @@ pub struct Rule {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LandlockPlan {
     pub rules: Vec<Rule>,
-    /// Placeholders the launcher creates first (see `plan::Placeholder`).
-    pub placeholders: Vec<PathBuf>,
     pub notes: Vec<String>,
 }
 
@@ -151,7 +149,9 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
             _ => None,
         })
         .collect();
-    let placeholders: Vec<PathBuf> = fsplan.placeholders.iter().map(|p| p.path.clone()).collect();
+    // No placeholders: a directory with a protected path below it is split,
+    // and no entry can be created directly in a split directory, so a
+    // missing protected path stays missing.
     let mut rules = Vec::new();
     for s in &fsplan.steps {
         let Step::Grant { path, access, dir } = s else {
@@ -175,15 +175,7 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
             "{} is split around protected paths: no entries can be created, renamed or removed directly in it",
             path.display()
         ));
-        split(
-            path,
-            *access,
-            &inside,
-            &placeholders,
-            fs,
-            &mut rules,
-            &mut notes,
-        );
+        split(path, *access, &inside, fs, &mut rules, &mut notes);
     }
     for d in DEVICES_RW {
         rules.push(Rule {
@@ -199,18 +191,13 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
         path: PathBuf::from("/proc"),
         rights: dir_rights(Access::Read),
     });
-    Ok(LandlockPlan {
-        rules,
-        placeholders,
-        notes,
-    })
+    Ok(LandlockPlan { rules, notes })
 }
 
 fn split(
     dir: &Path,
     access: Access,
     inside: &[&(PathBuf, Guard)],
-    placeholders: &[PathBuf],
     fs: &dyn HostFs,
     rules: &mut Vec<Rule>,
     notes: &mut Vec<String>,
@@ -220,24 +207,10 @@ fn split(
         rights: vec![Right::ReadDir],
     });
     let mut names = fs.children(dir);
-    // Placeholders are created just before launch: plan for them now.
-    for p in placeholders {
-        if p.parent() == Some(dir) {
-            if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
-                if !names.iter().any(|x| x == n) {
-                    names.push(n.to_string());
-                }
-            }
-        }
-    }
     names.sort();
     for name in names {
         let child = dir.join(&name);
-        let kind = if placeholders.contains(&child) {
-            NodeKind::Dir
-        } else {
-            fs.kind(&child)
-        };
+        let kind = fs.kind(&child);
         if let Some((_, guard)) = inside.iter().find(|(p, _)| *p == child) {
             // A hidden path gets nothing; a narrower grant has a rule of
             // its own.
@@ -256,9 +229,7 @@ fn split(
             .filter(|(p, _)| p.starts_with(&child))
             .collect();
         match kind {
-            NodeKind::Dir if !below.is_empty() => {
-                split(&child, access, &below, placeholders, fs, rules, notes)
-            }
+            NodeKind::Dir if !below.is_empty() => split(&child, access, &below, fs, rules, notes),
             NodeKind::Dir => rules.push(Rule {
                 path: child,
                 rights: rights(access, true),

@@ -10,12 +10,16 @@ use serde::Serialize;
 use crate::policy::{Access, Grant, HostFs, NodeKind, Policy, Protect, ProtectReason, Protection};
 
 /// A node hull creates on the host before launch so a protection of a path
-/// that does not exist yet has something to cover. Placeholders are empty
-/// directories that stay (an empty `.git` directory is ignored by git; `.hull`
-/// is hull's own), so no run can race another's cleanup.
+/// that does not exist yet has something to cover: an empty directory
+/// (`.git`, `.hull`) or an empty file (a shell startup file), with any
+/// missing parent directories. It exists only while a run uses it
+/// (`runtime::placeholder`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Placeholder {
     pub path: PathBuf,
+    /// The writable root it lies in; created beneath it, never by path.
+    pub root: PathBuf,
+    pub dir: bool,
 }
 
 /// One filesystem step, in the order it must be applied.
@@ -76,7 +80,7 @@ pub struct FsPlan {
 pub enum PlanError {
     #[error("cannot protect {path} ({reason}): it is a symlink; replace it with a directory or file, or remove it")]
     ProtectedSymlink { path: PathBuf, reason: &'static str },
-    #[error("cannot protect {path} ({reason}): it does not exist inside the writable root {root}, and hull only creates placeholders for .hull and .git; create it (an empty file is fine) or make {root} read-only")]
+    #[error("cannot protect {path} ({reason}): it does not exist inside the writable root {root}, and hull creates placeholders only for .hull, .git and shell startup files; create it (an empty file is fine) or make {root} read-only")]
     MissingProtected {
         path: PathBuf,
         root: PathBuf,
@@ -241,30 +245,31 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
                 if inside.access != Access::ReadWrite {
                     continue;
                 }
-                match p.reason {
-                    ProtectReason::HullConfig | ProtectReason::GitMetadata => {
-                        out.placeholders.push(Placeholder {
-                            path: p.path.clone(),
-                        });
-                        true
-                    }
-                    ProtectReason::OtherInstances => {
-                        // The runs dir always exists while an instance runs.
-                        out.placeholders.push(Placeholder {
-                            path: p.path.clone(),
-                        });
-                        true
-                    }
+                let dir = match p.reason {
+                    // The runs dir always exists while an instance runs.
+                    ProtectReason::HullConfig
+                    | ProtectReason::GitMetadata
+                    | ProtectReason::OtherInstances => true,
+                    // An empty file, for the run only (an empty
+                    // ~/.bash_profile left behind would stop bash from
+                    // reading ~/.profile).
+                    ProtectReason::ShellRc => false,
                     // Nothing of hull's there yet: nothing to hide.
                     ProtectReason::HullState => continue,
-                    ProtectReason::PolicyDeny | ProtectReason::ShellRc => {
+                    ProtectReason::PolicyDeny => {
                         return Err(PlanError::MissingProtected {
                             path: p.path.clone(),
                             root: root.path.clone(),
                             reason: p.reason.as_str(),
                         })
                     }
-                }
+                };
+                out.placeholders.push(Placeholder {
+                    path: p.path.clone(),
+                    root: root.path.clone(),
+                    dir,
+                });
+                dir
             }
         };
         let step = match p.protection {
@@ -310,7 +315,9 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
     }
     pins.retain(|p| !entries.iter().any(|(_, _, s)| s.path() == p));
     for path in pins {
-        if fs.kind(&path) == NodeKind::Dir {
+        // A missing parent of a placeholder is created with it.
+        let created = out.placeholders.iter().any(|h| h.path.starts_with(&path));
+        if fs.kind(&path) == NodeKind::Dir || created {
             entries.push((depth(&path), 0, Step::Pin { path }));
         }
     }
