@@ -686,3 +686,64 @@ fn batch_output_stays_out_of_the_project() {
         "earlier"
     );
 }
+
+/// The agent the runs use: `$HULL_AGENT`, else the one beside the binaries.
+fn agent_path() -> PathBuf {
+    std::env::var_os("HULL_AGENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| hull().with_file_name("hull-agent"))
+}
+
+/// An image file changed after the build (here the initrd, one byte, same
+/// size) is refused before any VM starts, with the file named; the
+/// untouched image still serves runs.
+#[test]
+fn a_changed_image_file_is_refused() {
+    use hull::vm::image::{self, Cache};
+    let w = world();
+    let cache = Cache::default_location().unwrap();
+    let img = image::find(&cache, &agent_path()).unwrap_or_else(|e| panic!("{e}"));
+    // A second cache with a copy of the image's manifest, kernel and initrd
+    // (the check stops at the first file that differs; the disk is not
+    // reached, so an empty stand-in will do).
+    let copy = w.root.path().join("images");
+    let dir = copy.join(&img.id);
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["manifest.json", "vmlinux", "initrd.cpio"] {
+        std::fs::copy(img.dir.join(name), dir.join(name)).unwrap();
+    }
+    std::fs::write(dir.join("disk.raw"), b"").unwrap();
+    let mut initrd = std::fs::read(dir.join("initrd.cpio")).unwrap();
+    let last = initrd.len() - 1;
+    initrd[last] ^= 0x01;
+    std::fs::write(dir.join("initrd.cpio"), &initrd).unwrap();
+
+    let out = w
+        .cmd(&[
+            "run",
+            "--tier3",
+            "--timeout",
+            RUN_TIMEOUT,
+            "--",
+            "echo",
+            "ran",
+        ])
+        .env("HULL_IMAGE_CACHE", &copy)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("initrd.cpio does not match the digest in the manifest"),
+        "{err}"
+    );
+    assert!(!text(&out.stdout).contains("ran"), "the command ran: {err}");
+    // No VM of this run was started: no QEMU log in the run dirs.
+    let logs = console_logs(&w);
+    assert!(logs.is_empty(), "a VM was started: {logs:?}");
+
+    // The image in the real cache is untouched and serves.
+    let ok = w.run(&[], "echo ran");
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+    assert_eq!(text(&ok.stdout), "ran\n");
+}

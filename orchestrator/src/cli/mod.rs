@@ -153,7 +153,11 @@ pub fn main() -> i32 {
 pub fn print_error(e: &anyhow::Error) {
     let mut msg = format!("hull: error: {e}");
     for cause in e.chain().skip(1) {
-        msg.push_str(&format!("\n  caused by: {cause}"));
+        // Many errors name their source in their own text already.
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(&format!("\n  caused by: {text}"));
+        }
     }
     eprintln!("{msg}");
 }

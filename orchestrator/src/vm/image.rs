@@ -15,6 +15,7 @@
 
 pub mod build;
 pub mod cache;
+pub mod digest;
 pub mod recipe;
 
 use std::collections::BTreeMap;
@@ -27,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub use cache::{Cache, Entry};
 
 /// `manifest.json` format version.
-pub const MANIFEST_FORMAT: u32 = 1;
+pub const MANIFEST_FORMAT: u32 = 2;
 /// Name of the virtio-serial port the outer agent serves on.
 pub const AGENT_PORT: &str = "agent.0";
 /// Kernel command line for a normal boot (the root disk must be the first virtio-blk).
@@ -70,6 +71,20 @@ pub enum ImageError {
     NotBuilt { id: String, agent: PathBuf },
     #[error("{dir}: not a usable image: {reason}")]
     Invalid { dir: PathBuf, reason: String },
+    #[error(
+        "the image cache {root} is not private to this user ({reason}); an image another \
+         user can write would boot their code (choose another with HULL_IMAGE_CACHE)"
+    )]
+    NotPrivate { root: PathBuf, reason: String },
+    #[error(
+        "tier-3 image {dir}: {source}; refusing to start a VM from it (remove it and build \
+         it again: hull image build --force)"
+    )]
+    Changed {
+        dir: PathBuf,
+        #[source]
+        source: digest::DigestError,
+    },
     #[error("no image matches {query:?} in {root} (see `hull image list`)")]
     NoMatch { query: String, root: PathBuf },
     #[error("{query:?} matches more than one image: {ids}")]
@@ -177,6 +192,9 @@ pub struct Manifest {
     pub initrd: String,
     pub base_disk: String,
     pub base_disk_format: String,
+    /// The digest of each of `kernel`, `initrd` and `base_disk`, checked
+    /// before a VM uses them ([`digest`]).
+    pub files: BTreeMap<String, digest::FileDigest>,
     pub guest: GuestContract,
     /// Facts the recipe reported (package versions, sizes, prepare timings).
     pub info: BTreeMap<String, String>,
@@ -253,14 +271,24 @@ impl BuiltImage {
             }
             Ok(p)
         };
-        Ok(BuiltImage {
+        let img = BuiltImage {
             id: manifest.id.clone(),
             dir: dir.to_path_buf(),
             kernel: file(&manifest.kernel)?,
             initrd: file(&manifest.initrd)?,
             base_disk: file(&manifest.base_disk)?,
             manifest,
-        })
+        };
+        let names = [
+            img.manifest.kernel.as_str(),
+            img.manifest.initrd.as_str(),
+            img.manifest.base_disk.as_str(),
+        ];
+        digest::check(dir, &names, &img.manifest.files).map_err(|source| ImageError::Changed {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        Ok(img)
     }
 
     /// The kernel command line of a normal boot.
@@ -370,6 +398,7 @@ fn check_linux_x86_64_elf(b: &[u8]) -> Result<(), &'static str> {
 /// The built image for `agent`, or [`ImageError::NotBuilt`].
 pub fn find(cache: &Cache, agent: &Path) -> Result<BuiltImage, ImageError> {
     let id = recipe::image_id(&read_agent(agent)?);
+    cache.check_private()?;
     match BuiltImage::open(&cache.image_dir(&id)) {
         Ok(img) => Ok(img),
         Err(ImageError::Invalid { .. }) => Err(ImageError::NotBuilt {
@@ -444,6 +473,7 @@ mod tests {
         for f in ["vmlinux", "initrd.cpio", "disk.raw"] {
             std::fs::write(dir.join(f), b"x").unwrap();
         }
+        let files = digest::compute(&dir, &["vmlinux", "initrd.cpio", "disk.raw"]).unwrap();
         let m = Manifest {
             format: MANIFEST_FORMAT,
             id: id.into(),
@@ -454,6 +484,7 @@ mod tests {
             initrd: "initrd.cpio".into(),
             base_disk: "disk.raw".into(),
             base_disk_format: "raw".into(),
+            files,
             guest: GuestContract::current(),
             info: BTreeMap::new(),
             steps: vec![],
@@ -471,6 +502,13 @@ mod tests {
         let img = BuiltImage::open(&dir).unwrap();
         assert_eq!(img.kernel, dir.join("vmlinux"));
         assert_eq!(img.cmdline(), KERNEL_CMDLINE);
+        std::fs::write(dir.join("initrd.cpio"), b"y").unwrap();
+        let e = BuiltImage::open(&dir).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("initrd.cpio does not match the digest"),
+            "{e}"
+        );
         std::fs::remove_file(dir.join("disk.raw")).unwrap();
         let e = BuiltImage::open(&dir).unwrap_err();
         assert!(e.to_string().contains("disk.raw is missing"), "{e}");

@@ -166,6 +166,7 @@ pub fn build(
     let agent = super::read_agent(&opts.agent)?;
     let id = recipe::image_id(&agent);
     let final_dir = cache.image_dir(&id);
+    cache.check_private()?;
     if !opts.force {
         if let Ok(img) = BuiltImage::open(&final_dir) {
             on(BuildEvent::Cached { id });
@@ -218,6 +219,12 @@ pub fn build(
         });
     }
 
+    // The digests the manifest records (seconds: holes are skipped).
+    let names = ["vmlinux", "initrd.cpio", "disk.raw"];
+    let files = super::digest::compute(&dir, &names).map_err(|e| ImageError::Invalid {
+        dir: dir.clone(),
+        reason: e.to_string(),
+    })?;
     let manifest = Manifest {
         format: MANIFEST_FORMAT,
         id: id.clone(),
@@ -231,6 +238,7 @@ pub fn build(
         initrd: "initrd.cpio".into(),
         base_disk: "disk.raw".into(),
         base_disk_format: "raw".into(),
+        files,
         guest: GuestContract::current(),
         info: run.info,
         steps: run.steps,

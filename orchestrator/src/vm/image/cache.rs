@@ -79,6 +79,21 @@ impl Cache {
         }
     }
 
+    /// Creates the root if missing (0700) and refuses one that is a
+    /// symlink, another user's, or writable by group or others.
+    pub fn check_private(&self) -> Result<(), ImageError> {
+        use crate::runtime::instance::{private_root, PrivateRootError};
+        private_root(&self.root)
+            .map(drop)
+            .map_err(|e| ImageError::NotPrivate {
+                root: self.root.clone(),
+                reason: match e {
+                    PrivateRootError::Io { what, source } => format!("{what} it: {source}"),
+                    PrivateRootError::Insecure(why) => why,
+                },
+            })
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -397,6 +412,23 @@ mod tests {
         remove_tree(&victim).unwrap();
         assert!(!victim.exists());
         assert_eq!(fs::read(shown.path().join("precious")).unwrap(), b"keep");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_cache_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("images");
+        let cache = Cache::at(&root);
+        cache.check_private().unwrap();
+        assert!(root.is_dir());
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = cache.check_private().unwrap_err();
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+        fs::remove_dir(&root).unwrap();
+        std::os::unix::fs::symlink(dir.path(), &root).unwrap();
+        assert!(cache.check_private().is_err());
     }
 
     #[test]
