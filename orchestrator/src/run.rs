@@ -243,6 +243,9 @@ pub fn run_process_tier(
     let mut keep_alive = Vec::new();
     // Released after the command and everything it started are gone.
     let mut placeholders = crate::runtime::placeholder::Held::default();
+    // Answers the command's metadata calls on landlock (not root) until the
+    // run ends.
+    let mut broker: Option<crate::tier::broker::Broker> = None;
     let mut started_check: Option<Box<dyn FnOnce() -> Result<(), RunError>>> = None;
     let mut containment = crate::exec::process::Containment::None;
     let mut cmd = match tier {
@@ -303,8 +306,37 @@ pub fn run_process_tier(
         Tier::Landlock => {
             let plan = crate::policy::lower::landlock::lower(policy, &RealFs)
                 .map_err(|source| RunError::Lower { tier, source })?;
-            let prepared = crate::tier::landlock::command(&plan, &policy.limits, &spec.argv)
-                .map_err(|e| RunError::Tier(e.to_string()))?;
+            // Not root: the command is the caller and owns the caller's
+            // files everywhere; Landlock does not mediate metadata, so those
+            // calls go to the broker, which allows them inside the
+            // writable roots only.
+            let mut broker_fd = None;
+            if !crate::tier::identity::hull_is_root() {
+                use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+                let (ours, theirs) = socketpair(
+                    AddressFamily::UNIX,
+                    SocketType::SEQPACKET,
+                    SocketFlags::CLOEXEC,
+                    None,
+                )
+                .map_err(|e| RunError::Tier(format!("tier landlock: the broker's socket: {e}")))?;
+                broker = Some(
+                    crate::tier::broker::Broker::start(
+                        ours,
+                        crate::tier::broker::Scope::of(policy),
+                    )
+                    .map_err(|e| {
+                        RunError::Tier(format!("tier landlock: starting the broker: {e}"))
+                    })?,
+                );
+                let raw = std::os::fd::AsRawFd::as_raw_fd(&theirs);
+                setup.keep_fds.push(raw);
+                broker_fd = Some(raw);
+                keep_alive.push(theirs);
+            }
+            let prepared =
+                crate::tier::landlock::command(&plan, &policy.limits, &spec.argv, broker_fd)
+                    .map_err(|e| RunError::Tier(e.to_string()))?;
             setup
                 .keep_fds
                 .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
@@ -346,6 +378,7 @@ pub fn run_process_tier(
     tracing::debug!(%tier, "command built");
     let status = crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive)?;
     tracing::debug!(?status, "command ended");
+    drop(broker);
     for problem in placeholders.release() {
         eprintln!("hull: warning: tier {tier}: {problem} (left in place)");
     }

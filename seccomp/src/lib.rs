@@ -34,7 +34,12 @@ pub enum Profile {
     Bwrap,
     /// landlock: no namespaces, so IP sockets are refused here; unix sockets
     /// only when Landlock itself mediates connecting to them.
-    Landlock { allow_unix_sockets: bool },
+    Landlock {
+        allow_unix_sockets: bool,
+        /// The metadata calls go to hull's broker ([`build_broker`]); the
+        /// calls it cannot decode are refused here.
+        broker: bool,
+    },
     /// The command inside the tier-3 container, started by the guest agent:
     /// only what the container's own boundary (an unprivileged Incus
     /// container under LXC's seccomp policy) does not cover: set-id mode
@@ -266,7 +271,15 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
             socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
         );
     }
-    if let Profile::Landlock { allow_unix_sockets } = profile {
+    if let Profile::Landlock { broker: true, .. } = profile {
+        for nr in XATTRAT_CALLS {
+            rules.insert(*nr, Vec::new());
+        }
+    }
+    if let Profile::Landlock {
+        allow_unix_sockets, ..
+    } = profile
+    {
         let mut socket_rules = vec![rule(vec![cond(
             0,
             SeccompCmpOp::Ne,
@@ -343,6 +356,118 @@ fn prepend_enosys(prog: &mut BpfProgram) {
     }
 }
 
+/// Calls that change a file's mode, owner, times or extended attributes.
+/// Landlock does not mediate them, and a command running as the caller owns
+/// the caller's files everywhere: on the landlock tier, when hull is not
+/// root, they go to hull's broker ([`build_broker`]), which performs them
+/// itself only on files inside the writable roots.
+pub fn metadata_calls() -> Vec<(&'static str, i64)> {
+    let mut calls = vec![
+        ("fchmod", libc::SYS_fchmod),
+        ("fchmodat", libc::SYS_fchmodat),
+        ("fchmodat2", libc::SYS_fchmodat2),
+        ("fchown", libc::SYS_fchown),
+        ("fchownat", libc::SYS_fchownat),
+        ("setxattr", libc::SYS_setxattr),
+        ("lsetxattr", libc::SYS_lsetxattr),
+        ("fsetxattr", libc::SYS_fsetxattr),
+        ("removexattr", libc::SYS_removexattr),
+        ("lremovexattr", libc::SYS_lremovexattr),
+        ("fremovexattr", libc::SYS_fremovexattr),
+        ("utimensat", libc::SYS_utimensat),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([
+        ("chmod", libc::SYS_chmod),
+        ("chown", libc::SYS_chown),
+        ("lchown", libc::SYS_lchown),
+        ("utime", libc::SYS_utime),
+        ("utimes", libc::SYS_utimes),
+        ("futimesat", libc::SYS_futimesat),
+    ]);
+    calls
+}
+
+/// The *xattrat calls of Linux 6.13 (x86_64 numbers), which the broker
+/// does not decode: refused with EPERM by the landlock filter when the
+/// broker is on (setxattr and friends remain).
+#[cfg(target_arch = "x86_64")]
+pub const XATTRAT_CALLS: &[i64] = &[463, 464, 465, 466];
+#[cfg(not(target_arch = "x86_64"))]
+pub const XATTRAT_CALLS: &[i64] = &[];
+
+/// The broker's filter: every call of [`metadata_calls`] stops and waits
+/// for the listener's answer (`SECCOMP_RET_USER_NOTIF`); the rest is
+/// allowed. Installed beside [`build`]'s filter, whose EPERM takes
+/// precedence (a set-id chmod never reaches the broker).
+pub fn build_broker() -> Result<BpfProgram, SeccompError> {
+    const SECCOMP_RET_TRAP: u32 = 0x0003_0000;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for (_, nr) in metadata_calls() {
+        rules.insert(nr, Vec::new());
+    }
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| {
+        SeccompError::Build(format!("architecture {}: {e}", std::env::consts::ARCH))
+    })?;
+    // seccompiler has no user-notification action: build with Trap, then
+    // turn exactly those returns into USER_NOTIF.
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Trap, arch)
+        .map_err(|e| SeccompError::Build(e.to_string()))?;
+    let mut prog: BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| SeccompError::Build(e.to_string()))?;
+    let mut n = 0;
+    for ins in &mut prog {
+        // BPF_RET | BPF_K
+        if ins.code == 0x06 && ins.k == SECCOMP_RET_TRAP {
+            ins.k = libc::SECCOMP_RET_USER_NOTIF;
+            n += 1;
+        }
+    }
+    if n == 0 {
+        return Err(SeccompError::Build(
+            "the broker filter has no notifying return".into(),
+        ));
+    }
+    Ok(prog)
+}
+
+/// Installs `prog` on the calling thread with a listener, and returns the
+/// listener (close-on-exec). Needs no_new_privs first.
+pub fn apply_with_listener(prog: &BpfProgram) -> Result<std::os::fd::OwnedFd, SeccompError> {
+    use std::os::fd::FromRawFd;
+    let raw: Vec<libc::sock_filter> = prog
+        .iter()
+        .map(|f| libc::sock_filter {
+            code: f.code,
+            jt: f.jt,
+            jf: f.jf,
+            k: f.k,
+        })
+        .collect();
+    let fprog = libc::sock_fprog {
+        len: raw.len() as libc::c_ushort,
+        filter: raw.as_ptr().cast_mut(),
+    };
+    // SAFETY: `fprog` points at `raw`, alive for the call; the kernel copies
+    // the program and returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if fd < 0 {
+        return Err(SeccompError::Apply(
+            std::io::Error::last_os_error().to_string(),
+        ));
+    }
+    // SAFETY: the kernel just returned this descriptor to us.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
 /// The program as the bytes `bwrap --seccomp FD` reads (struct sock_filter, native order).
 pub fn to_bytes(prog: &BpfProgram) -> Vec<u8> {
     let mut out = Vec::with_capacity(prog.len() * 8);
@@ -409,12 +534,22 @@ mod tests {
             Profile::Bwrap,
             Profile::Landlock {
                 allow_unix_sockets: true,
+                broker: true,
             },
             Profile::Landlock {
                 allow_unix_sockets: false,
+                broker: false,
             },
         ] {
             let prog = build(p).unwrap();
+            if let Profile::Landlock { broker: true, .. } = p {
+                let b = build_broker().unwrap();
+                let notifying = b
+                    .iter()
+                    .filter(|i| i.code == 0x06 && i.k == libc::SECCOMP_RET_USER_NOTIF)
+                    .count();
+                assert!(notifying >= 1, "{b:?}");
+            }
             if p != Profile::Guest {
                 assert!(prog.len() > DENIED.len(), "{p:?}");
             }

@@ -889,6 +889,124 @@ fn metadata_outside_the_grants_is_unchangeable(t: &str) {
     );
 }
 
+/// The landlock tier run by an ordinary user: the command is that user and
+/// owns the user's files everywhere, and Landlock does not mediate
+/// metadata, so hull's broker must refuse changes outside the writable
+/// roots (and a symlink inside pointing out, and a descriptor of a file the
+/// policy grants read-only) while those inside land.
+#[cfg(feature = "landlock")]
+#[test]
+#[ignore = "needs root: runs hull as the user nobody"]
+fn landlock_as_a_user_changes_no_metadata_outside() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    require_tier("landlock");
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test runs hull as the user nobody and needs root to do so"
+    );
+    // A world the user owns, and a copy of hull the user can execute (the
+    // checkout may be in a 0700 directory).
+    let top = tempfile::Builder::new()
+        .prefix("hull-user-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let hull = top.path().join("hull");
+    std::fs::copy(hull_tests::hull_bin(), &hull).expect("copy hull");
+    let u = top.path().join("u");
+    let (project, outside, ro) = (u.join("project"), u.join("outside"), u.join("ro"));
+    for d in [&project.join("sub"), &outside, &ro, &u.join("runs")] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let key = outside.join("key");
+    let granted = ro.join("tool");
+    let inside = project.join("sub/f");
+    let set = |p: &std::path::Path, mode| {
+        let _ = std::fs::remove_file(p);
+        std::fs::write(p, "x").expect("write");
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    let reset = || {
+        set(&key, 0o600);
+        set(&granted, 0o600);
+        set(&inside, 0o600);
+        let _ = std::fs::remove_file(project.join("sub/lnk"));
+        std::process::Command::new("chown")
+            .args(["-R", "nobody:nogroup"])
+            .arg(&u)
+            .status()
+            .expect("chown");
+        std::fs::set_permissions(&u, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        std::fs::metadata(&key).expect("key").mtime()
+    };
+    let pol = top.path().join("p.toml");
+    std::fs::write(
+        &pol,
+        hull_policy_default().replace("read = [", &format!("read = [\"{}\", ", ro.display())),
+    )
+    .expect("policy");
+    std::fs::set_permissions(&pol, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let script = format!(
+        "f=0; chmod 0644 '{k}' && f=1; touch -c -m -d 2001-01-01 '{k}' && f=1; \
+         python3 -c 'import os; os.setxattr(\"{k}\", \"user.hull\", b\"x\")' && f=1; \
+         ln -s '{k}' sub/lnk; chmod 0644 sub/lnk && f=1; \
+         python3 -c 'import os; os.fchmod(os.open(\"{g}\", os.O_RDONLY), 0o644)' && f=1; \
+         chmod 0640 sub/f || f=1; exit $f",
+        k = key.display(),
+        g = granted.display()
+    );
+    let run = |tier: &str| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(&hull)
+            .args([
+                "run",
+                "--tier",
+                tier,
+                "--timeout",
+                hull_tests::RUN_TIMEOUT,
+                "--policy",
+            ])
+            .arg(&pol)
+            .args(["--", "sh", "-c", &script])
+            .current_dir(&project)
+            .env("HOME", &u)
+            .env("HULL_RUNS_DIR", u.join("runs"))
+            .env_remove("HULL_INSTANCE")
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv hull")
+    };
+    let mode = |p: &std::path::Path| std::fs::metadata(p).expect("stat").mode() & 0o7777;
+    let mtime = reset();
+    let control = run("none");
+    assert_eq!(
+        control.status.code(),
+        Some(1),
+        "control: {}",
+        show(&control)
+    );
+    assert_eq!(mode(&key), 0o644, "control: {}", show(&control));
+    assert_eq!(mode(&granted), 0o644, "control: {}", show(&control));
+    assert_ne!(
+        std::fs::metadata(&key).expect("key").mtime(),
+        mtime,
+        "control"
+    );
+
+    let mtime = reset();
+    let o = run("landlock");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(mode(&key), 0o600, "{}", show(&o));
+    assert_eq!(mode(&granted), 0o600, "{}", show(&o));
+    assert_eq!(std::fs::metadata(&key).expect("key").mtime(), mtime);
+    assert!(xattr_absent(&key), "{}", show(&o));
+    // Inside the project the change landed.
+    assert_eq!(mode(&inside), 0o640, "{}", show(&o));
+}
+
 /// No `user.hull` extended attribute on `p`.
 fn xattr_absent(p: &std::path::Path) -> bool {
     use std::os::unix::ffi::OsStrExt;

@@ -39,6 +39,8 @@ pub enum LandlockError {
     NotEnforced(String),
     #[error("tier landlock: {0}")]
     Seccomp(#[from] crate::tier::seccomp::SeccompError),
+    #[error("tier landlock: cannot hand the metadata broker its listener: {0}")]
+    Broker(#[source] std::io::Error),
     #[error("tier landlock: dropping capabilities failed: {0}")]
     Caps(std::io::Error),
     #[error("tier landlock: the sandbox could not be set up, the command did not run: {0}")]
@@ -80,6 +82,11 @@ pub struct ExecPlan {
     pub allow_unix_sockets: bool,
     pub memory: Option<u64>,
     pub pids: Option<u64>,
+    /// The socket on which the helper sends hull the listener of the
+    /// metadata broker's filter (`tier::broker`); none when hull is root
+    /// (the command then runs as the sandbox user, who owns nothing).
+    #[serde(default)]
+    pub broker_fd: Option<i32>,
 }
 
 /// Probes the tier.
@@ -136,6 +143,7 @@ pub fn command(
     plan: &LandlockPlan,
     limits: &crate::policy::Limits,
     argv: &[OsString],
+    broker_fd: Option<i32>,
 ) -> Result<Prepared, LandlockError> {
     let abi = kernel_abi();
     if abi == 0 {
@@ -149,6 +157,7 @@ pub fn command(
         allow_unix_sockets: abi >= UNIX_SOCKET_ABI,
         memory: limits.memory,
         pids: limits.pids,
+        broker_fd,
     };
     let json = serde_json::to_string(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
     // The helper is this executable, started through a descriptor: when
@@ -312,8 +321,24 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
     }
     let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Landlock {
         allow_unix_sockets: plan.allow_unix_sockets,
+        broker: plan.broker_fd.is_some(),
     })?;
     crate::tier::seccomp::apply(&prog)?;
+    if let Some(fd) = plan.broker_fd {
+        // SAFETY: hull passed this socket by number; we own it from here,
+        // and it closes before the command runs.
+        let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let broker = crate::tier::seccomp::build_broker()?;
+        let listener = crate::tier::seccomp::apply_with_listener(&broker)?;
+        crate::tier::broker::send_listener(
+            std::os::fd::AsFd::as_fd(&sock),
+            std::os::fd::AsFd::as_fd(&listener),
+        )
+        .map_err(LandlockError::Broker)?;
+        // The command must never hold the listener of its own filter.
+        drop(listener);
+        drop(sock);
+    }
     Ok(())
 }
 

@@ -6,6 +6,8 @@
 //! tier or unsandboxed.
 
 #[cfg(target_os = "linux")]
+pub mod broker;
+#[cfg(target_os = "linux")]
 pub mod bwrap;
 #[cfg(target_os = "linux")]
 pub mod identity;

@@ -1,0 +1,640 @@
+//! The metadata broker of the landlock tier when hull is not root.
+//!
+//! Landlock does not mediate chmod, chown, utimes or extended attributes,
+//! and a command running as the caller owns the caller's files everywhere:
+//! it could make `~/.ssh/id_ed25519` world-readable or add an ACL entry to
+//! it. The command's seccomp filter stops every such call
+//! (`SECCOMP_RET_USER_NOTIF`, `hull_seccomp::build_broker`) and this thread,
+//! in hull, answers it: it resolves the call's file itself (the command's
+//! descriptors fetched with `pidfd_getfd`, its cwd through `/proc`), checks
+//! the file lies inside a writable root and outside every protection, and
+//! then performs the change itself on that descriptor. The command's memory
+//! is read once, so changing the path after the check changes nothing, and
+//! a symlink planted to point outside resolves to a file outside, which is
+//! refused (EPERM). hull acts with the command's uid and no capability, so
+//! the kernel's own permission checks are the same.
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::policy::{Access, Policy};
+
+/// Longest path read from the command (PATH_MAX).
+const MAX_PATH: usize = 4096;
+/// Longest xattr name and value (XATTR_NAME_MAX, XATTR_SIZE_MAX).
+const MAX_XATTR_NAME: usize = 255;
+const MAX_XATTR_VALUE: usize = 65536;
+
+/// Where the command may change metadata: the deepest policy entry above a
+/// path decides (a writable grant allows; a narrower grant or any
+/// protection refuses).
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    entries: Vec<(PathBuf, bool)>,
+}
+
+impl Scope {
+    pub fn of(policy: &Policy) -> Scope {
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let mut entries = Vec::new();
+        for g in &policy.grants {
+            entries.push((canon(&g.path), g.access == Access::ReadWrite));
+        }
+        for p in &policy.protects {
+            entries.push((canon(&p.path), false));
+        }
+        Scope { entries }
+    }
+
+    pub fn allows(&self, path: &Path) -> bool {
+        let mut best: Option<(usize, bool)> = None;
+        for (p, allow) in &self.entries {
+            if !path.starts_with(p) {
+                continue;
+            }
+            let depth = p.components().count();
+            best = match best {
+                // At equal depth a refusal wins.
+                Some((d, a)) if d > depth || (d == depth && !a) => Some((d, a)),
+                _ => Some((depth, *allow)),
+            };
+        }
+        best.is_some_and(|(_, a)| a)
+    }
+}
+
+/// The broker thread of one run; stopped (and joined) on drop.
+#[derive(Debug)]
+pub struct Broker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Broker {
+    /// Starts the thread: it waits on `sock` for the listener the landlock
+    /// helper sends, then answers until every filtered process is gone.
+    pub fn start(sock: OwnedFd, scope: Scope) -> std::io::Result<Broker> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("hull-broker".into())
+            .spawn(move || {
+                if let Some(listener) = receive_listener(&sock) {
+                    drop(sock);
+                    serve(&listener, &scope, &flag);
+                }
+            })?;
+        Ok(Broker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sends `listener` over `sock` (the helper's side).
+pub fn send_listener(sock: BorrowedFd<'_>, listener: BorrowedFd<'_>) -> std::io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let fds = [listener];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    anc.push(SendAncillaryMessage::ScmRights(&fds));
+    let byte = [b'L'];
+    sendmsg(
+        sock,
+        &[std::io::IoSlice::new(&byte)],
+        &mut anc,
+        SendFlags::empty(),
+    )?;
+    Ok(())
+}
+
+fn receive_listener(sock: &OwnedFd) -> Option<OwnedFd> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    loop {
+        match recvmsg(
+            sock,
+            &mut [std::io::IoSliceMut::new(&mut byte)],
+            &mut anc,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(_) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return None,
+        }
+    }
+    let mut out = None;
+    for msg in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = msg {
+            for fd in fds {
+                out.get_or_insert(fd);
+            }
+        }
+    }
+    out
+}
+
+fn serve(listener: &OwnedFd, scope: &Scope, stop: &AtomicBool) {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd we own; 100 ms, so a stop is seen soon.
+        let n = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if n == 0 {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            continue;
+        }
+        if pfd.revents & libc::POLLIN != 0 {
+            answer_one(listener, scope);
+        } else if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+            // No process is left under the filter.
+            return;
+        }
+    }
+}
+
+fn answer_one(listener: &OwnedFd, scope: &Scope) {
+    // SAFETY: an all-zero seccomp_notif is valid (plain integers), and the
+    // kernel requires it zeroed.
+    let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    // SAFETY: the ioctl writes a seccomp_notif into `req`, which is one.
+    let r = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_RECV,
+            &mut req as *mut libc::seccomp_notif,
+        )
+    };
+    if r != 0 {
+        return; // the caller died before we read it (ENOENT)
+    }
+    let errno = match handle(listener, &req, scope) {
+        Ok(()) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(libc::EPERM),
+    };
+    let mut resp = libc::seccomp_notif_resp {
+        id: req.id,
+        val: 0,
+        error: -errno,
+        flags: 0,
+    };
+    // SAFETY: the ioctl reads a seccomp_notif_resp from `resp`, which is one.
+    unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND,
+            &mut resp as *mut libc::seccomp_notif_resp,
+        );
+    }
+}
+
+/// The file a call names.
+enum Target {
+    Fd(RawFd),
+    At {
+        dirfd: RawFd,
+        path: CString,
+        follow: bool,
+        empty_path: bool,
+    },
+}
+
+/// What a call changes.
+enum Op {
+    Chmod(u32),
+    Chown(u32, u32),
+    SetXattr {
+        name: CString,
+        value: Vec<u8>,
+        flags: i32,
+    },
+    RemoveXattr(CString),
+    /// None: now.
+    Times(Option<[libc::timespec; 2]>),
+}
+
+/// The calling process, held still by its pending notification.
+struct Task<'a> {
+    listener: &'a OwnedFd,
+    id: u64,
+    pid: i32,
+    pidfd: OwnedFd,
+}
+
+fn err(errno: i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(errno)
+}
+
+impl Task<'_> {
+    /// The notification is still pending: the pid is still that process.
+    fn valid(&self) -> std::io::Result<()> {
+        let mut id = self.id;
+        // SAFETY: the ioctl reads a u64 from `id`.
+        let r = unsafe {
+            libc::ioctl(
+                self.listener.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_ID_VALID,
+                &mut id as *mut u64,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(err(libc::ENOENT))
+        }
+    }
+
+    /// Reads `len` bytes at `addr` of the process's memory.
+    fn read(&self, addr: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: len,
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len,
+        };
+        // SAFETY: `local` describes `buf`, owned and `len` long; the kernel
+        // reads the other process's memory, never ours beyond `buf`.
+        let n = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    /// A NUL-terminated string at `addr`, at most `max` bytes.
+    fn string(&self, addr: u64, max: usize) -> std::io::Result<CString> {
+        if addr == 0 {
+            return Err(err(libc::EFAULT));
+        }
+        let mut out = Vec::new();
+        let mut at = addr;
+        while out.len() < max {
+            // Up to the end of the page: the next may be unmapped.
+            let room = 4096 - (at % 4096) as usize;
+            let chunk = self.read(at, room.min(max - out.len()))?;
+            if chunk.is_empty() {
+                return Err(err(libc::EFAULT));
+            }
+            if let Some(i) = chunk.iter().position(|b| *b == 0) {
+                out.extend_from_slice(&chunk[..i]);
+                return CString::new(out).map_err(|_| err(libc::EINVAL));
+            }
+            at += chunk.len() as u64;
+            out.extend_from_slice(&chunk);
+        }
+        Err(err(libc::ENAMETOOLONG))
+    }
+
+    fn timespecs(&self, addr: u64) -> std::io::Result<Option<[libc::timespec; 2]>> {
+        if addr == 0 {
+            return Ok(None);
+        }
+        let b = self.read(addr, 32)?;
+        if b.len() < 32 {
+            return Err(err(libc::EFAULT));
+        }
+        let w = |i: usize| i64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        Ok(Some([
+            libc::timespec {
+                tv_sec: w(0),
+                tv_nsec: w(1),
+            },
+            libc::timespec {
+                tv_sec: w(2),
+                tv_nsec: w(3),
+            },
+        ]))
+    }
+
+    /// `struct timeval[2]` (utimes, futimesat) as timespecs.
+    fn timevals(&self, addr: u64) -> std::io::Result<Option<[libc::timespec; 2]>> {
+        Ok(self.timespecs(addr)?.map(|t| {
+            t.map(|x| libc::timespec {
+                tv_sec: x.tv_sec,
+                tv_nsec: x.tv_nsec.saturating_mul(1000),
+            })
+        }))
+    }
+
+    /// `struct utimbuf` (utime): access and modification seconds.
+    fn utimbuf(&self, addr: u64) -> std::io::Result<Option<[libc::timespec; 2]>> {
+        if addr == 0 {
+            return Ok(None);
+        }
+        let b = self.read(addr, 16)?;
+        if b.len() < 16 {
+            return Err(err(libc::EFAULT));
+        }
+        let w = |i: usize| i64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let ts = |s| libc::timespec {
+            tv_sec: s,
+            tv_nsec: 0,
+        };
+        Ok(Some([ts(w(0)), ts(w(1))]))
+    }
+
+    /// A descriptor of the process, duplicated into hull.
+    fn fd(&self, n: RawFd) -> std::io::Result<OwnedFd> {
+        // SAFETY: pidfd_getfd with integer arguments; returns a new fd or -1.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_getfd,
+                self.pidfd.as_raw_fd(),
+                n,
+                0 as libc::c_uint,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor to us.
+        Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+    }
+
+    /// Opens the file `target` names, as the process would resolve it.
+    fn resolve(&self, target: &Target) -> std::io::Result<OwnedFd> {
+        use rustix::fs::{openat, Mode, OFlags};
+        match target {
+            Target::Fd(n) => self.fd(*n),
+            Target::At {
+                dirfd,
+                path,
+                follow,
+                empty_path,
+            } => {
+                let base = if *dirfd == libc::AT_FDCWD {
+                    openat(
+                        rustix::fs::CWD,
+                        format!("/proc/{}/cwd", self.pid),
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?
+                } else if path.as_bytes().first() == Some(&b'/') {
+                    // Absolute: the directory plays no part.
+                    openat(
+                        rustix::fs::CWD,
+                        "/",
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?
+                } else {
+                    self.fd(*dirfd)?
+                };
+                if path.as_bytes().is_empty() {
+                    return if *empty_path {
+                        Ok(base)
+                    } else {
+                        Err(err(libc::ENOENT))
+                    };
+                }
+                let mut flags = OFlags::PATH | OFlags::CLOEXEC;
+                if !follow {
+                    flags |= OFlags::NOFOLLOW;
+                }
+                Ok(openat(&base, path.as_c_str(), flags, Mode::empty())?)
+            }
+        }
+    }
+}
+
+fn handle(listener: &OwnedFd, req: &libc::seccomp_notif, scope: &Scope) -> std::io::Result<()> {
+    let pid = req.pid as i32;
+    // SAFETY: pidfd_open with integer arguments; returns a new fd or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let task = Task {
+        listener,
+        id: req.id,
+        pid,
+        // SAFETY: the kernel just returned this descriptor to us.
+        pidfd: unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) },
+    };
+    task.valid()?;
+    let (target, op) = decode(&task, req.data.nr as i64, &req.data.args)?;
+    let fd = task.resolve(&target)?;
+    task.valid()?;
+    let link = rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(fd.as_fd()), Vec::new())?;
+    let path = Path::new(OsStr::from_bytes(link.as_bytes()));
+    if !path.is_absolute() || !scope.allows(path) {
+        tracing::debug!(path = %path.display(), "broker: refused a metadata change outside the writable roots");
+        return Err(err(libc::EPERM));
+    }
+    perform(fd.as_fd(), &op)
+}
+
+fn proc_fd(fd: BorrowedFd<'_>) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+fn decode(task: &Task<'_>, nr: i64, a: &[u64; 6]) -> std::io::Result<(Target, Op)> {
+    let path = |addr: u64| task.string(addr, MAX_PATH);
+    let at = |dirfd: u64, addr: u64, follow: bool, empty_path: bool| -> std::io::Result<Target> {
+        Ok(Target::At {
+            dirfd: dirfd as i32,
+            path: path(addr)?,
+            follow,
+            empty_path,
+        })
+    };
+    let cwd = libc::AT_FDCWD as u64;
+    let nofollow = |flags: u64| flags & libc::AT_SYMLINK_NOFOLLOW as u64 != 0;
+    let empty = |flags: u64| flags & libc::AT_EMPTY_PATH as u64 != 0;
+    let xattr = |name: u64, value: u64, size: u64, flags: u64| -> std::io::Result<Op> {
+        if size as usize > MAX_XATTR_VALUE {
+            return Err(err(libc::E2BIG));
+        }
+        let value = if size == 0 {
+            Vec::new()
+        } else {
+            let v = task.read(value, size as usize)?;
+            if v.len() != size as usize {
+                return Err(err(libc::EFAULT));
+            }
+            v
+        };
+        Ok(Op::SetXattr {
+            name: task.string(name, MAX_XATTR_NAME + 1)?,
+            value,
+            flags: flags as i32,
+        })
+    };
+    let remove = |name: u64| -> std::io::Result<Op> {
+        Ok(Op::RemoveXattr(task.string(name, MAX_XATTR_NAME + 1)?))
+    };
+    let mode = |m: u64| Op::Chmod(m as u32 & 0o7777);
+    let owner = |u: u64, g: u64| Op::Chown(u as u32, g as u32);
+    Ok(match nr {
+        libc::SYS_fchmod => (Target::Fd(a[0] as i32), mode(a[1])),
+        libc::SYS_fchmodat => (at(a[0], a[1], true, false)?, mode(a[2])),
+        libc::SYS_fchmodat2 => (at(a[0], a[1], !nofollow(a[3]), empty(a[3]))?, mode(a[2])),
+        libc::SYS_fchown => (Target::Fd(a[0] as i32), owner(a[1], a[2])),
+        libc::SYS_fchownat => (
+            at(a[0], a[1], !nofollow(a[4]), empty(a[4]))?,
+            owner(a[2], a[3]),
+        ),
+        libc::SYS_setxattr => (at(cwd, a[0], true, false)?, xattr(a[1], a[2], a[3], a[4])?),
+        libc::SYS_lsetxattr => (at(cwd, a[0], false, false)?, xattr(a[1], a[2], a[3], a[4])?),
+        libc::SYS_fsetxattr => (Target::Fd(a[0] as i32), xattr(a[1], a[2], a[3], a[4])?),
+        libc::SYS_removexattr => (at(cwd, a[0], true, false)?, remove(a[1])?),
+        libc::SYS_lremovexattr => (at(cwd, a[0], false, false)?, remove(a[1])?),
+        libc::SYS_fremovexattr => (Target::Fd(a[0] as i32), remove(a[1])?),
+        libc::SYS_utimensat => {
+            let target = if a[1] == 0 {
+                Target::Fd(a[0] as i32) // futimens
+            } else {
+                at(a[0], a[1], !nofollow(a[3]), empty(a[3]))?
+            };
+            (target, Op::Times(task.timespecs(a[2])?))
+        }
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_chmod => (at(cwd, a[0], true, false)?, mode(a[1])),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_chown => (at(cwd, a[0], true, false)?, owner(a[1], a[2])),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_lchown => (at(cwd, a[0], false, false)?, owner(a[1], a[2])),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_utime => (at(cwd, a[0], true, false)?, Op::Times(task.utimbuf(a[1])?)),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_utimes => (at(cwd, a[0], true, false)?, Op::Times(task.timevals(a[1])?)),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_futimesat => (
+            at(a[0], a[1], true, false)?,
+            Op::Times(task.timevals(a[2])?),
+        ),
+        _ => return Err(err(libc::ENOSYS)),
+    })
+}
+
+/// Performs `op` on the file `fd` refers to (an `O_PATH` descriptor or a
+/// duplicate of the command's own).
+fn perform(fd: BorrowedFd<'_>, op: &Op) -> std::io::Result<()> {
+    let is_link = rustix::fs::fstat(fd)
+        .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink)
+        .unwrap_or(false);
+    let via = CString::new(proc_fd(fd)).map_err(|_| err(libc::EINVAL))?;
+    let check = |r: libc::c_int| {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    match op {
+        Op::Chmod(mode) => {
+            if is_link {
+                return Err(err(libc::EOPNOTSUPP));
+            }
+            // SAFETY: a NUL-terminated path we own; integer mode.
+            check(unsafe { libc::chmod(via.as_ptr(), *mode as libc::mode_t) })
+        }
+        Op::Chown(uid, gid) => {
+            // SAFETY: an fd we own and an empty C string; integer ids.
+            check(unsafe {
+                libc::fchownat(
+                    fd.as_raw_fd(),
+                    c"".as_ptr(),
+                    *uid,
+                    *gid,
+                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })
+        }
+        Op::SetXattr { name, value, flags } => {
+            if is_link {
+                return Err(err(libc::EPERM));
+            }
+            // SAFETY: NUL-terminated strings and a buffer we own, with its length.
+            check(unsafe {
+                libc::setxattr(
+                    via.as_ptr(),
+                    name.as_ptr(),
+                    value.as_ptr().cast(),
+                    value.len(),
+                    *flags,
+                )
+            })
+        }
+        Op::RemoveXattr(name) => {
+            if is_link {
+                return Err(err(libc::EPERM));
+            }
+            // SAFETY: NUL-terminated strings we own.
+            check(unsafe { libc::removexattr(via.as_ptr(), name.as_ptr()) })
+        }
+        Op::Times(times) => {
+            let ptr = match times {
+                Some(t) => t.as_ptr(),
+                None => std::ptr::null(),
+            };
+            // SAFETY: a path we own; `ptr` is null or two timespecs we own.
+            check(unsafe { libc::utimensat(libc::AT_FDCWD, via.as_ptr(), ptr, 0) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deepest_entry_decides() {
+        let s = Scope {
+            entries: vec![
+                (PathBuf::from("/home/u"), false),
+                (PathBuf::from("/home/u/p"), true),
+                (PathBuf::from("/home/u/p/.git"), false),
+                (PathBuf::from("/home/u/p/vendor"), false),
+                (PathBuf::from("/home/u/p/vendor/scratch"), true),
+                (PathBuf::from("/tmp/r"), false),
+                (PathBuf::from("/tmp/r/i/tmp"), true),
+            ],
+        };
+        for (p, want) in [
+            ("/home/u/p/src/a.c", true),
+            ("/home/u/p", true),
+            ("/home/u/.ssh/id", false),
+            ("/home/u/p/.git/config", false),
+            ("/home/u/p/vendor/lib.rs", false),
+            ("/home/u/p/vendor/scratch/x", true),
+            ("/home/u/pp", false),
+            ("/tmp/r/other/tmp/x", false),
+            ("/tmp/r/i/tmp/x", true),
+            ("/etc/passwd", false),
+        ] {
+            assert_eq!(s.allows(Path::new(p)), want, "{p}");
+        }
+    }
+}
