@@ -429,9 +429,12 @@ impl Task<'_> {
 }
 
 fn handle(listener: &OwnedFd, req: &libc::seccomp_notif, scope: &Scope) -> std::io::Result<()> {
+    // The caller may be any thread; descriptors and memory belong to its
+    // process (thread group), which a pidfd must name.
     let pid = req.pid as i32;
+    let tgid = thread_group(pid)?;
     // SAFETY: pidfd_open with integer arguments; returns a new fd or -1.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid, 0 as libc::c_uint) };
     if pidfd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -453,6 +456,17 @@ fn handle(listener: &OwnedFd, req: &libc::seccomp_notif, scope: &Scope) -> std::
         return Err(err(libc::EPERM));
     }
     perform(fd.as_fd(), &op)
+}
+
+/// The thread group (process) of thread `tid`, from `/proc/TID/status`;
+/// checked afterwards by the notification still being valid.
+fn thread_group(tid: i32) -> std::io::Result<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| err(libc::ESRCH))
 }
 
 fn proc_fd(fd: BorrowedFd<'_>) -> String {
