@@ -117,6 +117,25 @@ pub const DENIED: &[(&str, i64)] = &[
     ("name_to_handle_at", libc::SYS_name_to_handle_at),
 ];
 
+/// SysV IPC: without an IPC namespace (the landlock tier) these reach the
+/// host's segments, queues and semaphore sets; refused there.
+pub fn sysv_ipc_calls() -> Vec<(&'static str, i64)> {
+    vec![
+        ("shmget", libc::SYS_shmget),
+        ("shmat", libc::SYS_shmat),
+        ("shmctl", libc::SYS_shmctl),
+        ("shmdt", libc::SYS_shmdt),
+        ("msgget", libc::SYS_msgget),
+        ("msgsnd", libc::SYS_msgsnd),
+        ("msgrcv", libc::SYS_msgrcv),
+        ("msgctl", libc::SYS_msgctl),
+        ("semget", libc::SYS_semget),
+        ("semop", libc::SYS_semop),
+        ("semtimedop", libc::SYS_semtimedop),
+        ("semctl", libc::SYS_semctl),
+    ]
+}
+
 /// Calls that fail with ENOSYS (not EPERM) so libc and runtimes fall back
 /// to a form the filter can inspect: clone3 hides its flags and openat2 its
 /// mode behind a pointer.
@@ -212,6 +231,9 @@ fn socket_family_rules(allowed: &[i32]) -> Result<Vec<SeccompRule>, SeccompError
 
 const TIOCSTI: u64 = 0x5412;
 const TIOCLINUX: u64 = 0x541C;
+/// Sets the line discipline: N_NULL left on the caller's terminal makes
+/// every later read and write on it fail, after hull is gone.
+const TIOCSETD: u64 = 0x5423;
 const CLONE_NS_FLAGS: &[u64] = &[
     libc::CLONE_NEWUSER as u64,
     libc::CLONE_NEWNS as u64,
@@ -251,7 +273,19 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
                 SeccompCmpOp::MaskedEq(0xffff_ffff),
                 TIOCLINUX,
             )?])?,
+            rule(vec![cond(
+                1,
+                SeccompCmpOp::MaskedEq(0xffff_ffff),
+                TIOCSETD,
+            )?])?,
         ],
+    );
+    // Resource limits of another process (a busy host process killed by
+    // RLIMIT_CPU, hull's own RLIMIT_NOFILE lowered to blind its sweep):
+    // prlimit64 only on the caller itself (pid 0).
+    rules.insert(
+        libc::SYS_prlimit64,
+        vec![rule(vec![cond(0, SeccompCmpOp::Ne, 0)?])?],
     );
     // clone with namespace flags; clone3 hides its flags behind a pointer,
     // so it is refused outright (libc falls back to clone on ENOSYS).
@@ -270,6 +304,11 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
             libc::SYS_socketpair,
             socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
         );
+    }
+    if let Profile::Landlock { .. } = profile {
+        for (_, nr) in sysv_ipc_calls() {
+            rules.insert(nr, Vec::new());
+        }
     }
     if let Profile::Landlock { broker: true, .. } = profile {
         for nr in XATTRAT_CALLS {
@@ -554,6 +593,65 @@ mod tests {
                 assert!(prog.len() > DENIED.len(), "{p:?}");
             }
             assert_eq!(to_bytes(&prog).len(), prog.len() * 8);
+        }
+    }
+
+    /// The landlock filter for real, on a thread of its own: a terminal's
+    /// line discipline, another process's limits and SysV IPC are refused;
+    /// the thread's own limits are not.
+    #[test]
+    fn the_landlock_filter_refuses_what_reaches_other_processes() {
+        let raw = Raw::new(
+            &build(Profile::Landlock {
+                allow_unix_sockets: false,
+                broker: false,
+            })
+            .unwrap(),
+        );
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: openpty writes two descriptors; the rest may be null.
+        let r = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0);
+        let parent = std::process::id() as libc::pid_t;
+        std::thread::spawn(move || {
+            // SAFETY: prctl with integer arguments.
+            let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+            assert_eq!(r, 0);
+            assert!(raw.apply_in_child(), "{}", std::io::Error::last_os_error());
+            let errno = || std::io::Error::last_os_error().raw_os_error();
+            let ldisc: libc::c_int = 0;
+            // SAFETY: TIOCSETD reads one int we own.
+            let r = unsafe { libc::ioctl(slave, 0x5423, &ldisc as *const libc::c_int) };
+            assert_eq!((r, errno()), (-1, Some(libc::EPERM)), "TIOCSETD");
+            let mut lim = libc::rlimit64 {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: prlimit64 reads nothing (new is null) and writes `lim`.
+            let r =
+                unsafe { libc::prlimit64(parent, libc::RLIMIT_NOFILE, std::ptr::null(), &mut lim) };
+            assert_eq!((r, errno()), (-1, Some(libc::EPERM)), "prlimit64 of a pid");
+            // SAFETY: as above, on the caller itself.
+            let r = unsafe { libc::prlimit64(0, libc::RLIMIT_NOFILE, std::ptr::null(), &mut lim) };
+            assert_eq!(r, 0, "prlimit64 of itself");
+            // SAFETY: shmget with integer arguments.
+            let r = unsafe { libc::shmget(libc::IPC_PRIVATE, 4096, 0o600) };
+            assert_eq!((r, errno()), (-1, Some(libc::EPERM)), "shmget");
+        })
+        .join()
+        .unwrap();
+        // SAFETY: our own descriptors.
+        unsafe {
+            libc::close(master);
+            libc::close(slave);
         }
     }
 

@@ -450,6 +450,152 @@ fn ptrace_host_process(t: &str) {
     let _ = victim.wait();
 }
 
+/// A host SysV shared memory segment (mode 0666, so only the tier stops
+/// it): the command must not attach to it and write it.
+fn host_sysv_ipc_is_unreachable(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let key: i32 = 0x4855_4c00 | (std::process::id() as i32 & 0xff);
+    // SAFETY: plain SysV calls; the segment is ours and removed below.
+    let id = unsafe { libc::shmget(key, 4096, libc::IPC_CREAT | libc::IPC_EXCL | 0o666) };
+    assert!(id >= 0, "shmget: {}", std::io::Error::last_os_error());
+    // SAFETY: attach the segment we made; checked against (void*)-1.
+    let mem = unsafe { libc::shmat(id, std::ptr::null(), 0) };
+    assert_ne!(mem as isize, -1, "shmat");
+    let read = || {
+        // SAFETY: the segment is 4096 bytes and attached for the whole test.
+        let b = unsafe { std::slice::from_raw_parts(mem as *const u8, 9) };
+        String::from_utf8_lossy(b).into_owned()
+    };
+    let write = |v: &[u8; 9]| {
+        // SAFETY: as above, 9 bytes within the segment.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), mem as *mut u8, 9) };
+    };
+    write(b"host-data");
+    let py = format!(
+        "python3 -c 'import ctypes,sys; l=ctypes.CDLL(None, use_errno=True); \
+         l.shmat.restype=ctypes.c_void_p; i=l.shmget({key}, 0, 0); \
+         sys.exit(\"shmget failed\") if i < 0 else None; p=l.shmat(i, None, 0); \
+         sys.exit(\"shmat failed\") if p in (None, 2**64-1) else None; \
+         ctypes.memmove(p, b\"PWNED-IPC\", 9)'"
+    );
+    let control = w.run("none", &[], &py);
+    let after = read();
+    write(b"host-data");
+    let o = w.run(t, &[], &py);
+    let now = read();
+    // SAFETY: detach and remove our own segment.
+    unsafe {
+        libc::shmdt(mem);
+        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+    }
+    assert_eq!(
+        control.status.code(),
+        Some(0),
+        "control: {}",
+        show(&control)
+    );
+    assert_eq!(after, "PWNED-IPC", "control: {}", show(&control));
+    assert!(failed(&o), "{}", show(&o));
+    assert_eq!(now, "host-data", "{}", show(&o));
+}
+
+/// A `sleep` on the host as the uid a command of the tier acts as (the
+/// sandbox user when the tests run as root).
+fn sleeper_like_the_command() -> std::process::Child {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut c = std::process::Command::new(if root { "setpriv" } else { "sleep" });
+    if root {
+        c.args([
+            "--reuid=hull-sandbox",
+            "--regid=hull-sandbox",
+            "--clear-groups",
+            "sleep",
+        ]);
+    }
+    c.arg("600")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn victim")
+}
+
+/// The victim's open-files limit, as /proc shows it.
+fn nofile_limit(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/limits"))
+        .expect("limits")
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .map(str::to_string)
+        .expect("Max open files")
+}
+
+/// Resource limits of a host process of the same uid as the command:
+/// prlimit64 on it must fail and leave its limit as it was.
+fn prlimit_of_a_host_process(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let py = |pid: u32| {
+        format!(
+            "python3 -c 'import resource; resource.prlimit({pid}, resource.RLIMIT_NOFILE, (7, 7))'"
+        )
+    };
+    for tier in ["none", t] {
+        // Each time a process of the command's own uid: the caller's under
+        // tier none (which runs it without capabilities).
+        let mut victim = if tier == "none" {
+            std::process::Command::new("sleep")
+                .arg("600")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn victim")
+        } else {
+            sleeper_like_the_command()
+        };
+        let pid = victim.id();
+        let before = nofile_limit(pid);
+        let o = w.run(tier, &[], &py(pid));
+        let after = nofile_limit(pid);
+        let _ = victim.kill();
+        let _ = victim.wait();
+        if tier == "none" {
+            assert_eq!(o.status.code(), Some(0), "control: {}", show(&o));
+            assert_ne!(after, before, "control: {}", show(&o));
+        } else {
+            assert!(failed(&o), "{}", show(&o));
+            assert_eq!(after, before, "{}", show(&o));
+        }
+    }
+    // Its own limits the command still sets.
+    let o = w.run(t, &[], "ulimit -n 64 && test \"$(ulimit -n)\" = 64");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+}
+
+/// TIOCSETD (N_NULL left on the caller's terminal fails every later read
+/// and write on it) is refused on any terminal; shown on a pty of the
+/// command's own, which is all a test has (on landlock the command cannot
+/// open /dev/ptmx: the seccomp crate's own test covers the filter there).
+fn line_discipline_is_not_settable(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let py = "python3 -c 'import os, fcntl, struct; m, s = os.openpty(); \
+              fcntl.ioctl(s, 0x5423, struct.pack(\"i\", 0)); print(\"set\")'";
+    let control = w.run("none", &[], py);
+    assert_eq!(
+        control.status.code(),
+        Some(0),
+        "control: {}",
+        show(&control)
+    );
+    let o = w.run(t, &[], py);
+    assert!(failed(&o), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Operation not permitted"),
+        "{}",
+        show(&o)
+    );
+}
+
 fn host_env_secret_not_visible(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -1478,6 +1624,8 @@ matrix!(
         proc_root_traversal,
         tcp_to_host_loopback,
         ptrace_host_process,
+        host_sysv_ipc_is_unreachable,
+        prlimit_of_a_host_process,
         host_env_secret_not_visible,
         setsid_grandchild_dies_on_timeout,
         interrupt_kills_the_tree,
@@ -1505,6 +1653,7 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     bwrap: [
+        line_discipline_is_not_settable,
         setid_bits_are_refused,
         host_device_nodes_keep_their_mode,
         root_only_files_stay_unreadable,
