@@ -596,6 +596,38 @@ fn line_discipline_is_not_settable(t: &str) {
     );
 }
 
+/// `stty -echo` on the caller's terminal: after the run the terminal is
+/// as before (on a pty of `script`'s, the caller's terminal here).
+fn terminal_settings_are_restored(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let echo_after = |inner: &str| -> Option<bool> {
+        let o = std::process::Command::new("script")
+            .args(["-qec", &format!("{inner}; stty -a"), "/dev/null"])
+            .current_dir(&w.project)
+            .env("HOME", &w.home)
+            .env("HULL_RUNS_DIR", &w.runs)
+            .stdin(Stdio::null())
+            .output()
+            .expect("script");
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        text.split_whitespace().find_map(|tok| match tok {
+            "echo" => Some(true),
+            "-echo" => Some(false),
+            _ => None,
+        })
+    };
+    // Control: the change outlives the command that made it.
+    assert_eq!(echo_after("stty -echo"), Some(false), "control");
+    let hull = hull_tests::hull_bin();
+    let run = format!(
+        "'{}' run --tier {t} --timeout {} -- stty -echo -isig",
+        hull.display(),
+        hull_tests::RUN_TIMEOUT
+    );
+    assert_eq!(echo_after(&run), Some(true), "{run}");
+}
+
 fn host_env_secret_not_visible(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -1648,11 +1680,13 @@ matrix!(
         git_config_targets_in_the_worktree_are_protected,
     ],
     landlock: [
+        terminal_settings_are_restored,
         setid_bits_are_refused,
         host_device_nodes_keep_their_mode,
         root_only_files_stay_unreadable,
     ],
     bwrap: [
+        terminal_settings_are_restored,
         line_discipline_is_not_settable,
         setid_bits_are_refused,
         host_device_nodes_keep_their_mode,

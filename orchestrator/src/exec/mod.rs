@@ -12,6 +12,8 @@ pub mod fds;
 pub mod portable;
 #[cfg(unix)]
 pub mod process;
+#[cfg(unix)]
+pub mod terminal;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

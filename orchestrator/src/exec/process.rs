@@ -82,6 +82,9 @@ pub fn run(
             }
         });
     }
+    // Put back when run returns, after the tree is gone (declared before
+    // anything that could keep a process of the tree alive).
+    let _terminal = super::terminal::save();
     let mut child: Child = cmd.spawn().map_err(|source| ExecError::Spawn {
         program: program.clone(),
         source,
