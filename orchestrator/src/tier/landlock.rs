@@ -20,8 +20,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::lower::landlock::{LandlockPlan, Right};
 
-/// The minimum Landlock ABI this tier runs with.
-pub const MIN_ABI: i32 = 3;
+/// The minimum Landlock ABI this tier runs with: 6 scopes signals and
+/// abstract unix sockets to the sandbox (without it the command could
+/// SIGSTOP hull and outlive its wall-time limit).
+pub const MIN_ABI: i32 = 6;
 /// The ABI from which connecting to pathname unix sockets is mediated.
 pub const UNIX_SOCKET_ABI: i32 = 9;
 
@@ -29,7 +31,7 @@ pub const UNIX_SOCKET_ABI: i32 = 9;
 pub enum LandlockError {
     #[error("tier landlock: the kernel does not support Landlock (needs Linux 6.2+ with landlock in the `lsm=` list); ask for --tier bwrap, or --tier none to run unsandboxed")]
     Unsupported,
-    #[error("tier landlock: the kernel's Landlock ABI is {found}, hull needs at least {MIN_ABI} (Linux 6.2)")]
+    #[error("tier landlock: the kernel's Landlock ABI is {found}, hull needs at least {MIN_ABI} (Linux 6.12), which keeps signals and abstract unix sockets inside the sandbox; use --tier bwrap")]
     TooOld { found: i32 },
     #[error("tier landlock: cannot open {path} for a rule: {reason}")]
     Rule { path: String, reason: String },
@@ -92,26 +94,28 @@ pub struct ExecPlan {
 /// Probes the tier.
 pub fn probe() -> crate::tier::probe::Probe {
     use crate::tier::{probe::Probe, Tier};
-    let abi = kernel_abi();
+    match verdict(kernel_abi()) {
+        Ok(detail) => Probe::available(Tier::Landlock, detail, Vec::new()),
+        Err(e) => Probe::unavailable(Tier::Landlock, e.to_string()),
+    }
+}
+
+/// What the tier can do with the kernel's Landlock ABI `abi`, or why not.
+fn verdict(abi: i32) -> Result<String, LandlockError> {
     if abi == 0 {
-        return Probe::unavailable(Tier::Landlock, LandlockError::Unsupported.to_string());
+        return Err(LandlockError::Unsupported);
     }
     if abi < MIN_ABI {
-        return Probe::unavailable(
-            Tier::Landlock,
-            LandlockError::TooOld { found: abi }.to_string(),
-        );
+        return Err(LandlockError::TooOld { found: abi });
     }
     let unix = if abi >= UNIX_SOCKET_ABI {
         "unix sockets mediated by Landlock"
     } else {
         "unix socket creation refused (ABI < 9 cannot mediate them)"
     };
-    Probe::available(
-        Tier::Landlock,
-        format!("Landlock ABI {abi}; seccomp; {unix}"),
-        Vec::new(),
-    )
+    Ok(format!(
+        "Landlock ABI {abi}; signals and abstract sockets scoped; seccomp; {unix}"
+    ))
 }
 
 /// The helper command, and a pipe on which it reports a setup failure: the
@@ -146,12 +150,7 @@ pub fn command(
     broker_fd: Option<i32>,
 ) -> Result<Prepared, LandlockError> {
     let abi = kernel_abi();
-    if abi == 0 {
-        return Err(LandlockError::Unsupported);
-    }
-    if abi < MIN_ABI {
-        return Err(LandlockError::TooOld { found: abi });
-    }
+    verdict(abi)?;
     let exec = ExecPlan {
         landlock: plan.clone(),
         allow_unix_sockets: abi >= UNIX_SOCKET_ABI,
@@ -268,6 +267,8 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
         .map_err(|e| LandlockError::Ruleset(e.to_string()))?
         .handle_access(AccessNet::from_all(ABI::V4))
         .map_err(|e| LandlockError::Ruleset(e.to_string()))?
+        // Required: without it the command could stop hull (SIGSTOP).
+        .set_compatibility(CompatLevel::HardRequirement)
         .scope(Scope::AbstractUnixSocket | Scope::Signal)
         .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
     if plan.allow_unix_sockets {
@@ -429,4 +430,18 @@ pub fn drop_capabilities() -> std::io::Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_without_scoping_is_refused_with_the_reason() {
+        let e = verdict(5).unwrap_err().to_string();
+        assert!(e.contains("ABI is 5") && e.contains("signals"), "{e}");
+        assert!(matches!(verdict(0), Err(LandlockError::Unsupported)));
+        assert!(verdict(6).unwrap().contains("scoped"));
+        assert!(verdict(9).unwrap().contains("mediated by Landlock"));
+    }
 }
