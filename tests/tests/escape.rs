@@ -664,6 +664,104 @@ fn setsid_grandchild_dies_on_timeout(t: &str) {
     no_helper_left(&w);
 }
 
+/// A background process whose main thread exited while another thread
+/// runs: its leader shows as a zombie in /proc, which a sweep that skips
+/// zombies never kills (hull then waited for it forever, deaf to SIGTERM).
+/// The control, without hull, shows it outliving the shell that started it.
+fn a_process_with_an_exited_main_thread_dies_with_the_run(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let marker = format!("hull-zleader-marker-{}", std::process::id());
+    std::fs::write(
+        w.project.join("zl.py"),
+        "import os, sys, time, threading, ctypes\n\
+         if os.fork(): sys.exit(0)\n\
+         os.setsid()\n\
+         def spin():\n    while True: time.sleep(0.05)\n\
+         threading.Thread(target=spin).start()\n\
+         ctypes.CDLL(None).pthread_exit(None)\n",
+    )
+    .expect("write zl.py");
+    let script = format!("python3 zl.py {marker} & sleep 1; echo started");
+    let kill_left = |marker: &str| {
+        for _ in 0..50 {
+            let pids = zombie_leaders(marker);
+            if pids.is_empty() {
+                return;
+            }
+            for p in pids {
+                // SAFETY: kill(2) on a pid just read from /proc.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let control = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(&w.project)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("sh");
+    assert!(control.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let survived = !zombie_leaders(&marker).is_empty();
+    kill_left(&marker);
+    assert!(
+        survived,
+        "control: no process with an exited main thread outlived sh"
+    );
+
+    let started = Instant::now();
+    let o = w.run(t, &["--timeout", "20s"], &script);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "hull waited {:?}",
+        started.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let left = zombie_leaders(&marker);
+    kill_left(&marker);
+    assert!(left.is_empty(), "left running after the run: {left:?}");
+    no_helper_left(&w);
+}
+
+/// Processes holding `marker` whose leader is a zombie with live threads.
+fn zombie_leaders(marker: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.trim_start().starts_with('Z'))
+            != Some(true)
+        {
+            continue;
+        }
+        // The exited leader has no memory to show a command line from;
+        // its live threads do.
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        let live = tasks.flatten().any(|t| {
+            t.file_name() != pid.to_string().as_str()
+                && std::fs::read(t.path().join("cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        });
+        if live {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 /// The processes whose command line holds `marker`, once none is left or
 /// after 10 s.
 fn left_after_10s(marker: &str) -> Vec<i32> {
@@ -1660,6 +1758,7 @@ matrix!(
         prlimit_of_a_host_process,
         host_env_secret_not_visible,
         setsid_grandchild_dies_on_timeout,
+        a_process_with_an_exited_main_thread_dies_with_the_run,
         interrupt_kills_the_tree,
         kernel_knobs_are_read_only,
         inherited_descriptors_are_closed,

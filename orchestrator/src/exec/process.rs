@@ -301,7 +301,11 @@ pub fn descendants_of(root: i32) -> Vec<i32> {
             let mut f = rest.split_whitespace();
             let state = f.next().unwrap_or("");
             let ppid = f.next().and_then(|s| s.parse::<i32>().ok()).unwrap_or(0);
-            if state != "Z" && state != "X" {
+            // A zombie leader whose other threads still run (the main
+            // thread called pthread_exit) shows as Z but is alive: a kill
+            // ends its threads, and its children hang below it.
+            let zombie = (state == "Z" || state == "X") && !has_live_threads(pid);
+            if !zombie {
                 parent.push((pid, ppid));
             }
         }
@@ -317,6 +321,19 @@ pub fn descendants_of(root: i32) -> Vec<i32> {
         }
     }
     out
+}
+
+/// Whether `pid` has a thread besides its (exited) leader.
+#[cfg(target_os = "linux")]
+fn has_live_threads(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name() != pid.to_string().as_str())
+                .count()
+                > 0
+        })
+        .unwrap_or(false)
 }
 
 /// Reaps exited children without blocking.
