@@ -348,6 +348,23 @@ pub fn run_process_tier(
                     .map_err(|e| RunError::Tier(e.to_string()))
             }));
             let mut c = prepared.command;
+            // The tree in a cgroup of its own: ended by cgroup.kill, which
+            // a process changing its pid in a loop cannot outrun. Moved in
+            // before the switch to the sandbox user (registered first).
+            let id = run_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let cgroup = crate::exec::cgroup::RunCgroup::create(&id).map_err(|e| {
+                RunError::Tier(format!(
+                    "tier landlock: the run needs a cgroup v2 of its own, so that its whole \
+                     process tree can be ended for certain: {e}. Run hull as root, or inside \
+                     a cgroup delegated to you (systemd-run --user --scope -p Delegate=yes \
+                     hull ...), or use --tier bwrap"
+                ))
+            })?;
+            install_cgroup_move(&mut c, cgroup.procs_fd());
+            containment = crate::exec::process::Containment::Cgroup(cgroup);
             c.current_dir(&spec.cwd);
             if crate::tier::identity::hull_is_root() {
                 // As for bwrap: the helper that applies Landlock and execs
@@ -388,6 +405,24 @@ pub fn run_process_tier(
         check()?;
     }
     Ok(status)
+}
+
+/// Moves the child into the run's cgroup before exec (a write of `0` to
+/// its `cgroup.procs`); a failure fails the spawn.
+#[cfg(target_os = "linux")]
+fn install_cgroup_move(cmd: &mut std::process::Command, procs: std::os::fd::RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: one write(2) of a static byte to a descriptor opened before
+    // the fork: async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::write(procs, b"0".as_ptr().cast(), 1) == 1 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
 }
 
 /// Runs the switch to the sandbox user in the child before exec; the

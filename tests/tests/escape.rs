@@ -1234,8 +1234,26 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
         k = key.display(),
         g = granted.display()
     );
+    // A cgroup delegated to the user, as systemd gives one: the landlock
+    // tier puts the run's tree in a cgroup below the caller's own.
+    let cg = cgroup2_mount().join(format!("hull-test-user-{}", std::process::id()));
+    std::fs::create_dir(&cg).expect("mkdir the delegated cgroup");
+    for f in [
+        "",
+        "cgroup.procs",
+        "cgroup.subtree_control",
+        "cgroup.threads",
+    ] {
+        std::process::Command::new("chown")
+            .args(["nobody:nogroup"])
+            .arg(cg.join(f))
+            .status()
+            .expect("chown");
+    }
+    let enter = format!("echo $$ > '{}/cgroup.procs' && exec \"$@\"", cg.display());
     let run = |tier: &str| {
-        std::process::Command::new("setpriv")
+        std::process::Command::new("sh")
+            .args(["-c", &enter, "sh", "setpriv"])
             .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
             .arg(&hull)
             .args([
@@ -1283,6 +1301,38 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
     // Inside the project the change landed (made by a thread other than
     // the process's first: the broker finds its process).
     assert_eq!(mode(&inside), 0o640, "{}", show(&o));
+    std::fs::remove_dir(&cg).expect("rmdir the delegated cgroup");
+}
+
+/// The cgroup2 hierarchy's mount point.
+fn cgroup2_mount() -> std::path::PathBuf {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    mi.lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            if right.split_whitespace().next()? != "cgroup2" {
+                return None;
+            }
+            left.split_whitespace().nth(4).map(std::path::PathBuf::from)
+        })
+        .expect("a cgroup2 hierarchy is mounted")
+}
+
+/// On landlock the run's tree lives in a cgroup of its own, which is gone
+/// after the run.
+fn the_tree_lives_in_a_cgroup_of_its_own(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let o = w.run(t, &[], "cat /proc/self/cgroup");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let path = out
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a cgroup v2 line");
+    assert!(path.contains("/hull-"), "not in a cgroup of its own: {out}");
+    let dir = cgroup2_mount().join(path.trim_start_matches('/'));
+    assert!(!dir.exists(), "{} is left after the run", dir.display());
 }
 
 /// No `user.hull` extended attribute on `p`.
@@ -1779,6 +1829,7 @@ matrix!(
         git_config_targets_in_the_worktree_are_protected,
     ],
     landlock: [
+        the_tree_lives_in_a_cgroup_of_its_own,
         terminal_settings_are_restored,
         setid_bits_are_refused,
         host_device_nodes_keep_their_mode,

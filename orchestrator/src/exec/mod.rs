@@ -6,6 +6,8 @@
 //! hull's exit code ([`ExitStatus::exit_code`]); a timeout or Ctrl-C ends the
 //! whole process tree, including grandchildren that called `setsid`.
 
+#[cfg(target_os = "linux")]
+pub mod cgroup;
 #[cfg(unix)]
 pub mod fds;
 #[cfg(not(target_os = "linux"))]

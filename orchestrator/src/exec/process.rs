@@ -17,13 +17,34 @@ use super::fds::Inheritable;
 use super::{ExecError, ExitStatus, OutputSink};
 
 /// Whether the tree can outlive the direct child.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Containment {
     /// The direct child is the init of a pid namespace (bwrap): when it
     /// exits the kernel kills the rest, so a normal exit needs no sweep.
     PidNamespace,
+    /// The tree lives in a cgroup of its own (the child moved itself in
+    /// before exec): `cgroup.kill` ends it for certain, then the sweep
+    /// reaps. Removed when the run ends.
+    #[cfg(target_os = "linux")]
+    Cgroup(super::cgroup::RunCgroup),
     /// Descendants may outlive the child: sweep after it exits.
     None,
+}
+
+impl Containment {
+    /// Ends every process of the tree but the direct child's own wait.
+    fn end_tree(&self, main: i32) {
+        #[cfg(target_os = "linux")]
+        if let Containment::Cgroup(cg) = self {
+            cg.kill();
+        }
+        kill_descendants(main);
+    }
+
+    /// Whether the tree needs ending after the direct child exits.
+    fn needs_sweep(&self) -> bool {
+        !matches!(self, Containment::PidNamespace)
+    }
 }
 
 enum Event {
@@ -138,8 +159,8 @@ pub fn run(
                 tracing::debug!(?st, "child exited");
                 exited = Some(st);
                 // The command is done: nothing it left behind may keep running.
-                if containment == Containment::None || forced.is_some() {
-                    kill_descendants(main_pid);
+                if containment.needs_sweep() || forced.is_some() {
+                    containment.end_tree(main_pid);
                 }
                 swept = true;
             }
@@ -147,7 +168,7 @@ pub fn run(
                 if forced.is_none() {
                     forced = Some(ExitStatus::Interrupted(s));
                 }
-                kill_descendants(main_pid);
+                containment.end_tree(main_pid);
             }
             Ok(Event::Out(stream, data)) => {
                 let r = match (sink.as_deref_mut(), stream) {
@@ -159,7 +180,7 @@ pub fn run(
                 if let Err(e) = r {
                     if output_error.is_none() {
                         output_error = Some(e);
-                        kill_descendants(main_pid);
+                        containment.end_tree(main_pid);
                     }
                 }
             }
@@ -168,10 +189,10 @@ pub fn run(
                 if exited.is_none() && forced.is_none() {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         forced = Some(ExitStatus::TimedOut);
-                        kill_descendants(main_pid);
+                        containment.end_tree(main_pid);
                     }
                 } else {
-                    kill_descendants(main_pid);
+                    containment.end_tree(main_pid);
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -180,7 +201,7 @@ pub fn run(
     tracing::debug!("streams closed");
     sig_handle.close();
     if !swept {
-        kill_descendants(main_pid);
+        containment.end_tree(main_pid);
     }
     if exited.is_some() {
         reap_orphans();

@@ -1,0 +1,213 @@
+//! A cgroup v2 of its own for one run's process tree, so that ending the
+//! tree is one write the kernel makes certain (`cgroup.kill`, Linux 5.14)
+//! rather than a chase through `/proc` that a process changing its pid in
+//! a loop can outrun.
+//!
+//! The cgroup is made below hull's own (`/proc/self/cgroup`, the `0::`
+//! line), in the cgroup2 mount `/proc/self/mountinfo` names; the child
+//! moves itself into it between fork and exec by writing `0` to its
+//! `cgroup.procs`, so everything the command starts is born inside. The
+//! command cannot leave it: the landlock tier grants no write under
+//! `/sys`, and the sandbox user (when hull is root) owns nothing there.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no cgroup v2 hierarchy is mounted (looked in /proc/self/mountinfo)")]
+    NoHierarchy,
+    #[error("hull's own cgroup v2 is unknown (no 0:: line in /proc/self/cgroup)")]
+    NoOwnCgroup,
+    #[error("cannot create {path}: {source}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} has no cgroup.kill (needs Linux 5.14)")]
+    NoKill { path: PathBuf },
+}
+
+/// The run's cgroup: killed and removed on drop.
+#[derive(Debug)]
+pub struct RunCgroup {
+    dir: PathBuf,
+    procs: File,
+}
+
+impl RunCgroup {
+    /// Makes `hull-<id>` below hull's own cgroup.
+    pub fn create(id: &str) -> Result<RunCgroup, CgroupError> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|_| CgroupError::NoHierarchy)?;
+        let mount = cgroup2_mount(&mountinfo).ok_or(CgroupError::NoHierarchy)?;
+        let own = std::fs::read_to_string("/proc/self/cgroup")
+            .ok()
+            .and_then(|t| own_path(&t))
+            .ok_or(CgroupError::NoOwnCgroup)?;
+        let parent = mount.join(own.trim_start_matches('/'));
+        remove_stale(&parent);
+        let dir = parent.join(format!("hull-{id}"));
+        std::fs::create_dir(&dir).map_err(|source| CgroupError::Create {
+            path: dir.clone(),
+            source,
+        })?;
+        let fail = |e: CgroupError| {
+            let _ = std::fs::remove_dir(&dir);
+            e
+        };
+        if !dir.join("cgroup.kill").exists() {
+            return Err(fail(CgroupError::NoKill { path: dir.clone() }));
+        }
+        let procs = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"))
+            .map_err(|source| {
+                fail(CgroupError::Create {
+                    path: dir.join("cgroup.procs"),
+                    source,
+                })
+            })?;
+        Ok(RunCgroup { dir, procs })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The descriptor a child writes `0` to, between fork and exec, to
+    /// move itself in (close-on-exec).
+    pub fn procs_fd(&self) -> RawFd {
+        self.procs.as_raw_fd()
+    }
+
+    /// Kills every process in the cgroup.
+    pub fn kill(&self) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.kill"))
+        {
+            let _ = f.write_all(b"1");
+        }
+    }
+
+    /// Whether no process is left in it.
+    pub fn is_empty(&self) -> bool {
+        std::fs::read_to_string(self.dir.join("cgroup.events"))
+            .map(|t| t.lines().any(|l| l == "populated 0"))
+            .unwrap_or(true)
+    }
+}
+
+impl Drop for RunCgroup {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            self.kill();
+            if self.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            tracing::warn!("cannot remove the run's cgroup {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// Removes the cgroups of runs whose hull died before removing them (a
+/// signal before its handlers were in place, SIGKILL): empty and older
+/// than a minute, so never one a starting run is about to move into.
+fn remove_stale(parent: &Path) {
+    let Ok(rd) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with("hull-") {
+            continue;
+        }
+        let dir = e.path();
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(60));
+        let empty = std::fs::read_to_string(dir.join("cgroup.events"))
+            .is_ok_and(|t| t.lines().any(|l| l == "populated 0"));
+        if old && empty {
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+/// The mount point of the cgroup2 hierarchy in a mountinfo text.
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        if right.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let point = left.split_whitespace().nth(4)?;
+        Some(PathBuf::from(unescape(point)))
+    })
+}
+
+/// hull's path in the cgroup2 hierarchy, from a /proc/self/cgroup text.
+fn own_path(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as \ooo.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let digits = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(digits, 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_hierarchy_and_our_place_in_it() {
+        let hybrid =
+            "35 24 0:30 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw\n\
+                      36 24 0:31 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
+        assert_eq!(
+            cgroup2_mount(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let unified = "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(
+            cgroup2_mount(unified),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        assert_eq!(cgroup2_mount("1 2 0:1 / / rw - ext4 /dev/vda rw\n"), None);
+        assert_eq!(
+            own_path("4:memory:/x\n0::/user.slice/u.scope\n").as_deref(),
+            Some("/user.slice/u.scope")
+        );
+        assert_eq!(unescape(r"/a\040b"), "/a b");
+    }
+}
