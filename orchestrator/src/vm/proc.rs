@@ -404,7 +404,31 @@ fn read_pid_file(p: &Path) -> Option<PidRecord> {
 }
 
 /// The last `max` bytes of a log file, lossily decoded, for error messages.
+/// What the guest writes there is the guest's: control characters other
+/// than newline and tab are shown escaped (`\x1b`), so no escape sequence
+/// reaches the user's terminal through hull's errors.
 pub fn log_tail(path: &Path, max: u64) -> String {
+    printable(&raw_tail(path, max))
+}
+
+/// `text` with every control character but newline and tab escaped
+/// (carriage returns dropped).
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '\r' {
+            continue; // serial consoles end lines with CR LF
+        }
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn raw_tail(path: &Path, max: u64) -> String {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut f) = fs::File::open(path) else {
         return String::new();
@@ -421,6 +445,20 @@ pub fn log_tail(path: &Path, max: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_tails_carry_no_terminal_escapes() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("console.log");
+        fs::write(&p, b"boot ok\n\x1b]0;pwned\x07\x1b[2Jlast line\r\n").unwrap();
+        let t = log_tail(&p, 1000);
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert!(t.contains("\\x1b]0;pwned\\x07"), "{t:?}");
+        assert!(t.starts_with("boot ok\n"), "{t:?}");
+        assert!(t.ends_with("last line"), "{t:?}");
+        // Bounded: only the tail is read.
+        assert!(log_tail(&p, 10).len() <= 10 * 4);
+    }
 
     #[test]
     fn pid_records_round_trip_and_bad_ones_are_ignored() {
