@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod exec;
+pub mod mountinfo;
 pub mod policy;
 pub mod run;
 pub mod runtime;

@@ -475,15 +475,7 @@ pub fn build_broker() -> Result<BpfProgram, SeccompError> {
 /// listener (close-on-exec). Needs no_new_privs first.
 pub fn apply_with_listener(prog: &BpfProgram) -> Result<std::os::fd::OwnedFd, SeccompError> {
     use std::os::fd::FromRawFd;
-    let raw: Vec<libc::sock_filter> = prog
-        .iter()
-        .map(|f| libc::sock_filter {
-            code: f.code,
-            jt: f.jt,
-            jf: f.jf,
-            k: f.k,
-        })
-        .collect();
+    let raw = Raw::new(prog).0;
     let fprog = libc::sock_fprog {
         len: raw.len() as libc::c_ushort,
         filter: raw.as_ptr().cast_mut(),

@@ -154,7 +154,7 @@ fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
             return None;
         }
         let point = left.split_whitespace().nth(4)?;
-        Some(PathBuf::from(unescape(point)))
+        Some(PathBuf::from(crate::mountinfo::unescape(point)))
     })
 }
 
@@ -163,26 +163,6 @@ fn own_path(text: &str) -> Option<String> {
     text.lines()
         .find_map(|l| l.strip_prefix("0::"))
         .map(str::to_string)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as \ooo.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            let digits = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
-            if let Ok(v) = u8::from_str_radix(digits, 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -208,6 +188,9 @@ mod tests {
             own_path("4:memory:/x\n0::/user.slice/u.scope\n").as_deref(),
             Some("/user.slice/u.scope")
         );
-        assert_eq!(unescape(r"/a\040b"), "/a b");
+        assert_eq!(
+            cgroup2_mount("9 1 0:2 / /a\\040b rw - cgroup2 cgroup2 rw\n"),
+            Some(PathBuf::from("/a b"))
+        );
     }
 }
