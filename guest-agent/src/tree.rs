@@ -58,10 +58,25 @@ pub fn parse_stat(text: &str) -> Option<ProcInfo> {
     })
 }
 
-/// Read one process's stat; `None` if it is gone.
+/// Read one process's stat; `None` if it is gone. A zombie leader whose
+/// other threads still run (its main thread called `pthread_exit`) shows as
+/// Z but is alive: it holds descriptors, its threads run, and a kill ends
+/// them; so it counts as live here.
 pub fn proc_info(pid: i32) -> Option<ProcInfo> {
     let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text)
+    let mut info = parse_stat(&text)?;
+    if info.zombie && has_live_threads(pid) {
+        info.zombie = false;
+    }
+    Some(info)
+}
+
+/// Whether `pid` has a thread besides its (exited) leader.
+fn has_live_threads(pid: i32) -> bool {
+    let me = pid.to_string();
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| rd.flatten().any(|e| e.file_name() != me.as_str()))
+        .unwrap_or(false)
 }
 
 /// Every process visible in `/proc`.
@@ -208,6 +223,38 @@ mod tests {
         );
         assert!(parse_stat("9 (x) Z 1 9 9").unwrap().zombie);
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    /// A real process whose main thread exited while another runs: /proc
+    /// says Z, and it must still count as live (and die by a kill).
+    #[test]
+    fn a_leader_with_live_threads_is_not_a_zombie() {
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import threading, time, ctypes\n\
+                 def spin():\n    while True: time.sleep(0.05)\n\
+                 threading.Thread(target=spin).start()\n\
+                 ctypes.CDLL(None).pthread_exit(None)\n",
+            ])
+            .spawn()
+            .expect("python3 is needed for this test");
+        let pid = child.id() as i32;
+        let mut state = String::new();
+        for _ in 0..200 {
+            let text = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if parse_stat(&text).is_some_and(|p| p.zombie) {
+                state = "Z".into();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let info = proc_info(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(state, "Z", "the leader never showed as a zombie");
+        assert_eq!(info.map(|p| p.zombie), Some(false));
+        assert!(proc_info(pid).is_none(), "the kill did not end it");
     }
 
     #[test]

@@ -1826,11 +1826,9 @@ matrix!(
         renaming_an_ancestor_keeps_the_protection,
         nested_repositories_are_protected,
         git_config_targets_in_the_worktree_are_protected,
-    ],
-    // Not on vm yet: the guest agent's own sweep skips such a process the
-    // same way (issue 22, open); the run then ends only at its timeout.
-    landlock: [
         a_process_with_an_exited_main_thread_dies_with_the_run,
+    ],
+    landlock: [
         the_tree_lives_in_a_cgroup_of_its_own,
         terminal_settings_are_restored,
         setid_bits_are_refused,
@@ -1838,7 +1836,6 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     bwrap: [
-        a_process_with_an_exited_main_thread_dies_with_the_run,
         terminal_settings_are_restored,
         line_discipline_is_not_settable,
         setid_bits_are_refused,
