@@ -246,6 +246,8 @@ pub fn run_process_tier(
     // Answers the command's metadata calls on landlock (not root) until the
     // run ends.
     let mut broker: Option<crate::tier::broker::Broker> = None;
+    // The broker's filter, installed after every other step of the child.
+    let mut last_step: Option<crate::tier::broker::Handoff> = None;
     let mut started_check: Option<Box<dyn FnOnce() -> Result<(), RunError>>> = None;
     let mut containment = crate::exec::process::Containment::None;
     let mut cmd = match tier {
@@ -275,6 +277,20 @@ pub fn run_process_tier(
                 .map_err(|e| RunError::Tier(format!("tier bwrap: {e}")))?;
             let mut prepared = crate::tier::bwrap::command(&plan, &spec.argv)
                 .map_err(|e| RunError::Tier(e.to_string()))?;
+            // Every connect goes to the broker: a read-only bind does not
+            // stop one to a host service's socket under it.
+            let filter = crate::tier::seccomp::build_connect_broker()
+                .map(|p| crate::tier::seccomp::Raw::new(&p))
+                .map_err(|e| RunError::Tier(format!("tier bwrap: {e}")))?;
+            let (b, handoff) = crate::tier::broker::Broker::with_handoff(
+                crate::tier::broker::Handler::Connect(crate::tier::broker::ConnectPool::new(
+                    crate::tier::identity::hull_is_root(),
+                )),
+                filter,
+            )
+            .map_err(|e| RunError::Tier(format!("tier bwrap: starting the connect broker: {e}")))?;
+            broker = Some(b);
+            last_step = Some(handoff);
             if crate::tier::identity::hull_is_root() {
                 // Registered before ChildSetup's hook: the change of
                 // credentials clears PDEATHSIG, which ChildSetup sets.
@@ -323,7 +339,9 @@ pub fn run_process_tier(
                 broker = Some(
                     crate::tier::broker::Broker::start(
                         ours,
-                        crate::tier::broker::Scope::of(policy),
+                        crate::tier::broker::Handler::Metadata(crate::tier::broker::Scope::of(
+                            policy,
+                        )),
                     )
                     .map_err(|e| {
                         RunError::Tier(format!("tier landlock: starting the broker: {e}"))
@@ -392,6 +410,9 @@ pub fn run_process_tier(
     };
     launch::set_env(&mut cmd, &spec.env);
     setup.install(&mut cmd);
+    if let Some(step) = last_step {
+        step.install(&mut cmd);
+    }
     tracing::debug!(%tier, "command built");
     let status = crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive)?;
     tracing::debug!(?status, "command ended");

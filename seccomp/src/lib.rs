@@ -229,6 +229,24 @@ fn socket_family_rules(allowed: &[i32]) -> Result<Vec<SeccompRule>, SeccompError
     Ok(list)
 }
 
+/// Unix datagram sockets (SOCK_RAW is one too): a send may name any
+/// pathname socket as its destination, in `sendto` or `sendmsg`, whose
+/// address a filter cannot see. Even a socketpair's end can, so both calls
+/// refuse them; stream and seqpacket sockets reach a pathname only through
+/// `connect`, which the connect broker answers ([`build_connect_broker`]).
+fn unix_datagram_rules() -> Result<Vec<SeccompRule>, SeccompError> {
+    const SOCK_TYPE_MASK: u64 = 0xf;
+    [libc::SOCK_DGRAM, libc::SOCK_RAW]
+        .iter()
+        .map(|t| {
+            rule(vec![
+                cond(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?,
+                cond(1, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), *t as u64)?,
+            ])
+        })
+        .collect()
+}
+
 const TIOCSTI: u64 = 0x5412;
 const TIOCLINUX: u64 = 0x541C;
 /// Sets the line discipline: N_NULL left on the caller's terminal makes
@@ -296,14 +314,12 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
     rules.insert(libc::SYS_clone, clone_rules);
     setid_rules(&mut rules)?;
     if profile == Profile::Bwrap {
-        rules.insert(
-            libc::SYS_socket,
-            socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
-        );
-        rules.insert(
-            libc::SYS_socketpair,
-            socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
-        );
+        let mut socket = socket_family_rules(BWRAP_SOCKET_FAMILIES)?;
+        socket.extend(unix_datagram_rules()?);
+        rules.insert(libc::SYS_socket, socket);
+        let mut pair = socket_family_rules(BWRAP_SOCKET_FAMILIES)?;
+        pair.extend(unix_datagram_rules()?);
+        rules.insert(libc::SYS_socketpair, pair);
     }
     if let Profile::Landlock { .. } = profile {
         for (_, nr) in sysv_ipc_calls() {
@@ -332,6 +348,9 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
             )?])?);
         }
         rules.insert(libc::SYS_socket, socket_rules);
+        if !allow_unix_sockets {
+            rules.insert(libc::SYS_socketpair, unix_datagram_rules()?);
+        }
     }
     finish(rules)
 }
@@ -440,9 +459,26 @@ pub const XATTRAT_CALLS: &[i64] = &[];
 /// allowed. Installed beside [`build`]'s filter, whose EPERM takes
 /// precedence (a set-id chmod never reaches the broker).
 pub fn build_broker() -> Result<BpfProgram, SeccompError> {
+    notifying(metadata_calls().into_iter().map(|(_, nr)| nr))
+}
+
+/// The connect broker's filter (bwrap): every `connect` waits for hull's
+/// answer. A bind mount that is read-only still lets a command connect to
+/// a host service's socket under it, and the network namespace does not
+/// cover pathname sockets; hull resolves the address in the command's own
+/// view and connects only to sockets on a writable mount. Every connect
+/// stops here, whatever its family: which socket a descriptor number names
+/// can change between a check and the kernel's own call.
+pub fn build_connect_broker() -> Result<BpfProgram, SeccompError> {
+    notifying([libc::SYS_connect])
+}
+
+/// A filter whose `calls` stop with `SECCOMP_RET_USER_NOTIF`; the rest is
+/// allowed.
+fn notifying(calls: impl IntoIterator<Item = i64>) -> Result<BpfProgram, SeccompError> {
     const SECCOMP_RET_TRAP: u32 = 0x0003_0000;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for (_, nr) in metadata_calls() {
+    for nr in calls {
         rules.insert(nr, Vec::new());
     }
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| {
@@ -475,28 +511,14 @@ pub fn build_broker() -> Result<BpfProgram, SeccompError> {
 /// listener (close-on-exec). Needs no_new_privs first.
 pub fn apply_with_listener(prog: &BpfProgram) -> Result<std::os::fd::OwnedFd, SeccompError> {
     use std::os::fd::FromRawFd;
-    let raw = Raw::new(prog).0;
-    let fprog = libc::sock_fprog {
-        len: raw.len() as libc::c_ushort,
-        filter: raw.as_ptr().cast_mut(),
-    };
-    // SAFETY: `fprog` points at `raw`, alive for the call; the kernel copies
-    // the program and returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
-            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
-            &fprog as *const libc::sock_fprog,
-        )
-    };
+    let fd = Raw::new(prog).apply_with_listener_in_child();
     if fd < 0 {
         return Err(SeccompError::Apply(
             std::io::Error::last_os_error().to_string(),
         ));
     }
     // SAFETY: the kernel just returned this descriptor to us.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 /// The program as the bytes `bwrap --seccomp FD` reads (struct sock_filter, native order).
@@ -532,6 +554,27 @@ impl Raw {
                 k: f.k,
             })
             .collect())
+    }
+
+    /// Installs the filter on the calling thread with a listener and
+    /// returns the listener (close-on-exec), or -1 with errno set.
+    /// Async-signal-safe: one seccomp(2) on memory prepared before the
+    /// fork. Needs no_new_privs first.
+    pub fn apply_with_listener_in_child(&self) -> std::os::fd::RawFd {
+        let prog = libc::sock_fprog {
+            len: self.0.len() as libc::c_ushort,
+            filter: self.0.as_ptr().cast_mut(),
+        };
+        // SAFETY: `prog` points at `self.0`, alive for the call; the kernel
+        // copies the program and returns a new descriptor or -1.
+        unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                &prog as *const libc::sock_fprog,
+            ) as std::os::fd::RawFd
+        }
     }
 
     /// Installs the filter on the calling thread; returns false (errno
@@ -645,6 +688,62 @@ mod tests {
             libc::close(master);
             libc::close(slave);
         }
+    }
+
+    /// Unix datagram sockets for real: refused by socket(2) and
+    /// socketpair(2) on bwrap, by socketpair(2) on landlock (which refuses
+    /// every unix socket(2) there); stream and seqpacket pairs still work.
+    #[test]
+    fn unix_datagram_sockets_are_refused() {
+        for profile in [
+            Profile::Bwrap,
+            Profile::Landlock {
+                allow_unix_sockets: false,
+                broker: false,
+            },
+        ] {
+            let raw = Raw::new(&build(profile).unwrap());
+            std::thread::spawn(move || {
+                // SAFETY: prctl with integer arguments.
+                let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+                assert_eq!(r, 0);
+                assert!(raw.apply_in_child(), "{}", std::io::Error::last_os_error());
+                let errno = || std::io::Error::last_os_error().raw_os_error();
+                let mut sv = [0; 2];
+                for ty in [
+                    libc::SOCK_DGRAM,
+                    libc::SOCK_RAW,
+                    libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                ] {
+                    // SAFETY: socketpair writes two ints into `sv`.
+                    let r = unsafe { libc::socketpair(libc::AF_UNIX, ty, 0, sv.as_mut_ptr()) };
+                    assert_eq!(
+                        (r, errno()),
+                        (-1, Some(libc::EPERM)),
+                        "{profile:?} pair {ty}"
+                    );
+                    // SAFETY: socket with integer arguments.
+                    let r = unsafe { libc::socket(libc::AF_UNIX, ty, 0) };
+                    assert_eq!((r, errno()), (-1, Some(libc::EPERM)), "{profile:?} {ty}");
+                }
+                for ty in [libc::SOCK_STREAM, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC] {
+                    // SAFETY: as above.
+                    let r = unsafe { libc::socketpair(libc::AF_UNIX, ty, 0, sv.as_mut_ptr()) };
+                    assert_eq!(r, 0, "{profile:?} pair {ty}: {:?}", errno());
+                    // SAFETY: the two descriptors just made.
+                    unsafe {
+                        libc::close(sv[0]);
+                        libc::close(sv[1]);
+                    }
+                }
+            })
+            .join()
+            .unwrap();
+        }
+        let b = build_connect_broker().unwrap();
+        assert!(b
+            .iter()
+            .any(|i| i.code == 0x06 && i.k == libc::SECCOMP_RET_USER_NOTIF));
     }
 
     /// The set-id rules for real: on a thread of its own (a filter binds

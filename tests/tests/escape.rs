@@ -571,6 +571,117 @@ fn prlimit_of_a_host_process(t: &str) {
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
 }
 
+/// A host service's unix socket under a read-only grant: a read-only bind
+/// does not stop `connect()`, nor a datagram sent to it, and the network
+/// namespace does not cover pathname sockets (a `docker.sock` under a grant
+/// would be host root), nor a symlink the command plants to it. The control
+/// shows each reaching the host under tier `none`; on the tier none arrives. On bwrap a server and client in the
+/// project still talk (sockets in the writable roots are the command's
+/// own); landlock refuses unix sockets outright on kernels whose Landlock
+/// cannot mediate them (ABI < 9).
+fn host_unix_sockets_under_a_grant_are_unreachable(t: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::{UnixDatagram, UnixListener};
+    require_tier(t);
+    let w = World::new();
+    let svc = w.outside.join("svc");
+    std::fs::create_dir_all(&svc).expect("mkdir svc");
+    let (stream_path, dgram_path) = (svc.join("stream.sock"), svc.join("dgram.sock"));
+    let listener = UnixListener::bind(&stream_path).expect("bind stream");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let dgram = UnixDatagram::bind(&dgram_path).expect("bind dgram");
+    dgram.set_nonblocking(true).expect("nonblocking");
+    for p in [&stream_path, &dgram_path] {
+        // Writable by anyone: what stops the command must be hull.
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    }
+    std::fs::write(
+        w.project.join("socks.py"),
+        format!(
+            "import socket, os, threading, sys\n\
+             def attempt(name, f):\n    try:\n        f(); print(name, 'sent')\n    except OSError as e:\n        print(name, 'refused', e.errno)\n\
+             def stream():\n    c = socket.socket(socket.AF_UNIX); c.connect({s:?}); c.sendall(b'escape-stream')\n\
+             def pair():\n    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.sendto(b'escape-pair', {d:?})\n\
+             def dgram():\n    u = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); u.sendto(b'escape-dgram', {d:?})\n\
+             def link():\n    os.symlink({s:?}, 'link.sock'); c = socket.socket(socket.AF_UNIX); c.connect('link.sock'); c.sendall(b'escape-link')\n\
+             attempt('stream', stream); attempt('pair', pair); attempt('dgram', dgram); attempt('link', link)\n\
+             if len(sys.argv) > 1:\n\
+             \x20   srv = socket.socket(socket.AF_UNIX); srv.bind('own.sock'); srv.listen(1)\n\
+             \x20   def serve():\n        a, _ = srv.accept(); a.sendall(b'hello ' + a.recv(16))\n\
+             \x20   threading.Thread(target=serve).start()\n\
+             \x20   up = '../' + os.path.basename(os.getcwd()) + '/own.sock'\n\
+             \x20   c = socket.socket(socket.AF_UNIX); c.connect(up); c.sendall(b'own')\n\
+             \x20   print('own:', c.recv(32).decode())\n",
+            s = stream_path.to_str().expect("utf8"),
+            d = dgram_path.to_str().expect("utf8"),
+        ),
+    )
+    .expect("write socks.py");
+    let pol = w.root.path().join("svc.toml");
+    let text = hull_policy_default().replace(
+        "read = [",
+        &format!("read = [{:?}, ", svc.to_str().expect("utf8")),
+    );
+    std::fs::write(&pol, text).expect("write policy");
+    let pol = pol.to_str().expect("utf8");
+    let arrived = || {
+        let mut got = Vec::new();
+        while let Ok((mut c, _)) = listener.accept() {
+            let mut b = Vec::new();
+            c.set_nonblocking(false).expect("blocking");
+            c.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            let _ = c.read_to_end(&mut b);
+            got.push(String::from_utf8_lossy(&b).into_owned());
+        }
+        let mut buf = [0u8; 64];
+        while let Ok(n) = dgram.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        got.sort();
+        got
+    };
+    let control = w.run("none", &["--policy", pol], "python3 socks.py");
+    assert_eq!(
+        control.status.code(),
+        Some(0),
+        "control: {}",
+        show(&control)
+    );
+    assert_eq!(
+        arrived(),
+        [
+            "escape-dgram",
+            "escape-link",
+            "escape-pair",
+            "escape-stream"
+        ],
+        "control: {}",
+        show(&control)
+    );
+    let _ = std::fs::remove_file(w.project.join("link.sock"));
+    let own = if t == "bwrap" { " own" } else { "" };
+    let o = w.run(t, &["--policy", pol], &format!("python3 socks.py{own}"));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for name in ["stream", "pair", "dgram"] {
+        assert!(
+            out.contains(&format!("{name} refused")),
+            "{name}: {}",
+            show(&o)
+        );
+    }
+    assert!(
+        arrived().is_empty(),
+        "the host service received: {:?}\n{}",
+        arrived(),
+        show(&o)
+    );
+    if t == "bwrap" {
+        assert!(out.contains("own: hello own"), "{}", show(&o));
+    }
+}
+
 /// TIOCSETD (N_NULL left on the caller's terminal fails every later read
 /// and write on it) is refused on any terminal; shown on a pty of the
 /// command's own, which is all a test has (on landlock the command cannot
@@ -1829,6 +1940,7 @@ matrix!(
         a_process_with_an_exited_main_thread_dies_with_the_run,
     ],
     landlock: [
+        host_unix_sockets_under_a_grant_are_unreachable,
         the_tree_lives_in_a_cgroup_of_its_own,
         terminal_settings_are_restored,
         setid_bits_are_refused,
@@ -1836,6 +1948,7 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     bwrap: [
+        host_unix_sockets_under_a_grant_are_unreachable,
         terminal_settings_are_restored,
         line_discipline_is_not_settable,
         setid_bits_are_refused,

@@ -61,7 +61,7 @@ pub fn probe() -> Probe {
     match smoke_test(bin) {
         Ok(()) => Probe {
             helpers,
-            ..Probe::available(Tier::Bwrap, "bubblewrap can unshare user, mount, pid, net, ipc, uts namespaces", Vec::new())
+            ..Probe::available(Tier::Bwrap, "bubblewrap can unshare user, mount, pid, net, ipc, uts namespaces; unix connects brokered (writable mounts only), unix datagram sockets refused", Vec::new())
         },
         Err(detail) => Probe {
             helpers,

@@ -111,7 +111,7 @@ fn verdict(abi: i32) -> Result<String, LandlockError> {
     let unix = if abi >= UNIX_SOCKET_ABI {
         "unix sockets mediated by Landlock"
     } else {
-        "unix socket creation refused (ABI < 9 cannot mediate them)"
+        "unix sockets refused (ABI < 9 cannot mediate them), unix datagram pairs too"
     };
     Ok(format!(
         "Landlock ABI {abi}; signals and abstract sockets scoped; seccomp; {unix}"

@@ -15,13 +15,11 @@
 //! the kernel's own permission checks are the same.
 
 use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 
+use super::{err, Task};
 use crate::policy::{Access, Policy};
 
 /// Longest path read from the command (PATH_MAX).
@@ -68,153 +66,6 @@ impl Scope {
     }
 }
 
-/// The broker thread of one run; stopped (and joined) on drop.
-#[derive(Debug)]
-pub struct Broker {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Broker {
-    /// Starts the thread: it waits on `sock` for the listener the landlock
-    /// helper sends, then answers until every filtered process is gone.
-    pub fn start(sock: OwnedFd, scope: Scope) -> std::io::Result<Broker> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("hull-broker".into())
-            .spawn(move || {
-                if let Some(listener) = receive_listener(&sock) {
-                    drop(sock);
-                    serve(&listener, &scope, &flag);
-                }
-            })?;
-        Ok(Broker {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Sends `listener` over `sock` (the helper's side).
-pub fn send_listener(sock: BorrowedFd<'_>, listener: BorrowedFd<'_>) -> std::io::Result<()> {
-    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-    let fds = [listener];
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut anc = SendAncillaryBuffer::new(&mut space);
-    anc.push(SendAncillaryMessage::ScmRights(&fds));
-    let byte = [b'L'];
-    sendmsg(
-        sock,
-        &[std::io::IoSlice::new(&byte)],
-        &mut anc,
-        SendFlags::empty(),
-    )?;
-    Ok(())
-}
-
-fn receive_listener(sock: &OwnedFd) -> Option<OwnedFd> {
-    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut anc = RecvAncillaryBuffer::new(&mut space);
-    let mut byte = [0u8; 1];
-    loop {
-        match recvmsg(
-            sock,
-            &mut [std::io::IoSliceMut::new(&mut byte)],
-            &mut anc,
-            RecvFlags::CMSG_CLOEXEC,
-        ) {
-            Ok(_) => break,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => return None,
-        }
-    }
-    let mut out = None;
-    for msg in anc.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = msg {
-            for fd in fds {
-                out.get_or_insert(fd);
-            }
-        }
-    }
-    out
-}
-
-fn serve(listener: &OwnedFd, scope: &Scope, stop: &AtomicBool) {
-    loop {
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd we own; 100 ms, so a stop is seen soon.
-        let n = unsafe { libc::poll(&mut pfd, 1, 100) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
-        }
-        if n == 0 {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            continue;
-        }
-        if pfd.revents & libc::POLLIN != 0 {
-            answer_one(listener, scope);
-        } else if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-            // No process is left under the filter.
-            return;
-        }
-    }
-}
-
-fn answer_one(listener: &OwnedFd, scope: &Scope) {
-    // SAFETY: an all-zero seccomp_notif is valid (plain integers), and the
-    // kernel requires it zeroed.
-    let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
-    // SAFETY: the ioctl writes a seccomp_notif into `req`, which is one.
-    let r = unsafe {
-        libc::ioctl(
-            listener.as_raw_fd(),
-            libc::SECCOMP_IOCTL_NOTIF_RECV,
-            &mut req as *mut libc::seccomp_notif,
-        )
-    };
-    if r != 0 {
-        return; // the caller died before we read it (ENOENT)
-    }
-    let errno = match handle(listener, &req, scope) {
-        Ok(()) => 0,
-        Err(e) => e.raw_os_error().unwrap_or(libc::EPERM),
-    };
-    let mut resp = libc::seccomp_notif_resp {
-        id: req.id,
-        val: 0,
-        error: -errno,
-        flags: 0,
-    };
-    // SAFETY: the ioctl reads a seccomp_notif_resp from `resp`, which is one.
-    unsafe {
-        libc::ioctl(
-            listener.as_raw_fd(),
-            libc::SECCOMP_IOCTL_NOTIF_SEND,
-            &mut resp as *mut libc::seccomp_notif_resp,
-        );
-    }
-}
-
 /// The file a call names.
 enum Target {
     Fd(RawFd),
@@ -240,58 +91,7 @@ enum Op {
     Times(Option<[libc::timespec; 2]>),
 }
 
-/// The calling process, held still by its pending notification.
-struct Task<'a> {
-    listener: &'a OwnedFd,
-    id: u64,
-    pid: i32,
-    pidfd: OwnedFd,
-}
-
-fn err(errno: i32) -> std::io::Error {
-    std::io::Error::from_raw_os_error(errno)
-}
-
 impl Task<'_> {
-    /// The notification is still pending: the pid is still that process.
-    fn valid(&self) -> std::io::Result<()> {
-        let mut id = self.id;
-        // SAFETY: the ioctl reads a u64 from `id`.
-        let r = unsafe {
-            libc::ioctl(
-                self.listener.as_raw_fd(),
-                libc::SECCOMP_IOCTL_NOTIF_ID_VALID,
-                &mut id as *mut u64,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(err(libc::ENOENT))
-        }
-    }
-
-    /// Reads `len` bytes at `addr` of the process's memory.
-    fn read(&self, addr: u64, len: usize) -> std::io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        let local = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: len,
-        };
-        let remote = libc::iovec {
-            iov_base: addr as *mut libc::c_void,
-            iov_len: len,
-        };
-        // SAFETY: `local` describes `buf`, owned and `len` long; the kernel
-        // reads the other process's memory, never ours beyond `buf`.
-        let n = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        buf.truncate(n as usize);
-        Ok(buf)
-    }
-
     /// A NUL-terminated string at `addr`, at most `max` bytes.
     fn string(&self, addr: u64, max: usize) -> std::io::Result<CString> {
         if addr == 0 {
@@ -364,24 +164,6 @@ impl Task<'_> {
         Ok(Some([ts(w(0)), ts(w(1))]))
     }
 
-    /// A descriptor of the process, duplicated into hull.
-    fn fd(&self, n: RawFd) -> std::io::Result<OwnedFd> {
-        // SAFETY: pidfd_getfd with integer arguments; returns a new fd or -1.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_getfd,
-                self.pidfd.as_raw_fd(),
-                n,
-                0 as libc::c_uint,
-            )
-        };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: the kernel just returned this descriptor to us.
-        Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
-    }
-
     /// Opens the file `target` names, as the process would resolve it.
     fn resolve(&self, target: &Target) -> std::io::Result<OwnedFd> {
         use rustix::fs::{openat, Mode, OFlags};
@@ -426,47 +208,20 @@ impl Task<'_> {
             }
         }
     }
-}
 
-fn handle(listener: &OwnedFd, req: &libc::seccomp_notif, scope: &Scope) -> std::io::Result<()> {
-    // The caller may be any thread; descriptors and memory belong to its
-    // process (thread group), which a pidfd must name.
-    let pid = req.pid as i32;
-    let tgid = thread_group(pid)?;
-    // SAFETY: pidfd_open with integer arguments; returns a new fd or -1.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid, 0 as libc::c_uint) };
-    if pidfd < 0 {
-        return Err(std::io::Error::last_os_error());
+    /// Answers a metadata call: performed when its file lies in `scope`.
+    pub(super) fn metadata(&self, req: &libc::seccomp_notif, scope: &Scope) -> std::io::Result<()> {
+        let (target, op) = decode(self, req.data.nr as i64, &req.data.args)?;
+        let fd = self.resolve(&target)?;
+        self.valid()?;
+        let link = rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(fd.as_fd()), Vec::new())?;
+        let path = Path::new(OsStr::from_bytes(link.as_bytes()));
+        if !path.is_absolute() || !scope.allows(path) {
+            tracing::debug!(path = %path.display(), "broker: refused a metadata change outside the writable roots");
+            return Err(err(libc::EPERM));
+        }
+        perform(fd.as_fd(), &op)
     }
-    let task = Task {
-        listener,
-        id: req.id,
-        pid,
-        // SAFETY: the kernel just returned this descriptor to us.
-        pidfd: unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) },
-    };
-    task.valid()?;
-    let (target, op) = decode(&task, req.data.nr as i64, &req.data.args)?;
-    let fd = task.resolve(&target)?;
-    task.valid()?;
-    let link = rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(fd.as_fd()), Vec::new())?;
-    let path = Path::new(OsStr::from_bytes(link.as_bytes()));
-    if !path.is_absolute() || !scope.allows(path) {
-        tracing::debug!(path = %path.display(), "broker: refused a metadata change outside the writable roots");
-        return Err(err(libc::EPERM));
-    }
-    perform(fd.as_fd(), &op)
-}
-
-/// The thread group (process) of thread `tid`, from `/proc/TID/status`;
-/// checked afterwards by the notification still being valid.
-fn thread_group(tid: i32) -> std::io::Result<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| err(libc::ESRCH))
 }
 
 fn proc_fd(fd: BorrowedFd<'_>) -> String {

@@ -1,0 +1,330 @@
+//! The connect broker of the bwrap tier.
+//!
+//! A read-only bind mount does not stop `connect()` to a unix socket under
+//! it, and the network namespace does not cover pathname sockets: without
+//! this broker a command could talk to any host service whose socket lies
+//! under a grant (a `docker.sock` would be host root). Every `connect` of
+//! the command stops in its filter (`hull_seccomp::build_connect_broker`)
+//! and is answered here, on a worker thread of its own (a connect may
+//! block until the peer accepts):
+//!
+//! - the socket is the command's own, fetched with `pidfd_getfd`; its
+//!   address is read once from the command's memory;
+//! - a pathname address is resolved in the command's own view of the file
+//!   system (`/proc/TID/root`, `RESOLVE_IN_ROOT`, no magic links), and the
+//!   socket file must lie on a writable mount of that view: the writable
+//!   roots, the sandbox's own `/tmp`. Anything else is refused (EACCES);
+//! - hull then connects that socket to the inode it resolved (through
+//!   `/proc/thread-self/fd`), so renaming or replacing the path after the
+//!   check changes nothing. Other addresses (inet, abstract unix sockets,
+//!   both scoped to the sandbox's network namespace) are connected as
+//!   read;
+//! - when hull is root the worker first takes the command's uid, gid and
+//!   groups (on that thread only), so the kernel's permission check on the
+//!   socket file and the peer's credentials are the command's.
+//!
+//! Unix datagram sockets, whose sends may name any socket, are refused by
+//! the filter itself.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::{err, respond, Task};
+
+/// Most connects in flight at once; beyond it a connect fails with EAGAIN.
+const MAX_IN_FLIGHT: usize = 64;
+/// The largest address a connect takes (sizeof(struct sockaddr_storage)).
+const MAX_ADDR: usize = 128;
+
+/// The worker threads of one connect broker.
+#[derive(Debug)]
+pub struct ConnectPool {
+    in_flight: AtomicUsize,
+    /// Take the command's credentials before connecting (hull is root).
+    as_command: bool,
+}
+
+impl ConnectPool {
+    pub fn new(as_command: bool) -> Arc<ConnectPool> {
+        Arc::new(ConnectPool {
+            in_flight: AtomicUsize::new(0),
+            as_command,
+        })
+    }
+}
+
+/// Answers one connect notification on a worker thread.
+pub(super) fn answer(pool: &Arc<ConnectPool>, listener: &Arc<OwnedFd>, req: libc::seccomp_notif) {
+    if pool.in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
+        pool.in_flight.fetch_sub(1, Ordering::AcqRel);
+        respond(listener, req.id, Err(err(libc::EAGAIN)));
+        return;
+    }
+    let (pool2, listener2) = (Arc::clone(pool), Arc::clone(listener));
+    let spawned = std::thread::Builder::new()
+        .name("hull-connect".into())
+        .spawn(move || {
+            let result = Task::of(&listener2, &req).and_then(|t| t.connect(&req, pool2.as_command));
+            respond(&listener2, req.id, result);
+            pool2.in_flight.fetch_sub(1, Ordering::AcqRel);
+        });
+    if spawned.is_err() {
+        pool.in_flight.fetch_sub(1, Ordering::AcqRel);
+        respond(listener, req.id, Err(err(libc::EAGAIN)));
+    }
+}
+
+/// The command's identity, from `/proc/TID/status` (hull's view).
+struct Identity {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+fn identity(tid: i32) -> std::io::Result<Identity> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
+    let field = |name: &str| -> Option<Vec<u32>> {
+        let line = status.lines().find_map(|l| l.strip_prefix(name))?;
+        line.split_ascii_whitespace()
+            .map(|v| v.parse().ok())
+            .collect()
+    };
+    let effective = |v: Option<Vec<u32>>| v.and_then(|v| v.get(1).copied());
+    Ok(Identity {
+        uid: effective(field("Uid:")).ok_or_else(|| err(libc::ESRCH))?,
+        gid: effective(field("Gid:")).ok_or_else(|| err(libc::ESRCH))?,
+        groups: field("Groups:")
+            .unwrap_or_default()
+            .into_iter()
+            .take(65536)
+            .collect(),
+    })
+}
+
+/// Takes `who`'s credentials on the calling thread only (raw system calls;
+/// libc would change every thread of hull). Irreversible: the thread ends
+/// after its connect.
+fn become_on_this_thread(who: &Identity) -> std::io::Result<()> {
+    use rustix::process::{Gid, Uid};
+    use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
+    let gids: Vec<Gid> = who.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+    set_thread_groups(&gids)?;
+    let gid = Gid::from_raw(who.gid);
+    set_thread_res_gid(gid, gid, gid)?;
+    let uid = Uid::from_raw(who.uid);
+    set_thread_res_uid(uid, uid, uid)?;
+    Ok(())
+}
+
+/// A `sockaddr_un` holding `path`.
+fn unix_address(path: &[u8]) -> std::io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: an all-zero sockaddr_un is valid (plain integers).
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if path.len() >= sa.sun_path.len() {
+        return Err(err(libc::ENAMETOOLONG));
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in sa.sun_path.iter_mut().zip(path) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + path.len() + 1;
+    Ok((sa, len as libc::socklen_t))
+}
+
+fn connect_raw(
+    sock: &OwnedFd,
+    addr: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> std::io::Result<()> {
+    // SAFETY: `addr` points at `len` bytes the caller owns, alive for the call.
+    if unsafe { libc::connect(sock.as_raw_fd(), addr, len) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The pathname a unix address names, when it names one (not abstract,
+/// not unnamed).
+fn pathname(addr: &[u8]) -> Option<&[u8]> {
+    let family = u16::from_ne_bytes([*addr.first()?, *addr.get(1)?]);
+    if family != libc::AF_UNIX as u16 {
+        return None;
+    }
+    let path = &addr[2..];
+    if path.first().is_none_or(|b| *b == 0) {
+        return None;
+    }
+    Some(path.split(|b| *b == 0).next().unwrap_or(path))
+}
+
+impl Task<'_> {
+    /// Answers `connect(fd, addr, len)`.
+    fn connect(&self, req: &libc::seccomp_notif, as_command: bool) -> std::io::Result<()> {
+        let [fd, addr, len, ..] = req.data.args;
+        let len = len as u32 as usize;
+        if len > MAX_ADDR {
+            return Err(err(libc::EINVAL));
+        }
+        let bytes = self.read(addr, len)?;
+        if bytes.len() != len {
+            return Err(err(libc::EFAULT));
+        }
+        let sock = self.fd(fd as i32)?;
+        let domain = rustix::net::sockopt::socket_domain(&sock).map_err(|e| {
+            if e == rustix::io::Errno::NOTSOCK {
+                err(libc::ENOTSOCK)
+            } else {
+                e.into()
+            }
+        })?;
+        let who = if as_command {
+            Some(identity(self.pid)?)
+        } else {
+            None
+        };
+        let path = if domain == rustix::net::AddressFamily::UNIX {
+            pathname(&bytes)
+        } else {
+            None
+        };
+        let Some(path) = path else {
+            self.valid()?;
+            if let Some(who) = &who {
+                become_on_this_thread(who)?;
+            }
+            // SAFETY: an all-zero sockaddr_storage is valid; `bytes` fits it.
+            let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            // SAFETY: copies `len` <= sizeof(ss) bytes into `ss`, which we own.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    (&mut ss as *mut libc::sockaddr_storage).cast::<u8>(),
+                    len,
+                )
+            };
+            return connect_raw(
+                &sock,
+                (&ss as *const libc::sockaddr_storage).cast(),
+                len as libc::socklen_t,
+            );
+        };
+        let target = self.open_in_view(path)?;
+        if !self.on_writable_mount(&target)? {
+            tracing::debug!(path = %String::from_utf8_lossy(path), "broker: refused a connect to a socket outside the writable roots");
+            return Err(err(libc::EACCES));
+        }
+        self.valid()?;
+        if let Some(who) = &who {
+            become_on_this_thread(who)?;
+        }
+        let via = format!("/proc/thread-self/fd/{}", target.as_raw_fd());
+        let (sa, salen) = unix_address(via.as_bytes())?;
+        connect_raw(&sock, (&sa as *const libc::sockaddr_un).cast(), salen)
+    }
+
+    /// Opens `path` (O_PATH) as the calling thread would resolve it: in its
+    /// root, from its cwd, with no magic link followed. A relative path is
+    /// joined to the cwd as the thread sees it (`/proc/TID/cwd` reads in
+    /// the thread's own mount namespace); however the cwd moves meanwhile,
+    /// the result resolves inside the thread's root, and its mount decides.
+    fn open_in_view(&self, path: &[u8]) -> std::io::Result<OwnedFd> {
+        use rustix::fs::{openat, openat2, Mode, OFlags, ResolveFlags};
+        let root = openat(
+            rustix::fs::CWD,
+            format!("/proc/{}/root", self.pid),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut full = Vec::with_capacity(path.len() + 64);
+        if path.first() != Some(&b'/') {
+            let cwd = rustix::fs::readlinkat(
+                rustix::fs::CWD,
+                format!("/proc/{}/cwd", self.pid),
+                Vec::new(),
+            )?;
+            let cwd = cwd.as_bytes();
+            if cwd.first() != Some(&b'/') {
+                return Err(err(libc::ENOENT));
+            }
+            full.extend_from_slice(cwd);
+            full.push(b'/');
+        }
+        full.extend_from_slice(path);
+        let full = CString::new(full).map_err(|_| err(libc::EINVAL))?;
+        Ok(openat2(
+            &root,
+            full.as_c_str(),
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        )?)
+    }
+
+    /// Whether `file` lies on a mount that is writable in the calling
+    /// thread's view (`/proc/TID/mountinfo`).
+    fn on_writable_mount(&self, file: &OwnedFd) -> std::io::Result<bool> {
+        use rustix::fs::{statx, AtFlags, StatxFlags};
+        let st = statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID)?;
+        if st.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
+            return Err(err(libc::ENOSYS));
+        }
+        let text = read_bounded(&format!("/proc/{}/mountinfo", self.pid), 4 << 20)?;
+        Ok(mount_is_writable(&text, st.stx_mnt_id))
+    }
+}
+
+fn read_bounded(path: &str, max: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(max)
+        .read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// Whether mount `id` of a mountinfo table is mounted read-write.
+fn mount_is_writable(mountinfo: &str, id: u64) -> bool {
+    mountinfo.lines().any(|line| {
+        let mut f = line.split(' ');
+        f.next().and_then(|v| v.parse::<u64>().ok()) == Some(id)
+            && f.nth(4)
+                .is_some_and(|opts| opts.split(',').any(|o| o == "rw"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pathnames_are_told_from_other_addresses() {
+        let a = |fam: u16, rest: &[u8]| {
+            let mut v = fam.to_ne_bytes().to_vec();
+            v.extend_from_slice(rest);
+            v
+        };
+        let unix = libc::AF_UNIX as u16;
+        assert_eq!(
+            pathname(&a(unix, b"/run/x.sock\0")),
+            Some(&b"/run/x.sock"[..])
+        );
+        assert_eq!(pathname(&a(unix, b"rel.sock")), Some(&b"rel.sock"[..]));
+        assert_eq!(pathname(&a(unix, b"\0abstract")), None);
+        assert_eq!(pathname(&a(unix, b"")), None);
+        assert_eq!(pathname(&a(libc::AF_INET as u16, b"/x")), None);
+        assert_eq!(pathname(&[1]), None);
+    }
+
+    #[test]
+    fn the_mount_of_the_socket_decides() {
+        let table = "22 1 0:21 / / rw,nosuid shared:1 - tmpfs tmpfs rw\n\
+                     23 22 8:1 /home/u/p /home/u/p rw,relatime - ext4 /dev/sda1 rw\n\
+                     24 22 8:1 /run /run ro,nosuid,relatime - ext4 /dev/sda1 rw\n";
+        assert!(mount_is_writable(table, 23));
+        assert!(!mount_is_writable(table, 24));
+        assert!(!mount_is_writable(table, 99));
+    }
+}

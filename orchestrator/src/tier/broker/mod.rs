@@ -1,0 +1,363 @@
+//! Brokers: hull threads that answer a sandboxed command's system calls.
+//!
+//! Some calls cannot be decided by a seccomp filter, because what they act
+//! on sits behind a pointer (a path, a socket address). The command's
+//! filter stops them (`SECCOMP_RET_USER_NOTIF`) and a broker thread in hull
+//! answers: it reads the call's arguments once from the command's memory,
+//! resolves what they name itself, decides, and performs the call itself on
+//! what it resolved, so changing the memory or the file system after the
+//! check changes nothing.
+//!
+//! - [`metadata`]: chmod, chown, utimes and xattrs on the landlock tier
+//!   when hull is not root (Landlock does not mediate them);
+//! - [`connect`]: `connect` on the bwrap tier (a read-only bind mount does
+//!   not stop a connect to a host service's socket under it).
+//!
+//! The filter is installed in the child before it execs, with a listener
+//! the child sends over a socketpair ([`send_listener`]); the broker thread
+//! serves until every filtered process is gone.
+
+mod connect;
+mod metadata;
+
+pub use connect::ConnectPool;
+pub use metadata::Scope;
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// What a broker answers.
+#[derive(Debug)]
+pub enum Handler {
+    /// Metadata changes, allowed inside `Scope`'s writable roots.
+    Metadata(Scope),
+    /// Connects, each on a worker thread of the pool.
+    Connect(Arc<ConnectPool>),
+}
+
+/// The broker thread of one run; stopped (and joined) on drop.
+#[derive(Debug)]
+pub struct Broker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Broker {
+    /// Starts the thread: it waits on `sock` for the listener the child
+    /// sends, then answers until every filtered process is gone.
+    pub fn start(sock: OwnedFd, handler: Handler) -> std::io::Result<Broker> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("hull-broker".into())
+            .spawn(move || {
+                if let Some(listener) = receive_listener(&sock) {
+                    drop(sock);
+                    serve(&Arc::new(listener), &handler, &flag);
+                }
+            })?;
+        Ok(Broker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// The child's half of a broker: installs the filter with a listener just
+/// before the exec and sends the listener to the broker thread.
+#[derive(Debug)]
+pub struct Handoff {
+    sock: OwnedFd,
+    filter: crate::tier::seccomp::Raw,
+}
+
+impl Broker {
+    /// A broker for `handler`, and the handoff that installs `filter` in
+    /// the child: register it last, after every other pre-exec step (it
+    /// sets no_new_privs, and the filter then binds the exec'd program and
+    /// everything it starts).
+    pub fn with_handoff(
+        handler: Handler,
+        filter: crate::tier::seccomp::Raw,
+    ) -> std::io::Result<(Broker, Handoff)> {
+        use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+        let (ours, theirs) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let broker = Broker::start(ours, handler)?;
+        Ok((
+            broker,
+            Handoff {
+                sock: theirs,
+                filter,
+            },
+        ))
+    }
+}
+
+impl Handoff {
+    /// Registers the child's step on `cmd`. The child's end of the socket
+    /// closes at the exec (close-on-exec), the parent's when `cmd` drops.
+    pub fn install(self, cmd: &mut std::process::Command) {
+        use std::os::fd::AsFd;
+        use std::os::unix::process::CommandExt;
+        let Handoff { sock, filter } = self;
+        // SAFETY: prctl, seccomp, sendmsg and close: raw, async-signal-safe
+        // system calls on memory prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let listener = filter.apply_with_listener_in_child();
+                if listener < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let sent = send_listener(sock.as_fd(), BorrowedFd::borrow_raw(listener));
+                libc::close(listener);
+                sent
+            });
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sends `listener` over `sock` (the helper's side).
+pub fn send_listener(sock: BorrowedFd<'_>, listener: BorrowedFd<'_>) -> std::io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let fds = [listener];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    anc.push(SendAncillaryMessage::ScmRights(&fds));
+    let byte = [b'L'];
+    sendmsg(
+        sock,
+        &[std::io::IoSlice::new(&byte)],
+        &mut anc,
+        SendFlags::empty(),
+    )?;
+    Ok(())
+}
+
+fn receive_listener(sock: &OwnedFd) -> Option<OwnedFd> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    loop {
+        match recvmsg(
+            sock,
+            &mut [std::io::IoSliceMut::new(&mut byte)],
+            &mut anc,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(_) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return None,
+        }
+    }
+    let mut out = None;
+    for msg in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = msg {
+            for fd in fds {
+                out.get_or_insert(fd);
+            }
+        }
+    }
+    out
+}
+
+fn serve(listener: &Arc<OwnedFd>, handler: &Handler, stop: &AtomicBool) {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd we own; 100 ms, so a stop is seen soon.
+        let n = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if n == 0 {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            continue;
+        }
+        if pfd.revents & libc::POLLIN != 0 {
+            answer_one(listener, handler);
+        } else if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+            // No process is left under the filter.
+            return;
+        }
+    }
+}
+
+fn answer_one(listener: &Arc<OwnedFd>, handler: &Handler) {
+    // SAFETY: an all-zero seccomp_notif is valid (plain integers), and the
+    // kernel requires it zeroed.
+    let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    // SAFETY: the ioctl writes a seccomp_notif into `req`, which is one.
+    let r = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_RECV,
+            &mut req as *mut libc::seccomp_notif,
+        )
+    };
+    if r != 0 {
+        return; // the caller died before we read it (ENOENT)
+    }
+    match handler {
+        Handler::Metadata(scope) => {
+            let result = Task::of(listener, &req).and_then(|t| t.metadata(&req, scope));
+            respond(listener, req.id, result);
+        }
+        Handler::Connect(pool) => connect::answer(pool, listener, req),
+    }
+}
+
+/// Answers notification `id`: the call returns 0, or fails with the error.
+fn respond(listener: &OwnedFd, id: u64, result: std::io::Result<()>) {
+    let errno = match result {
+        Ok(()) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(libc::EPERM),
+    };
+    let mut resp = libc::seccomp_notif_resp {
+        id,
+        val: 0,
+        error: -errno,
+        flags: 0,
+    };
+    // SAFETY: the ioctl reads a seccomp_notif_resp from `resp`, which is one.
+    unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND,
+            &mut resp as *mut libc::seccomp_notif_resp,
+        );
+    }
+}
+
+/// The calling process, held still by its pending notification.
+struct Task<'a> {
+    listener: &'a OwnedFd,
+    id: u64,
+    /// The calling thread.
+    pid: i32,
+    /// Its process (thread group).
+    pidfd: OwnedFd,
+}
+
+fn err(errno: i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(errno)
+}
+
+impl Task<'_> {
+    /// The process behind notification `req`. The caller may be any
+    /// thread; descriptors and memory belong to its process (thread group),
+    /// which a pidfd must name.
+    fn of<'a>(listener: &'a OwnedFd, req: &libc::seccomp_notif) -> std::io::Result<Task<'a>> {
+        let pid = req.pid as i32;
+        let tgid = thread_group(pid)?;
+        // SAFETY: pidfd_open with integer arguments; returns a new fd or -1.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid, 0 as libc::c_uint) };
+        if pidfd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let task = Task {
+            listener,
+            id: req.id,
+            pid,
+            // SAFETY: the kernel just returned this descriptor to us.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) },
+        };
+        task.valid()?;
+        Ok(task)
+    }
+
+    /// The notification is still pending: the pid is still that process.
+    fn valid(&self) -> std::io::Result<()> {
+        let mut id = self.id;
+        // SAFETY: the ioctl reads a u64 from `id`.
+        let r = unsafe {
+            libc::ioctl(
+                self.listener.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_ID_VALID,
+                &mut id as *mut u64,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(err(libc::ENOENT))
+        }
+    }
+
+    /// Reads `len` bytes at `addr` of the process's memory.
+    fn read(&self, addr: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: len,
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len,
+        };
+        // SAFETY: `local` describes `buf`, owned and `len` long; the kernel
+        // reads the other process's memory, never ours beyond `buf`.
+        let n = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    /// A descriptor of the process, duplicated into hull.
+    fn fd(&self, n: RawFd) -> std::io::Result<OwnedFd> {
+        // SAFETY: pidfd_getfd with integer arguments; returns a new fd or -1.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_getfd,
+                self.pidfd.as_raw_fd(),
+                n,
+                0 as libc::c_uint,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor to us.
+        Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+    }
+}
+
+/// The thread group (process) of thread `tid`, from `/proc/TID/status`;
+/// checked afterwards by the notification still being valid.
+fn thread_group(tid: i32) -> std::io::Result<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| err(libc::ESRCH))
+}
