@@ -327,7 +327,7 @@ impl AgentSession {
                 (0, Message::Error { code, message }) => {
                     return Err(AgentError::ConfigureFailed {
                         code: *code,
-                        message: message.clone(),
+                        message: crate::vm::proc::guest_text(message),
                     })
                 }
                 (0, Message::Pong { .. }) => {}
@@ -482,7 +482,7 @@ impl AgentSession {
                         self.broken = true;
                         return Err(AgentError::Peer {
                             code: *code,
-                            message: message.clone(),
+                            message: crate::vm::proc::guest_text(message),
                         });
                     }
                     (other, Message::Error { .. }) if self.finished.contains(&other) => continue,
@@ -532,7 +532,10 @@ impl AgentSession {
                     });
                 }
                 Message::Error { code, message } => {
-                    return Err(AgentError::ExecFailed { code, message });
+                    return Err(AgentError::ExecFailed {
+                        code,
+                        message: crate::vm::proc::guest_text(&message),
+                    });
                 }
                 other => {
                     let f = Frame { id, message: other };
@@ -808,6 +811,27 @@ mod tests {
         assert_eq!(sink.out, input);
         assert_eq!(sink.err, b"warn");
         assert!(sink.finished);
+    }
+
+    /// What a hostile guest puts in an error reaches the user escaped and
+    /// bounded: no terminal escape, no megabyte of text.
+    #[test]
+    fn a_guest_error_message_is_escaped_and_bounded() {
+        let (mut s, t) = pair(|mut c| {
+            let (id, _) = c.recv().unwrap();
+            let evil = format!("\x1b]0;pwned\x07\x1b[2J{}", "A".repeat(500_000));
+            c.send(&Message::error(ErrorCode::ExecFailed, evil), id)
+                .unwrap();
+        });
+        let mut sink = Collect::default();
+        let e = s
+            .exec(&cmd(), &mut sink, ExecOptions::default())
+            .unwrap_err()
+            .to_string();
+        t.join().unwrap();
+        assert!(!e.chars().any(|c| c.is_control() && c != '\n'), "{e:?}");
+        assert!(e.contains("\\x1b]0;pwned\\x07"), "{e:.200}");
+        assert!(e.len() < 4096, "{} bytes", e.len());
     }
 
     #[test]

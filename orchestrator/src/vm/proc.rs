@@ -412,14 +412,18 @@ pub fn log_tail(path: &Path, max: u64) -> String {
 }
 
 /// `text` with every control character but newline and tab escaped
-/// (carriage returns dropped).
+/// (carriage returns dropped), and the invisible formatting characters that
+/// reorder or hide text (bidirectional overrides, zero-width ones).
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if c == '\r' {
             continue; // serial consoles end lines with CR LF
         }
-        if c.is_control() && c != '\n' && c != '\t' {
+        let invisible = matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}');
+        if invisible {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else if c.is_control() && c != '\n' && c != '\t' {
             out.push_str(&format!("\\x{:02x}", c as u32));
         } else {
             out.push(c);
@@ -427,6 +431,24 @@ pub fn printable(text: &str) -> String {
     }
     out
 }
+
+/// Text from the guest for one of hull's messages: [`printable`], and at
+/// most [`MAX_GUEST_TEXT`] bytes.
+pub fn guest_text(text: &str) -> String {
+    let mut t = printable(text);
+    if t.len() > MAX_GUEST_TEXT {
+        let mut end = MAX_GUEST_TEXT;
+        while !t.is_char_boundary(end) {
+            end -= 1;
+        }
+        t.truncate(end);
+        t.push_str(" [cut]");
+    }
+    t
+}
+
+/// The longest guest text in one of hull's messages.
+pub const MAX_GUEST_TEXT: usize = 2048;
 
 fn raw_tail(path: &Path, max: u64) -> String {
     use std::io::{Read, Seek, SeekFrom};
@@ -458,6 +480,17 @@ mod tests {
         assert!(t.ends_with("last line"), "{t:?}");
         // Bounded: only the tail is read.
         assert!(log_tail(&p, 10).len() <= 10 * 4);
+    }
+
+    #[test]
+    fn guest_text_is_escaped_and_bounded() {
+        let t = guest_text("chdir failed: \u{202e}txt.exe\x1b[31m\u{200b}");
+        assert_eq!(t, "chdir failed: \\u{202e}txt.exe\\x1b[31m\\u{200b}");
+        let long = "é".repeat(MAX_GUEST_TEXT);
+        let t = guest_text(&long);
+        assert!(t.len() <= MAX_GUEST_TEXT + " [cut]".len(), "{}", t.len());
+        assert!(t.ends_with(" [cut]"));
+        assert_eq!(guest_text("plain\tline\nnext"), "plain\tline\nnext");
     }
 
     #[test]
