@@ -322,12 +322,13 @@ pub fn run_process_tier(
         Tier::Landlock => {
             let plan = crate::policy::lower::landlock::lower(policy, &RealFs)
                 .map_err(|source| RunError::Lower { tier, source })?;
-            // Not root: the command is the caller and owns the caller's
-            // files everywhere; Landlock does not mediate metadata, so those
-            // calls go to the broker, which allows them inside the
-            // writable roots only.
-            let mut broker_fd = None;
-            if !crate::tier::identity::hull_is_root() {
+            // Landlock does not mediate inotify watches, nor metadata: a
+            // watch goes to the broker, which allows it inside the grants;
+            // when hull is not root (the command is the caller and owns the
+            // caller's files everywhere) so do chmod, chown, utimes and
+            // xattrs, allowed inside the writable roots only.
+            let metadata_broker = !crate::tier::identity::hull_is_root();
+            let broker_fd = {
                 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
                 let (ours, theirs) = socketpair(
                     AddressFamily::UNIX,
@@ -336,25 +337,28 @@ pub fn run_process_tier(
                     None,
                 )
                 .map_err(|e| RunError::Tier(format!("tier landlock: the broker's socket: {e}")))?;
+                let handler = crate::tier::broker::Handler::Landlock {
+                    watch: crate::tier::broker::Scope::visible(policy),
+                    metadata: metadata_broker.then(|| crate::tier::broker::Scope::of(policy)),
+                };
                 broker = Some(
-                    crate::tier::broker::Broker::start(
-                        ours,
-                        crate::tier::broker::Handler::Metadata(crate::tier::broker::Scope::of(
-                            policy,
-                        )),
-                    )
-                    .map_err(|e| {
+                    crate::tier::broker::Broker::start(ours, handler).map_err(|e| {
                         RunError::Tier(format!("tier landlock: starting the broker: {e}"))
                     })?,
                 );
                 let raw = std::os::fd::AsRawFd::as_raw_fd(&theirs);
                 setup.keep_fds.push(raw);
-                broker_fd = Some(raw);
                 keep_alive.push(theirs);
-            }
-            let prepared =
-                crate::tier::landlock::command(&plan, &policy.limits, &spec.argv, broker_fd)
-                    .map_err(|e| RunError::Tier(e.to_string()))?;
+                raw
+            };
+            let prepared = crate::tier::landlock::command(
+                &plan,
+                &policy.limits,
+                &spec.argv,
+                Some(broker_fd),
+                metadata_broker,
+            )
+            .map_err(|e| RunError::Tier(e.to_string()))?;
             setup
                 .keep_fds
                 .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));

@@ -325,6 +325,9 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
         for (_, nr) in sysv_ipc_calls() {
             rules.insert(nr, Vec::new());
         }
+        // fanotify marks report names in what Landlock would not let the
+        // command list; inotify goes to the broker instead.
+        rules.insert(libc::SYS_fanotify_init, Vec::new());
     }
     if let Profile::Landlock { broker: true, .. } = profile {
         for nr in XATTRAT_CALLS {
@@ -454,12 +457,18 @@ pub const XATTRAT_CALLS: &[i64] = &[463, 464, 465, 466];
 #[cfg(not(target_arch = "x86_64"))]
 pub const XATTRAT_CALLS: &[i64] = &[];
 
-/// The broker's filter: every call of [`metadata_calls`] stops and waits
-/// for the listener's answer (`SECCOMP_RET_USER_NOTIF`); the rest is
-/// allowed. Installed beside [`build`]'s filter, whose EPERM takes
-/// precedence (a set-id chmod never reaches the broker).
-pub fn build_broker() -> Result<BpfProgram, SeccompError> {
-    notifying(metadata_calls().into_iter().map(|(_, nr)| nr))
+/// The landlock broker's filter: `inotify_add_watch` (Landlock does not
+/// mediate watches) and, with `metadata` (hull is not root), every call of
+/// [`metadata_calls`] stop and wait for the listener's answer
+/// (`SECCOMP_RET_USER_NOTIF`); the rest is allowed. Installed beside
+/// [`build`]'s filter, whose EPERM takes precedence (a set-id chmod never
+/// reaches the broker).
+pub fn build_broker(metadata: bool) -> Result<BpfProgram, SeccompError> {
+    let mut calls = vec![libc::SYS_inotify_add_watch];
+    if metadata {
+        calls.extend(metadata_calls().into_iter().map(|(_, nr)| nr));
+    }
+    notifying(calls)
 }
 
 /// The connect broker's filter (bwrap): every `connect` waits for hull's
@@ -617,7 +626,7 @@ mod tests {
         ] {
             let prog = build(p).unwrap();
             if let Profile::Landlock { broker: true, .. } = p {
-                let b = build_broker().unwrap();
+                let b = build_broker(true).unwrap();
                 let notifying = b
                     .iter()
                     .filter(|i| i.code == 0x06 && i.k == libc::SECCOMP_RET_USER_NOTIF)
@@ -680,6 +689,10 @@ mod tests {
             // SAFETY: shmget with integer arguments.
             let r = unsafe { libc::shmget(libc::IPC_PRIVATE, 4096, 0o600) };
             assert_eq!((r, errno()), (-1, Some(libc::EPERM)), "shmget");
+            // SAFETY: fanotify_init with integer arguments (FAN_REPORT_FID,
+            // which an unprivileged caller may use).
+            let r = unsafe { libc::fanotify_init(0x200, 0) };
+            assert_eq!((r, errno()), (-1, Some(libc::EPERM)), "fanotify_init");
         })
         .join()
         .unwrap();

@@ -571,6 +571,87 @@ fn prlimit_of_a_host_process(t: &str) {
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
 }
 
+/// An inotify watch on a directory the policy does not grant: Landlock
+/// does not mediate watches, and the events carry the names created there
+/// (a directory the command cannot list). The directory is world-readable
+/// and outside the test's private root, so only hull stands in the way even
+/// when the command runs as the sandbox user. The control shows the name
+/// arriving under tier `none`; on the tier the watch is refused and nothing
+/// arrives, while a watch in the project still works.
+fn inotify_outside_the_grants_is_refused(t: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    require_tier(t);
+    let w = World::new();
+    let host = tempfile::Builder::new()
+        .prefix("hull-watched-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    std::fs::set_permissions(host.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::write(
+        w.project.join("watch.py"),
+        "import ctypes, os, select, sys\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         def watch(path):\n\
+         \x20   fd = libc.inotify_init1(0)\n\
+         \x20   wd = libc.inotify_add_watch(fd, path.encode(), 0x100)\n\
+         \x20   return fd, wd, ctypes.get_errno()\n\
+         def name(fd):\n\
+         \x20   r, _, _ = select.select([fd], [], [], 10)\n\
+         \x20   return os.read(fd, 4096)[16:].split(b'\\0')[0].decode() if r else 'nothing'\n\
+         fd, wd, e = watch(sys.argv[1])\n\
+         if wd < 0: print('refused', e, flush=True)\n\
+         else:\n\
+         \x20   print('watching', flush=True); print('saw', name(fd), flush=True)\n\
+         fd, wd, e = watch('src')\n\
+         open('src/own-file', 'w').close()\n\
+         print('own', name(fd) if wd >= 0 else 'refused %d' % e, flush=True)\n",
+    )
+    .expect("write watch.py");
+    let secret = "secret-name-4d1c";
+    let attempt = |tier: &str| -> String {
+        let _ = std::fs::remove_file(w.project.join("src/own-file"));
+        let _ = std::fs::remove_file(host.path().join(secret));
+        let script = format!("python3 watch.py '{}'", host.path().display());
+        let mut c = w
+            .cmd(tier, &[], &script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn hull");
+        let mut out = String::new();
+        let mut lines = BufReader::new(c.stdout.take().expect("stdout")).lines();
+        if let Some(Ok(first)) = lines.next() {
+            if first == "watching" {
+                std::fs::write(host.path().join(secret), "x").expect("create");
+            }
+            out.push_str(&first);
+            out.push('\n');
+        }
+        for l in lines.map_while(Result::ok) {
+            out.push_str(&l);
+            out.push('\n');
+        }
+        let mut err = String::new();
+        let _ = c.stderr.take().expect("stderr").read_to_string(&mut err);
+        let st = c.wait().expect("wait");
+        assert_eq!(st.code(), Some(0), "{out}{err}");
+        out
+    };
+    let control = attempt("none");
+    assert!(
+        control.contains(&format!("saw {secret}")),
+        "control: {control}"
+    );
+    let out = attempt(t);
+    assert!(out.starts_with("refused "), "{out}");
+    assert!(!out.contains(secret), "{out}");
+    assert!(
+        out.contains("own own-file"),
+        "a watch in the project: {out}"
+    );
+}
+
 /// A host service's unix socket under a read-only grant: a read-only bind
 /// does not stop `connect()`, nor a datagram sent to it, and the network
 /// namespace does not cover pathname sockets (a `docker.sock` under a grant
@@ -1940,6 +2021,7 @@ matrix!(
         a_process_with_an_exited_main_thread_dies_with_the_run,
     ],
     landlock: [
+        inotify_outside_the_grants_is_refused,
         host_unix_sockets_under_a_grant_are_unreachable,
         the_tree_lives_in_a_cgroup_of_its_own,
         terminal_settings_are_restored,
@@ -1948,6 +2030,7 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     bwrap: [
+        inotify_outside_the_grants_is_refused,
         host_unix_sockets_under_a_grant_are_unreachable,
         terminal_settings_are_restored,
         line_discipline_is_not_settable,

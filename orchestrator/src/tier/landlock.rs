@@ -85,10 +85,13 @@ pub struct ExecPlan {
     pub memory: Option<u64>,
     pub pids: Option<u64>,
     /// The socket on which the helper sends hull the listener of the
-    /// metadata broker's filter (`tier::broker`); none when hull is root
-    /// (the command then runs as the sandbox user, who owns nothing).
+    /// broker's filter (`tier::broker`).
     #[serde(default)]
     pub broker_fd: Option<i32>,
+    /// Whether metadata calls go to the broker too: not when hull is root
+    /// (the command then runs as the sandbox user, who owns nothing).
+    #[serde(default)]
+    pub metadata_broker: bool,
 }
 
 /// Probes the tier.
@@ -148,6 +151,7 @@ pub fn command(
     limits: &crate::policy::Limits,
     argv: &[OsString],
     broker_fd: Option<i32>,
+    metadata_broker: bool,
 ) -> Result<Prepared, LandlockError> {
     let abi = kernel_abi();
     verdict(abi)?;
@@ -157,6 +161,7 @@ pub fn command(
         memory: limits.memory,
         pids: limits.pids,
         broker_fd,
+        metadata_broker,
     };
     let json = serde_json::to_string(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
     // The helper is this executable, started through a descriptor: when
@@ -322,14 +327,14 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
     }
     let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Landlock {
         allow_unix_sockets: plan.allow_unix_sockets,
-        broker: plan.broker_fd.is_some(),
+        broker: plan.metadata_broker,
     })?;
     crate::tier::seccomp::apply(&prog)?;
     if let Some(fd) = plan.broker_fd {
         // SAFETY: hull passed this socket by number; we own it from here,
         // and it closes before the command runs.
         let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let broker = crate::tier::seccomp::build_broker()?;
+        let broker = crate::tier::seccomp::build_broker(plan.metadata_broker)?;
         let listener = crate::tier::seccomp::apply_with_listener(&broker)?;
         crate::tier::broker::send_listener(
             std::os::fd::AsFd::as_fd(&sock),

@@ -66,7 +66,9 @@ pub(super) fn answer(pool: &Arc<ConnectPool>, listener: &Arc<OwnedFd>, req: libc
     let spawned = std::thread::Builder::new()
         .name("hull-connect".into())
         .spawn(move || {
-            let result = Task::of(&listener2, &req).and_then(|t| t.connect(&req, pool2.as_command));
+            let result = Task::of(&listener2, &req)
+                .and_then(|t| t.connect(&req, pool2.as_command))
+                .map(|()| 0);
             respond(&listener2, req.id, result);
             pool2.in_flight.fetch_sub(1, Ordering::AcqRel);
         });

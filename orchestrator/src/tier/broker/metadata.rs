@@ -20,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::{err, Task};
-use crate::policy::{Access, Policy};
+use crate::policy::{Access, Policy, Protection};
 
 /// Longest path read from the command (PATH_MAX).
 const MAX_PATH: usize = 4096;
@@ -37,6 +37,8 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// Where the command may change metadata: its writable roots, less
+    /// every narrower grant and protection.
     pub fn of(policy: &Policy) -> Scope {
         let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
         let mut entries = Vec::new();
@@ -45,6 +47,20 @@ impl Scope {
         }
         for p in &policy.protects {
             entries.push((canon(&p.path), false));
+        }
+        Scope { entries }
+    }
+
+    /// What the command may see at all: every grant, less the hidden
+    /// protections (a read-only one stays visible).
+    pub fn visible(policy: &Policy) -> Scope {
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let mut entries = Vec::new();
+        for g in &policy.grants {
+            entries.push((canon(&g.path), true));
+        }
+        for p in &policy.protects {
+            entries.push((canon(&p.path), p.protection != Protection::Hidden));
         }
         Scope { entries }
     }
@@ -67,7 +83,7 @@ impl Scope {
 }
 
 /// The file a call names.
-enum Target {
+pub(super) enum Target {
     Fd(RawFd),
     At {
         dirfd: RawFd,
@@ -93,7 +109,7 @@ enum Op {
 
 impl Task<'_> {
     /// A NUL-terminated string at `addr`, at most `max` bytes.
-    fn string(&self, addr: u64, max: usize) -> std::io::Result<CString> {
+    pub(super) fn string(&self, addr: u64, max: usize) -> std::io::Result<CString> {
         if addr == 0 {
             return Err(err(libc::EFAULT));
         }
@@ -165,7 +181,7 @@ impl Task<'_> {
     }
 
     /// Opens the file `target` names, as the process would resolve it.
-    fn resolve(&self, target: &Target) -> std::io::Result<OwnedFd> {
+    pub(super) fn resolve(&self, target: &Target) -> std::io::Result<OwnedFd> {
         use rustix::fs::{openat, Mode, OFlags};
         match target {
             Target::Fd(n) => self.fd(*n),
@@ -224,7 +240,7 @@ impl Task<'_> {
     }
 }
 
-fn proc_fd(fd: BorrowedFd<'_>) -> String {
+pub(super) fn proc_fd(fd: BorrowedFd<'_>) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 

@@ -10,6 +10,9 @@
 //!
 //! - [`metadata`]: chmod, chown, utimes and xattrs on the landlock tier
 //!   when hull is not root (Landlock does not mediate them);
+//! - [`watch`]: `inotify_add_watch` on the landlock tier (Landlock does not
+//!   mediate it: a watch on a directory the command cannot list showed the
+//!   names created in it);
 //! - [`connect`]: `connect` on the bwrap tier (a read-only bind mount does
 //!   not stop a connect to a host service's socket under it).
 //!
@@ -19,6 +22,7 @@
 
 mod connect;
 mod metadata;
+mod watch;
 
 pub use connect::ConnectPool;
 pub use metadata::Scope;
@@ -31,8 +35,14 @@ use std::thread::JoinHandle;
 /// What a broker answers.
 #[derive(Debug)]
 pub enum Handler {
-    /// Metadata changes, allowed inside `Scope`'s writable roots.
-    Metadata(Scope),
+    /// The landlock tier: inotify watches, allowed inside `watch` (what
+    /// the policy grants at all); metadata changes, allowed inside
+    /// `metadata`'s writable roots (none when hull is root: the command
+    /// then owns nothing, and those calls do not stop).
+    Landlock {
+        watch: Scope,
+        metadata: Option<Scope>,
+    },
     /// Connects, each on a worker thread of the pool.
     Connect(Arc<ConnectPool>),
 }
@@ -226,23 +236,32 @@ fn answer_one(listener: &Arc<OwnedFd>, handler: &Handler) {
         return; // the caller died before we read it (ENOENT)
     }
     match handler {
-        Handler::Metadata(scope) => {
-            let result = Task::of(listener, &req).and_then(|t| t.metadata(&req, scope));
+        Handler::Landlock { watch, metadata } => {
+            let result = Task::of(listener, &req).and_then(|t| {
+                if req.data.nr as i64 == libc::SYS_inotify_add_watch {
+                    t.watch(&req, watch)
+                } else if let Some(scope) = metadata {
+                    t.metadata(&req, scope).map(|()| 0)
+                } else {
+                    Err(err(libc::EPERM))
+                }
+            });
             respond(listener, req.id, result);
         }
         Handler::Connect(pool) => connect::answer(pool, listener, req),
     }
 }
 
-/// Answers notification `id`: the call returns 0, or fails with the error.
-fn respond(listener: &OwnedFd, id: u64, result: std::io::Result<()>) {
-    let errno = match result {
-        Ok(()) => 0,
-        Err(e) => e.raw_os_error().unwrap_or(libc::EPERM),
+/// Answers notification `id`: the call returns the value, or fails with
+/// the error.
+fn respond(listener: &OwnedFd, id: u64, result: std::io::Result<i64>) {
+    let (val, errno) = match result {
+        Ok(v) => (v, 0),
+        Err(e) => (0, e.raw_os_error().unwrap_or(libc::EPERM)),
     };
     let mut resp = libc::seccomp_notif_resp {
         id,
-        val: 0,
+        val,
         error: -errno,
         flags: 0,
     };
