@@ -221,13 +221,22 @@ fn a_warm_vm_serves_runs_until_it_is_taken_down() {
     );
 }
 
-/// The console log of the last VM of a run, kept in its instance's spill.
+/// The console logs of the runs, kept in each instance's `logs/`. Asserts
+/// none is in a spill, which the guest can read.
 fn console_logs(w: &World) -> Vec<String> {
     let mut out = Vec::new();
     let runs = w.root.path().join("r");
     for inst in std::fs::read_dir(&runs).into_iter().flatten().flatten() {
         let spill = inst.path().join("spill");
-        for vm in std::fs::read_dir(&spill).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(&spill).into_iter().flatten().flatten() {
+            assert!(
+                !e.path().join("console.log").exists() && e.file_name() != "console.log",
+                "a console log in the guest-visible spill: {}",
+                e.path().display()
+            );
+        }
+        let logs = inst.path().join("logs");
+        for vm in std::fs::read_dir(&logs).into_iter().flatten().flatten() {
             if let Ok(t) = std::fs::read_to_string(vm.path().join("console.log")) {
                 out.push(t);
             }

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::{fsx, lock, InstanceId, LOCK_FILE, SPILL_DIR, TMP_DIR};
+use super::{fsx, lock, InstanceId, LOCK_FILE, LOGS_DIR, SPILL_DIR, TMP_DIR};
 
 /// How long spill files are kept.
 pub const SPILL_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
@@ -266,8 +266,8 @@ fn clean_one(dir: &Path, kind: Kind, now: SystemTime) -> io::Result<GcOutcome> {
 }
 
 /// Removes a run dir's per-run scratch: `tmp/` and anything else hull keeps
-/// there for a run (bwrap's mask files), everything but `.active` and
-/// `spill/`. Only call it under the exclusive lock. Returns whether `tmp/`
+/// there for a run (bwrap's mask files), everything but `.active`,
+/// `spill/` and `logs/`. Only call it under the exclusive lock. Returns whether `tmp/`
 /// existed and the bytes freed.
 pub(crate) fn remove_scratch(dir: &Path) -> io::Result<(bool, u64)> {
     let mut tmp_removed = false;
@@ -280,7 +280,7 @@ pub(crate) fn remove_scratch(dir: &Path) -> io::Result<(bool, u64)> {
     for e in rd {
         let e = e?;
         let name = e.file_name();
-        if name == LOCK_FILE || name == SPILL_DIR {
+        if name == LOCK_FILE || name == SPILL_DIR || name == LOGS_DIR {
             continue;
         }
         let p = e.path();
@@ -308,33 +308,20 @@ fn clean_locked(
     let _ = crate::tier::vm::cleanup_stale_instance(dir);
     let (tmp_removed, mut bytes_freed) = remove_scratch(dir)?;
     let spill = dir.join(SPILL_DIR);
-    let mut spill_removed = 0u64;
-    let mut spill_kept = 0u64;
-    match std::fs::read_dir(&spill) {
-        Ok(rd) => {
-            for e in rd {
-                let e = e?;
-                let p = e.path();
-                let md = std::fs::symlink_metadata(&p)?;
-                if older_than(&md, now, SPILL_MAX_AGE) {
-                    let (b, _) = fsx::tree_usage(&p)?;
-                    if md.is_dir() {
-                        fsx::remove_tree(&p)?;
-                    } else {
-                        std::fs::remove_file(&p)?;
-                    }
-                    bytes_freed += b;
-                    spill_removed += 1;
-                } else {
-                    spill_kept += 1;
-                }
-            }
+    let (spill_removed, spill_kept, b) = remove_aged(&spill, now)?;
+    bytes_freed += b;
+    let logs = dir.join(LOGS_DIR);
+    let (_, logs_kept, b) = remove_aged(&logs, now)?;
+    bytes_freed += b;
+    if logs_kept == 0 {
+        match std::fs::remove_dir(&logs) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
     }
     let mut dir_removed = false;
-    if spill_kept == 0 {
+    if spill_kept == 0 && logs_kept == 0 {
         match std::fs::remove_dir(&spill) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -357,6 +344,33 @@ fn clean_locked(
         bytes_freed,
         dir_removed,
     })
+}
+
+/// Removes the entries of `dir` older than [`SPILL_MAX_AGE`]; returns how
+/// many were removed and kept, and the bytes freed. A missing dir is empty.
+fn remove_aged(dir: &Path, now: SystemTime) -> io::Result<(u64, u64, u64)> {
+    let (mut removed, mut kept, mut bytes) = (0u64, 0u64, 0u64);
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, 0, 0)),
+        Err(e) => return Err(e),
+    };
+    for e in rd {
+        let p = e?.path();
+        let md = std::fs::symlink_metadata(&p)?;
+        if older_than(&md, now, SPILL_MAX_AGE) {
+            bytes += fsx::tree_usage(&p)?.0;
+            if md.is_dir() {
+                fsx::remove_tree(&p)?;
+            } else {
+                std::fs::remove_file(&p)?;
+            }
+            removed += 1;
+        } else {
+            kept += 1;
+        }
+    }
+    Ok((removed, kept, bytes))
 }
 
 /// Every run dir under `root` with its state and sizes. A missing root is
@@ -486,6 +500,32 @@ mod tests {
         assert_eq!(i.state, RunState::Idle);
         assert_eq!((i.tmp_bytes, i.spill_files), (0, 1));
         assert!(i.created.is_some());
+    }
+
+    /// hull's own logs (a tier-3 run's console) outlive the run like the
+    /// spill: kept while young, removed when old, and the run dir goes only
+    /// when both are empty.
+    #[test]
+    fn logs_are_kept_like_the_spill() {
+        let _serial = crate::runtime::serial();
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("runs");
+        let i = Instance::create(&root).unwrap();
+        let dir = i.dir().to_path_buf();
+        let logs = dir.join(LOGS_DIR).join("vm-1");
+        std::fs::create_dir_all(&logs).unwrap();
+        std::fs::write(logs.join("console.log"), b"boot\n").unwrap();
+        drop(i);
+        gc(&root).unwrap();
+        assert!(logs.join("console.log").is_file(), "young logs are kept");
+        assert!(!dir.join(TMP_DIR).exists());
+        let t = SystemTime::now() - SPILL_MAX_AGE * 2;
+        std::fs::File::open(&logs).unwrap().set_modified(t).unwrap();
+        gc(&root).unwrap();
+        assert!(
+            !dir.exists(),
+            "old logs go, and the empty run dir with them"
+        );
     }
 
     #[test]

@@ -72,6 +72,10 @@ pub const LOCK_FILE: &str = ".active";
 pub const TMP_DIR: &str = "tmp";
 /// Name of the spill dir inside a run dir.
 pub const SPILL_DIR: &str = "spill";
+/// Name of the dir of hull's own logs inside a run dir (a tier-3 run's
+/// console, QEMU and virtiofsd logs): kept like the spill, never shared
+/// with the command.
+pub const LOGS_DIR: &str = "logs";
 
 /// Where run dirs live: `$HULL_RUNS_DIR` when set (made absolute against
 /// the current directory), else `std::env::temp_dir()/hull-runs`. Does not

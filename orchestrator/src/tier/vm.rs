@@ -486,14 +486,10 @@ mod imp {
         // Per hull process: several runs may share one instance (--instance).
         let run_name = format!("vm-{}", std::process::id());
         let dir = instance_dir.join(&run_name);
-        // Logs go to the spill, which outlives the run (24 h), so a failed
-        // run's console log is still there to read.
-        let log_dir = plan
-            .shares
-            .iter()
-            .find(|s| s.origin == lower_vm::ShareOrigin::InstanceSpill)
-            .map(|s| s.host_path.join(format!("hull-{run_name}")))
-            .unwrap_or_else(|| dir.clone());
+        // Logs outlive the run (24 h, as the spill), so a failed run's
+        // console log is still there to read; never in a dir the guest
+        // sees.
+        let log_dir = instance_dir.join(crate::runtime::LOGS_DIR).join(&run_name);
         std::fs::create_dir_all(&dir).map_err(|source| {
             crate::vm::machine::MachineError::from(crate::vm::machine::MachineErrorKind::Io {
                 step: crate::vm::machine::Step::Prepare,

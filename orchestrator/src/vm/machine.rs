@@ -162,7 +162,6 @@ impl MachineSpec {
                 .collect(),
             agent_socket: self.agent_socket(),
             qmp_socket: self.qmp_socket(),
-            console_log: self.console_log(),
             sandbox,
             incoming: self.incoming.clone(),
             run_as: self.run_as.clone(),
@@ -267,6 +266,10 @@ pub enum MachineErrorKind {
 pub const MAX_SOCKET_PATH: usize = 107;
 /// How long QEMU may take to create its QMP socket and answer.
 const QMP_DEADLINE: Duration = Duration::from_secs(20);
+/// The most of the guest's console kept per VM (a boot writes tens of KiB).
+pub const MAX_CONSOLE_LOG: u64 = 4 << 20;
+/// The most of QEMU's own messages kept per VM.
+const MAX_QEMU_LOG: u64 = 1 << 20;
 
 /// A running VM. Dropping it kills QEMU and every virtiofsd.
 #[derive(Debug)]
@@ -334,8 +337,8 @@ impl Machine {
         let argv = config.argv()?;
         fs::create_dir_all(&spec.dir).map_err(io_err(Step::Prepare))?;
         fs::create_dir_all(&spec.log_dir).map_err(io_err(Step::Prepare))?;
-        // A fresh console log per boot.
-        fs::write(&console, b"").map_err(io_err(Step::Prepare))?;
+        // A fresh console log per boot, written by hull (capped).
+        let console_file = fs::File::create(&console).map_err(io_err(Step::Prepare))?;
 
         let mut vfs = Vec::new();
         if !spec.shares.is_empty() {
@@ -354,10 +357,12 @@ impl Machine {
         let qemu_log = spec.log_dir.join("qemu.log");
         let log = fs::File::create(&qemu_log).map_err(io_err(Step::Qemu))?;
         let mut cmd = Command::new(&tools.qemu);
+        // stdout is the guest's console (`-chardev stdio`), stderr QEMU's
+        // own messages; both reach their logs through hull, capped.
         cmd.args(&argv)
             .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(io_err(Step::Qemu))?)
-            .stderr(log)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .env_clear()
             // `snapshot=on` overlays live (and die) with the instance.
             .env("TMPDIR", &spec.dir);
@@ -368,6 +373,26 @@ impl Machine {
                 console: console.clone(),
                 source: io::Error::other(e.to_string()),
             })?;
+        for (out, file, cap, name) in [
+            (
+                qemu.take_stdout()
+                    .map(|o| Box::new(o) as Box<dyn io::Read + Send>),
+                console_file,
+                MAX_CONSOLE_LOG,
+                "qemu-console",
+            ),
+            (
+                qemu.take_stderr()
+                    .map(|e| Box::new(e) as Box<dyn io::Read + Send>),
+                log,
+                MAX_QEMU_LOG,
+                "qemu-log",
+            ),
+        ] {
+            if let Some(out) = out {
+                proc::capped_log(out, file, cap, name).map_err(io_err(Step::Qemu))?;
+            }
+        }
         if spec.run_as.is_some() {
             // Its switch of user clears the PDEATHSIG tie_to_parent set.
             qemu.watch_parent().map_err(io_err(Step::Qemu))?;

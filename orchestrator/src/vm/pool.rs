@@ -200,7 +200,10 @@ fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, String> {
     let plan = lower_vm::lower(&pol, &crate::policy::RealFs).map_err(|e| e.to_string())?;
     let run_name = format!("vm-{}-{worker}", std::process::id());
     let dir = instance.dir().join(&run_name);
-    let log_dir = instance.spill().join(format!("hull-{run_name}"));
+    let log_dir = instance
+        .dir()
+        .join(crate::runtime::LOGS_DIR)
+        .join(&run_name);
     fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut started = crate::tier::vm::start_vm(
         &plan,

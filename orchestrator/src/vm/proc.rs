@@ -22,7 +22,7 @@
 //! pid files are reported, never acted on.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
@@ -121,6 +121,10 @@ impl Supervised {
     /// The child's stderr, if it was piped (once).
     pub fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
         self.child.as_mut()?.stderr.take()
+    }
+
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.as_mut()?.stdout.take()
     }
 
     pub fn pid(&self) -> u32 {
@@ -403,6 +407,53 @@ fn read_pid_file(p: &Path) -> Option<PidRecord> {
     PidRecord::parse(&s)
 }
 
+/// Copies `from` (a helper's output pipe) to `file` on a thread of its own,
+/// at most `cap` bytes: past it one line says so and the rest is read and
+/// dropped, so the writer never blocks and the log never fills the disk
+/// (what the guest writes to its console is the guest's to choose).
+pub fn capped_log(
+    from: impl Read + Send + 'static,
+    mut file: fs::File,
+    cap: u64,
+    name: &str,
+) -> io::Result<()> {
+    use std::io::Write;
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let mut from = from;
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut written: u64 = 0;
+            let mut cut = false;
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                if cut {
+                    continue;
+                }
+                let room = cap.saturating_sub(written) as usize;
+                let take = n.min(room);
+                if file.write_all(&buf[..take]).is_err() {
+                    cut = true;
+                    continue;
+                }
+                written += take as u64;
+                if take < n {
+                    let _ = writeln!(
+                        file,
+                        "\n[hull: log cut at {cap} bytes; the rest was dropped]"
+                    );
+                    cut = true;
+                }
+            }
+        })?;
+    Ok(())
+}
+
 /// The last `max` bytes of a log file, lossily decoded, for error messages.
 /// What the guest writes there is the guest's: control characters other
 /// than newline and tab are shown escaped (`\x1b`), so no escape sequence
@@ -480,6 +531,43 @@ mod tests {
         assert!(t.ends_with("last line"), "{t:?}");
         // Bounded: only the tail is read.
         assert!(log_tail(&p, 10).len() <= 10 * 4);
+    }
+
+    /// A helper that writes without end fills its log up to the cap only,
+    /// and is never blocked: the rest is read and dropped.
+    #[test]
+    fn a_flooded_log_stops_at_its_cap_and_the_writer_runs_on() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("console.log");
+        let mut child = Command::new("sh")
+            .args(["-c", "head -c 10485760 /dev/zero; echo done >&2"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        capped_log(out, fs::File::create(&p).unwrap(), 1 << 20, "t-console").unwrap();
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+        assert_eq!(err, "done\n", "the writer finished");
+        // The thread writes the cut line once it has read past the cap.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let text = loop {
+            let t = fs::read(&p).unwrap();
+            if t.ends_with(b"dropped]\n") || Instant::now() > deadline {
+                break t;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(text.len() < (1 << 20) + 200, "{} bytes", text.len());
+        assert!(text.len() >= 1 << 20);
+        assert!(String::from_utf8_lossy(&text[1 << 20..]).contains("log cut at 1048576 bytes"));
     }
 
     #[test]

@@ -200,8 +200,6 @@ pub struct MachineConfig {
     pub agent_socket: PathBuf,
     /// Unix socket QEMU listens on for QMP.
     pub qmp_socket: PathBuf,
-    /// The guest's serial console is appended here.
-    pub console_log: PathBuf,
     /// Whether to pass `-sandbox on,...` (the QEMU build supports it).
     pub sandbox: bool,
     pub incoming: Option<Incoming>,
@@ -360,11 +358,12 @@ impl MachineConfig {
         }
         push(&["-append", &cmdline]);
 
-        // Console: the first serial port, appended to a file.
-        let log = path_str("console log", &self.console_log)?;
+        // Console: the first serial port, on QEMU's stdout, which hull
+        // copies to the console log up to a cap (the guest chooses what it
+        // writes there). Its input is /dev/null.
         push(&[
             "-chardev",
-            &format!("file,id=console,path={},append=on", opt(log)),
+            "stdio,id=console,signal=off",
             "-serial",
             "chardev:console",
         ]);
@@ -580,7 +579,6 @@ mod tests {
             },
             agent_socket: "/run/ID/agent.sock".into(),
             qmp_socket: "/run/ID/qmp.sock".into(),
-            console_log: "/run/ID/console.log".into(),
             sandbox: true,
             incoming: None,
             run_as: None,
@@ -597,7 +595,7 @@ mod tests {
     }
 
     const COMMON_TAIL: &str = "-chardev
-file,id=console,path=/run/ID/console.log,append=on
+stdio,id=console,signal=off
 -serial
 chardev:console
 -chardev
@@ -796,9 +794,9 @@ console=ttyS0 panic=-1 root=/dev/vda ro quiet
     #[test]
     fn commas_in_paths_are_escaped_and_control_chars_refused() {
         let mut c = config(Accel::Tcg, Arch::X86_64, MemBackend::Memfd);
-        c.console_log = "/run/a,b=c/console.log".into();
+        c.qmp_socket = "/run/a,b=c/qmp.sock".into();
         let got = joined(&c);
-        assert!(got.contains("file,id=console,path=/run/a,,b=c/console.log,append=on"));
+        assert!(got.contains("socket,id=qmp,path=/run/a,,b=c/qmp.sock,server=on,wait=off"));
         c.cmdline = "quiet\ninit=/bin/sh".into();
         assert!(matches!(c.argv(), Err(ArgvError::ControlChar { .. })));
     }
