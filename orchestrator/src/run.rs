@@ -283,7 +283,7 @@ pub fn run_process_tier(
                 .map(|p| crate::tier::seccomp::Raw::new(&p))
                 .map_err(|e| RunError::Tier(format!("tier bwrap: {e}")))?;
             let (b, handoff) = crate::tier::broker::Broker::with_handoff(
-                crate::tier::broker::Handler::Connect(crate::tier::broker::ConnectPool::new(
+                crate::tier::broker::Handler::Connect(crate::tier::broker::Workers::new(
                     crate::tier::identity::hull_is_root(),
                 )),
                 filter,
@@ -340,6 +340,7 @@ pub fn run_process_tier(
                 let handler = crate::tier::broker::Handler::Landlock {
                     watch: crate::tier::broker::Scope::visible(policy),
                     metadata: metadata_broker.then(|| crate::tier::broker::Scope::of(policy)),
+                    workers: crate::tier::broker::Workers::new(!metadata_broker),
                 };
                 broker = Some(
                     crate::tier::broker::Broker::start(ours, handler).map_err(|e| {

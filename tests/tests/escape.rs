@@ -577,7 +577,9 @@ fn prlimit_of_a_host_process(t: &str) {
 /// and outside the test's private root, so only hull stands in the way even
 /// when the command runs as the sandbox user. The control shows the name
 /// arriving under tier `none`; on the tier the watch is refused and nothing
-/// arrives, while a watch in the project still works.
+/// arrives, while a watch in the project still works. Inside a grant, a
+/// directory the command's uid cannot read stays unwatchable (hull, root,
+/// answers with the command's credentials).
 fn inotify_outside_the_grants_is_refused(t: &str) {
     use std::os::unix::fs::PermissionsExt;
     require_tier(t);
@@ -602,18 +604,43 @@ fn inotify_outside_the_grants_is_refused(t: &str) {
          if wd < 0: print('refused', e, flush=True)\n\
          else:\n\
          \x20   print('watching', flush=True); print('saw', name(fd), flush=True)\n\
+         fd, wd, e = watch(sys.argv[2])\n\
+         print('locked', 'refused' if wd < 0 else 'watching', flush=True)\n\
          fd, wd, e = watch('src')\n\
          open('src/own-file', 'w').close()\n\
          print('own', name(fd) if wd >= 0 else 'refused %d' % e, flush=True)\n",
     )
     .expect("write watch.py");
+    // A directory inside a read grant that the command's uid cannot read
+    // (the sandbox user's, when hull is root): hull answers the watch with
+    // the command's credentials, never its own.
+    let granted = tempfile::Builder::new()
+        .prefix("hull-granted-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    std::fs::set_permissions(granted.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let locked = granted.path().join("locked");
+    std::fs::create_dir(&locked).expect("mkdir");
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let pol = w.root.path().join("watch.toml");
+    let text = hull_policy_default().replace(
+        "read = [",
+        &format!("read = [{:?}, ", granted.path().to_str().expect("utf8")),
+    );
+    std::fs::write(&pol, text).expect("write policy");
+    let pol = pol.to_str().expect("utf8");
     let secret = "secret-name-4d1c";
     let attempt = |tier: &str| -> String {
         let _ = std::fs::remove_file(w.project.join("src/own-file"));
         let _ = std::fs::remove_file(host.path().join(secret));
-        let script = format!("python3 watch.py '{}'", host.path().display());
+        let script = format!(
+            "python3 watch.py '{}' '{}'",
+            host.path().display(),
+            locked.display()
+        );
         let mut c = w
-            .cmd(tier, &[], &script)
+            .cmd(tier, &["--policy", pol], &script)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -646,6 +673,11 @@ fn inotify_outside_the_grants_is_refused(t: &str) {
     let out = attempt(t);
     assert!(out.starts_with("refused "), "{out}");
     assert!(!out.contains(secret), "{out}");
+    assert!(control.contains("locked watching"), "control: {control}");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(out.contains("locked refused"), "{out}");
+    }
     assert!(
         out.contains("own own-file"),
         "a watch in the project: {out}"

@@ -28,97 +28,11 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
-use super::{err, respond, Task};
+use super::{become_on_this_thread, err, identity, Task};
 
-/// Most connects in flight at once; beyond it a connect fails with EAGAIN.
-const MAX_IN_FLIGHT: usize = 64;
 /// The largest address a connect takes (sizeof(struct sockaddr_storage)).
 const MAX_ADDR: usize = 128;
-
-/// The worker threads of one connect broker.
-#[derive(Debug)]
-pub struct ConnectPool {
-    in_flight: AtomicUsize,
-    /// Take the command's credentials before connecting (hull is root).
-    as_command: bool,
-}
-
-impl ConnectPool {
-    pub fn new(as_command: bool) -> Arc<ConnectPool> {
-        Arc::new(ConnectPool {
-            in_flight: AtomicUsize::new(0),
-            as_command,
-        })
-    }
-}
-
-/// Answers one connect notification on a worker thread.
-pub(super) fn answer(pool: &Arc<ConnectPool>, listener: &Arc<OwnedFd>, req: libc::seccomp_notif) {
-    if pool.in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
-        pool.in_flight.fetch_sub(1, Ordering::AcqRel);
-        respond(listener, req.id, Err(err(libc::EAGAIN)));
-        return;
-    }
-    let (pool2, listener2) = (Arc::clone(pool), Arc::clone(listener));
-    let spawned = std::thread::Builder::new()
-        .name("hull-connect".into())
-        .spawn(move || {
-            let result = Task::of(&listener2, &req)
-                .and_then(|t| t.connect(&req, pool2.as_command))
-                .map(|()| 0);
-            respond(&listener2, req.id, result);
-            pool2.in_flight.fetch_sub(1, Ordering::AcqRel);
-        });
-    if spawned.is_err() {
-        pool.in_flight.fetch_sub(1, Ordering::AcqRel);
-        respond(listener, req.id, Err(err(libc::EAGAIN)));
-    }
-}
-
-/// The command's identity, from `/proc/TID/status` (hull's view).
-struct Identity {
-    uid: u32,
-    gid: u32,
-    groups: Vec<u32>,
-}
-
-fn identity(tid: i32) -> std::io::Result<Identity> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
-    let field = |name: &str| -> Option<Vec<u32>> {
-        let line = status.lines().find_map(|l| l.strip_prefix(name))?;
-        line.split_ascii_whitespace()
-            .map(|v| v.parse().ok())
-            .collect()
-    };
-    let effective = |v: Option<Vec<u32>>| v.and_then(|v| v.get(1).copied());
-    Ok(Identity {
-        uid: effective(field("Uid:")).ok_or_else(|| err(libc::ESRCH))?,
-        gid: effective(field("Gid:")).ok_or_else(|| err(libc::ESRCH))?,
-        groups: field("Groups:")
-            .unwrap_or_default()
-            .into_iter()
-            .take(65536)
-            .collect(),
-    })
-}
-
-/// Takes `who`'s credentials on the calling thread only (raw system calls;
-/// libc would change every thread of hull). Irreversible: the thread ends
-/// after its connect.
-fn become_on_this_thread(who: &Identity) -> std::io::Result<()> {
-    use rustix::process::{Gid, Uid};
-    use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
-    let gids: Vec<Gid> = who.groups.iter().map(|g| Gid::from_raw(*g)).collect();
-    set_thread_groups(&gids)?;
-    let gid = Gid::from_raw(who.gid);
-    set_thread_res_gid(gid, gid, gid)?;
-    let uid = Uid::from_raw(who.uid);
-    set_thread_res_uid(uid, uid, uid)?;
-    Ok(())
-}
 
 /// A `sockaddr_un` holding `path`.
 fn unix_address(path: &[u8]) -> std::io::Result<(libc::sockaddr_un, libc::socklen_t)> {
@@ -164,7 +78,11 @@ fn pathname(addr: &[u8]) -> Option<&[u8]> {
 
 impl Task<'_> {
     /// Answers `connect(fd, addr, len)`.
-    fn connect(&self, req: &libc::seccomp_notif, as_command: bool) -> std::io::Result<()> {
+    pub(super) fn connect(
+        &self,
+        req: &libc::seccomp_notif,
+        as_command: bool,
+    ) -> std::io::Result<()> {
         let [fd, addr, len, ..] = req.data.args;
         let len = len as u32 as usize;
         if len > MAX_ADDR {

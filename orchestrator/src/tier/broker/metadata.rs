@@ -240,8 +240,11 @@ impl Task<'_> {
     }
 }
 
+/// `fd` by path, through the calling thread's own table entry: a worker
+/// that took the command's credentials may not open `/proc/self/fd` of hull
+/// (root's), but always its own thread's.
 pub(super) fn proc_fd(fd: BorrowedFd<'_>) -> String {
-    format!("/proc/self/fd/{}", fd.as_raw_fd())
+    format!("/proc/thread-self/fd/{}", fd.as_raw_fd())
 }
 
 fn decode(task: &Task<'_>, nr: i64, a: &[u64; 6]) -> std::io::Result<(Target, Op)> {

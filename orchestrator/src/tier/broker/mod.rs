@@ -24,11 +24,10 @@ mod connect;
 mod metadata;
 mod watch;
 
-pub use connect::ConnectPool;
 pub use metadata::Scope;
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -39,12 +38,107 @@ pub enum Handler {
     /// the policy grants at all); metadata changes, allowed inside
     /// `metadata`'s writable roots (none when hull is root: the command
     /// then owns nothing, and those calls do not stop).
+    /// Watches run on workers (as the command when hull is root).
     Landlock {
         watch: Scope,
         metadata: Option<Scope>,
+        workers: Arc<Workers>,
     },
-    /// Connects, each on a worker thread of the pool.
-    Connect(Arc<ConnectPool>),
+    /// Connects, each on a worker (a connect may block until the peer
+    /// accepts).
+    Connect(Arc<Workers>),
+}
+
+/// Most calls answered on workers at once; beyond it a call fails with
+/// EAGAIN.
+const MAX_IN_FLIGHT: usize = 64;
+
+/// The worker threads of one broker: one short-lived thread per call, which
+/// may take the command's credentials (irreversibly: it ends after the
+/// call).
+#[derive(Debug)]
+pub struct Workers {
+    in_flight: AtomicUsize,
+    /// Act as the command (hull is root): the kernel's permission checks
+    /// and the credentials a peer sees are then the command's.
+    as_command: bool,
+}
+
+impl Workers {
+    pub fn new(as_command: bool) -> Arc<Workers> {
+        Arc::new(Workers {
+            in_flight: AtomicUsize::new(0),
+            as_command,
+        })
+    }
+
+    /// Answers `req` with `op` on a worker thread.
+    fn answer(
+        self: &Arc<Self>,
+        listener: &Arc<OwnedFd>,
+        req: libc::seccomp_notif,
+        op: impl FnOnce(&Task<'_>, bool) -> std::io::Result<i64> + Send + 'static,
+    ) {
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            respond(listener, req.id, Err(err(libc::EAGAIN)));
+            return;
+        }
+        let (me, l) = (Arc::clone(self), Arc::clone(listener));
+        let spawned = std::thread::Builder::new()
+            .name("hull-broker-call".into())
+            .spawn(move || {
+                let result = Task::of(&l, &req).and_then(|t| op(&t, me.as_command));
+                respond(&l, req.id, result);
+                me.in_flight.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            respond(listener, req.id, Err(err(libc::EAGAIN)));
+        }
+    }
+}
+
+/// The command's identity, from `/proc/TID/status` (hull's view).
+struct Identity {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+fn identity(tid: i32) -> std::io::Result<Identity> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
+    let field = |name: &str| -> Option<Vec<u32>> {
+        let line = status.lines().find_map(|l| l.strip_prefix(name))?;
+        line.split_ascii_whitespace()
+            .map(|v| v.parse().ok())
+            .collect()
+    };
+    let effective = |v: Option<Vec<u32>>| v.and_then(|v| v.get(1).copied());
+    Ok(Identity {
+        uid: effective(field("Uid:")).ok_or_else(|| err(libc::ESRCH))?,
+        gid: effective(field("Gid:")).ok_or_else(|| err(libc::ESRCH))?,
+        groups: field("Groups:")
+            .unwrap_or_default()
+            .into_iter()
+            .take(65536)
+            .collect(),
+    })
+}
+
+/// Takes `who`'s credentials on the calling thread only (raw system calls;
+/// libc would change every thread of hull). Irreversible: only a worker
+/// that ends after its call does this.
+fn become_on_this_thread(who: &Identity) -> std::io::Result<()> {
+    use rustix::process::{Gid, Uid};
+    use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
+    let gids: Vec<Gid> = who.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+    set_thread_groups(&gids)?;
+    let gid = Gid::from_raw(who.gid);
+    set_thread_res_gid(gid, gid, gid)?;
+    let uid = Uid::from_raw(who.uid);
+    set_thread_res_uid(uid, uid, uid)?;
+    Ok(())
 }
 
 /// The broker thread of one run; stopped (and joined) on drop.
@@ -236,19 +330,27 @@ fn answer_one(listener: &Arc<OwnedFd>, handler: &Handler) {
         return; // the caller died before we read it (ENOENT)
     }
     match handler {
-        Handler::Landlock { watch, metadata } => {
-            let result = Task::of(listener, &req).and_then(|t| {
-                if req.data.nr as i64 == libc::SYS_inotify_add_watch {
-                    t.watch(&req, watch)
-                } else if let Some(scope) = metadata {
-                    t.metadata(&req, scope).map(|()| 0)
-                } else {
-                    Err(err(libc::EPERM))
-                }
-            });
-            respond(listener, req.id, result);
+        Handler::Landlock {
+            watch,
+            metadata,
+            workers,
+        } => {
+            if req.data.nr as i64 == libc::SYS_inotify_add_watch {
+                let scope = watch.clone();
+                workers.answer(listener, req, move |t, as_command| {
+                    t.watch(&req, &scope, as_command)
+                });
+                return;
+            }
+            let result = match metadata {
+                Some(scope) => Task::of(listener, &req).and_then(|t| t.metadata(&req, scope)),
+                None => Err(err(libc::EPERM)),
+            };
+            respond(listener, req.id, result.map(|()| 0));
         }
-        Handler::Connect(pool) => connect::answer(pool, listener, req),
+        Handler::Connect(workers) => workers.answer(listener, req, move |t, as_command| {
+            t.connect(&req, as_command).map(|()| 0)
+        }),
     }
 }
 

@@ -19,18 +19,30 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use super::metadata::{proc_fd, Target};
-use super::{err, Scope, Task};
+use super::{become_on_this_thread, err, identity, Scope, Task};
 
 /// Longest path read from the command (PATH_MAX).
 const MAX_PATH: usize = 4096;
 
 impl Task<'_> {
-    /// Answers `inotify_add_watch(fd, path, mask)` with the watch descriptor.
-    pub(super) fn watch(&self, req: &libc::seccomp_notif, scope: &Scope) -> std::io::Result<i64> {
+    /// Answers `inotify_add_watch(fd, path, mask)` with the watch
+    /// descriptor. With `as_command` (hull is root) the path is resolved
+    /// and the watch added with the command's credentials, so the kernel's
+    /// own permission checks (search on every directory, read on the
+    /// watched file) are the command's.
+    pub(super) fn watch(
+        &self,
+        req: &libc::seccomp_notif,
+        scope: &Scope,
+        as_command: bool,
+    ) -> std::io::Result<i64> {
         let [fd, path, mask, ..] = req.data.args;
         let mask = mask as u32;
         let path = self.string(path, MAX_PATH)?;
         let inotify = self.fd(fd as i32)?;
+        if as_command {
+            become_on_this_thread(&identity(self.pid)?)?;
+        }
         let target = Target::At {
             dirfd: libc::AT_FDCWD,
             path,
