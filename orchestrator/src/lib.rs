@@ -15,6 +15,7 @@ pub mod policy;
 pub mod run;
 pub mod runtime;
 pub mod sandbox_user;
+pub mod text;
 pub mod tier;
 pub mod vm;
 

@@ -287,3 +287,47 @@ fn a_vms_directory_of_another_user_is_refused() {
     let _ = victim.kill();
     let _ = victim.wait();
 }
+
+/// What a command wrote, read back on the user's terminal: its escape
+/// sequences are shown escaped, never sent to the terminal; piped, the text
+/// is exact.
+#[test]
+fn read_on_a_terminal_escapes_control_characters() {
+    let _serial = serial();
+    let d = tempfile::tempdir().unwrap();
+    let runs = d.path().join("runs");
+    let proj = d.path().join("proj");
+    std::fs::create_dir_all(&proj).unwrap();
+    let evil = "title\x1b]0;pwned\x07\x1b[2Jrest\n";
+    std::fs::write(proj.join("evil.txt"), evil).unwrap();
+    let p = proj.to_str().unwrap();
+    let piped = hull(&runs, &["read", "--project", p, "evil.txt"], &[]);
+    assert!(
+        piped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
+    assert_eq!(piped.stdout, evil.as_bytes());
+    // On a pseudo-terminal of its own (python's pty relays what it gets).
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import pty, sys; pty.spawn(sys.argv[1:])",
+            env!("CARGO_BIN_EXE_hull"),
+            "read",
+            "--project",
+            p,
+            "evil.txt",
+        ])
+        .env("HULL_RUNS_DIR", &runs)
+        .env_remove("HULL_INSTANCE")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("python3 is needed for this test");
+    let shown = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        shown.contains("title\\x1b]0;pwned\\x07\\x1b[2Jrest"),
+        "{shown:?}"
+    );
+    assert!(!o.stdout.contains(&0x1b), "{shown:?}");
+}

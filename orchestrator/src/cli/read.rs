@@ -59,6 +59,10 @@ pub fn read(a: ReadArgs) -> anyhow::Result<i32> {
     if a.json {
         serde_json::to_writer(&mut out, &answer)?;
         out.write_all(b"\n")?;
+    } else if std::io::IsTerminal::is_terminal(&out) {
+        // What the command wrote, on the user's terminal: no escape
+        // sequence of its reaches the terminal (piped, the text is exact).
+        out.write_all(crate::text::printable(&answer.render()).as_bytes())?;
     } else {
         out.write_all(answer.render().as_bytes())?;
     }

@@ -462,26 +462,7 @@ pub fn log_tail(path: &Path, max: u64) -> String {
     printable(&raw_tail(path, max))
 }
 
-/// `text` with every control character but newline and tab escaped
-/// (carriage returns dropped), and the invisible formatting characters that
-/// reorder or hide text (bidirectional overrides, zero-width ones).
-pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c == '\r' {
-            continue; // serial consoles end lines with CR LF
-        }
-        let invisible = matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}');
-        if invisible {
-            out.push_str(&format!("\\u{{{:x}}}", c as u32));
-        } else if c.is_control() && c != '\n' && c != '\t' {
-            out.push_str(&format!("\\x{:02x}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+pub use crate::text::printable;
 
 /// Text from the guest for one of hull's messages: [`printable`], and at
 /// most [`MAX_GUEST_TEXT`] bytes.
