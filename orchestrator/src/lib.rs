@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod exec;
 pub mod mountinfo;
+pub mod os;
 pub mod policy;
 pub mod run;
 pub mod runtime;

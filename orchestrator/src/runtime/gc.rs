@@ -305,7 +305,7 @@ fn clean_locked(
     // A crashed tier-3 run's QEMU and virtiofsd (and the placeholders they
     // keep in shared dirs) go before the scratch that names them.
     #[cfg(target_os = "linux")]
-    let _ = crate::tier::vm::cleanup_stale_instance(dir);
+    let _ = crate::vm::assemble::cleanup_stale_instance(dir);
     let (tmp_removed, mut bytes_freed) = remove_scratch(dir)?;
     let spill = dir.join(SPILL_DIR);
     let (spill_removed, spill_kept, b) = remove_aged(&spill, now)?;

@@ -70,37 +70,7 @@ pub enum Tier {
     Vm,
 }
 
-/// The operating systems tiers are built for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Os {
-    Linux,
-    Macos,
-    Windows,
-}
-
-impl Os {
-    /// The OS this binary was built for.
-    pub const fn current() -> Option<Os> {
-        if cfg!(target_os = "linux") {
-            Some(Os::Linux)
-        } else if cfg!(target_os = "macos") {
-            Some(Os::Macos)
-        } else if cfg!(windows) {
-            Some(Os::Windows)
-        } else {
-            None
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Os::Linux => "Linux",
-            Os::Macos => "macOS",
-            Os::Windows => "Windows",
-        }
-    }
-}
+pub use crate::os::Os;
 
 impl Tier {
     /// Every tier, in the order `hull probe` lists them.

@@ -143,7 +143,7 @@ impl MachineSpec {
             name: self.name.clone(),
             arch: Arch::host(),
             accel: self.accel,
-            mem_backend: crate::tier::Os::current()
+            mem_backend: crate::os::Os::current()
                 .map(MemBackend::for_host)
                 .unwrap_or(MemBackend::Private),
             memory_mib: self.memory_mib,

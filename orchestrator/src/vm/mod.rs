@@ -28,6 +28,7 @@
 pub mod accel;
 #[cfg(unix)]
 pub mod agent;
+pub mod assemble;
 #[cfg(target_os = "linux")]
 pub mod batch_out;
 pub mod hyperv;

@@ -184,7 +184,7 @@ struct Ctx {
 /// A restored VM waiting for a job, with its own instance.
 struct Warm {
     instance: crate::runtime::Instance,
-    started: crate::tier::vm::Started,
+    started: crate::vm::assemble::Started,
     agent: AgentSession,
     env: Vec<(String, String)>,
     restore_s: f64,
@@ -205,7 +205,7 @@ fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, String> {
         .join(crate::runtime::LOGS_DIR)
         .join(&run_name);
     fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut started = crate::tier::vm::start_vm(
+    let mut started = crate::vm::assemble::start_vm(
         &plan,
         &ctx.tools,
         &ctx.image_dir,
@@ -260,10 +260,10 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
     };
     let result = (|| -> Result<ExitStatus, String> {
         let (_, setup_deadline) = w.started.deadlines;
-        let cfg = crate::tier::vm::configure_spec(
+        let cfg = crate::vm::assemble::configure_spec(
             &w.started.plan,
             lower_vm::RUN_CONTAINER,
-            crate::tier::vm::now_ns(),
+            crate::vm::assemble::now_ns(),
         )
         .map_err(|e| e.to_string())?;
         let machine = &mut w.started.machine;
@@ -463,7 +463,7 @@ impl Host {
     pub fn prepare(progress: &mut dyn FnMut(&str)) -> Result<Host, BatchError> {
         let setup = |e: &dyn std::fmt::Display| BatchError::Setup(e.to_string());
         let tools = Tools::find().map_err(|e| setup(&e))?;
-        let image_dir = crate::tier::vm::find_image().map_err(|e| setup(&e))?;
+        let image_dir = crate::vm::assemble::find_image().map_err(|e| setup(&e))?;
         let accel = crate::vm::accel::probe_accel().accel;
         let hold = crate::vm::snapshot::ensure_for(&image_dir, &tools, accel, progress)
             .map_err(|e| setup(&e))?;

@@ -128,11 +128,11 @@ pub enum MemBackend {
 
 impl MemBackend {
     /// The shared backend this host's QEMU has.
-    pub fn for_host(os: crate::tier::Os) -> MemBackend {
+    pub fn for_host(os: crate::os::Os) -> MemBackend {
         match os {
-            crate::tier::Os::Linux => MemBackend::Memfd,
-            crate::tier::Os::Macos => MemBackend::Shm,
-            crate::tier::Os::Windows => MemBackend::Private,
+            crate::os::Os::Linux => MemBackend::Memfd,
+            crate::os::Os::Macos => MemBackend::Shm,
+            crate::os::Os::Windows => MemBackend::Private,
         }
     }
 }

@@ -182,7 +182,7 @@ pub fn fits(plan: &VmPlan, g: &Geometry) -> Result<(), String> {
             g.slots
         ));
     }
-    let need = crate::tier::vm::vm_memory_mib(plan);
+    let need = crate::vm::assemble::vm_memory_mib(plan);
     if need > g.memory_mib {
         return Err(format!(
             "the policy's memory limit needs a {need} MiB VM, the snapshot has {} MiB",
@@ -204,10 +204,10 @@ pub fn slotted(plan: &VmPlan) -> VmPlan {
 }
 
 /// The virtiofsd of every slot: the plan's shares first (as
-/// [`crate::tier::vm::share_specs`] makes them), then the unused slots,
+/// [`crate::vm::assemble::share_specs`] makes them), then the unused slots,
 /// each serving `empty` read-only.
 pub fn slot_specs(slotted: &VmPlan, dir: &Path, empty: &Path, slots: usize) -> Vec<VirtiofsdSpec> {
-    let mut specs = crate::tier::vm::share_specs(slotted, dir);
+    let mut specs = crate::vm::assemble::share_specs(slotted, dir);
     for i in specs.len()..slots {
         let tag = slot_tag(i);
         specs.push(VirtiofsdSpec {
@@ -518,7 +518,7 @@ fn boot_and_save(
         tmp,
         shares,
     );
-    let (boot_deadline, setup_deadline) = crate::tier::vm::deadlines(parse_accel(&g.accel));
+    let (boot_deadline, setup_deadline) = crate::vm::assemble::deadlines(parse_accel(&g.accel));
     let t0 = Instant::now();
     progress("booting the guest");
     let mut m = Machine::start(&spec, tools).map_err(|source| SnapshotError::Machine {
@@ -545,7 +545,7 @@ fn boot_and_save(
             cpus: None,
             processes: None,
         },
-        clock_unix_ns: crate::tier::vm::now_ns(),
+        clock_unix_ns: crate::vm::assemble::now_ns(),
         prepare: true,
     };
     let guest = |step: &'static str, why: String| SnapshotError::Guest {
@@ -588,7 +588,7 @@ fn boot_and_save(
     }
     let manifest = SnapshotManifest {
         geometry: g.clone(),
-        created_unix: crate::tier::vm::now_ns() / 1_000_000_000,
+        created_unix: crate::vm::assemble::now_ns() / 1_000_000_000,
         boot_s,
         prepare_s,
         save_s,
@@ -697,7 +697,7 @@ mod tests {
     use super::*;
 
     fn plan() -> VmPlan {
-        crate::tier::vm::tests::default_plan()
+        crate::vm::assemble::tests::default_plan()
     }
 
     fn geo() -> Geometry {

@@ -317,7 +317,7 @@ pub fn up(
     let mut child = cmd.spawn().map_err(io_err("start the supervisor", exe))?;
     let deadline = ready_within.unwrap_or_else(|| {
         let accel = crate::vm::accel::probe_accel().accel;
-        let (boot, setup) = crate::tier::vm::deadlines(accel);
+        let (boot, setup) = crate::vm::assemble::deadlines(accel);
         boot + setup + Duration::from_secs(60)
     });
     let end = Instant::now() + deadline;
@@ -611,18 +611,18 @@ fn boot(
     state.shares = fingerprint(&plan);
     let tools = Tools::find()?;
     let image_dir =
-        crate::tier::vm::find_image().map_err(|e| SupervisorError::Other(e.to_string()))?;
+        crate::vm::assemble::find_image().map_err(|e| SupervisorError::Other(e.to_string()))?;
     let accel = crate::vm::accel::probe_accel().accel;
     state.accel = accel.name().into();
     let mdir = dir.join("m");
     fs::create_dir_all(&mdir).map_err(io_err("create", &mdir))?;
     let name = lower_vm::RUN_CONTAINER.to_string();
-    let crate::tier::vm::Started {
+    let crate::vm::assemble::Started {
         mut machine,
         plan,
         hold,
         deadlines: (boot_deadline, setup_deadline),
-    } = crate::tier::vm::start_vm(
+    } = crate::vm::assemble::start_vm(
         &plan,
         &tools,
         &image_dir,
@@ -641,7 +641,7 @@ fn boot(
     };
     let stopped = || term.load(Ordering::SeqCst);
     let mut agent = machine.connect_agent_until(boot_deadline, &stopped)?;
-    let cfg = crate::tier::vm::configure_spec(&plan, &name, crate::tier::vm::now_ns())
+    let cfg = crate::vm::assemble::configure_spec(&plan, &name, crate::vm::assemble::now_ns())
         .map_err(|e| SupervisorError::Other(e.to_string()))?;
     agent
         .configure(&cfg, setup_deadline, &mut || {
