@@ -18,8 +18,6 @@
 //! [`policy::lower::vm`].
 
 use std::path::Path;
-#[cfg(unix)]
-use std::path::PathBuf;
 
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
 use crate::policy::lower::vm::{self as lower_vm, VmLowerError};
@@ -36,13 +34,9 @@ pub enum VmTierError {
     #[cfg(target_os = "linux")]
     #[error(transparent)]
     Machine(#[from] crate::vm::machine::MachineError),
-    #[cfg(unix)]
-    #[error("{source}\n  console log: {console}")]
-    Agent {
-        console: PathBuf,
-        #[source]
-        source: crate::vm::agent::AgentError,
-    },
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Session(#[from] crate::vm::session::SessionError),
     #[cfg(target_os = "linux")]
     #[error(transparent)]
     Supervisor(#[from] crate::vm::supervisor::SupervisorError),
@@ -153,7 +147,8 @@ mod imp {
     use crate::policy::lower::vm::VmPlan;
     use crate::tier::probe::Helper;
     use crate::vm::agent::ExecOptions;
-    use crate::vm::machine::{BootImage, Machine, Tools};
+    use crate::vm::machine::{BootImage, Tools};
+    use crate::vm::session::{SessionError, StartOptions, VmSession};
     use crate::vm::snapshot;
 
     pub(super) fn probe() -> Probe {
@@ -301,85 +296,48 @@ mod imp {
                 source,
             })
         })?;
-        let name = lower_vm::RUN_CONTAINER.to_string();
         let t0 = std::time::Instant::now();
         let phase =
             |what: &str| tracing::info!("tier vm: {what} at {:.3} s", t0.elapsed().as_secs_f64());
-        let Started {
-            mut machine,
-            plan,
-            hold: _hold,
-            deadlines: (boot_deadline, setup_deadline),
-        } = start_vm(
-            plan,
-            &tools,
-            &image_dir,
-            accel,
-            format!("hull-{instance_id}"),
-            &dir,
-            &log_dir,
-        )?;
-        let plan = &plan;
-        phase("VM started");
-        let console = machine.console_log().to_path_buf();
-        let agent_err = |source| VmTierError::Agent {
-            console: console.clone(),
-            source,
-        };
         let cancelled = || interrupted(&irq).is_some();
-        let mut agent = match machine.connect_agent_until(boot_deadline, &cancelled) {
-            Ok(a) => a,
-            Err(_) if cancelled() => return Ok(interrupted_status(&irq)),
+        let start = StartOptions {
+            plan,
+            tools: &tools,
+            image_dir: &image_dir,
+            accel,
+            vm_name: format!("hull-{instance_id}"),
+            dir: &dir,
+            log_dir: &log_dir,
+        };
+        let mut session = match VmSession::start(start, &cancelled) {
+            Ok(s) => s,
+            Err(SessionError::Cancelled) => return Ok(interrupted_status(&irq)),
             Err(e) => return Err(e.into()),
         };
         phase("agent hello");
-        let cfg = configure_spec(plan, &name, now_ns())?;
-        match agent.configure(&cfg, setup_deadline, &mut || {
-            cancelled() || !machine_alive(&mut machine)
-        }) {
-            Ok(_) => {}
-            Err(_) if cancelled() => {
-                machine.kill();
+        match session.configure(lower_vm::RUN_CONTAINER, &cancelled) {
+            Ok(()) => {}
+            Err(SessionError::Cancelled) => {
+                session.kill();
                 return Ok(interrupted_status(&irq));
             }
-            Err(e) => return Err(agent_err(e)),
+            Err(e) => return Err(e.into()),
         }
+        phase("container configured");
         let opts = ExecOptions {
             stdin: Some(Box::new(std::io::stdin())),
-            uid_gid: Some((plan.uid, plan.gid)),
             interrupt: Some(irq.clone()),
             ..ExecOptions::default()
         };
-        phase("container configured");
-        match agent.exec(spec, sink, opts) {
-            Ok(st) => {
-                phase("command ended");
-                machine.shutdown(Some(&mut agent), Duration::from_secs(10));
-                phase("VM down");
-                Ok(st)
-            }
-            Err(crate::vm::agent::AgentError::Unresponsive { why, .. }) => {
-                // The guest ignored Kill: the VM goes, and the command with it.
-                tracing::warn!("tier vm: the guest did not answer Kill after {why}; VM killed");
-                machine.kill();
-                Ok(match interrupted(&irq) {
-                    Some(sig) => ExitStatus::Interrupted(sig),
-                    None => ExitStatus::TimedOut,
-                })
-            }
-            Err(e) => {
-                machine.kill();
-                Err(agent_err(e))
-            }
-        }
+        let result = session.exec(spec, sink, opts);
+        phase("command ended");
+        session.finish(Duration::from_secs(10));
+        phase("VM down");
+        Ok(result?)
     }
 
     fn interrupted_status(irq: &AtomicI32) -> ExitStatus {
         ExitStatus::Interrupted(interrupted(irq).unwrap_or(libc::SIGINT))
-    }
-
-    fn machine_alive(m: &mut Machine) -> bool {
-        m.is_running()
     }
 
     fn interrupted(irq: &AtomicI32) -> Option<i32> {

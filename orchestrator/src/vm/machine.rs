@@ -590,6 +590,11 @@ impl Machine {
 
     /// Immediate stop: SIGKILL to QEMU and every virtiofsd.
     pub fn kill(mut self) {
+        self.kill_now();
+    }
+
+    /// [`Machine::kill`] for an owner that keeps the (dead) machine.
+    pub fn kill_now(&mut self) {
         self.qmp = None;
         self.qemu.kill();
         self.vfs.clear();

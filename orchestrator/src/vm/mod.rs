@@ -44,6 +44,8 @@ pub mod proc;
 #[cfg(unix)]
 pub mod qmp;
 #[cfg(target_os = "linux")]
+pub mod session;
+#[cfg(target_os = "linux")]
 pub mod snapshot;
 #[cfg(target_os = "linux")]
 pub mod supervisor;

@@ -29,8 +29,9 @@ use serde::Serialize;
 
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
 use crate::policy::lower::vm as lower_vm;
-use crate::vm::agent::{AgentSession, ExecOptions};
+use crate::vm::agent::ExecOptions;
 use crate::vm::machine::Tools;
+use crate::vm::session::{StartOptions, VmSession};
 
 /// One line of the jobs file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,8 +185,7 @@ struct Ctx {
 /// A restored VM waiting for a job, with its own instance.
 struct Warm {
     instance: crate::runtime::Instance,
-    started: crate::vm::assemble::Started,
-    agent: AgentSession,
+    session: VmSession,
     env: Vec<(String, String)>,
     restore_s: f64,
 }
@@ -205,25 +205,20 @@ fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, String> {
         .join(crate::runtime::LOGS_DIR)
         .join(&run_name);
     fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut started = crate::vm::assemble::start_vm(
-        &plan,
-        &ctx.tools,
-        &ctx.image_dir,
-        ctx.accel,
-        format!("hull-{}", instance.id()),
-        &dir,
-        &log_dir,
-    )
-    .map_err(|e| e.to_string())?;
-    let (boot_deadline, _) = started.deadlines;
-    let agent = started
-        .machine
-        .connect_agent_until(boot_deadline, &|| ctx.irq.load(Ordering::SeqCst) != 0)
+    let start = StartOptions {
+        plan: &plan,
+        tools: &ctx.tools,
+        image_dir: &ctx.image_dir,
+        accel: ctx.accel,
+        vm_name: format!("hull-{}", instance.id()),
+        dir: &dir,
+        log_dir: &log_dir,
+    };
+    let session = VmSession::start(start, &|| ctx.irq.load(Ordering::SeqCst) != 0)
         .map_err(|e| e.to_string())?;
     Ok(Warm {
         instance,
-        started,
-        agent,
+        session,
         env,
         restore_s: t0.elapsed().as_secs_f64(),
     })
@@ -259,19 +254,11 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
         truncated: 0,
     };
     let result = (|| -> Result<ExitStatus, String> {
-        let (_, setup_deadline) = w.started.deadlines;
-        let cfg = crate::vm::assemble::configure_spec(
-            &w.started.plan,
-            lower_vm::RUN_CONTAINER,
-            crate::vm::assemble::now_ns(),
-        )
-        .map_err(|e| e.to_string())?;
-        let machine = &mut w.started.machine;
-        w.agent
-            .configure(&cfg, setup_deadline, &mut || {
-                ctx.irq.load(Ordering::SeqCst) != 0 || !machine.is_running()
+        w.session
+            .configure(lower_vm::RUN_CONTAINER, &|| {
+                ctx.irq.load(Ordering::SeqCst) != 0
             })
-            .map_err(|e| format!("{e}\n  console log: {}", machine.console_log().display()))?;
+            .map_err(|e| e.to_string())?;
         let mut sink = FileSink {
             out: ctx
                 .out
@@ -292,25 +279,18 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
             timeout: ctx.o.timeout,
         };
         let opts = ExecOptions {
-            uid_gid: Some((w.started.plan.uid, w.started.plan.gid)),
             interrupt: Some(ctx.irq.clone()),
             ..ExecOptions::default()
         };
-        let r = w.agent.exec(&spec, &mut sink, opts);
+        let r = w.session.exec(&spec, &mut sink, opts);
         let _ = sink.finish();
         report.truncated = sink.cut;
         r.map_err(|e| e.to_string())
     })();
     let Warm {
-        instance,
-        started,
-        mut agent,
-        ..
+        instance, session, ..
     } = w;
-    started
-        .machine
-        .shutdown(Some(&mut agent), Duration::from_secs(10));
-    drop(started.hold);
+    session.finish(Duration::from_secs(10));
     if let Err(e) = instance.finish() {
         tracing::warn!("hull batch: cleaning up the instance: {e}");
     }
@@ -329,9 +309,9 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
 /// Ends a warm VM no job used.
 fn discard(w: Warm) {
     let Warm {
-        instance, started, ..
+        instance, session, ..
     } = w;
-    started.machine.kill();
+    session.kill();
     if let Err(e) = instance.finish() {
         tracing::warn!("hull batch: cleaning up the instance: {e}");
     }

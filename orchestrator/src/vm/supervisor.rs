@@ -106,6 +106,8 @@ pub enum SupervisorError {
     Lower(#[from] VmLowerError),
     #[error(transparent)]
     Machine(#[from] MachineError),
+    #[error(transparent)]
+    Session(#[from] crate::vm::session::SessionError),
     #[error("{source}\n  console log: {console}")]
     Agent {
         console: PathBuf,
@@ -616,42 +618,21 @@ fn boot(
     state.accel = accel.name().into();
     let mdir = dir.join("m");
     fs::create_dir_all(&mdir).map_err(io_err("create", &mdir))?;
-    let name = lower_vm::RUN_CONTAINER.to_string();
-    let crate::vm::assemble::Started {
-        mut machine,
-        plan,
-        hold,
-        deadlines: (boot_deadline, setup_deadline),
-    } = crate::vm::assemble::start_vm(
-        &plan,
-        &tools,
-        &image_dir,
-        accel,
-        format!("hull-vm-{}", o.name),
-        &mdir,
-        &mdir,
-    )
-    .map_err(|e| SupervisorError::Other(e.to_string()))?;
-    // The snapshot is only read while QEMU starts; the VM keeps its overlay.
-    drop(hold);
-    let console = machine.console_log().to_path_buf();
-    let agent_err = |source| SupervisorError::Agent {
-        console: console.clone(),
-        source,
-    };
     let stopped = || term.load(Ordering::SeqCst);
-    let mut agent = machine.connect_agent_until(boot_deadline, &stopped)?;
-    let cfg = crate::vm::assemble::configure_spec(&plan, &name, crate::vm::assemble::now_ns())
-        .map_err(|e| SupervisorError::Other(e.to_string()))?;
-    agent
-        .configure(&cfg, setup_deadline, &mut || {
-            stopped() || !machine.is_running()
-        })
-        .map_err(agent_err)?;
-    let raw = agent
-        .into_raw()
-        .map_err(|e| SupervisorError::Other(format!("agent socket: {e}")))?;
-    Ok((machine, raw))
+    let start = crate::vm::session::StartOptions {
+        plan: &plan,
+        tools: &tools,
+        image_dir: &image_dir,
+        accel,
+        vm_name: format!("hull-vm-{}", o.name),
+        dir: &mdir,
+        log_dir: &mdir,
+    };
+    let mut session = crate::vm::session::VmSession::start(start, &stopped)?;
+    // The snapshot is only read while QEMU starts; the VM keeps its overlay.
+    session.release_snapshot();
+    session.configure(lower_vm::RUN_CONTAINER, &stopped)?;
+    Ok(session.into_raw()?)
 }
 
 /// Waits until `fd` is readable (a pending connection) or `d` passes.

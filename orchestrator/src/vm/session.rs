@@ -1,0 +1,212 @@
+//! One tier-3 VM session, with one set of rules for its life and its end:
+//! start the VM (restored from the image's snapshot, or booted), wait for
+//! the agent's hello, set up the container (`Configure`), run commands in
+//! it, and end it. `hull run --tier3` ([`crate::tier`]'s vm adapter),
+//! `hull vm up` ([`crate::vm::supervisor`]) and the batch pool
+//! ([`crate::vm::pool`]) all go through it.
+//!
+//! The rules:
+//! - a VM that fails to start, to say hello or to set up its container is
+//!   gone when the error returns (the [`Machine`] kills QEMU and every
+//!   virtiofsd when dropped), and so is one whose session breaks;
+//! - a cancellation (Ctrl-C, SIGTERM, a stopping supervisor) is its own
+//!   outcome, [`SessionError::Cancelled`], never a failure to report;
+//! - a guest that does not answer `Kill` loses its VM: the command ends as
+//!   timed out or interrupted, whatever the guest does;
+//! - nothing is retried, and nothing runs anywhere else.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::exec::{CommandSpec, ExitStatus, OutputSink};
+use crate::policy::lower::vm::VmPlan;
+use crate::vm::agent::{AgentError, AgentSession, ExecOptions, RawSession};
+use crate::vm::assemble::{configure_spec, now_ns, start_vm, AssembleError, Started};
+use crate::vm::machine::{Machine, MachineError, Tools};
+use crate::vm::qemu::Accel;
+use crate::vm::snapshot::SnapshotUse;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Assemble(#[from] AssembleError),
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+    #[error("{source}\n  console log: {console}")]
+    Agent {
+        console: PathBuf,
+        #[source]
+        source: AgentError,
+    },
+    #[error("tier vm: the agent socket: {0}")]
+    RawSocket(#[source] std::io::Error),
+    /// Given up on request (the VM is gone).
+    #[error("tier vm: cancelled")]
+    Cancelled,
+}
+
+/// What a VM is started for.
+#[derive(Debug)]
+pub struct StartOptions<'a> {
+    pub plan: &'a VmPlan,
+    pub tools: &'a Tools,
+    pub image_dir: &'a Path,
+    pub accel: Accel,
+    /// QEMU's `-name`.
+    pub vm_name: String,
+    /// Sockets and pid files.
+    pub dir: &'a Path,
+    /// Console, QEMU and virtiofsd logs.
+    pub log_dir: &'a Path,
+}
+
+/// A running VM whose agent said hello.
+#[derive(Debug)]
+pub struct VmSession {
+    machine: Machine,
+    agent: AgentSession,
+    plan: VmPlan,
+    /// Keeps the snapshot from being replaced while QEMU reads it.
+    hold: Option<SnapshotUse>,
+    setup_deadline: Duration,
+    console: PathBuf,
+    /// Killed after the guest broke the session or ignored `Kill`.
+    dead: bool,
+}
+
+impl VmSession {
+    /// Starts the VM and waits for the agent's hello, giving up (and
+    /// killing the VM) when `cancelled()` says so.
+    pub fn start(o: StartOptions<'_>, cancelled: &dyn Fn() -> bool) -> Result<Self, SessionError> {
+        let Started {
+            mut machine,
+            plan,
+            hold,
+            deadlines: (boot_deadline, setup_deadline),
+        } = start_vm(
+            o.plan,
+            o.tools,
+            o.image_dir,
+            o.accel,
+            o.vm_name,
+            o.dir,
+            o.log_dir,
+        )?;
+        let console = machine.console_log().to_path_buf();
+        let agent = match machine.connect_agent_until(boot_deadline, cancelled) {
+            Ok(a) => a,
+            Err(_) if cancelled() => {
+                machine.kill();
+                return Err(SessionError::Cancelled);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(VmSession {
+            machine,
+            agent,
+            plan,
+            hold,
+            setup_deadline,
+            console,
+            dead: false,
+        })
+    }
+
+    /// The plan the VM's shares were started for (the policy's, with slot
+    /// tags when restored from a snapshot).
+    pub fn plan(&self) -> &VmPlan {
+        &self.plan
+    }
+
+    pub fn console_log(&self) -> &Path {
+        &self.console
+    }
+
+    /// Lets the snapshot go: QEMU only reads it while it starts, and a VM
+    /// that stays up (`hull vm up`) must not hold it.
+    pub fn release_snapshot(&mut self) {
+        self.hold = None;
+    }
+
+    fn agent_error(&self, source: AgentError) -> SessionError {
+        SessionError::Agent {
+            console: self.console.clone(),
+            source,
+        }
+    }
+
+    /// Sets up container `name` with the plan's shares and limits.
+    pub fn configure(
+        &mut self,
+        name: &str,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<(), SessionError> {
+        let cfg = configure_spec(&self.plan, name, now_ns())?;
+        let machine = &mut self.machine;
+        let r = self.agent.configure(&cfg, self.setup_deadline, &mut || {
+            cancelled() || !machine.is_running()
+        });
+        match r {
+            Ok(_) => Ok(()),
+            Err(_) if cancelled() => Err(SessionError::Cancelled),
+            Err(e) => Err(self.agent_error(e)),
+        }
+    }
+
+    /// Runs `spec` in the container, as the plan's user. A guest that does
+    /// not answer `Kill` (after a timeout or an interrupt) loses its VM and
+    /// the command ends as timed out or interrupted.
+    pub fn exec(
+        &mut self,
+        spec: &CommandSpec,
+        sink: &mut dyn OutputSink,
+        mut opts: ExecOptions,
+    ) -> Result<ExitStatus, SessionError> {
+        opts.uid_gid = Some((self.plan.uid, self.plan.gid));
+        let irq = opts.interrupt.clone();
+        match self.agent.exec(spec, sink, opts) {
+            Ok(st) => Ok(st),
+            Err(AgentError::Unresponsive { why, .. }) => {
+                tracing::warn!("tier vm: the guest did not answer Kill after {why}; VM killed");
+                self.machine.kill_now();
+                self.dead = true;
+                let sig = irq.map(|i| i.load(Ordering::SeqCst)).unwrap_or(0);
+                Ok(if sig != 0 {
+                    ExitStatus::Interrupted(sig)
+                } else {
+                    ExitStatus::TimedOut
+                })
+            }
+            Err(e) => {
+                self.machine.kill_now();
+                self.dead = true;
+                Err(self.agent_error(e))
+            }
+        }
+    }
+
+    /// Ends the VM cleanly: the agent's `Shutdown`, up to `grace` for the
+    /// guest to power off, then QEMU is stopped and the file servers.
+    pub fn finish(mut self, grace: Duration) {
+        if self.dead {
+            return self.machine.kill();
+        }
+        self.machine.shutdown(Some(&mut self.agent), grace);
+    }
+
+    /// Ends the VM at once.
+    pub fn kill(self) {
+        self.machine.kill();
+    }
+
+    /// Hands the VM and the raw agent connection over (`hull vm up` relays
+    /// its clients' frames itself).
+    pub fn into_raw(self) -> Result<(Machine, RawSession), SessionError> {
+        let VmSession { machine, agent, .. } = self;
+        agent
+            .into_raw()
+            .map(|raw| (machine, raw))
+            .map_err(SessionError::RawSocket)
+    }
+}
