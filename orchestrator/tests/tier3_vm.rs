@@ -585,6 +585,86 @@ fn qemu_runs_the_guest_as_the_sandbox_user() {
     }
 }
 
+/// The project's virtiofsd killed mid-command: the guest's I/O on the
+/// project would wait forever, so hull ends the run at once, names the dead
+/// helper, and leaves no QEMU or virtiofsd behind (before, the run hung
+/// until its wall-time limit).
+#[test]
+fn a_dead_file_server_ends_the_run_at_once() {
+    use std::io::{BufRead, Read};
+    let w = world();
+    let mut child = w
+        .cmd(&[
+            "run",
+            "--tier3",
+            "--timeout",
+            RUN_TIMEOUT,
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 60; cat input.txt",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    let marker = w.root.path().to_string_lossy().into_owned();
+    let helpers = |what: &str| -> Vec<u64> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+            .filter(|pid| {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd);
+                cmd.contains(&marker) && cmd.contains(what) && running(*pid)
+            })
+            .collect()
+    };
+    let vfs = helpers("vfs-project.sock");
+    assert_eq!(vfs.len(), 1, "the project's virtiofsd: {vfs:?}");
+    // SAFETY: kill(2) on a pid just read from /proc.
+    assert_eq!(unsafe { libc::kill(vfs[0] as i32, libc::SIGKILL) }, 0);
+    let killed = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if killed.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("hull still runs 30 s after the project's virtiofsd died");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let took = killed.elapsed();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("the virtiofsd of share project exited"),
+        "{err}"
+    );
+    assert!(err.contains("the VM was killed"), "{err}");
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "took {took:?}: {err}"
+    );
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !helpers("").is_empty() && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(helpers("").is_empty(), "left running: {:?}", helpers(""));
+}
+
 /// hull killed outright (SIGKILL: no handler runs) mid-command: its QEMU
 /// (which dropped root, and PDEATHSIG with it) and every virtiofsd go too.
 #[test]

@@ -58,6 +58,8 @@ pub enum AgentError {
     VmGone,
     #[error("tier vm: cancelled while waiting for the guest")]
     Cancelled,
+    #[error("{0}")]
+    Stopped(String),
     #[error("tier vm: agent handshake: {0}")]
     Handshake(#[source] ConnError),
     #[error("tier vm: the peer says it is {0:?}, not a guest agent")]
@@ -398,6 +400,20 @@ impl AgentSession {
         sink: &mut dyn OutputSink,
         opts: ExecOptions,
     ) -> Result<ExitStatus, AgentError> {
+        self.exec_watched(cmd, sink, opts, &mut || None)
+    }
+
+    /// [`AgentSession::exec`], asking `watch` between frames (every 50 ms
+    /// at most) whether the run must stop now: a reason ends the exec with
+    /// [`AgentError::Stopped`] at once, without waiting for the guest (the
+    /// caller then kills the VM).
+    pub fn exec_watched(
+        &mut self,
+        cmd: &CommandSpec,
+        sink: &mut dyn OutputSink,
+        opts: ExecOptions,
+        watch: &mut dyn FnMut() -> Option<String>,
+    ) -> Result<ExitStatus, AgentError> {
         self.ready()?;
         let id = self.fresh_id();
         let req = build_exec(cmd, &opts)?;
@@ -412,6 +428,7 @@ impl AgentSession {
             opts.interrupt,
             opts.kill_grace,
             stdin.as_ref(),
+            watch,
         );
         if let Some(p) = stdin {
             p.stop();
@@ -431,6 +448,7 @@ impl AgentSession {
         interrupt: Option<Arc<AtomicI32>>,
         kill_grace: Duration,
         stdin: Option<&StdinPump>,
+        watch: &mut dyn FnMut() -> Option<String>,
     ) -> Result<ExitStatus, AgentError> {
         let start = Instant::now();
         let host_deadline = timeout.map(|t| t + TIMEOUT_GRACE);
@@ -439,6 +457,10 @@ impl AgentSession {
         let mut killed: Option<(KillWhy, Instant)> = None;
         let mut sink_error: Option<io::Error> = None;
         loop {
+            if let Some(reason) = watch() {
+                self.broken = true;
+                return Err(AgentError::Stopped(reason));
+            }
             if killed.is_none() {
                 let why = if let Some(sig) = interrupt
                     .as_ref()

@@ -545,6 +545,26 @@ impl Machine {
         self.qemu.try_wait().is_none()
     }
 
+    /// The first helper of this VM that has died, if one has: QEMU, or the
+    /// virtiofsd of a share (a dead file server leaves the guest's I/O on
+    /// that share waiting forever).
+    pub fn dead_helper(&mut self) -> Option<DeadHelper> {
+        if let Some(status) = self.qemu.try_wait() {
+            return Some(DeadHelper {
+                name: "QEMU".into(),
+                status: status.to_string(),
+                log: self.qemu_log.clone(),
+            });
+        }
+        self.vfs.iter_mut().find_map(|v| {
+            v.try_wait().map(|status| DeadHelper {
+                name: format!("the virtiofsd of share {}", v.spec.tag),
+                status: status.to_string(),
+                log: v.log.clone(),
+            })
+        })
+    }
+
     /// Waits up to `d` for QEMU to exit by itself (guest poweroff or panic).
     pub fn wait_exit(&mut self, d: Duration) -> Option<std::process::ExitStatus> {
         self.qemu.wait_timeout(d)
@@ -610,6 +630,16 @@ impl Drop for Machine {
             let _ = fs::remove_file(self.dir.join(s));
         }
     }
+}
+
+/// A helper process of a VM that died under it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadHelper {
+    /// "QEMU", or "the virtiofsd of share TAG".
+    pub name: String,
+    /// Its exit status as the OS reports it ("signal: 9 (SIGKILL)").
+    pub status: String,
+    pub log: PathBuf,
 }
 
 /// What a stale-instance cleanup did.

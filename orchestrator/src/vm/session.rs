@@ -39,6 +39,14 @@ pub enum SessionError {
         #[source]
         source: AgentError,
     },
+    /// A helper of the VM died while a command ran (the VM is gone).
+    #[error("tier vm: {helper} exited ({status}) while the command ran; the VM was killed\n  its log: {log}\n  console log: {console}")]
+    HelperDied {
+        helper: String,
+        status: String,
+        log: PathBuf,
+        console: PathBuf,
+    },
     #[error("tier vm: the agent socket: {0}")]
     RawSocket(#[source] std::io::Error),
     /// Given up on request (the VM is gone).
@@ -165,7 +173,31 @@ impl VmSession {
     ) -> Result<ExitStatus, SessionError> {
         opts.uid_gid = Some((self.plan.uid, self.plan.gid));
         let irq = opts.interrupt.clone();
-        match self.agent.exec(spec, sink, opts) {
+        let machine = &mut self.machine;
+        let mut died = None;
+        let mut watch = || {
+            let d = machine.dead_helper()?;
+            let reason = format!(
+                "tier vm: {} exited ({}) while the command ran; the VM was killed\n  its log: {}",
+                d.name,
+                d.status,
+                d.log.display()
+            );
+            died = Some(d);
+            Some(reason)
+        };
+        let r = self.agent.exec_watched(spec, sink, opts, &mut watch);
+        if let Some(d) = died {
+            self.machine.kill_now();
+            self.dead = true;
+            return Err(SessionError::HelperDied {
+                helper: d.name,
+                status: d.status,
+                log: d.log,
+                console: self.console.clone(),
+            });
+        }
+        match r {
             Ok(st) => Ok(st),
             Err(AgentError::Unresponsive { why, .. }) => {
                 tracing::warn!("tier vm: the guest did not answer Kill after {why}; VM killed");

@@ -343,6 +343,11 @@ mod imp {
             self.proc.try_wait().is_none()
         }
 
+        /// How it ended, once it has (reaps it).
+        pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+            self.proc.try_wait()
+        }
+
         /// Stops it (SIGTERM, then SIGKILL after a moment) and removes placeholders.
         pub fn stop(mut self) {
             self.proc.terminate();
