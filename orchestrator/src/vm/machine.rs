@@ -558,7 +558,11 @@ impl Machine {
         }
         self.vfs.iter_mut().find_map(|v| {
             v.try_wait().map(|status| DeadHelper {
-                name: format!("the virtiofsd of share {}", v.spec.tag),
+                name: format!(
+                    "the virtiofsd of {} (share {})",
+                    v.spec.shared_dir.display(),
+                    v.spec.tag
+                ),
                 status: status.to_string(),
                 log: v.log.clone(),
             })
@@ -635,7 +639,7 @@ impl Drop for Machine {
 /// A helper process of a VM that died under it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadHelper {
-    /// "QEMU", or "the virtiofsd of share TAG".
+    /// "QEMU", or "the virtiofsd of DIR (share TAG)".
     pub name: String,
     /// Its exit status as the OS reports it ("signal: 9 (SIGKILL)").
     pub status: String,
