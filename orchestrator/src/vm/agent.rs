@@ -107,6 +107,15 @@ pub struct ExecOptions {
     pub kill_grace: Duration,
 }
 
+/// What may end an exec besides its command: its timeout, an interrupt,
+/// the grace the guest gets to answer `Kill`, and the caller's watch.
+struct Ends<'a> {
+    timeout: Option<Duration>,
+    interrupt: Option<Arc<AtomicI32>>,
+    kill_grace: Duration,
+    watch: &'a mut dyn FnMut() -> Option<String>,
+}
+
 impl std::fmt::Debug for ExecOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExecOptions")
@@ -421,15 +430,13 @@ impl AgentSession {
         let stdin = opts
             .stdin
             .map(|src| StdinPump::start(src, self.writer.clone(), id));
-        let result = self.exec_loop(
-            id,
-            cmd.timeout,
-            sink,
-            opts.interrupt,
-            opts.kill_grace,
-            stdin.as_ref(),
+        let ends = Ends {
+            timeout: cmd.timeout,
+            interrupt: opts.interrupt,
+            kill_grace: opts.kill_grace,
             watch,
-        );
+        };
+        let result = self.exec_loop(id, sink, ends, stdin.as_ref());
         if let Some(p) = stdin {
             p.stop();
         }
@@ -443,13 +450,16 @@ impl AgentSession {
     fn exec_loop(
         &mut self,
         id: u32,
-        timeout: Option<Duration>,
         sink: &mut dyn OutputSink,
-        interrupt: Option<Arc<AtomicI32>>,
-        kill_grace: Duration,
+        ends: Ends<'_>,
         stdin: Option<&StdinPump>,
-        watch: &mut dyn FnMut() -> Option<String>,
     ) -> Result<ExitStatus, AgentError> {
+        let Ends {
+            timeout,
+            interrupt,
+            kill_grace,
+            watch,
+        } = ends;
         let start = Instant::now();
         let host_deadline = timeout.map(|t| t + TIMEOUT_GRACE);
         let mut started = false;
