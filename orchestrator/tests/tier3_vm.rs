@@ -93,6 +93,22 @@ const UP_TIMEOUT: &str = "150s";
 /// `hull vm down` until it stopped cleanly:
 const DOWN_TIMEOUT: &str = "30s";
 
+/// The running processes of `w`'s runs (QEMU, virtiofsd: their sockets and
+/// dirs lie under its root) whose command line holds `what`.
+fn run_helpers(w: &World, what: &str) -> Vec<u64> {
+    let marker = w.root.path().to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.contains(&marker) && cmd.contains(what) && running(*pid)
+        })
+        .collect()
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -612,19 +628,7 @@ fn a_dead_file_server_ends_the_run_at_once() {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line, "started\n");
-    let marker = w.root.path().to_string_lossy().into_owned();
-    let helpers = |what: &str| -> Vec<u64> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
-            .filter(|pid| {
-                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                let cmd = String::from_utf8_lossy(&cmd);
-                cmd.contains(&marker) && cmd.contains(what) && running(*pid)
-            })
-            .collect()
-    };
+    let helpers = |what: &str| run_helpers(&w, what);
     let project = w.project.to_string_lossy().into_owned();
     let vfs = helpers(&format!("--shared-dir={project}\0"));
     // With its namespace sandbox virtiofsd runs as two processes: the one
@@ -708,18 +712,7 @@ fn killing_hull_ends_its_vm() {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line, "started\n");
-    let marker = w.root.path().to_string_lossy().into_owned();
-    let helpers = || -> Vec<u64> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
-            .filter(|pid| {
-                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                String::from_utf8_lossy(&cmd).contains(&marker) && running(*pid)
-            })
-            .collect()
-    };
+    let helpers = || run_helpers(&w, "");
     assert!(
         !helpers().is_empty(),
         "no QEMU or virtiofsd found for the run"

@@ -6,6 +6,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,18 @@ fn hull_policy_default() -> String {
         "/../policies/default.toml"
     ))
     .expect("policies/default.toml")
+}
+
+/// A policy file in `w`'s root: the default profile with `path` added to
+/// its `read` grants. Returns its path, for `--policy`.
+fn default_policy_reading(w: &World, file: &str, path: &Path) -> String {
+    let pol = w.root.path().join(file);
+    let text = hull_policy_default().replace(
+        "read = [",
+        &format!("read = [{:?}, ", path.to_str().expect("utf8")),
+    );
+    std::fs::write(&pol, text).expect("write policy");
+    pol.to_str().expect("utf8").to_string()
 }
 
 /// The command ran (hull did not fail: not 125) and failed.
@@ -623,13 +636,8 @@ fn inotify_outside_the_grants_is_refused(t: &str) {
     let locked = granted.path().join("locked");
     std::fs::create_dir(&locked).expect("mkdir");
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-    let pol = w.root.path().join("watch.toml");
-    let text = hull_policy_default().replace(
-        "read = [",
-        &format!("read = [{:?}, ", granted.path().to_str().expect("utf8")),
-    );
-    std::fs::write(&pol, text).expect("write policy");
-    let pol = pol.to_str().expect("utf8");
+    let pol = default_policy_reading(&w, "watch.toml", granted.path());
+    let pol = pol.as_str();
     let secret = "secret-name-4d1c";
     let attempt = |tier: &str| -> String {
         let _ = std::fs::remove_file(w.project.join("src/own-file"));
@@ -688,10 +696,10 @@ fn inotify_outside_the_grants_is_refused(t: &str) {
 /// does not stop `connect()`, nor a datagram sent to it, and the network
 /// namespace does not cover pathname sockets (a `docker.sock` under a grant
 /// would be host root), nor a symlink the command plants to it. The control
-/// shows each reaching the host under tier `none`; on the tier none arrives. On bwrap a server and client in the
-/// project still talk (sockets in the writable roots are the command's
-/// own); landlock refuses unix sockets outright on kernels whose Landlock
-/// cannot mediate them (ABI < 9).
+/// shows each reaching the host under tier `none`; on the tier none arrives.
+/// On bwrap a server and client in the project still talk (sockets in the
+/// writable roots are the command's own); landlock refuses unix sockets
+/// outright on kernels whose Landlock cannot mediate them (ABI < 9).
 fn host_unix_sockets_under_a_grant_are_unreachable(t: &str) {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::{UnixDatagram, UnixListener};
@@ -730,13 +738,8 @@ fn host_unix_sockets_under_a_grant_are_unreachable(t: &str) {
         ),
     )
     .expect("write socks.py");
-    let pol = w.root.path().join("svc.toml");
-    let text = hull_policy_default().replace(
-        "read = [",
-        &format!("read = [{:?}, ", svc.to_str().expect("utf8")),
-    );
-    std::fs::write(&pol, text).expect("write policy");
-    let pol = pol.to_str().expect("utf8");
+    let pol = default_policy_reading(&w, "svc.toml", &svc);
+    let pol = pol.as_str();
     let arrived = || {
         let mut got = Vec::new();
         while let Ok((mut c, _)) = listener.accept() {
@@ -1331,13 +1334,8 @@ fn root_only_files_stay_unreadable(t: &str) {
     let open = w.outside.join("public");
     std::fs::write(&open, "public-data").expect("write");
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let pol = w.root.path().join("read-outside.toml");
-    let text = hull_policy_default().replace(
-        "read = [",
-        &format!("read = [\"{}\", ", w.outside.display()),
-    );
-    std::fs::write(&pol, text).expect("write policy");
-    let pol = pol.to_str().expect("utf8");
+    let pol = default_policy_reading(&w, "read-outside.toml", &w.outside);
+    let pol = pol.as_str();
     let script = format!("cat '{}'; cat '{}'", open.display(), secret.display());
     let control = w.run("none", &["--policy", pol], &script);
     assert!(

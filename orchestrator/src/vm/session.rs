@@ -78,7 +78,6 @@ pub struct VmSession {
     /// Keeps the snapshot from being replaced while QEMU reads it.
     hold: Option<SnapshotUse>,
     setup_deadline: Duration,
-    console: PathBuf,
     /// Killed after the guest broke the session or ignored `Kill`.
     dead: bool,
 }
@@ -101,7 +100,6 @@ impl VmSession {
             o.dir,
             o.log_dir,
         )?;
-        let console = machine.console_log().to_path_buf();
         let agent = match machine.connect_agent_until(boot_deadline, cancelled) {
             Ok(a) => a,
             Err(_) if cancelled() => {
@@ -116,19 +114,8 @@ impl VmSession {
             plan,
             hold,
             setup_deadline,
-            console,
             dead: false,
         })
-    }
-
-    /// The plan the VM's shares were started for (the policy's, with slot
-    /// tags when restored from a snapshot).
-    pub fn plan(&self) -> &VmPlan {
-        &self.plan
-    }
-
-    pub fn console_log(&self) -> &Path {
-        &self.console
     }
 
     /// Lets the snapshot go: QEMU only reads it while it starts, and a VM
@@ -139,7 +126,7 @@ impl VmSession {
 
     fn agent_error(&self, source: AgentError) -> SessionError {
         SessionError::Agent {
-            console: self.console.clone(),
+            console: self.machine.console_log().to_path_buf(),
             source,
         }
     }
@@ -175,16 +162,12 @@ impl VmSession {
         let irq = opts.interrupt.clone();
         let machine = &mut self.machine;
         let mut died = None;
+        // The reason the exec stops with; the error below says it in full.
         let mut watch = || {
             let d = machine.dead_helper()?;
-            let reason = format!(
-                "tier vm: {} exited ({}) while the command ran; the VM was killed\n  its log: {}",
-                d.name,
-                d.status,
-                d.log.display()
-            );
+            let name = d.name.clone();
             died = Some(d);
-            Some(reason)
+            Some(name)
         };
         let r = self.agent.exec_watched(spec, sink, opts, &mut watch);
         if let Some(d) = died {
@@ -194,7 +177,7 @@ impl VmSession {
                 helper: d.name,
                 status: d.status,
                 log: d.log,
-                console: self.console.clone(),
+                console: self.machine.console_log().to_path_buf(),
             });
         }
         match r {

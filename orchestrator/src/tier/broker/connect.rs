@@ -27,9 +27,9 @@
 //! the filter itself.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use super::{become_on_this_thread, err, identity, Task};
+use super::{become_on_this_thread, err, identity, proc_fd, Task};
 
 /// The largest address a connect takes (sizeof(struct sockaddr_storage)).
 const MAX_ADDR: usize = 128;
@@ -140,7 +140,7 @@ impl Task<'_> {
         if let Some(who) = &who {
             become_on_this_thread(who)?;
         }
-        let via = format!("/proc/thread-self/fd/{}", target.as_raw_fd());
+        let via = proc_fd(target.as_fd());
         let (sa, salen) = unix_address(via.as_bytes())?;
         connect_raw(&sock, (&sa as *const libc::sockaddr_un).cast(), salen)
     }
@@ -192,7 +192,7 @@ impl Task<'_> {
             return Err(err(libc::ENOSYS));
         }
         let text = read_bounded(&format!("/proc/{}/mountinfo", self.pid), 4 << 20)?;
-        Ok(mount_is_writable(&text, st.stx_mnt_id))
+        Ok(crate::mountinfo::mount_is_writable(&text, st.stx_mnt_id))
     }
 }
 
@@ -203,16 +203,6 @@ fn read_bounded(path: &str, max: u64) -> std::io::Result<String> {
         .take(max)
         .read_to_string(&mut text)?;
     Ok(text)
-}
-
-/// Whether mount `id` of a mountinfo table is mounted read-write.
-fn mount_is_writable(mountinfo: &str, id: u64) -> bool {
-    mountinfo.lines().any(|line| {
-        let mut f = line.split(' ');
-        f.next().and_then(|v| v.parse::<u64>().ok()) == Some(id)
-            && f.nth(4)
-                .is_some_and(|opts| opts.split(',').any(|o| o == "rw"))
-    })
 }
 
 #[cfg(test)]
@@ -236,15 +226,5 @@ mod tests {
         assert_eq!(pathname(&a(unix, b"")), None);
         assert_eq!(pathname(&a(libc::AF_INET as u16, b"/x")), None);
         assert_eq!(pathname(&[1]), None);
-    }
-
-    #[test]
-    fn the_mount_of_the_socket_decides() {
-        let table = "22 1 0:21 / / rw,nosuid shared:1 - tmpfs tmpfs rw\n\
-                     23 22 8:1 /home/u/p /home/u/p rw,relatime - ext4 /dev/sda1 rw\n\
-                     24 22 8:1 /run /run ro,nosuid,relatime - ext4 /dev/sda1 rw\n";
-        assert!(mount_is_writable(table, 23));
-        assert!(!mount_is_writable(table, 24));
-        assert!(!mount_is_writable(table, 99));
     }
 }

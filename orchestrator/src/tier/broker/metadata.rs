@@ -19,11 +19,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::{err, Task};
-use crate::policy::{Access, Policy, Protection};
+use super::{err, proc_fd, Task, MAX_PATH};
+use crate::policy::{Access, Grant, Policy, Protect, Protection};
 
-/// Longest path read from the command (PATH_MAX).
-const MAX_PATH: usize = 4096;
 /// Longest xattr name and value (XATTR_NAME_MAX, XATTR_SIZE_MAX).
 const MAX_XATTR_NAME: usize = 255;
 const MAX_XATTR_VALUE: usize = 65536;
@@ -40,29 +38,28 @@ impl Scope {
     /// Where the command may change metadata: its writable roots, less
     /// every narrower grant and protection.
     pub fn of(policy: &Policy) -> Scope {
-        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        let mut entries = Vec::new();
-        for g in &policy.grants {
-            entries.push((canon(&g.path), g.access == Access::ReadWrite));
-        }
-        for p in &policy.protects {
-            entries.push((canon(&p.path), false));
-        }
-        Scope { entries }
+        Scope::built(policy, |g| g.access == Access::ReadWrite, |_| false)
     }
 
     /// What the command may see at all: every grant, less the hidden
     /// protections (a read-only one stays visible).
     pub fn visible(policy: &Policy) -> Scope {
+        Scope::built(policy, |_| true, |p| p.protection != Protection::Hidden)
+    }
+
+    /// One entry per grant and protection of `policy`, canonical, allowing
+    /// what `grant` and `protect` say.
+    fn built(
+        policy: &Policy,
+        grant: impl Fn(&Grant) -> bool,
+        protect: impl Fn(&Protect) -> bool,
+    ) -> Scope {
         let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        let mut entries = Vec::new();
-        for g in &policy.grants {
-            entries.push((canon(&g.path), true));
+        let grants = policy.grants.iter().map(|g| (canon(&g.path), grant(g)));
+        let protects = policy.protects.iter().map(|p| (canon(&p.path), protect(p)));
+        Scope {
+            entries: grants.chain(protects).collect(),
         }
-        for p in &policy.protects {
-            entries.push((canon(&p.path), p.protection != Protection::Hidden));
-        }
-        Scope { entries }
     }
 
     pub fn allows(&self, path: &Path) -> bool {
@@ -238,13 +235,6 @@ impl Task<'_> {
         }
         perform(fd.as_fd(), &op)
     }
-}
-
-/// `fd` by path, through the calling thread's own table entry: a worker
-/// that took the command's credentials may not open `/proc/self/fd` of hull
-/// (root's), but always its own thread's.
-pub(super) fn proc_fd(fd: BorrowedFd<'_>) -> String {
-    format!("/proc/thread-self/fd/{}", fd.as_raw_fd())
 }
 
 fn decode(task: &Task<'_>, nr: i64, a: &[u64; 6]) -> std::io::Result<(Target, Op)> {

@@ -31,6 +31,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// Longest path read from the command (PATH_MAX).
+const MAX_PATH: usize = 4096;
+
+/// `fd` by path, through the calling thread's own table entry: a worker
+/// that took the command's credentials may not open `/proc/self/fd` of hull
+/// (root's), but always its own thread's.
+fn proc_fd(fd: BorrowedFd<'_>) -> String {
+    format!("/proc/thread-self/fd/{}", fd.as_raw_fd())
+}
+
 /// What a broker answers.
 #[derive(Debug)]
 pub enum Handler {

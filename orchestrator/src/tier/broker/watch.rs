@@ -18,11 +18,8 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use super::metadata::{proc_fd, Target};
-use super::{become_on_this_thread, err, identity, Scope, Task};
-
-/// Longest path read from the command (PATH_MAX).
-const MAX_PATH: usize = 4096;
+use super::metadata::Target;
+use super::{become_on_this_thread, err, identity, proc_fd, Scope, Task, MAX_PATH};
 
 impl Task<'_> {
     /// Answers `inotify_add_watch(fd, path, mask)` with the watch
