@@ -331,7 +331,7 @@ mod imp {
         };
         let result = session.exec(spec, sink, opts);
         phase("command ended");
-        session.finish(Duration::from_secs(10));
+        session.finish(Duration::from_secs(10), &cancelled);
         phase("VM down");
         Ok(result?)
     }

@@ -32,6 +32,7 @@ use hull_protocol::{
 };
 
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
+use crate::vm::heartbeat::{Beat, Heartbeat};
 
 /// Frames buffered between the socket reader and the session (each at most
 /// 1 MiB): the guest is slowed down, not buffered without bound.
@@ -41,6 +42,9 @@ const CHANNEL_FRAMES: usize = 16;
 pub const TIMEOUT_GRACE: Duration = Duration::from_secs(5);
 /// How long the guest gets to answer `Kill` with `Exit`.
 pub const KILL_GRACE: Duration = Duration::from_secs(10);
+/// How long it gets after an interrupt: Ctrl-C and SIGTERM end a run within
+/// 2 s, whatever the guest does (the VM is killed after this).
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(1);
 /// Bytes read from stdin per `Stdin` frame.
 const STDIN_CHUNK: usize = 64 * 1024;
 
@@ -86,6 +90,8 @@ pub enum AgentError {
         "tier vm: the guest did not answer Kill within {secs}s after {why}; the VM must be killed"
     )]
     Unresponsive { why: &'static str, secs: u64 },
+    #[error("tier vm: the guest has not answered for {secs}s (its agent wedged, its kernel hung, or its vCPUs stopped)")]
+    Silent { secs: u64 },
     #[error("tier vm: writing the command's output failed: {0}")]
     Sink(#[source] io::Error),
     #[error("tier vm: the agent session is closed after an earlier error")]
@@ -105,6 +111,9 @@ pub struct ExecOptions {
     pub interrupt: Option<Arc<AtomicI32>>,
     /// How long the guest gets to answer `Kill`.
     pub kill_grace: Duration,
+    /// How long the guest may answer nothing, not even a `Ping`
+    /// ([`crate::vm::heartbeat`]).
+    pub silence_limit: Duration,
 }
 
 /// What may end an exec besides its command: its timeout, an interrupt,
@@ -113,6 +122,7 @@ struct Ends<'a> {
     timeout: Option<Duration>,
     interrupt: Option<Arc<AtomicI32>>,
     kill_grace: Duration,
+    silence_limit: Duration,
     watch: &'a mut dyn FnMut() -> Option<String>,
 }
 
@@ -122,6 +132,7 @@ impl std::fmt::Debug for ExecOptions {
             .field("stdin", &self.stdin.is_some())
             .field("uid_gid", &self.uid_gid)
             .field("kill_grace", &self.kill_grace)
+            .field("silence_limit", &self.silence_limit)
             .finish()
     }
 }
@@ -133,6 +144,7 @@ impl Default for ExecOptions {
             uid_gid: None,
             interrupt: None,
             kill_grace: KILL_GRACE,
+            silence_limit: crate::vm::heartbeat::SILENCE_LIMIT,
         }
     }
 }
@@ -434,6 +446,7 @@ impl AgentSession {
             timeout: cmd.timeout,
             interrupt: opts.interrupt,
             kill_grace: opts.kill_grace,
+            silence_limit: opts.silence_limit,
             watch,
         };
         let result = self.exec_loop(id, sink, ends, stdin.as_ref());
@@ -458,9 +471,11 @@ impl AgentSession {
             timeout,
             interrupt,
             kill_grace,
+            silence_limit,
             watch,
         } = ends;
         let start = Instant::now();
+        let mut beat = Heartbeat::new(silence_limit, start);
         let host_deadline = timeout.map(|t| t + TIMEOUT_GRACE);
         let mut started = false;
         // Why hull sent Kill, and when the guest must have answered by.
@@ -487,7 +502,7 @@ impl AgentSession {
                 };
                 if let Some(why) = why {
                     self.send(&Message::Kill, id)?;
-                    killed = Some((why, Instant::now() + kill_grace));
+                    killed = Some((why, Instant::now() + why.grace(kill_grace)));
                 }
             }
             if let Some((why, by)) = &killed {
@@ -495,13 +510,22 @@ impl AgentSession {
                     self.broken = true;
                     return Err(AgentError::Unresponsive {
                         why: why.describe(),
-                        secs: kill_grace.as_secs(),
+                        secs: why.grace(kill_grace).as_secs(),
                     });
+                }
+            }
+            match beat.poll(Instant::now()) {
+                Beat::Quiet => {}
+                Beat::Ping(nonce) => self.send(&Message::Ping { nonce }, 0)?,
+                Beat::Silent(d) => {
+                    self.broken = true;
+                    return Err(AgentError::Silent { secs: d.as_secs() });
                 }
             }
             let Some(f) = self.recv(Duration::from_millis(50))? else {
                 continue;
             };
+            beat.heard(Instant::now());
             if f.id != id {
                 match (f.id, &f.message) {
                     (0, Message::Pong { .. }) => continue,
@@ -551,6 +575,10 @@ impl AgentSession {
                     }
                 },
                 Message::Exit(st) => {
+                    tracing::debug!(
+                        "tier vm: the guest's longest silence in this exec: {:.3} s",
+                        beat.longest_silence().as_secs_f64()
+                    );
                     if let Some(e) = sink_error {
                         return Err(AgentError::Sink(e));
                     }
@@ -613,6 +641,14 @@ enum KillWhy {
 }
 
 impl KillWhy {
+    /// How long the guest gets to answer this `Kill`.
+    fn grace(self, kill_grace: Duration) -> Duration {
+        match self {
+            KillWhy::Interrupted(_) => kill_grace.min(INTERRUPT_GRACE),
+            KillWhy::Timeout | KillWhy::Sink => kill_grace,
+        }
+    }
+
     fn describe(self) -> &'static str {
         match self {
             KillWhy::Interrupted(_) => "hull was interrupted",
@@ -984,18 +1020,65 @@ mod tests {
             )
             .unwrap();
         assert_eq!(st, ExitStatus::Interrupted(2));
+        // An interrupt gives the guest INTERRUPT_GRACE, not the 10 s
+        // KILL_GRACE a timeout gives it.
+        let t0 = Instant::now();
         let e = s
             .exec(
                 &cmd(),
                 &mut sink,
                 ExecOptions {
                     interrupt: Some(irq),
-                    kill_grace: Duration::from_millis(300),
                     ..ExecOptions::default()
                 },
             )
             .unwrap_err();
-        assert!(matches!(e, AgentError::Unresponsive { .. }), "{e}");
+        assert!(matches!(e, AgentError::Unresponsive { secs: 1, .. }), "{e}");
+        assert!(
+            t0.elapsed() < Duration::from_millis(1800),
+            "{:?}",
+            t0.elapsed()
+        );
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_guest_that_answers_pings_lives_and_one_that_answers_nothing_is_silent() {
+        let limit = Duration::from_millis(1500);
+        let (mut s, t) = pair(|mut c| {
+            // First exec: quiet for 2 s, but every Ping answered.
+            let (id, _) = c.recv().unwrap();
+            c.send(&Message::Started { pid: 9 }, id).unwrap();
+            for _ in 0..2 {
+                let (pid, m) = c.recv().unwrap();
+                let Message::Ping { nonce } = m else {
+                    panic!("{m:?}")
+                };
+                assert_eq!(pid, 0);
+                c.send(&Message::Pong { nonce }, 0).unwrap();
+            }
+            c.send(&Message::Exit(hull_protocol::ExitStatus::Code(0)), id)
+                .unwrap();
+            // Second exec: no answer at all.
+            let (id2, _) = c.recv().unwrap();
+            c.send(&Message::Started { pid: 10 }, id2).unwrap();
+            while c.recv().is_ok() {}
+        });
+        let mut sink = Collect::default();
+        let opts = || ExecOptions {
+            silence_limit: limit,
+            ..ExecOptions::default()
+        };
+        let t0 = Instant::now();
+        let st = s.exec(&cmd(), &mut sink, opts()).unwrap();
+        assert_eq!(st, ExitStatus::Code(0));
+        assert!(t0.elapsed() > limit, "{:?}", t0.elapsed());
+        let t1 = Instant::now();
+        let e = s.exec(&cmd(), &mut sink, opts()).unwrap_err();
+        assert!(matches!(e, AgentError::Silent { secs: 1 }), "{e}");
+        let took = t1.elapsed();
+        assert!(took >= limit && took < limit * 2, "{took:?}");
+        drop(s);
         t.join().unwrap();
     }
 

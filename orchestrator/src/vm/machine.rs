@@ -283,7 +283,22 @@ pub struct Machine {
     qmp: Option<Qmp>,
     qemu: Supervised,
     vfs: Vec<Virtiofsd>,
+    stalls: Stalls,
 }
+
+/// When each helper was first seen stopped, checked at most every
+/// [`STALL_CHECK`] (it reads `/proc`).
+#[derive(Debug, Default)]
+struct Stalls {
+    checked: Option<Instant>,
+    /// By helper: 0 is QEMU, 1.. the file servers in order.
+    since: std::collections::HashMap<usize, Instant>,
+}
+
+/// How long a helper may stay stopped (SIGSTOP, a job-control stop) before
+/// the VM counts as stalled.
+pub const STALL_LIMIT: Duration = Duration::from_secs(3);
+const STALL_CHECK: Duration = Duration::from_millis(250);
 
 fn console_tail(console: &Path) -> String {
     let t = proc::log_tail(console, 1500);
@@ -406,6 +421,7 @@ impl Machine {
             qmp: None,
             qemu,
             vfs,
+            stalls: Stalls::default(),
         };
         // Wait for the QMP socket while QEMU lives (a bad option ends it at once).
         let qmp_end = Instant::now() + QMP_DEADLINE;
@@ -545,28 +561,66 @@ impl Machine {
         self.qemu.try_wait().is_none()
     }
 
-    /// The first helper of this VM that has died, if one has: QEMU, or the
-    /// virtiofsd of a share (a dead file server leaves the guest's I/O on
-    /// that share waiting forever).
-    pub fn dead_helper(&mut self) -> Option<DeadHelper> {
+    /// The first helper of this VM that has died, or has been stopped for
+    /// [`STALL_LIMIT`], if one has: QEMU, or the virtiofsd of a share (a
+    /// dead or stopped file server leaves the guest's I/O on that share
+    /// waiting forever).
+    pub fn failed_helper(&mut self) -> Option<HelperFault> {
+        let vfs_name = |v: &Virtiofsd| {
+            format!(
+                "the virtiofsd of {} (share {})",
+                v.spec.shared_dir.display(),
+                v.spec.tag
+            )
+        };
         if let Some(status) = self.qemu.try_wait() {
-            return Some(DeadHelper {
+            return Some(HelperFault {
                 name: "QEMU".into(),
-                status: status.to_string(),
+                fault: Fault::Exited(status.to_string()),
                 log: self.qemu_log.clone(),
             });
         }
-        self.vfs.iter_mut().find_map(|v| {
-            v.try_wait().map(|status| DeadHelper {
-                name: format!(
-                    "the virtiofsd of {} (share {})",
-                    v.spec.shared_dir.display(),
-                    v.spec.tag
-                ),
-                status: status.to_string(),
-                log: v.log.clone(),
-            })
-        })
+        for v in &mut self.vfs {
+            if let Some(status) = v.try_wait() {
+                return Some(HelperFault {
+                    name: vfs_name(v),
+                    fault: Fault::Exited(status.to_string()),
+                    log: v.log.clone(),
+                });
+            }
+        }
+        let now = Instant::now();
+        if self
+            .stalls
+            .checked
+            .is_some_and(|t| now.duration_since(t) < STALL_CHECK)
+        {
+            return None;
+        }
+        self.stalls.checked = Some(now);
+        let mut stopped = vec![self.qemu.is_stopped()];
+        stopped.extend(self.vfs.iter_mut().map(|v| v.is_stopped()));
+        for (i, is) in stopped.into_iter().enumerate() {
+            if !is {
+                self.stalls.since.remove(&i);
+                continue;
+            }
+            let since = *self.stalls.since.entry(i).or_insert(now);
+            let d = now.duration_since(since);
+            if d < STALL_LIMIT {
+                continue;
+            }
+            let (name, log) = match i.checked_sub(1).and_then(|j| self.vfs.get(j)) {
+                None => ("QEMU".to_string(), self.qemu_log.clone()),
+                Some(v) => (vfs_name(v), v.log.clone()),
+            };
+            return Some(HelperFault {
+                name,
+                fault: Fault::Stopped(d),
+                log,
+            });
+        }
+        None
     }
 
     /// Waits up to `d` for QEMU to exit by itself (guest poweroff or panic).
@@ -577,15 +631,39 @@ impl Machine {
     /// Clean stop: the agent's `Shutdown` (if given) and up to `grace` for
     /// the guest to sync and power off; else QMP `quit`, up to `grace` for
     /// QEMU to exit, then SIGKILL; then the file servers.
-    pub fn shutdown(mut self, agent: Option<&mut AgentSession>, grace: Duration) {
+    pub fn shutdown(self, agent: Option<&mut AgentSession>, grace: Duration) {
+        self.shutdown_unless(agent, grace, &|| false)
+    }
+
+    /// [`Machine::shutdown`] that kills the VM at once when `cancelled()`
+    /// says so while it waits (a Ctrl-C ends a run within 2 s).
+    pub fn shutdown_unless(
+        mut self,
+        agent: Option<&mut AgentSession>,
+        grace: Duration,
+        cancelled: &dyn Fn() -> bool,
+    ) {
         let start = Instant::now();
+        // QEMU's exit, waited for in slices; false when cancelled or late.
+        let exited_within = |qemu: &mut Supervised, d: Duration| {
+            let end = Instant::now() + d;
+            loop {
+                if qemu.try_wait().is_some() {
+                    return true;
+                }
+                if cancelled() || Instant::now() >= end {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
         // The guest syncs and powers off by itself after the agent's
         // Shutdown: wait for that, so what its page cache still holds (a file
         // written through mmap on a share) reaches the host before the VM goes.
         let powered_off = agent.is_some_and(|a| {
             a.shutdown();
-            let done = self.qemu.wait_timeout(grace).is_some();
-            if !done {
+            let done = exited_within(&mut self.qemu, grace);
+            if !done && !cancelled() {
                 tracing::warn!(
                     "tier vm: the guest did not power off within {grace:?}; quitting QEMU"
                 );
@@ -593,16 +671,14 @@ impl Machine {
             done
         });
         if !powered_off {
-            if let Some(q) = self.qmp.as_mut() {
-                if q.quit().is_err() {
-                    tracing::debug!("tier vm: QMP quit failed; killing QEMU");
+            if !cancelled() {
+                if let Some(q) = self.qmp.as_mut() {
+                    if q.quit().is_err() {
+                        tracing::debug!("tier vm: QMP quit failed; killing QEMU");
+                    }
                 }
             }
-            if self
-                .qemu
-                .wait_timeout(grace.saturating_sub(start.elapsed()))
-                .is_none()
-            {
+            if !exited_within(&mut self.qemu, grace.saturating_sub(start.elapsed())) {
                 self.qemu.kill();
             }
         }
@@ -636,14 +712,35 @@ impl Drop for Machine {
     }
 }
 
-/// A helper process of a VM that died under it.
+/// A helper process of a VM that died or stalled under it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadHelper {
+pub struct HelperFault {
     /// "QEMU", or "the virtiofsd of DIR (share TAG)".
     pub name: String,
-    /// Its exit status as the OS reports it ("signal: 9 (SIGKILL)").
-    pub status: String,
+    pub fault: Fault,
     pub log: PathBuf,
+}
+
+/// What happened to a helper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// It ended, with this status as the OS reports it ("signal: 9 (SIGKILL)").
+    Exited(String),
+    /// It (or its worker) has been stopped by a signal for this long.
+    Stopped(Duration),
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Exited(status) => write!(f, "exited ({status})"),
+            Fault::Stopped(d) => write!(
+                f,
+                "has been stopped by a signal (state T) for {:.1} s",
+                d.as_secs_f64()
+            ),
+        }
+    }
 }
 
 /// What a stale-instance cleanup did.

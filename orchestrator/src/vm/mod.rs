@@ -19,6 +19,7 @@
 //! - [`qmp`]: the control socket;
 //! - [`machine`]: start/stop of one VM, waiting for the agent;
 //! - [`agent`]: the host side of the agent session;
+//! - [`heartbeat`]: whether a busy guest still answers;
 //! - [`pool`]: `hull batch`, a warm pool of restored VMs, one per job;
 //! - [`snapshot`]: prepared VM snapshots, restored instead of booting;
 //! - [`supervisor`]: VMs kept up by `hull vm up`, relaying agent sessions;
@@ -31,6 +32,7 @@ pub mod agent;
 pub mod assemble;
 #[cfg(target_os = "linux")]
 pub mod batch_out;
+pub mod heartbeat;
 pub mod hyperv;
 pub mod image;
 #[cfg(target_os = "linux")]

@@ -290,7 +290,9 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
     let Warm {
         instance, session, ..
     } = w;
-    session.finish(Duration::from_secs(10));
+    session.finish(Duration::from_secs(10), &|| {
+        ctx.irq.load(Ordering::SeqCst) != 0
+    });
     if let Err(e) = instance.finish() {
         tracing::warn!("hull batch: cleaning up the instance: {e}");
     }

@@ -143,6 +143,28 @@ impl Supervised {
         self.status
     }
 
+    /// True when the process, or a child it forked, is stopped by a signal
+    /// (state `T`): alive, and serving nothing.
+    #[cfg(target_os = "linux")]
+    pub fn is_stopped(&mut self) -> bool {
+        if self.try_wait().is_some() {
+            return false;
+        }
+        let pid = self.pid();
+        std::iter::once(pid)
+            .chain(children(pid))
+            .any(|p| state(p) == Some('T'))
+    }
+
+    /// SIGKILLs the children it forked ([`kill_children`]), only while it
+    /// is unreaped: its pid is then still its own.
+    #[cfg(target_os = "linux")]
+    pub fn kill_children(&mut self) {
+        if self.try_wait().is_none() {
+            kill_children(self.pid());
+        }
+    }
+
     /// Waits up to `d` for the process to end by itself.
     pub fn wait_timeout(&mut self, d: Duration) -> Option<ExitStatus> {
         let end = Instant::now() + d;
@@ -364,6 +386,72 @@ pub struct Stale {
 /// Kills every helper recorded in `dir/*.pid` that is still running (same
 /// pid, start time and program) and removes the pid files. Only call it for
 /// a dir whose `.active` lock is free (no hull owns it any more).
+#[cfg(target_os = "linux")]
+/// The scheduler state of `pid` (`R`, `S`, `D`, `T` stopped by a signal,
+/// `t` stopped by a tracer, `Z`...), if the process exists.
+pub fn state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name may hold spaces and parentheses: the state follows the last ')'.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+#[cfg(target_os = "linux")]
+/// The children of `pid` (of each of its threads).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<u32> = tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+#[cfg(target_os = "linux")]
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// SIGKILLs the children of `pid`, a helper of ours that forks workers
+/// (virtiofsd's sandboxed worker): a worker that was stopped ignores the
+/// SIGTERM its parent's death brings it, and would stay. Each is signalled
+/// through a pidfd opened while it is still `pid`'s child, so a reused pid
+/// is never hit.
+#[cfg(target_os = "linux")]
+pub fn kill_children(pid: u32) {
+    use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+    for c in children(pid) {
+        let Some(cpid) = i32::try_from(c).ok().and_then(Pid::from_raw) else {
+            continue;
+        };
+        let Ok(fd) = pidfd_open(cpid, PidfdFlags::empty()) else {
+            continue;
+        };
+        if parent_of(c) == Some(pid) {
+            let _ = pidfd_send_signal(&fd, Signal::KILL);
+        }
+    }
+}
+
 pub fn kill_stale(dir: &Path) -> io::Result<Vec<Stale>> {
     let mut out = Vec::new();
     let entries = match fs::read_dir(dir) {

@@ -12,7 +12,12 @@
 //! - a cancellation (Ctrl-C, SIGTERM, a stopping supervisor) is its own
 //!   outcome, [`SessionError::Cancelled`], never a failure to report;
 //! - a guest that does not answer `Kill` loses its VM: the command ends as
-//!   timed out or interrupted, whatever the guest does;
+//!   timed out or interrupted, whatever the guest does (an interrupt gives it
+//!   1 s, so Ctrl-C ends a run within 2 s);
+//! - a command runs watched: a helper (QEMU, a virtiofsd) that dies or stays
+//!   stopped ([`crate::vm::machine::STALL_LIMIT`]), or a guest that answers
+//!   nothing, not even a ping ([`crate::vm::heartbeat`]), ends it with an
+//!   error naming the fault, and the VM is killed;
 //! - nothing is retried, and nothing runs anywhere else.
 
 use std::path::{Path, PathBuf};
@@ -23,7 +28,7 @@ use crate::exec::{CommandSpec, ExitStatus, OutputSink};
 use crate::policy::lower::vm::VmPlan;
 use crate::vm::agent::{AgentError, AgentSession, ExecOptions, RawSession};
 use crate::vm::assemble::{configure_spec, now_ns, start_vm, AssembleError, Started};
-use crate::vm::machine::{Machine, MachineError, Tools};
+use crate::vm::machine::{Fault, Machine, MachineError, Tools};
 use crate::vm::qemu::Accel;
 use crate::vm::snapshot::SnapshotUse;
 
@@ -39,14 +44,18 @@ pub enum SessionError {
         #[source]
         source: AgentError,
     },
-    /// A helper of the VM died while a command ran (the VM is gone).
-    #[error("tier vm: {helper} exited ({status}) while the command ran; the VM was killed\n  its log: {log}\n  console log: {console}")]
-    HelperDied {
+    /// A helper of the VM died or stalled while a command ran (the VM is
+    /// gone).
+    #[error("tier vm: {helper} {fault} while the command ran; the VM was killed\n  its log: {log}\n  console log: {console}")]
+    HelperFailed {
         helper: String,
-        status: String,
+        fault: Fault,
         log: PathBuf,
         console: PathBuf,
     },
+    /// The guest answered nothing, not even a `Ping` (the VM is gone).
+    #[error("tier vm: the guest has not answered for {secs} s (its agent wedged, its kernel hung, or its vCPUs stopped); the VM was killed\n  console log: {console}")]
+    Silent { secs: u64, console: PathBuf },
     #[error("tier vm: the agent socket: {0}")]
     RawSocket(#[source] std::io::Error),
     /// Given up on request (the VM is gone).
@@ -164,7 +173,7 @@ impl VmSession {
         let mut died = None;
         // The reason the exec stops with; the error below says it in full.
         let mut watch = || {
-            let d = machine.dead_helper()?;
+            let d = machine.failed_helper()?;
             let name = d.name.clone();
             died = Some(d);
             Some(name)
@@ -173,9 +182,9 @@ impl VmSession {
         if let Some(d) = died {
             self.machine.kill_now();
             self.dead = true;
-            return Err(SessionError::HelperDied {
+            return Err(SessionError::HelperFailed {
                 helper: d.name,
-                status: d.status,
+                fault: d.fault,
                 log: d.log,
                 console: self.machine.console_log().to_path_buf(),
             });
@@ -193,6 +202,14 @@ impl VmSession {
                     ExitStatus::TimedOut
                 })
             }
+            Err(AgentError::Silent { secs }) => {
+                self.machine.kill_now();
+                self.dead = true;
+                Err(SessionError::Silent {
+                    secs,
+                    console: self.machine.console_log().to_path_buf(),
+                })
+            }
             Err(e) => {
                 self.machine.kill_now();
                 self.dead = true;
@@ -202,12 +219,15 @@ impl VmSession {
     }
 
     /// Ends the VM cleanly: the agent's `Shutdown`, up to `grace` for the
-    /// guest to power off, then QEMU is stopped and the file servers.
-    pub fn finish(mut self, grace: Duration) {
-        if self.dead {
+    /// guest to power off, then QEMU is stopped and the file servers. A VM
+    /// that broke, or a `cancelled()` (before or while it waits), is killed
+    /// instead.
+    pub fn finish(mut self, grace: Duration, cancelled: &dyn Fn() -> bool) {
+        if self.dead || cancelled() {
             return self.machine.kill();
         }
-        self.machine.shutdown(Some(&mut self.agent), grace);
+        self.machine
+            .shutdown_unless(Some(&mut self.agent), grace, cancelled);
     }
 
     /// Ends the VM at once.

@@ -38,6 +38,7 @@ use crate::exec::{CommandSpec, ExitStatus, OutputSink};
 use crate::policy::lower::vm::{self as lower_vm, ShareOrigin, VmLowerError, VmPlan};
 use crate::policy::{Policy, PolicyError};
 use crate::vm::agent::{AgentError, AgentSession, ExecOptions};
+use crate::vm::heartbeat::{Beat, Heartbeat, SILENCE_LIMIT};
 use crate::vm::machine::{Machine, MachineError, Tools};
 use crate::vm::proc::PidRecord;
 
@@ -60,7 +61,7 @@ pub enum SupervisorError {
     #[error("hull vm: VM {name} is {state}, not ready{detail}")]
     NotReady {
         name: String,
-        state: String,
+        state: Phase,
         detail: String,
     },
     #[error("hull vm: {what} {path}: {source}")]
@@ -134,8 +135,7 @@ pub struct VmState {
     pub project: PathBuf,
     pub policy: String,
     pub idle_secs: u64,
-    /// `booting`, `ready`, `failed`, `down`.
-    pub state: String,
+    pub state: Phase,
     pub error: Option<String>,
     /// The VM's own tmp and spill (shared as the instance dirs of its runs).
     pub tmp: PathBuf,
@@ -145,6 +145,29 @@ pub struct VmState {
     pub accel: String,
     pub started_unix: u64,
     pub console: PathBuf,
+}
+
+/// Where a kept VM is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Booting,
+    Ready,
+    /// It never became ready, or a fault ended it (`error` says which).
+    Failed,
+    /// Stopped on request or when idle.
+    Down,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            Phase::Booting => "booting",
+            Phase::Ready => "ready",
+            Phase::Failed => "failed",
+            Phase::Down => "down",
+        })
+    }
 }
 
 /// Options of `hull vm up`.
@@ -325,9 +348,9 @@ pub fn up(
     let end = Instant::now() + deadline;
     loop {
         if let Some(s) = read_state(&dir) {
-            match s.state.as_str() {
-                "ready" => return Ok(s),
-                "failed" => {
+            match s.state {
+                Phase::Ready => return Ok(s),
+                Phase::Failed => {
                     let _ = child.wait();
                     return Err(SupervisorError::Failed {
                         name: o.name.clone(),
@@ -335,7 +358,7 @@ pub fn up(
                         log,
                     });
                 }
-                _ => {}
+                Phase::Booting | Phase::Down => {}
             }
         }
         if let Ok(Some(st)) = child.try_wait() {
@@ -459,13 +482,25 @@ pub fn run_in(
 ) -> Result<ExitStatus, SupervisorError> {
     let dir = vm_dir(name)?;
     if !lock_held(&dir) {
-        return Err(SupervisorError::NotUp { name: name.into() });
+        // A VM a fault ended says so, with the fault.
+        return Err(match read_state(&dir) {
+            Some(VmState {
+                state: Phase::Failed,
+                error: Some(e),
+                ..
+            }) => SupervisorError::NotReady {
+                name: name.into(),
+                state: Phase::Failed,
+                detail: format!(": {e}"),
+            },
+            _ => SupervisorError::NotUp { name: name.into() },
+        });
     }
     let st = read_state(&dir).ok_or_else(|| SupervisorError::NotUp { name: name.into() })?;
-    if st.state != "ready" {
+    if st.state != Phase::Ready {
         return Err(SupervisorError::NotReady {
             name: name.into(),
-            state: st.state.clone(),
+            state: st.state,
             detail: st.error.map(|e| format!(": {e}")).unwrap_or_default(),
         });
     }
@@ -496,10 +531,20 @@ pub fn run_in(
     let opts = ExecOptions {
         stdin: Some(Box::new(io::stdin())),
         uid_gid: Some((plan.uid, plan.gid)),
-        interrupt: Some(irq),
+        interrupt: Some(irq.clone()),
         ..ExecOptions::default()
     };
-    s.exec(&cmd, sink, opts).map_err(agent_err)
+    match s.exec(&cmd, sink, opts) {
+        // The supervisor kills what its client leaves; the run ends now.
+        Err(AgentError::Unresponsive { .. }) if irq_sig(&irq) != 0 => {
+            Ok(ExitStatus::Interrupted(irq_sig(&irq)))
+        }
+        r => r.map_err(agent_err),
+    }
+}
+
+fn irq_sig(irq: &AtomicI32) -> i32 {
+    irq.load(Ordering::SeqCst)
 }
 
 /// The run's env with its own tmp/spill paths replaced by the VM's (the
@@ -561,7 +606,7 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
         project: o.project.clone(),
         policy: o.policy.clone(),
         idle_secs: o.idle.as_secs(),
-        state: "booting".into(),
+        state: Phase::Booting,
         error: None,
         tmp: dir.join("tmp"),
         spill: dir.join("spill"),
@@ -573,17 +618,27 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
     write_state(&dir, &state)?;
     match boot(o, &dir, &mut state, &term) {
         Ok((machine, raw)) => {
-            state.state = "ready".into();
+            state.state = Phase::Ready;
             write_state(&dir, &state)?;
             eprintln!("hull vm {}: ready", o.name);
             let r = relay(o, &dir, machine, raw, &term);
-            state.state = "down".into();
+            match &r {
+                Ok(End::Stopped) => state.state = Phase::Down,
+                Ok(End::Fault(why)) => {
+                    state.state = Phase::Failed;
+                    state.error = Some(why.clone());
+                }
+                Err(e) => {
+                    state.state = Phase::Failed;
+                    state.error = Some(e.to_string());
+                }
+            }
             let _ = write_state(&dir, &state);
             drop(lock);
-            r
+            r.map(|_| ())
         }
         Err(e) => {
-            state.state = "failed".into();
+            state.state = Phase::Failed;
             state.error = Some(e.to_string());
             let _ = write_state(&dir, &state);
             drop(lock);
@@ -656,7 +711,8 @@ type ClientWriter = Arc<Mutex<FrameWriter<UnixStream>>>;
 struct Routes {
     /// Supervisor id -> (client, the client's id).
     by_global: HashMap<u32, (u64, u32)>,
-    clients: HashMap<u64, ClientWriter>,
+    /// Each client's writer, and its socket (to close it when the VM ends).
+    clients: HashMap<u64, (ClientWriter, UnixStream)>,
     next_global: u32,
     next_client: u64,
 }
@@ -686,9 +742,68 @@ struct Hub {
     activity: Mutex<Instant>,
     stop: AtomicBool,
     why: Mutex<Option<String>>,
+    /// The stop is a fault (the VM is killed, clients told why).
+    fault: AtomicBool,
+    /// Whether the guest still answers ([`crate::vm::heartbeat`]).
+    beat: Mutex<Heartbeat>,
+}
+
+/// How the relay ended.
+#[derive(Debug)]
+enum End {
+    /// On request (`hull vm down`, a signal) or idle.
+    Stopped,
+    /// A helper died or stalled, or the guest went silent: the VM was killed.
+    Fault(String),
 }
 
 impl Hub {
+    fn new(name: String, agent: Arc<Mutex<FrameWriter<UnixStream>>>) -> Hub {
+        Hub {
+            name,
+            agent,
+            routes: Mutex::new(Routes::default()),
+            activity: Mutex::new(Instant::now()),
+            stop: AtomicBool::new(false),
+            why: Mutex::new(None),
+            fault: AtomicBool::new(false),
+            beat: Mutex::new(Heartbeat::new(SILENCE_LIMIT, Instant::now())),
+        }
+    }
+
+    fn heard(&self) {
+        if let Ok(mut b) = self.beat.lock() {
+            b.heard(Instant::now());
+        }
+    }
+
+    fn fault_because(&self, why: String) {
+        self.fault.store(true, Ordering::SeqCst);
+        self.stop_because(why);
+    }
+
+    /// Every client is told why the VM ends, and its connection closed
+    /// (its running commands end with that error).
+    fn close_clients(&self, why: &str) {
+        let clients: Vec<(ClientWriter, UnixStream)> = match self.routes.lock() {
+            Ok(mut r) => {
+                r.by_global.clear();
+                r.clients.drain().map(|(_, c)| c).collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        let msg = Message::error(
+            ErrorCode::Internal,
+            format!("hull vm {}: the VM ended: {why}", self.name),
+        );
+        for (w, s) in clients {
+            if let Ok(mut w) = w.lock() {
+                let _ = w.send(&msg, 0);
+            }
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
     fn touch(&self) {
         if let Ok(mut a) = self.activity.lock() {
             *a = Instant::now();
@@ -716,21 +831,14 @@ fn relay(
     mut machine: Machine,
     raw: crate::vm::agent::RawSession,
     term: &AtomicBool,
-) -> Result<(), SupervisorError> {
+) -> Result<End, SupervisorError> {
     let ctl = dir.join("ctl.sock");
     let _ = fs::remove_file(&ctl);
     let listener = UnixListener::bind(&ctl).map_err(io_err("listen on", &ctl))?;
     listener
         .set_nonblocking(true)
         .map_err(io_err("listen on", &ctl))?;
-    let hub = Arc::new(Hub {
-        name: o.name.clone(),
-        agent: raw.writer.clone(),
-        routes: Mutex::new(Routes::default()),
-        activity: Mutex::new(Instant::now()),
-        stop: AtomicBool::new(false),
-        why: Mutex::new(None),
-    });
+    let hub = Arc::new(Hub::new(o.name.clone(), raw.writer.clone()));
     {
         let hub = hub.clone();
         let rx = raw.rx;
@@ -740,8 +848,24 @@ fn relay(
         if term.load(Ordering::SeqCst) {
             hub.stop_because("stopped by signal (hull vm down)".into());
         }
-        if !machine.is_running() {
-            hub.stop_because("the VM exited".into());
+        if let Some(f) = machine.failed_helper() {
+            hub.fault_because(format!(
+                "{} {}; its log: {}",
+                f.name,
+                f.fault,
+                f.log.display()
+            ));
+        }
+        let beat = hub.beat.lock().map(|mut b| b.poll(Instant::now()));
+        match beat {
+            Ok(Beat::Ping(nonce)) => {
+                hub.to_agent(&Message::Ping { nonce }, 0);
+            }
+            Ok(Beat::Silent(d)) => hub.fault_because(format!(
+                "the guest has not answered for {} s (its agent wedged, its kernel hung, or its vCPUs stopped)",
+                d.as_secs()
+            )),
+            Ok(Beat::Quiet) | Err(_) => {}
         }
         let idle = {
             let r = hub
@@ -778,13 +902,21 @@ fn relay(
         .ok()
         .and_then(|w| w.clone())
         .unwrap_or_default();
-    eprintln!("hull vm {}: shutting down: {why}", o.name);
     drop(listener);
     let _ = fs::remove_file(&ctl);
+    if hub.fault.load(Ordering::SeqCst) {
+        eprintln!("hull vm {}: killed: {why}", o.name);
+        machine.kill();
+        hub.close_clients(&why);
+        let _ = raw.stream.shutdown(std::net::Shutdown::Both);
+        return Ok(End::Fault(why));
+    }
+    eprintln!("hull vm {}: shutting down: {why}", o.name);
+    hub.close_clients(&why);
     let _ = hub.to_agent(&Message::Shutdown, 0);
     let _ = raw.stream.shutdown(std::net::Shutdown::Both);
     machine.shutdown(None, Duration::from_secs(20));
-    Ok(())
+    Ok(End::Stopped)
 }
 
 /// Frames from the guest: relayed to the client owning the id.
@@ -796,10 +928,11 @@ fn agent_reader(
         let f = match f {
             Ok(f) => f,
             Err(e) => {
-                hub.stop_because(format!("agent connection: {e}"));
+                hub.fault_because(format!("agent connection: {e}"));
                 return;
             }
         };
+        hub.heard();
         if f.id == 0 {
             match f.message {
                 Message::Ping { nonce } => {
@@ -807,7 +940,7 @@ fn agent_reader(
                 }
                 Message::Pong { .. } => {}
                 other => {
-                    hub.stop_because(format!(
+                    hub.fault_because(format!(
                         "the guest sent {} on the control channel",
                         other.kind().name()
                     ));
@@ -827,7 +960,7 @@ fn agent_reader(
                 | Message::Error { .. }
         );
         if !relayable {
-            hub.stop_because(format!(
+            hub.fault_because(format!(
                 "the guest sent a {} frame for exec {}",
                 f.message.kind().name(),
                 f.id
@@ -840,7 +973,7 @@ fn agent_reader(
             if terminal {
                 r.by_global.remove(&f.id);
             }
-            t.and_then(|(c, l)| r.clients.get(&c).cloned().map(|w| (w, l)))
+            t.and_then(|(c, l)| r.clients.get(&c).map(|(w, _)| (w.clone(), l)))
         };
         if terminal {
             hub.touch();
@@ -851,7 +984,7 @@ fn agent_reader(
             }
         }
     }
-    hub.stop_because("agent connection closed".into());
+    hub.fault_because("agent connection closed".into());
 }
 
 /// One client session on ctl.sock.
@@ -897,7 +1030,8 @@ fn client(hub: &Hub, s: UnixStream) {
         }
         r.next_client += 1;
         let c = r.next_client;
-        r.clients.insert(c, writer.clone());
+        let Ok(sock) = s.try_clone() else { return };
+        r.clients.insert(c, (writer.clone(), sock));
         c
     };
     hub.touch();
@@ -1075,14 +1209,10 @@ mod tests {
                 }
             }
         });
-        let hub = Arc::new(Hub {
-            name: "t".into(),
-            agent: Arc::new(Mutex::new(FrameWriter::new(host_end))),
-            routes: Mutex::new(Routes::default()),
-            activity: Mutex::new(Instant::now()),
-            stop: AtomicBool::new(false),
-            why: Mutex::new(None),
-        });
+        let hub = Arc::new(Hub::new(
+            "t".into(),
+            Arc::new(Mutex::new(FrameWriter::new(host_end))),
+        ));
         {
             let hub = hub.clone();
             std::thread::spawn(move || agent_reader(&hub, rx));

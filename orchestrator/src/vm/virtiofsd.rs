@@ -348,10 +348,17 @@ mod imp {
             self.proc.try_wait()
         }
 
+        /// True when it, or the worker it forked, is stopped (state `T`):
+        /// the guest's I/O on the share then waits.
+        pub fn is_stopped(&mut self) -> bool {
+            self.proc.is_stopped()
+        }
+
         /// Stops it (SIGTERM, then SIGKILL after a moment) and removes placeholders.
         pub fn stop(mut self) {
             self.proc.terminate();
             if self.proc.wait_timeout(Duration::from_secs(2)).is_none() {
+                self.proc.kill_children();
                 self.proc.kill();
             }
         }
@@ -359,6 +366,9 @@ mod imp {
 
     impl Drop for Virtiofsd {
         fn drop(&mut self) {
+            // A stopped worker would ignore the SIGTERM its parent's death
+            // sends it: SIGKILL it first.
+            self.proc.kill_children();
             self.proc.kill();
             let _ = fs::remove_file(&self.spec.socket);
             let mut pid = self.spec.socket.clone().into_os_string();
