@@ -331,3 +331,109 @@ fn read_on_a_terminal_escapes_control_characters() {
     );
     assert!(!o.stdout.contains(&0x1b), "{shown:?}");
 }
+
+/// A tmpfs of `size` (with `opts`) mounted over a fresh dir; unmounted
+/// (lazily) when dropped.
+#[cfg(target_os = "linux")]
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+#[cfg(target_os = "linux")]
+impl Tmpfs {
+    #[allow(clippy::unwrap_used, clippy::expect_used)]
+    fn mount(opts: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount(8)");
+        assert!(st.success(), "mount -t tmpfs -o {opts} (needs root)");
+        Tmpfs { dir }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Output that fills the disk of the spill ends the run with an error that
+/// names the spill file and the bytes it kept, and the file holds exactly
+/// them; a read-only runs root is refused by name, with the way out.
+#[cfg(target_os = "linux")]
+#[test]
+#[ignore = "needs root (mounts a tmpfs); run with --ignored as root"]
+fn a_full_spill_and_a_read_only_runs_root_are_named() {
+    let _serial = serial();
+    let project = tempfile::tempdir().unwrap();
+    let full = Tmpfs::mount("size=64k,mode=0700");
+    let runs = full.dir.path().join("runs");
+    let o = Command::new(env!("CARGO_BIN_EXE_hull"))
+        .args([
+            "run",
+            "--tier",
+            "none",
+            "--spill",
+            "1000",
+            "--timeout",
+            "30s",
+        ])
+        .args(["--", "sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x"])
+        .current_dir(project.path())
+        .env("HULL_RUNS_DIR", &runs)
+        .env_remove("HULL_INSTANCE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    // "spill file PATH: ...; it keeps the first N of the M bytes ..."
+    let path = err
+        .split("spill file ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .unwrap_or_else(|| panic!("no spill file named: {err}"));
+    let kept: u64 = err
+        .split("it keeps the first ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count: {err}"));
+    assert!(kept > 0, "{err}");
+    assert_eq!(std::fs::metadata(path).unwrap().len(), kept, "{err}");
+    assert!(std::fs::read(path).unwrap().iter().all(|b| *b == b'x'));
+
+    let ro = Tmpfs::mount("ro,size=64k");
+    let runs = ro.dir.path().join("runs");
+    let o = Command::new(env!("CARGO_BIN_EXE_hull"))
+        .args([
+            "run",
+            "--tier",
+            "none",
+            "--timeout",
+            "30s",
+            "--",
+            "echo",
+            "RAN",
+        ])
+        .current_dir(project.path())
+        .env("HULL_RUNS_DIR", &runs)
+        .env_remove("HULL_INSTANCE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("RAN"));
+    assert!(
+        err.contains(&format!("the runs root {runs:?}: Read-only file system"))
+            && err.contains("set HULL_RUNS_DIR to a writable directory"),
+        "{err}"
+    );
+}

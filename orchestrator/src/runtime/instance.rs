@@ -35,6 +35,13 @@ pub enum InstanceError {
         "runs root {path:?} is not safe to use: {reason}; set HULL_RUNS_DIR to a private directory"
     )]
     RunsRootInsecure { path: PathBuf, reason: String },
+    #[error("{what} the runs root {path:?}: {source}; set HULL_RUNS_DIR to a writable directory of your own")]
+    RunsRoot {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("runs root {path:?} is not valid UTF-8 (its paths go into the command's environment)")]
     NotUtf8 { path: PathBuf },
     #[error("hull instance {id} does not exist under {root:?} (it ended and was cleaned up)")]
@@ -255,7 +262,11 @@ impl Instance {
 /// and UTF-8; returns its canonical path.
 fn prepare_root(runs_root: &Path) -> Result<PathBuf, InstanceError> {
     let canon = private_root(runs_root).map_err(|e| match e {
-        PrivateRootError::Io { what, source } => io_err(what, runs_root)(source),
+        PrivateRootError::Io { what, source } => InstanceError::RunsRoot {
+            what,
+            path: runs_root.to_path_buf(),
+            source,
+        },
         PrivateRootError::Insecure(reason) => InstanceError::RunsRootInsecure {
             path: runs_root.to_path_buf(),
             reason,

@@ -11,9 +11,9 @@
 //! bytes, and its spill file is kept.
 //!
 //! Memory is bounded by the threshold per stream, whatever the command
-//! prints. Not protected against: a full disk (the error is returned and the
-//! spill file is incomplete) or a caller who never calls `finish` (withheld
-//! bytes are then not delivered).
+//! prints. A full disk ends the run with an error naming the spill file and
+//! how many bytes it kept. Not protected against: a caller who never calls
+//! `finish` (withheld bytes are then not delivered).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -219,7 +219,16 @@ impl Stream {
         }
         if let Some(f) = self.file.as_mut() {
             if let Err(e) = f.write_all(data) {
-                return Err(self.spill_err(e));
+                // What the file holds is what the caller can still read.
+                let kept = f.metadata().map(|m| m.len()).unwrap_or(self.total);
+                let sent = self.total + data.len() as u64;
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "spill file {}: {e}; it keeps the first {kept} of the {sent} bytes the stream has sent",
+                        self.path.display()
+                    ),
+                ));
             }
         }
         self.total += data.len() as u64;
