@@ -12,6 +12,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The `hull` binary of this workspace (built by `cargo build` / `cargo test --workspace`).
 pub fn hull_bin() -> PathBuf {
@@ -120,7 +121,7 @@ impl World {
     /// so a hung command ends as hull's exit 124 with its message, before
     /// the test runner's own limit kills the test without one.
     pub fn cmd(&self, tier: &str, extra: &[&str], script: &str) -> Command {
-        let mut c = Command::new(hull_bin());
+        let mut c = self.hull();
         c.arg("run");
         if tier == "vm" {
             c.arg("--tier3");
@@ -133,6 +134,12 @@ impl World {
         }
         c.args(extra);
         c.args(["--", "sh", "-c", script]);
+        c
+    }
+
+    /// `hull` with this world's environment: its home, runs and VMs dirs.
+    pub fn hull(&self) -> Command {
+        let mut c = Command::new(hull_bin());
         // The fake home must not hide hull's own caches (the tier-3 image).
         let cache = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
@@ -142,6 +149,7 @@ impl World {
         }
         c.env("HOME", &self.home)
             .env("HULL_RUNS_DIR", &self.runs)
+            .env("HULL_VMS_DIR", self.root.path().join("vms"))
             .env("HULL_TEST_SECRET", "s3cr3t-host-env-value")
             .env_remove("HULL_INSTANCE");
         c
@@ -245,5 +253,131 @@ pub struct Restore {
 impl Drop for Restore {
     fn drop(&mut self) {
         let _ = std::fs::write(&self.path, &self.value);
+    }
+}
+
+/// Where a run's process tree lives, to look for what it left behind: the
+/// host, or on tier 3 the container of a VM kept by `hull vm up`. A
+/// one-shot tier-3 run's VM dies with the run, taking every process of the
+/// guest along, and guest processes never show in the host's `/proc`: only
+/// a kept VM's container, which serves the next run, can hold what a run
+/// left, and only a command in it can see them.
+#[derive(Debug)]
+pub struct Tree<'a> {
+    w: &'a World,
+    tier: String,
+    vm: Option<String>,
+}
+
+impl<'a> Tree<'a> {
+    /// For tier 3, brings a VM up for the world's project and policy, and
+    /// shows (the control) that a process in its container is seen.
+    pub fn new(w: &'a World, tier: &str) -> Tree<'a> {
+        let mut t = Tree {
+            w,
+            tier: tier.to_string(),
+            vm: None,
+        };
+        if tier != "vm" {
+            return t;
+        }
+        let name = format!("esc{}", std::process::id());
+        let up = w
+            .hull()
+            .args(["vm", "up", "--name", &name, "--idle", "10m"])
+            .arg("--project")
+            .arg(&w.project)
+            .args(["--timeout", "150s"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn hull vm up");
+        t.vm = Some(name);
+        assert!(up.status.success(), "hull vm up: {}", show(&up));
+        let marker = format!("hull-tree-probe-{}", std::process::id());
+        let o = w.run(
+            tier,
+            &t.extra(),
+            &format!(
+                "(exec -a {marker} sleep 30 &); sleep 1; {}",
+                Self::list_script(&marker)
+            ),
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains(&marker),
+            "control: a live process in the VM's container is not seen: {}",
+            show(&o)
+        );
+        t
+    }
+
+    /// The arguments that make a run use this tree's place.
+    pub fn extra(&self) -> Vec<&str> {
+        match &self.vm {
+            Some(name) => vec!["--vm", name.as_str()],
+            None => Vec::new(),
+        }
+    }
+
+    /// A shell loop printing `PID/task/TID CMDLINE` of each live thread
+    /// whose command line holds `marker` (threads, so a process whose main
+    /// thread exited is seen through the others); its own command line
+    /// holds the marker with its first letter bracketed, which the pattern
+    /// does not match.
+    fn list_script(marker: &str) -> String {
+        let mut c = marker.chars();
+        let first = c.next().unwrap_or('x');
+        let pattern = format!("*[{first}]{}*", c.as_str());
+        format!(
+            "for p in /proc/[0-9]*/task/[0-9]*; do read -r s < $p/stat 2>/dev/null || continue; \
+             case \"$s\" in *') Z '*) continue;; esac; \
+             c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); \
+             case \"$c\" in {pattern}) echo \"${{p#/proc/}} $c\";; esac; done"
+        )
+    }
+
+    /// The live processes whose command line holds `marker`, once none is
+    /// left or after 10 s: host pids, or on tier 3 the lines a command in
+    /// the VM's container printed.
+    pub fn left(&self, marker: &str) -> Vec<String> {
+        let Some(_) = &self.vm else {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !pids_with(marker).is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            return pids_with(marker).iter().map(|p| p.to_string()).collect();
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let o = self
+                .w
+                .run(&self.tier, &self.extra(), &Self::list_script(marker));
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "listing the container's processes: {}",
+                show(&o)
+            );
+            let found: Vec<String> = String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect();
+            if found.is_empty() || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for Tree<'_> {
+    fn drop(&mut self) {
+        if let Some(name) = &self.vm {
+            let _ = self
+                .w
+                .hull()
+                .args(["vm", "down", "--name", name, "--timeout", "30s"])
+                .stdin(Stdio::null())
+                .output();
+        }
     }
 }
