@@ -19,6 +19,8 @@ pub mod sandbox_user;
 pub mod text;
 pub mod tier;
 pub mod vm;
+#[cfg(windows)]
+pub mod winsec;
 
 /// Exit code when hull itself failed (the command did not run, or its
 /// result is unknown). Distinct from any exit code `sh` gives a command.

@@ -312,13 +312,6 @@ pub fn trampoline_args(t: &TrampolineSpec, argv: &[OsString]) -> Result<Vec<OsSt
     Ok(a)
 }
 
-/// Adds a deny-everything ACE for the SID `sid` (string form) on `path`, for
-/// the Hyper-V backend's protected paths (the VM's account).
-#[cfg(windows)]
-pub fn deny_all_for_sid(path: &str, sid: &str) -> Result<(), String> {
-    sys::deny_all_for_sid(path, sid)
-}
-
 /// The trampoline's entry point (`hull __windows-exec`): returns the
 /// command's exit code.
 pub fn exec_main(spec: &str, argv: &[OsString]) -> Result<i32, WinError> {

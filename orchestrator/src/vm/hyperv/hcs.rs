@@ -225,7 +225,7 @@ pub fn boot(
     for s in spec.shares.iter().filter(|s| !s.read_only) {
         for m in &s.masks {
             if std::fs::symlink_metadata(m.as_str()).is_ok() {
-                crate::tier::windows::deny_all_for_sid(m.as_str(), &vm_sid).map_err(|message| {
+                crate::winsec::deny_all_for_sid(m.as_str(), &vm_sid).map_err(|message| {
                     HyperVError::Share {
                         name: s.name.clone(),
                         message: format!("deny ACE on {m}: {message}"),

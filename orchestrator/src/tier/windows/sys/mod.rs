@@ -1,8 +1,6 @@
 //! The Windows calls behind the Windows tiers (compiled only for Windows).
 
-mod acl;
 mod process;
-mod sid;
 
 use std::ffi::OsString;
 
@@ -13,8 +11,8 @@ use crate::tier::Tier;
 
 use super::elevated::{AceKind, ElevatedError, ElevatedPlan};
 use super::{command_line, desktop_name, TrampolineSpec, WinError, WinTier};
-use acl::Change;
-use sid::Sid;
+use crate::winsec::acl::{self, Change};
+use crate::winsec::sid::{self, Sid};
 
 fn os(tier: Tier, call: &'static str, what: impl Into<String>, message: String) -> WinError {
     WinError::Os {
@@ -397,16 +395,4 @@ pub fn apply_elevated(plan: &ElevatedPlan) -> Result<usize, ElevatedError> {
         n += 1;
     }
     Ok(n)
-}
-
-/// A deny-everything ACE for a SID given in `S-1-...` form, on `path` and,
-/// for a directory, everything below it.
-pub fn deny_all_for_sid(path: &str, sid: &str) -> Result<(), String> {
-    let s = sid::Sid::from_string(sid)?;
-    acl::apply(
-        path,
-        &s,
-        Change::Deny(Deny::All.mask()),
-        crate::policy::lower::appcontainer::Inherit::Tree,
-    )
 }

@@ -43,7 +43,7 @@ use windows_sys::Win32::System::Threading::{
     PROC_THREAD_ATTRIBUTE_SECURITY_CAPABILITIES, STARTF_USESTDHANDLES, STARTUPINFOEXW,
 };
 
-use super::sid::{last_error, wide, Sid};
+use crate::winsec::sid::{last_error, wide, Sid};
 
 const SE_GROUP_INTEGRITY: u32 = 0x0000_0020;
 const SE_GROUP_LOGON_ID: u32 = 0xC000_0000;
