@@ -101,11 +101,8 @@ impl Busy {
 
 fn signal(pid: u64, sig: i32) {
     // SAFETY: kill(2) on a pid just read from /proc.
-    assert_eq!(
-        unsafe { libc::kill(pid as i32, sig) },
-        0,
-        "kill {pid} {sig}"
-    );
+    let r = unsafe { libc::kill(pid as i32, sig) };
+    assert_eq!(r, 0, "kill {pid} {sig}");
 }
 
 fn ppid(pid: u64) -> u64 {
