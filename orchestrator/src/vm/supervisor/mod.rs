@@ -1,0 +1,399 @@
+//! VMs that stay up: `hull vm up|status|down` and `hull run --tier3 --vm NAME`.
+//!
+//! `hull vm up --name N` starts a detached supervisor (`hull vm __serve`) that
+//! owns the VM for its whole life: it holds an exclusive lock on
+//! `<vms>/N/.active`, starts virtiofsd and QEMU as its own children (so they
+//! die with it), sets up the container once, and then relays agent sessions
+//! from `<vms>/N/ctl.sock` to the one virtio-serial connection, mapping each
+//! client's exec ids to ids of its own so clients can neither see nor touch
+//! each other's commands. It shuts the VM down after an idle time with no
+//! client and no running command, on `hull vm down` (SIGTERM, after checking
+//! the pid's start time and program), or when the VM dies.
+//!
+//! What this protects against: clients confusing the relay (only host-side
+//! frame kinds are accepted from clients, ids are checked, a client that
+//! breaks the protocol is dropped and its commands killed), a guest confusing
+//! it (only guest-side kinds are relayed; anything else stops the VM), and
+//! runs reaching shares they did not ask for (a run's policy must lower to
+//! the shares the VM was started with, or it is refused).
+//!
+//! What it does not: give each run a fresh container. State in the
+//! container persists between runs of the same VM by design; a run that
+//! needs a clean container uses a fresh VM (no `--vm`).
+//!
+//! Here: a VM's state file, names and dirs, `status` and `down`; in
+//! [`daemon`] `up` and the supervisor process; in [`relay`] its relay of
+//! agent sessions, with the watch and heartbeat that end a faulted VM; in
+//! [`client`] the side of a `hull run --vm`.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::lower::vm::{ShareOrigin, VmLowerError, VmPlan};
+use crate::policy::PolicyError;
+use crate::vm::agent::AgentError;
+use crate::vm::machine::MachineError;
+use crate::vm::proc::PidRecord;
+
+mod client;
+mod daemon;
+mod relay;
+
+pub use client::{rebase_env, run_in};
+pub use daemon::{serve, up};
+
+/// Idle time after which a VM with no client and no command stops.
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(30 * 60);
+const MAX_CLIENTS: usize = 32;
+const MAX_EXECS: usize = 64;
+const MAX_STATE_FILE: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error(
+        "hull vm: name {0:?} is not 1-32 characters of [a-z0-9-] starting with a letter or digit"
+    )]
+    BadName(String),
+    #[error("hull vm: VM {name} is already up (supervisor pid {pid}); `hull vm down --name {name}` first")]
+    AlreadyUp { name: String, pid: u32 },
+    #[error("hull vm: no VM named {name} is up; start it with `hull vm up --name {name}`")]
+    NotUp { name: String },
+    #[error("hull vm: VM {name} is {state}, not ready{detail}")]
+    NotReady {
+        name: String,
+        state: Phase,
+        detail: String,
+    },
+    #[error("hull vm: {what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("hull vm: the supervisor of VM {name} exited before the VM was ready ({status}); log {log}:\n{tail}")]
+    StartFailed {
+        name: String,
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("hull vm: VM {name} failed to start: {error}\n  log: {log}")]
+    Failed {
+        name: String,
+        error: String,
+        log: PathBuf,
+    },
+    #[error("hull vm: VM {name} was not ready within {secs}s; log {log}:\n{tail}")]
+    Timeout {
+        name: String,
+        secs: u64,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error(
+        "tier vm: VM {name} was started with other shares than this run needs; refusing.\n  \
+         VM {name}: {vm}\n  this run: {run}\n  start a VM for this project and policy: \
+         hull vm up --name OTHER --project P --policy X"
+    )]
+    Mismatch {
+        name: String,
+        vm: String,
+        run: String,
+    },
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Lower(#[from] VmLowerError),
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+    #[error(transparent)]
+    Session(#[from] crate::vm::session::SessionError),
+    #[error("{source}\n  console log: {console}")]
+    Agent {
+        console: PathBuf,
+        #[source]
+        source: AgentError,
+    },
+    #[error("hull vm: {0}")]
+    Other(String),
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SupervisorError {
+    let path = path.to_path_buf();
+    move |source| SupervisorError::Io { what, path, source }
+}
+
+/// What the supervisor records in `<vms>/NAME/vm.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmState {
+    pub name: String,
+    /// The supervisor process.
+    pub pid: u32,
+    pub start_time: Option<u64>,
+    pub program: PathBuf,
+    pub project: PathBuf,
+    pub policy: String,
+    pub idle_secs: u64,
+    pub state: Phase,
+    pub error: Option<String>,
+    /// The VM's own tmp and spill (shared as the instance dirs of its runs).
+    pub tmp: PathBuf,
+    pub spill: PathBuf,
+    /// The shares other than tmp/spill, as [`fingerprint`] lines.
+    pub shares: Vec<String>,
+    pub accel: String,
+    pub started_unix: u64,
+    pub console: PathBuf,
+}
+
+/// Where a kept VM is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Booting,
+    Ready,
+    /// It never became ready, or a fault ended it (`error` says which).
+    Failed,
+    /// Stopped on request or when idle.
+    Down,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            Phase::Booting => "booting",
+            Phase::Ready => "ready",
+            Phase::Failed => "failed",
+            Phase::Down => "down",
+        })
+    }
+}
+
+/// Options of `hull vm up`.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub name: String,
+    pub project: PathBuf,
+    pub policy: String,
+    pub idle: Duration,
+}
+
+/// One line of `hull vm status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmStatus {
+    pub name: String,
+    pub up: bool,
+    pub state: Option<VmState>,
+}
+
+/// Where persistent VMs live: next to the runs dir (`/tmp/hull-vms`).
+pub fn vms_root() -> PathBuf {
+    crate::vm::supervisor_root()
+}
+
+pub fn validate_name(name: &str) -> Result<(), SupervisorError> {
+    let ok = (1..=32).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(SupervisorError::BadName(name.to_string()))
+    }
+}
+
+pub fn vm_dir(name: &str) -> Result<PathBuf, SupervisorError> {
+    validate_name(name)?;
+    Ok(checked_vms_root()?.join(name))
+}
+
+/// The VMs root, created private when missing and refused when another
+/// user owns it or could write it (a directory pre-created in /tmp could
+/// hold planted pid files and symlinks that hull, as root, would act on).
+fn checked_vms_root() -> Result<PathBuf, SupervisorError> {
+    let root = vms_root();
+    crate::runtime::instance::private_root(&root).map_err(|e| match e {
+        crate::runtime::instance::PrivateRootError::Io { what, source } => {
+            io_err(what, &root)(source)
+        }
+        crate::runtime::instance::PrivateRootError::Insecure(reason) => {
+            SupervisorError::Other(format!(
+                "hull vm: the VMs directory {} is not safe to use: {reason}; set HULL_VMS_DIR to a private directory",
+                root.display()
+            ))
+        }
+    })
+}
+
+/// The shares of a plan that identify what a VM exposes (not its own tmp/spill).
+pub fn fingerprint(plan: &VmPlan) -> Vec<String> {
+    let mut v: Vec<String> = plan
+        .shares
+        .iter()
+        .filter(|s| s.origin == ShareOrigin::Policy)
+        .map(|s| {
+            let masks: Vec<String> = s
+                .masks
+                .iter()
+                .map(|m| format!("{:?}:{}", m.protection, m.path.display()))
+                .collect();
+            format!(
+                "{} {}{} [{}]",
+                if s.readonly { "ro" } else { "rw" },
+                s.host_path.display(),
+                if s.exec { "" } else { " noexec" },
+                masks.join(" ")
+            )
+        })
+        .collect();
+    v.push(format!(
+        "limits memory={:?} cpus={:?} processes={:?}",
+        plan.limits.memory_bytes, plan.limits.cpus, plan.limits.processes
+    ));
+    v.sort();
+    v
+}
+
+fn read_state(dir: &Path) -> Option<VmState> {
+    use std::io::Read;
+    let f = fs::File::open(dir.join("vm.json")).ok()?;
+    let mut b = Vec::new();
+    f.take(MAX_STATE_FILE).read_to_end(&mut b).ok()?;
+    serde_json::from_slice(&b).ok()
+}
+
+fn write_state(dir: &Path, s: &VmState) -> Result<(), SupervisorError> {
+    let p = dir.join("vm.json");
+    let tmp = dir.join("vm.json.tmp");
+    let text = serde_json::to_vec_pretty(s).map_err(|e| SupervisorError::Other(e.to_string()))?;
+    fs::write(&tmp, text).map_err(io_err("write", &tmp))?;
+    fs::rename(&tmp, &p).map_err(io_err("write", &p))
+}
+
+/// Is the supervisor's lock held (the VM is up)?
+fn lock_held(dir: &Path) -> bool {
+    let Ok(f) = fs::File::open(dir.join(".active")) else {
+        return false;
+    };
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        Ok(()) => false,
+        Err(_) => true,
+    }
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn set_private(dir: &Path) -> Result<(), SupervisorError> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io_err("chmod", dir))
+}
+
+/// `hull vm status`: every known VM and whether its supervisor runs.
+/// Dirs of dead supervisors are cleaned (helpers killed, sockets removed).
+pub fn status() -> Result<Vec<VmStatus>, SupervisorError> {
+    let root = checked_vms_root()?;
+    let mut out = Vec::new();
+    let rd = match fs::read_dir(&root) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(io_err("list", &root)(e)),
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if validate_name(&name).is_err() {
+            continue;
+        }
+        let dir = e.path();
+        let up = lock_held(&dir);
+        if !up {
+            let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
+        }
+        out.push(VmStatus {
+            name,
+            up,
+            state: read_state(&dir),
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// `hull vm down`: stops the VM's supervisor (which shuts the VM down
+/// cleanly), killing it when it is not gone after `grace`. Returns false
+/// when it was not up.
+pub fn down(name: &str, grace: Duration) -> Result<bool, SupervisorError> {
+    let dir = vm_dir(name)?;
+    if !lock_held(&dir) {
+        let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
+        return Ok(false);
+    }
+    let s = read_state(&dir).ok_or_else(|| {
+        SupervisorError::Other(format!(
+            "VM {name} is up but {} is unreadable",
+            dir.join("vm.json").display()
+        ))
+    })?;
+    let rec = PidRecord {
+        pid: s.pid,
+        start_time: s.start_time,
+        program: s.program.clone(),
+    };
+    if !rec.is_alive() {
+        return Err(SupervisorError::Other(format!(
+            "VM {name}: the recorded supervisor pid {} is not the process holding the lock; not signalling it",
+            s.pid
+        )));
+    }
+    // SAFETY: kill(2) on the process identified by pid, start time and program.
+    unsafe {
+        libc::kill(s.pid as libc::pid_t, libc::SIGTERM);
+    }
+    let end = Instant::now() + grace;
+    while lock_held(&dir) {
+        if Instant::now() >= end {
+            if rec.is_alive() {
+                // SAFETY: as above.
+                unsafe {
+                    libc::kill(s.pid as libc::pid_t, libc::SIGKILL);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The lock goes a moment before the process: wait for it to end too.
+    let end = Instant::now() + Duration::from_secs(10);
+    while rec.is_alive() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["default", "a", "build-2", "0x"] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "A", "a/b", "..", "a b", &"x".repeat(33)] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+    }
+}
