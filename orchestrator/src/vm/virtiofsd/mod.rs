@@ -1,0 +1,206 @@
+//! One virtiofsd per share, started and supervised by hull.
+//!
+//! What this protects against, on the host side (a compromised guest kernel
+//! cannot undo any of it):
+//! - writes to read-only shares: `--readonly` makes virtiofsd refuse every
+//!   write with EROFS, also after a guest `mount -o remount,rw`;
+//! - the guest reaching outside the share: `--sandbox=namespace` (pivot_root
+//!   into the share, new pid/net namespaces) and `--seccomp=kill`; `chroot`
+//!   only when namespaces are impossible, and then with a warning;
+//! - writes to protected paths inside a writable share (`.git`, `.hull`,
+//!   policy `deny` entries): virtiofsd starts in a private mount namespace
+//!   where hull has bind-mounted each protected path read-only onto itself
+//!   (or masked it with an empty read-only tmpfs or file). virtiofsd's own
+//!   sandbox clones that tree recursively, so the guest sees the masks and
+//!   cannot remove them. A protected path that does not exist yet gets an
+//!   empty placeholder on the host first (removed again when the share ends,
+//!   if still empty), so the guest cannot create it either;
+//! - host-root ownership leaking in: ids are translated (`--translate-uid`,
+//!   `--translate-gid`) so the files virtiofsd sees as uid/gid 0 appear as
+//!   [`GUEST_UID`](super::GUEST_UID) in the guest, the unprivileged uid the
+//!   container runs commands as.
+//!
+//! What it does not: a protected path that is a symlink, or lies below a
+//! symlink inside the share, cannot be masked (a mount follows the link); it
+//! is refused (fail closed). Writes are write-through (`--cache=auto`, no
+//! `--writeback`): what the command wrote is on the host when it exits, but
+//! host-side changes may take up to a second to show in the guest.
+//!
+//! Here: the spec and its argv (pure). In [`process`]: starting virtiofsd
+//! and supervising it. In [`mask`]: the protected-path masks and their
+//! placeholders, mounted between fork and exec.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// How virtiofsd isolates itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    /// Mount, pid and network namespaces, pivot_root into the share.
+    Namespace,
+    /// chroot into the share (root only); weaker, used only when namespaces fail.
+    Chroot,
+}
+
+impl SandboxMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            SandboxMode::Namespace => "namespace",
+            SandboxMode::Chroot => "chroot",
+        }
+    }
+}
+
+/// How a protected path inside a share is masked in virtiofsd's mount namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskKind {
+    /// Bind-mounted read-only onto itself: readable, never writable.
+    ReadOnly,
+    /// Covered by an empty read-only directory or file.
+    Hidden,
+}
+
+/// A protected path inside a share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostMask {
+    /// Absolute host path, below the share's `shared_dir`.
+    pub path: PathBuf,
+    pub kind: MaskKind,
+    /// When missing, the placeholder to create: a file (shell rc files) or a dir.
+    pub placeholder_is_file: bool,
+}
+
+/// Everything one virtiofsd is started with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VirtiofsdSpec {
+    pub tag: String,
+    pub shared_dir: PathBuf,
+    pub socket: PathBuf,
+    pub readonly: bool,
+    pub sandbox: SandboxMode,
+    /// The guest uid and gid the files virtiofsd sees as owned by uid and
+    /// gid 0 appear as (the command's own shares); `None` shows every id as
+    /// it is on the host (a host root file is then nobody's in the
+    /// container, read as "others").
+    pub translate: Option<(u32, u32)>,
+    pub masks: Vec<HostMask>,
+}
+
+impl VirtiofsdSpec {
+    /// virtiofsd's arguments (without the program name).
+    pub fn argv(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut kv = |k: &str, v: &OsString| {
+            let mut s = OsString::from(k);
+            s.push(v);
+            a.push(s);
+        };
+        kv("--socket-path=", &self.socket.clone().into_os_string());
+        kv("--shared-dir=", &self.shared_dir.clone().into_os_string());
+        kv("--sandbox=", &self.sandbox.name().into());
+        kv("--seccomp=", &"kill".into());
+        // Write-through data cache with short metadata timeouts: writes land
+        // on the host before the guest's write(2) returns.
+        kv("--cache=", &"auto".into());
+        // Files virtiofsd sees as 0 (host root, or the host user inside
+        // virtiofsd's user namespace) appear as the guest's command uid.
+        if let Some((uid, gid)) = self.translate {
+            kv("--translate-uid=", &format!("map:{uid}:0:1").into());
+            kv("--translate-gid=", &format!("map:{gid}:0:1").into());
+        }
+        kv("--log-level=", &"info".into());
+        if self.readonly {
+            a.push("--readonly".into());
+        }
+        a
+    }
+}
+
+/// Finds virtiofsd: `HULL_VIRTIOFSD`, `PATH`, `/usr/libexec/virtiofsd`,
+/// `/usr/lib/qemu/virtiofsd`, `~/.cargo/bin/virtiofsd`. Absolute path.
+pub fn find_virtiofsd() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("HULL_VIRTIOFSD") {
+        let p = PathBuf::from(p);
+        return p.is_absolute().then_some(p);
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.push("/usr/libexec".into());
+    dirs.push("/usr/lib/qemu".into());
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.push(Path::new(&home).join(".cargo/bin"));
+    }
+    super::qemu::find_in(&dirs, "virtiofsd")
+}
+
+/// `virtiofsd 1.14.0`.
+pub fn version(bin: &Path) -> Option<String> {
+    let out = std::process::Command::new(bin)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[cfg(target_os = "linux")]
+mod mask;
+#[cfg(target_os = "linux")]
+mod process;
+
+#[cfg(target_os = "linux")]
+pub use process::*;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn golden_argv() {
+        let spec = VirtiofsdSpec {
+            tag: "spill".into(),
+            shared_dir: "/tmp/hull-runs/ID/spill".into(),
+            socket: "/tmp/hull-runs/ID/vfs-spill.sock".into(),
+            readonly: true,
+            sandbox: SandboxMode::Namespace,
+            translate: Some((1000, 1000)),
+            masks: vec![],
+        };
+        let got: Vec<String> = spec
+            .argv()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "--socket-path=/tmp/hull-runs/ID/vfs-spill.sock",
+                "--shared-dir=/tmp/hull-runs/ID/spill",
+                "--sandbox=namespace",
+                "--seccomp=kill",
+                "--cache=auto",
+                "--translate-uid=map:1000:0:1",
+                "--translate-gid=map:1000:0:1",
+                "--log-level=info",
+                "--readonly",
+            ]
+        );
+        let mut rw = spec.clone();
+        rw.readonly = false;
+        rw.sandbox = SandboxMode::Chroot;
+        let got: Vec<String> = rw
+            .argv()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(!got.iter().any(|a| a == "--readonly"));
+        assert!(got.iter().any(|a| a == "--sandbox=chroot"));
+    }
+}
