@@ -209,25 +209,42 @@ fn every_run_restores_the_snapshot_into_a_fresh_container() {
 #[test]
 fn the_boot_path_still_works_when_snapshots_are_off() {
     let w = world();
-    let out = w
-        .cmd(&[
+    // Limits reach the container one way on both paths: the same cgroup
+    // values after a boot as after a restore (once, a boot gave Incus a
+    // CPU count to pin, a restore a CPU-time quota).
+    let policy = w.root.path().join("limits.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\"]\nread = [\"/etc\"]\n\
+         read_write = [\"${PROJECT}\"]\n[limits]\nmemory = \"256MiB\"\npids = 48\ncpus = 1\n",
+    )
+    .unwrap();
+    let script = "cat input.txt; echo b > boot.txt; \
+                  cd /sys/fs/cgroup && cat cpu.max pids.max memory.max memory.swap.max";
+    let run = |snapshot: &str| {
+        w.cmd(&[
             "run",
             "--tier3",
             "--timeout",
             RUN_TIMEOUT,
+            "--policy",
+            policy.to_str().unwrap(),
             "--",
             "sh",
             "-c",
-            "cat input.txt; echo b > boot.txt",
+            script,
         ])
-        .env("HULL_VM_SNAPSHOT", "off")
+        .env("HULL_VM_SNAPSHOT", snapshot)
         // The boot and setup deadlines (300 s each under TCG by default)
         // end inside the test's 5 minutes: a wedged boot is hull's error.
         .env("HULL_VM_BOOT_TIMEOUT", "130")
         .output()
-        .unwrap();
+        .unwrap()
+    };
+    let limits = "100000 100000\n48\n268435456\n0\n";
+    let out = run("off");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "from the host\n");
+    assert_eq!(text(&out.stdout), format!("from the host\n{limits}"));
     assert_eq!(
         std::fs::read_to_string(w.project.join("boot.txt")).unwrap(),
         "b\n"
@@ -237,6 +254,14 @@ fn the_boot_path_still_works_when_snapshots_are_off() {
         logs.iter().any(|l| l.contains("mounts done")),
         "not booted: {logs:?}"
     );
+    let restored = run("on");
+    assert_eq!(
+        restored.status.code(),
+        Some(0),
+        "{}",
+        text(&restored.stderr)
+    );
+    assert_eq!(text(&restored.stdout), format!("from the host\n{limits}"));
 }
 
 #[test]

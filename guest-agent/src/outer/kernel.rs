@@ -1,0 +1,151 @@
+//! What the outer agent asks of the guest kernel: the clock, power off, the
+//! container's cgroup limits (one way after a boot and after a restore),
+//! fresh entropy, dropped caches.
+
+use std::io;
+use std::path::Path;
+use std::time::Instant;
+
+use hull_protocol::ConfigureSpec;
+
+use crate::mounts;
+
+pub(super) fn set_clock(unix_ns: u64) -> io::Result<()> {
+    if unix_ns == 0 {
+        return Ok(());
+    }
+    let ts = libc::timespec {
+        tv_sec: (unix_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (unix_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `ts` is a valid timespec on the stack; clock_settime only reads it.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Flushes every share mounted under the share root (`syncfs`), so writes
+/// still in the guest's page cache reach the host, then powers off. Returns
+/// only if the power-off was refused.
+pub(super) fn power_off() {
+    let t0 = Instant::now();
+    for p in mounts::mounted_shares() {
+        match std::fs::File::open(&p) {
+            Ok(f) => {
+                if let Err(e) = rustix::fs::syncfs(&f) {
+                    tracing::warn!("syncfs {}: {e}", p.display());
+                }
+            }
+            Err(e) => tracing::warn!("open {}: {e}", p.display()),
+        }
+    }
+    tracing::info!(
+        "shares flushed in {:.3} s; powering off",
+        t0.elapsed().as_secs_f64()
+    );
+    if let Err(e) = rustix::system::reboot(rustix::system::RebootCommand::PowerOff) {
+        tracing::error!("power off refused: {e}; the guest's init takes over");
+    }
+}
+
+/// The cgroup v2 files and values for the spec's limits: `memory.max` (and
+/// no swap), `pids.max`, `cpu.max` (a CPU-time quota of `cpus` whole CPUs).
+/// The one way limits are applied, after a boot as after a restore.
+pub fn cgroup_limits(spec: &ConfigureSpec) -> Vec<(&'static str, String)> {
+    let c = &spec.container;
+    let mut v = Vec::new();
+    if let Some(m) = c.memory_bytes {
+        v.push(("memory.max", m.to_string()));
+        v.push(("memory.swap.max", "0".to_string()));
+    }
+    if let Some(n) = c.processes {
+        v.push(("pids.max", n.to_string()));
+    }
+    if let Some(n) = c.cpus {
+        v.push(("cpu.max", format!("{} 100000", u64::from(n) * 100_000)));
+    }
+    v
+}
+
+/// Writes [`cgroup_limits`] into the cgroup of container init `pid` (the
+/// container's delegated root: with `nsdelegate`, container root cannot
+/// change these files of its own namespace root).
+pub(super) fn set_cgroup_limits(pid: u32, spec: &ConfigureSpec) -> Result<(), String> {
+    let limits = cgroup_limits(spec);
+    if limits.is_empty() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_err(|e| format!("cannot read /proc/{pid}/cgroup: {e}"))?;
+    let rel = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or_else(|| format!("container init {pid} is not in a cgroup v2 hierarchy"))?;
+    if !rel.starts_with("/lxc.payload.") || rel.contains("..") {
+        return Err(format!(
+            "container init {pid} is in cgroup {rel}, not an Incus payload"
+        ));
+    }
+    let dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
+    for (file, value) in limits {
+        let p = dir.join(file);
+        if file == "memory.swap.max" && !p.exists() {
+            continue;
+        }
+        std::fs::write(&p, &value)
+            .map_err(|e| format!("cannot write {value} to {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Mixes 64 bytes from the host's virtio-rng into the guest's pool (best
+/// effort: the pool is never made weaker by a failed read).
+pub(super) fn reseed_crng() {
+    use std::io::{Read, Write};
+    let mut buf = [0u8; 64];
+    let got = std::fs::File::open("/dev/hwrng").and_then(|mut f| f.read_exact(&mut buf));
+    match got {
+        Ok(()) => {
+            if let Err(e) = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/urandom")
+                .and_then(|mut f| f.write_all(&buf))
+            {
+                tracing::warn!("cannot mix host entropy into /dev/urandom: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("cannot read /dev/hwrng for a reseed: {e}"),
+    }
+}
+
+/// `sync; echo 3 > /proc/sys/vm/drop_caches` (best effort).
+pub(super) fn drop_caches() {
+    rustix::fs::sync();
+    if let Err(e) = std::fs::write("/proc/sys/vm/drop_caches", b"3\n") {
+        tracing::warn!("cannot drop the page cache before the snapshot: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outer::test_spec;
+
+    #[test]
+    fn cgroup_limits_follow_the_test_spec() {
+        let mut s = test_spec();
+        assert_eq!(
+            cgroup_limits(&s),
+            [
+                ("memory.max", (512u64 << 20).to_string()),
+                ("memory.swap.max", "0".to_string()),
+                ("cpu.max", "100000 100000".to_string()),
+            ]
+        );
+        s.container.processes = Some(64);
+        s.container.memory_bytes = None;
+        s.container.cpus = None;
+        assert_eq!(cgroup_limits(&s), [("pids.max", "64".to_string())]);
+    }
+}
