@@ -248,7 +248,10 @@ pub fn run_process_tier(
     let mut broker: Option<crate::tier::broker::Broker> = None;
     // The broker's filter, installed after every other step of the child.
     let mut last_step: Option<crate::tier::broker::Handoff> = None;
-    let mut started_check: Option<Box<dyn FnOnce() -> Result<(), RunError>>> = None;
+    // What the tier's helper says of the run once it ended: the sandbox
+    // never came up, or the helper itself was killed.
+    type Check = Box<dyn FnOnce(&crate::exec::ExitStatus) -> Result<(), RunError>>;
+    let mut started_check: Option<Check> = None;
     let mut containment = crate::exec::process::Containment::None;
     let mut cmd = match tier {
         Tier::None => {
@@ -313,8 +316,9 @@ pub fn run_process_tier(
             }
             keep_alive.extend(prepared.keep);
             let status = prepared.status;
-            started_check = Some(Box::new(move || {
-                crate::tier::bwrap::check_started(status).map_err(|e| RunError::Tier(e.to_string()))
+            started_check = Some(Box::new(move |exit| {
+                crate::tier::bwrap::check_started(status, exit)
+                    .map_err(|e| RunError::Tier(e.to_string()))
             }));
             containment = crate::exec::process::Containment::PidNamespace;
             prepared.command
@@ -366,7 +370,7 @@ pub fn run_process_tier(
             keep_alive.push(prepared.error_w);
             keep_alive.push(prepared.exe);
             let err_r = prepared.error_r;
-            started_check = Some(Box::new(move || {
+            started_check = Some(Box::new(move |_| {
                 crate::tier::landlock::check_started(err_r)
                     .map_err(|e| RunError::Tier(e.to_string()))
             }));
@@ -428,7 +432,7 @@ pub fn run_process_tier(
     if let Some(check) = started_check {
         // A sandbox that could not be set up is hull's failure, not the
         // command's exit code: report it as such (exit 125).
-        check()?;
+        check(&status)?;
     }
     Ok(status)
 }

@@ -256,6 +256,17 @@ impl Drop for Restore {
     }
 }
 
+/// A shell command that sleeps `secs` in a process whose command line
+/// holds `marker`: `sh -c 'sleep N; :' "MARK""ER"` (the trailing `:` keeps
+/// the shell from exec'ing sleep, and dash has no `exec -a`). The marker is
+/// written in two quoted halves, so the script that holds this command (and
+/// hull's own command line, which holds the script) never contains it.
+pub fn marked_sleep(marker: &str, secs: u32) -> String {
+    let mid = marker.len() / 2;
+    let (a, b) = marker.split_at(mid);
+    format!("sh -c 'sleep {secs}; :' \"{a}\"\"{b}\"")
+}
+
 /// Where a run's process tree lives, to look for what it left behind: the
 /// host, or on tier 3 the container of a VM kept by `hull vm up`. A
 /// one-shot tier-3 run's VM dies with the run, taking every process of the
@@ -293,21 +304,54 @@ impl<'a> Tree<'a> {
             .expect("spawn hull vm up");
         t.vm = Some(name);
         assert!(up.status.success(), "hull vm up: {}", show(&up));
+        // The control: a run leaves a marked process running (the agent
+        // kills it when the run ends), and a listing made meanwhile sees it.
         let marker = format!("hull-tree-probe-{}", std::process::id());
-        let o = w.run(
-            tier,
-            &t.extra(),
-            &format!(
-                "(exec -a {marker} sleep 30 &); sleep 1; {}",
-                Self::list_script(&marker)
-            ),
+        let mut c = w
+            .cmd(
+                tier,
+                &t.extra(),
+                &format!("({} &); echo started; sleep 30", marked_sleep(&marker, 30)),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn hull");
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(c.stdout.take().expect("stdout")),
+            &mut line,
         );
+        let seen = t.now(&marker);
+        let _ = c.kill();
+        let _ = c.wait();
+        assert_eq!(line, "started\n", "control: the marked run did not start");
         assert!(
-            String::from_utf8_lossy(&o.stdout).contains(&marker),
-            "control: a live process in the VM's container is not seen: {}",
-            show(&o)
+            !seen.is_empty(),
+            "control: a live process in the VM's container is not seen"
         );
         t
+    }
+
+    /// The live processes whose command line holds `marker`, now: host
+    /// pids, or on tier 3 the lines a command in the VM's container printed.
+    pub fn now(&self, marker: &str) -> Vec<String> {
+        if self.vm.is_none() {
+            return pids_with(marker).iter().map(|p| p.to_string()).collect();
+        }
+        let o = self
+            .w
+            .run(&self.tier, &self.extra(), &Self::list_script(marker));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "listing the container's processes: {}",
+            show(&o)
+        );
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
     }
 
     /// The arguments that make a run use this tree's place.
@@ -339,32 +383,13 @@ impl<'a> Tree<'a> {
     /// left or after 10 s: host pids, or on tier 3 the lines a command in
     /// the VM's container printed.
     pub fn left(&self, marker: &str) -> Vec<String> {
-        let Some(_) = &self.vm else {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !pids_with(marker).is_empty() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            return pids_with(marker).iter().map(|p| p.to_string()).collect();
-        };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let o = self
-                .w
-                .run(&self.tier, &self.extra(), &Self::list_script(marker));
-            assert_eq!(
-                o.status.code(),
-                Some(0),
-                "listing the container's processes: {}",
-                show(&o)
-            );
-            let found: Vec<String> = String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(str::to_string)
-                .collect();
+            let found = self.now(marker);
             if found.is_empty() || Instant::now() >= deadline {
                 return found;
             }
-            std::thread::sleep(Duration::from_millis(500));
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 }

@@ -11,7 +11,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use hull_tests::{
-    feed, pids_with, require_tier, show, HostLock, Restore, Tree, World, CANARY, VICTIM,
+    feed, marked_sleep, pids_with, require_tier, show, HostLock, Restore, Tree, World, CANARY,
+    VICTIM,
 };
 
 fn hull_policy_default() -> String {
@@ -887,13 +888,31 @@ fn setsid_grandchild_dies_on_timeout(t: &str) {
     let w = World::new();
     let tree = Tree::new(&w, t);
     let marker = format!("hull-escape-marker-{}", std::process::id());
+    let (a, b) = (format!("{marker}-a"), format!("{marker}-b"));
     let script = format!(
-        "setsid sh -c 'exec -a {marker}-a sleep 300' & (setsid sh -c 'exec -a {marker}-b sleep 300' &) ; sleep 300"
+        "setsid {} & (setsid {} &); echo started; sleep 300",
+        marked_sleep(&a, 300),
+        marked_sleep(&b, 300)
     );
     let mut extra = tree.extra();
-    extra.extend(["--timeout", "3s"]);
-    let o = w.run(t, &extra, &script);
-    assert_eq!(o.status.code(), Some(124), "{}", show(&o));
+    extra.extend(["--timeout", "5s"]);
+    let mut c = w
+        .cmd(t, &extra, &script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line.trim(), "started");
+    // The control: both escaped the session and run.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!tree.now(&a).is_empty(), "{a} does not run");
+    assert!(!tree.now(&b).is_empty(), "{b} does not run");
+    let st = c.wait().expect("wait");
+    assert_eq!(st.code(), Some(124));
     let left = tree.left(&marker);
     assert!(left.is_empty(), "left running: {left:?}");
     drop(tree);
@@ -977,6 +996,65 @@ fn a_process_with_an_exited_main_thread_dies_with_the_run(t: &str) {
     no_helper_left(&w);
 }
 
+/// bwrap killed on the host mid-command: the command dies with it
+/// (`--die-with-parent`), and hull says that bwrap died, exit 125, instead
+/// of passing the kill off as the command's own exit status.
+fn a_killed_bwrap_is_named_and_takes_the_command_along(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let marker = format!("hull-bwrap-victim-{}", std::process::id());
+    let mut c = w
+        .cmd(
+            t,
+            &[],
+            &format!("echo started; exec {}", marked_sleep(&marker, 60)),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line.trim(), "started");
+    let end = Instant::now() + Duration::from_secs(10);
+    while pids_with(&marker).is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!pids_with(&marker).is_empty(), "the command runs");
+    let bwrap: Vec<i32> = pids_with("--json-status-fd")
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok())
+                })
+                == Some(c.id())
+        })
+        .collect();
+    assert_eq!(bwrap.len(), 1, "hull's bwrap: {bwrap:?}");
+    // SAFETY: kill(2) on the pid of hull's child, just read from /proc.
+    assert_eq!(unsafe { libc::kill(bwrap[0], libc::SIGKILL) }, 0);
+    let st = c.wait().expect("wait");
+    let mut err = String::new();
+    c.stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read");
+    assert_eq!(st.code(), Some(125), "{err}");
+    assert!(
+        err.contains("bubblewrap itself was killed by signal 9"),
+        "{err}"
+    );
+    let left = left_after_10s(&marker);
+    assert!(left.is_empty(), "the command outlived bwrap: {left:?}");
+}
+
 /// Processes holding `marker` whose leader is a zombie with live threads.
 fn zombie_leaders(marker: &str) -> Vec<i32> {
     let mut out = Vec::new();
@@ -1041,7 +1119,10 @@ fn interrupt_kills_the_tree(t: &str) {
         .cmd(
             t,
             &tree.extra(),
-            &format!("(setsid sh -c 'exec -a {marker} sleep 300' &); echo started; sleep 300"),
+            &format!(
+                "(setsid {} &); echo started; sleep 300",
+                marked_sleep(&marker, 300)
+            ),
         )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -1052,6 +1133,9 @@ fn interrupt_kills_the_tree(t: &str) {
         .read_line(&mut line)
         .expect("read");
     assert_eq!(line.trim(), "started");
+    // The control: the marked process runs.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!tree.now(&marker).is_empty(), "{marker} does not run");
     // SAFETY: sending SIGINT to the hull child we spawned.
     unsafe {
         libc::kill(c.id() as i32, libc::SIGINT);
@@ -2081,6 +2165,7 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     bwrap: [
+        a_killed_bwrap_is_named_and_takes_the_command_along,
         inotify_outside_the_grants_is_refused,
         host_unix_sockets_under_a_grant_are_unreachable,
         terminal_settings_are_restored,

@@ -30,6 +30,10 @@ pub enum BwrapError {
     SeccompFd(std::io::Error),
     #[error("tier bwrap: bubblewrap could not set up the sandbox (its message is above); the command did not run")]
     SetupFailed,
+    /// bwrap itself was killed while the command ran (the command died
+    /// with it: `--die-with-parent`).
+    #[error("tier bwrap: bubblewrap itself was killed by signal {signal} while the command ran (by someone on the host); the command was killed with it, and its exit status is unknown")]
+    Died { signal: i32 },
 }
 
 /// The bwrap binary, found once.
@@ -116,16 +120,27 @@ pub struct Prepared {
     pub status: OwnedFd,
 }
 
-/// Reads bwrap's `--json-status-fd` after it exited: Ok when the sandbox was
-/// set up and the command started, an error naming the failure otherwise.
-pub fn check_started(status: OwnedFd) -> Result<(), BwrapError> {
+/// Reads bwrap's `--json-status-fd` after it exited with `exit`: Ok when
+/// the sandbox was set up and bwrap saw the command end, an error naming
+/// the failure otherwise (the sandbox never came up, or bwrap itself was
+/// killed: it reports the command's end as an `exit-code` line, and exits
+/// with a code, never by a signal, when the command was killed).
+pub fn check_started(status: OwnedFd, exit: &crate::exec::ExitStatus) -> Result<(), BwrapError> {
     let mut text = String::new();
     let mut f = std::fs::File::from(status);
     let _ = std::io::Read::take(&mut f, 64 * 1024).read_to_string(&mut text);
-    if text.contains("\"child-pid\"") {
-        Ok(())
-    } else {
-        Err(BwrapError::SetupFailed)
+    verdict(&text, exit)
+}
+
+fn verdict(text: &str, exit: &crate::exec::ExitStatus) -> Result<(), BwrapError> {
+    if !text.contains("\"child-pid\"") {
+        return Err(BwrapError::SetupFailed);
+    }
+    match exit {
+        crate::exec::ExitStatus::Signal(signal) if !text.contains("\"exit-code\"") => {
+            Err(BwrapError::Died { signal: *signal })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -150,4 +165,30 @@ pub fn command(plan: &BwrapPlan, argv: &[OsString]) -> Result<Prepared, BwrapErr
         keep: vec![fd, status_w],
         status: status_r,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::ExitStatus;
+
+    const STARTED: &str = "{ \"child-pid\": 7, \"mnt-namespace\": 1, \"pid-namespace\": 2 }\n";
+
+    #[test]
+    fn a_killed_bwrap_is_told_from_a_killed_command() {
+        let ended = format!("{STARTED}{{ \"exit-code\": 137 }}\n");
+        assert!(verdict(&ended, &ExitStatus::Code(137)).is_ok());
+        assert!(verdict(&ended, &ExitStatus::Code(0)).is_ok());
+        assert!(matches!(
+            verdict(STARTED, &ExitStatus::Signal(9)),
+            Err(BwrapError::Died { signal: 9 })
+        ));
+        // hull's own kill (timeout, interrupt) is not a helper's death.
+        assert!(verdict(STARTED, &ExitStatus::TimedOut).is_ok());
+        assert!(verdict(STARTED, &ExitStatus::Interrupted(2)).is_ok());
+        assert!(matches!(
+            verdict("", &ExitStatus::Code(1)),
+            Err(BwrapError::SetupFailed)
+        ));
+    }
 }
