@@ -15,8 +15,9 @@
 # Everything else (tool output) goes to stderr, which hull writes to build.log.
 #
 # Environment (all optional):
-#   HULL_DEBIAN_MIRROR   default http://deb.debian.org/debian
-#   HULL_DEBIAN_SECURITY default http://deb.debian.org/debian-security
+#   HULL_DEBIAN_MIRROR   default: the URI of the host's apt source for bookworm
+#   HULL_DEBIAN_SECURITY default: the URI of the host's apt source for bookworm-security
+#                        (apt-mirror.sh reads them; no mirror's name is written here)
 #   HULL_IMAGE_ACCEL     accelerator for the prepare boot: tcg (default) or kvm
 #   HULL_PREPARE_TIMEOUT seconds the prepare boot may take, default 1800
 set -euo pipefail
@@ -42,16 +43,22 @@ trap 'rc=$?; [ $rc -eq 0 ] || printf "@@error step %d failed (exit %d) at line %
 OUT=$1
 AGENT=$2
 RECIPE=$(cd "$(dirname "$0")" && pwd)
-MIRROR=${HULL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-SECURITY=${HULL_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
+SUITE=bookworm
+# shellcheck source=apt-mirror.sh
+. "$RECIPE/apt-mirror.sh"
+MIRROR=${HULL_DEBIAN_MIRROR:-$(host_apt_uri "$SUITE")}
+SECURITY=${HULL_DEBIAN_SECURITY:-$(host_apt_uri "$SUITE-security")}
 ACCEL=${HULL_IMAGE_ACCEL:-tcg}
 PREPARE_TIMEOUT=${HULL_PREPARE_TIMEOUT:-1800}
-SUITE=bookworm
 # Disk geometry: the root ext4 holds the guest system, Incus's database and the btrfs
 # loop pool (a sparse file) that holds the container image and containers.
 DISK_SIZE=12G
 POOL_SIZE=8GiB
 
+[ -n "$MIRROR" ] || die "no apt source of this host serves Debian $SUITE (/etc/apt/sources.list, /etc/apt/sources.list.d): set HULL_DEBIAN_MIRROR to a Debian mirror's URI"
+[ -n "$SECURITY" ] || die "no apt source of this host serves Debian $SUITE-security (/etc/apt/sources.list, /etc/apt/sources.list.d): set HULL_DEBIAN_SECURITY to a Debian security mirror's URI"
+info mirror "$MIRROR"
+info security_mirror "$SECURITY"
 [ "$(id -u)" -eq 0 ] || die "the image build needs root: mmdebstrap's root mode and mkfs.ext4 -d keep file ownership only as root"
 [ -x "$AGENT" ] || die "agent binary $AGENT is missing or not executable"
 for t in mmdebstrap qemu-system-x86_64 mkfs.ext4 e2fsck zstd cpio dpkg-deb chroot xz timeout; do

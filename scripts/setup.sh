@@ -61,9 +61,13 @@ if [ "$want_tier3" -eq 1 ]; then
   . /etc/os-release
   if [ "${VERSION_CODENAME:-}" = bookworm ] && [ ! -f /etc/apt/sources.list.d/bookworm-backports.sources ]; then
     say "adding bookworm-backports"
-    $SUDO tee /etc/apt/sources.list.d/bookworm-backports.sources >/dev/null <<'SRC'
+    # From the mirror the host already uses for bookworm.
+    . "$(dirname "$0")/../images/apt-mirror.sh"
+    mirror=${HULL_DEBIAN_MIRROR:-$(host_apt_uri bookworm)}
+    [ -n "$mirror" ] || { echo "setup.sh: no apt source of this host serves bookworm; set HULL_DEBIAN_MIRROR" >&2; exit 1; }
+    $SUDO tee /etc/apt/sources.list.d/bookworm-backports.sources >/dev/null <<SRC
 Types: deb
-URIs: http://deb.debian.org/debian
+URIs: $mirror
 Suites: bookworm-backports
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg

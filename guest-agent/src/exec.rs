@@ -132,6 +132,8 @@ pub(crate) fn start(
     let sup = Supervisor {
         id,
         argv0: String::from_utf8_lossy(req.argv[0].as_slice()).into_owned(),
+        cwd: String::from_utf8_lossy(req.cwd.as_slice()).into_owned(),
+        uid: req.uid,
         out,
         tx: tx.clone(),
         rx,
@@ -179,6 +181,9 @@ enum End {
 struct Supervisor {
     id: u32,
     argv0: String,
+    /// The working directory and user it was to start in and as (for errors).
+    cwd: String,
+    uid: Option<u32>,
     out: Outbox,
     tx: Sender<Event>,
     rx: Receiver<Event>,
@@ -330,14 +335,27 @@ impl Supervisor {
             _ => {}
         }
         if let Some((step, errno)) = self.start_failed {
+            let err = io::Error::from_raw_os_error(errno);
+            let what = if spawn::is_chdir(step) {
+                let user = self
+                    .uid
+                    .map(|u| format!("uid {u}"))
+                    .unwrap_or_else(|| "the agent's user".into());
+                format!(
+                    "chdir to the working directory {:?} as {user} failed: {err}{}",
+                    self.cwd,
+                    if errno == libc::EACCES {
+                        " (a directory on the way does not let that user through)"
+                    } else {
+                        ""
+                    }
+                )
+            } else {
+                format!("{} failed: {err}", spawn::step_name(step))
+            };
             return Some(Message::error(
                 ErrorCode::ExecFailed,
-                format!(
-                    "cannot run {:?}: {} failed: {}",
-                    self.argv0,
-                    spawn::step_name(step),
-                    io::Error::from_raw_os_error(errno)
-                ),
+                format!("cannot run {:?}: {what}", self.argv0),
             ));
         }
         match self.wait_status {

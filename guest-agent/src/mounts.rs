@@ -206,6 +206,12 @@ pub enum InjectError {
     },
     #[error("share {tag}: {path} was to be read-only in the container but is writable")]
     NotReadOnly { tag: String, path: PathBuf },
+    #[error("share {tag}: the command's user cannot be let through to {path}: {why}")]
+    Reach {
+        tag: String,
+        path: PathBuf,
+        why: String,
+    },
     #[error("the mount thread failed: {0}")]
     Thread(String),
 }
@@ -244,13 +250,27 @@ pub fn inject(pid: u32, root: (u32, u32), binds: &[Bind]) -> Result<(), InjectEr
         })?;
         trees.push((b.clone(), fd));
     }
+    in_mount_ns(pid, move || {
+        for (b, fd) in &trees {
+            attach(b, std::os::fd::AsFd::as_fd(fd), root)?;
+        }
+        Ok(())
+    })
+}
+
+/// Runs `f` on a thread that entered the mount namespace of `pid` (with
+/// `/` its root and cwd).
+fn in_mount_ns<T: Send + 'static>(
+    pid: u32,
+    f: impl FnOnce() -> Result<T, InjectError> + Send + 'static,
+) -> Result<T, InjectError> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
         .map_err(|source| InjectError::Enter { pid, source })?;
     // setns(CLONE_NEWNS) changes the calling thread's root and cwd: do it in
     // a thread of its own that first stops sharing them with the others.
     std::thread::Builder::new()
-        .name("inject-mounts".into())
-        .spawn(move || -> Result<(), InjectError> {
+        .name("container-mounts".into())
+        .spawn(move || -> Result<T, InjectError> {
             use rustix::thread::{LinkNameSpaceType, UnshareFlags};
             use std::os::fd::AsFd;
             // SAFETY: CLONE_FS only unshares this thread's root, cwd and umask
@@ -270,14 +290,84 @@ pub fn inject(pid: u32, root: (u32, u32), binds: &[Bind]) -> Result<(), InjectEr
                 pid,
                 source: e.into(),
             })?;
-            for (b, fd) in &trees {
-                attach(b, fd.as_fd(), root)?;
-            }
-            Ok(())
+            f()
         })
         .map_err(|e| InjectError::Thread(e.to_string()))?
         .join()
         .map_err(|_| InjectError::Thread("it panicked".into()))?
+}
+
+/// Lets the command's user through to each share of a container Incus set
+/// up (after a boot): [`make_reachable`] for each target, as container root.
+pub fn reach(pid: u32, root: (u32, u32), shares: &[Share]) -> Result<(), InjectError> {
+    let targets: Vec<(String, PathBuf)> = shares
+        .iter()
+        .map(|s| (s.tag.clone(), PathBuf::from(&s.container_path)))
+        .collect();
+    in_mount_ns(pid, move || {
+        for (tag, path) in &targets {
+            as_fs_ids(root, || make_reachable(path)).map_err(|why| InjectError::Reach {
+                tag: tag.clone(),
+                path: path.clone(),
+                why,
+            })?;
+        }
+        Ok(())
+    })
+}
+
+/// FUSE's `statfs` magic: a virtiofs share, a host directory.
+const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
+
+/// Lets the command's user (not container root) reach `target`, a share's
+/// mount point: each directory strictly above it in the container gets
+/// search permission for others (o+x; never read or write), as the
+/// container's `/root` (0700) would stop it. A directory of a share (a
+/// host directory, where the host's modes rule) ends the walk unchanged.
+/// Walked from `/` with `O_NOFOLLOW`: a link on the way fails the setup
+/// instead of redirecting the change. Run as container root.
+pub fn make_reachable(target: &Path) -> Result<(), String> {
+    use rustix::fs::{open, Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let root = open("/", flags, Mode::empty()).map_err(|e| format!("/: {e}"))?;
+    reachable_below(root, target)
+}
+
+/// [`make_reachable`] with `root` as `/`.
+fn reachable_below(root: std::os::fd::OwnedFd, target: &Path) -> Result<(), String> {
+    use rustix::fs::{fchmod, fstat, fstatfs, openat, Mode, OFlags};
+    let mut names = Vec::new();
+    for c in target.components() {
+        match c {
+            Component::RootDir => {}
+            Component::Normal(n) => names.push(n),
+            _ => return Err(format!("{} is not a plain absolute path", target.display())),
+        }
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut dir = root;
+    let mut at = PathBuf::from("/");
+    for name in names.iter().take(names.len().saturating_sub(1)) {
+        at.push(name);
+        let next = openat(&dir, *name, flags, Mode::empty()).map_err(|e| {
+            format!(
+                "{}: {e} (a link or no directory on the way is refused)",
+                at.display()
+            )
+        })?;
+        let fs = fstatfs(&next).map_err(|e| format!("{}: {e}", at.display()))?;
+        if fs.f_type as u64 == FUSE_SUPER_MAGIC {
+            return Ok(());
+        }
+        let st = fstat(&next).map_err(|e| format!("{}: {e}", at.display()))?;
+        let mode = st.st_mode & 0o7777;
+        if mode & 0o001 == 0 {
+            fchmod(&next, Mode::from_raw_mode(mode | 0o001))
+                .map_err(|e| format!("chmod o+x {}: {e}", at.display()))?;
+        }
+        dir = next;
+    }
+    Ok(())
 }
 
 /// Runs `f` with this thread's filesystem ids set to `ids`, then back to 0.
@@ -310,6 +400,11 @@ fn attach(
         source,
     };
     as_fs_ids(root, || std::fs::create_dir_all(&b.target)).map_err(err)?;
+    as_fs_ids(root, || make_reachable(&b.target)).map_err(|why| InjectError::Reach {
+        tag: b.tag.clone(),
+        path: b.target.clone(),
+        why,
+    })?;
     move_mount(
         tree,
         "",
@@ -386,5 +481,38 @@ mod tests {
         let info = "36 35 0:40 / /mnt/hull/my\\040proj rw - virtiofs project rw\n";
         assert!(is_mount_point(info, Path::new("/mnt/hull/my proj")));
         assert!(!is_mount_point(info, Path::new("/mnt/hull/my")));
+    }
+
+    #[test]
+    fn the_way_to_a_share_gets_search_permission_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        std::fs::create_dir_all(d.path().join("root/proj")).unwrap();
+        set(&d.path().join("root"), 0o700);
+        set(&d.path().join("root/proj"), 0o700);
+        let root = || {
+            rustix::fs::open(
+                d.path(),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap()
+        };
+        reachable_below(root(), Path::new("/root/proj")).unwrap();
+        // The way gains o+x and nothing else; the mount point is untouched.
+        assert_eq!(mode(&d.path().join("root")), 0o701);
+        assert_eq!(mode(&d.path().join("root/proj")), 0o700);
+        // A link on the way is refused, and what it points to is unchanged.
+        std::fs::create_dir(d.path().join("elsewhere")).unwrap();
+        set(&d.path().join("elsewhere"), 0o700);
+        std::os::unix::fs::symlink(d.path().join("elsewhere"), d.path().join("home")).unwrap();
+        let e = reachable_below(root(), Path::new("/home/u/proj")).unwrap_err();
+        assert!(e.contains("/home"), "{e}");
+        assert_eq!(mode(&d.path().join("elsewhere")), 0o700);
+        assert!(reachable_below(root(), Path::new("/a/../etc")).is_err());
     }
 }

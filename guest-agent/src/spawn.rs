@@ -58,6 +58,10 @@ pub(crate) fn step_name(step: i32) -> &'static str {
         _ => "an unknown step",
     }
 }
+/// Whether the failed step was the chdir to the working directory.
+pub(crate) fn is_chdir(step: i32) -> bool {
+    step == STEP_CHDIR
+}
 const STEP_FORK: i32 = 1;
 const STEP_SETGROUPS: i32 = 2;
 const STEP_SETGID: i32 = 3;

@@ -414,7 +414,10 @@ fn exec_failures_are_error_frames() {
     match o.end {
         Some(Message::Error { code, message }) => {
             assert_eq!(code, ErrorCode::ExecFailed);
-            assert!(message.contains("chdir"), "{message}");
+            assert!(
+                message.contains("chdir to the working directory \"/nonexistent-dir-hull-test\""),
+                "{message}"
+            );
         }
         other => panic!("{other:?}"),
     }

@@ -635,3 +635,61 @@ fn a_changed_image_file_is_refused() {
     assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
     assert_eq!(text(&ok.stdout), "ran\n");
 }
+
+/// A project under the caller's home (as root: `/root`, 0700 in the
+/// container too) runs on tier 3: the command, as the container's user,
+/// creates, reads back and removes files at the project's top and below,
+/// and what it leaves lands on the host. Before, `chdir` into the project
+/// failed with a bare "Permission denied".
+#[test]
+fn a_project_under_the_home_directory_runs() {
+    let w = world();
+    let home = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("hull-t3-home-")
+        .tempdir_in(&home)
+        .unwrap();
+    let project = dir.path().join("my pröj");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("input.txt"), "from home\n").unwrap();
+    let out = w
+        .cmd(&[
+            "run",
+            "--tier3",
+            "--timeout",
+            RUN_TIMEOUT,
+            "--project",
+            project.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "pwd; cat input.txt; echo top > top.txt; mkdir -p sub/deep; echo deep > sub/deep/f; \
+             cat top.txt sub/deep/f; rm sub/deep/f; rmdir sub/deep; echo kept > sub/kept.txt",
+        ])
+        .current_dir(&project)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        format!("{}\nfrom home\ntop\ndeep\n", project.display())
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("top.txt")).unwrap(),
+        "top\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("sub/kept.txt")).unwrap(),
+        "kept\n"
+    );
+    assert!(!project.join("sub/deep").exists());
+    // The files are the caller's on the host.
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for f in ["top.txt", "sub", "sub/kept.txt"] {
+        assert_eq!(std::fs::metadata(project.join(f)).unwrap().uid(), me, "{f}");
+    }
+}

@@ -377,6 +377,9 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
             name: name.clone(),
             why,
         })?;
+        // Incus made the mount points; the way to them must let the
+        // command's user through (the container's /root is 0700).
+        mounts::reach(pid, (root.uid, root.gid), &spec.shares)?;
         let stream = connect_retry(&self.socket_of(&name), CONNECT_TIMEOUT)?;
         if spec.prepare {
             // Less guest memory in the snapshot: every page the page cache

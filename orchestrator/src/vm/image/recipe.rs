@@ -33,6 +33,7 @@ macro_rules! recipe {
 /// Every file of the recipe, sorted by path. `images/README.md` is documentation
 /// and not part of it (a test checks that nothing else is left out).
 pub const FILES: &[RecipeFile] = recipe! {
+    "apt-mirror.sh" => false,
     "build.sh" => true,
     "guest/hull-init" => true,
     "guest/hull-prepare" => true,
@@ -176,5 +177,50 @@ mod tests {
                 assert_eq!(mode & 0o777, if f.executable { 0o755 } else { 0o644 });
             }
         }
+    }
+
+    /// The image's Debian mirror comes from the host's apt sources: the
+    /// first enabled `deb` source serving the suite, deb822 before one-line
+    /// files, trailing slash dropped, nothing when none serves it.
+    #[cfg(unix)]
+    #[test]
+    fn the_mirror_is_read_from_the_hosts_apt_sources() {
+        let f = FILES.iter().find(|f| f.path == "apt-mirror.sh").unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let lib = d.path().join("apt-mirror.sh");
+        std::fs::write(&lib, f.bytes).unwrap();
+        let etc = d.path().join("apt");
+        std::fs::create_dir_all(etc.join("sources.list.d")).unwrap();
+        std::fs::write(
+            etc.join("sources.list.d/a.sources"),
+            "Types: deb-src\nURIs: http://src.invalid/debian\nSuites: bookworm\n\n\
+             Types: deb\nURIs: http://off.invalid/debian\nSuites: bookworm\nEnabled: no\n\n\
+             # a comment\nTypes: deb\nURIs: http://mirror.invalid/debian/\n\
+             Suites: bookworm bookworm-updates\nComponents: main\n",
+        )
+        .unwrap();
+        std::fs::write(
+            etc.join("sources.list"),
+            "# deb http://old.invalid/debian bookworm-security main\n\
+             deb [signed-by=/k.gpg arch=amd64] http://sec.invalid/debian-security bookworm-security main\n",
+        )
+        .unwrap();
+        let uri = |suite: &str| {
+            let o = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(format!(". '{}'; host_apt_uri {suite}", lib.display()))
+                .env("APT_ETC", &etc)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            String::from_utf8(o.stdout).unwrap()
+        };
+        assert_eq!(uri("bookworm"), "http://mirror.invalid/debian\n");
+        assert_eq!(uri("bookworm-updates"), "http://mirror.invalid/debian\n");
+        assert_eq!(
+            uri("bookworm-security"),
+            "http://sec.invalid/debian-security\n"
+        );
+        assert_eq!(uri("trixie"), "");
     }
 }
