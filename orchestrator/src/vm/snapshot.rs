@@ -120,7 +120,7 @@ pub enum SnapshotError {
     NoQemuImg { qemu: PathBuf },
     #[error("tier vm snapshot: `{cmd}` failed: {stderr}")]
     QemuImg { cmd: String, stderr: String },
-    #[error("tier vm snapshot: preparing the snapshot failed at {step}: {source}")]
+    #[error("tier vm snapshot: {step} failed: {source}")]
     Machine {
         step: &'static str,
         #[source]
@@ -319,7 +319,7 @@ pub fn ensure_for(
     progress: &mut dyn FnMut(&str),
 ) -> Result<SnapshotUse, SnapshotError> {
     let image = BootImage::from_dir(image_dir).map_err(|source| SnapshotError::Machine {
-        step: "open the image",
+        step: "preparing the snapshot: opening the image",
         source,
     })?;
     let g = geometry_for(image_dir, &image, tools, accel);
@@ -522,14 +522,14 @@ fn boot_and_save(
     let t0 = Instant::now();
     progress("booting the guest");
     let mut m = Machine::start(&spec, tools).map_err(|source| SnapshotError::Machine {
-        step: "start",
+        step: "preparing the snapshot: starting the VM",
         source,
     })?;
     let console = m.console_log().to_path_buf();
     let mut agent = m
         .connect_agent(boot_deadline)
         .map_err(|source| SnapshotError::Machine {
-            step: "agent hello",
+            step: "preparing the snapshot: the agent's hello",
             source,
         })?;
     let boot_s = t0.elapsed().as_secs_f64();
@@ -664,7 +664,7 @@ pub fn restore(
     );
     spec.run_as = r.run_as.map(str::to_string);
     let mut m = Machine::start(&spec, tools).map_err(|source| SnapshotError::Machine {
-        step: "restore",
+        step: "starting the VM to restore the snapshot",
         source,
     })?;
     let console = m.console_log().to_path_buf();
