@@ -85,6 +85,16 @@ pub enum ImageError {
         #[source]
         source: digest::DigestError,
     },
+    #[error(
+        "the image cache {root} has {free_mib} MiB free; a build needs about {need_mib} MiB: \
+         remove old images (`hull image list`, `hull image rm`) or choose a larger disk with \
+         HULL_IMAGE_CACHE"
+    )]
+    NoSpace {
+        root: PathBuf,
+        free_mib: u64,
+        need_mib: u64,
+    },
     #[error("no image matches {query:?} in {root} (see `hull image list`)")]
     NoMatch { query: String, root: PathBuf },
     #[error("{query:?} matches more than one image: {ids}")]

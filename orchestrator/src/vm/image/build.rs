@@ -174,6 +174,7 @@ pub fn build(
         }
     }
     preflight()?;
+    check_space(cache.root(), BUILD_SPACE_MIB)?;
 
     let lock = cache.lock_file(&id)?;
     if lock.try_lock().is_err() {
@@ -254,6 +255,34 @@ pub fn build(
     });
     drop(lock);
     BuiltImage::open(&final_dir)
+}
+
+/// What a build takes on disk at its peak, with a margin: the image
+/// itself is about 1.6 GiB (its 12 GiB disk is sparse), the rootfs, the
+/// container image and the downloaded packages come on top while it builds.
+const BUILD_SPACE_MIB: u64 = 3 * 1024;
+
+/// Refuses a build that would fill the cache's disk minutes in.
+fn check_space(root: &Path, need_mib: u64) -> Result<(), ImageError> {
+    #[cfg(unix)]
+    {
+        let st = rustix::fs::statvfs(root).map_err(|e| ImageError::Io {
+            path: root.to_path_buf(),
+            what: "measure the free space of",
+            source: e.into(),
+        })?;
+        let free_mib = st.f_bavail.saturating_mul(st.f_frsize) >> 20;
+        if free_mib < need_mib {
+            return Err(ImageError::NoSpace {
+                root: root.to_path_buf(),
+                free_mib,
+                need_mib,
+            });
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (root, need_mib);
+    Ok(())
 }
 
 fn preflight() -> Result<(), ImageError> {
@@ -523,5 +552,18 @@ mod tests {
             missing_tools(dir.path().as_os_str()),
             vec![("zstd", "zstd")]
         );
+    }
+
+    /// A cache on a disk too small for a build is refused before it starts,
+    /// naming the cache, its free space and the need.
+    #[cfg(unix)]
+    #[test]
+    fn a_cache_without_room_is_refused_up_front() {
+        let d = tempfile::tempdir().unwrap();
+        check_space(d.path(), 1).unwrap();
+        let e = check_space(d.path(), u64::MAX >> 21).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains(&d.path().display().to_string()), "{m}");
+        assert!(m.contains("MiB free; a build needs about"), "{m}");
     }
 }
