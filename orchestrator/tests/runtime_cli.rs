@@ -437,3 +437,33 @@ fn a_full_spill_and_a_read_only_runs_root_are_named() {
         "{err}"
     );
 }
+
+/// A listing whose reader went away (`hull runs list | head -0`) ends
+/// quietly, by SIGPIPE as `ls` does, instead of panicking in `println!`.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_ends_a_listing_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let _serial = serial();
+    let d = tempfile::tempdir().unwrap();
+    let (r, w) = std::io::pipe().unwrap();
+    drop(r);
+    let bin = std::env::var_os("HULL_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_hull").into());
+    let o = Command::new(bin)
+        .args(["runs", "list"])
+        .env("HULL_RUNS_DIR", d.path().join("runs"))
+        .env_remove("HULL_INSTANCE")
+        .stdout(w)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {err}",
+        o.status
+    );
+}

@@ -122,6 +122,12 @@ pub fn main() -> i32 {
             return EXIT_HULL_FAILED;
         }
     }
+    #[cfg(unix)]
+    if prints_only(&cli.command) {
+        // SAFETY: signal(2) restoring the default action, before hull
+        // starts any thread.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Probe(a) => probe::probe(a),
@@ -147,6 +153,23 @@ pub fn main() -> i32 {
             EXIT_HULL_FAILED
         }
     }
+}
+
+/// Commands that only read and print: a closed stdout (`hull image list |
+/// head -1`) ends them quietly by SIGPIPE, as it ends `ls`, instead of a
+/// panic in `println!`. Not the others: they write to sockets (the agent's,
+/// QMP) with write(2), where SIGPIPE's default would kill hull without its
+/// error and its cleanup.
+#[cfg(unix)]
+fn prints_only(c: &Command) -> bool {
+    matches!(
+        c,
+        Command::Policy(_)
+            | Command::Read(_)
+            | Command::Runs(runs::RunsCommand::List { .. })
+            | Command::Image(image::ImageCommand::List | image::ImageCommand::Show { .. })
+            | Command::Vm(vm::VmCommand::Status { .. })
+    )
 }
 
 /// Prints an error and its chain of causes, once.
