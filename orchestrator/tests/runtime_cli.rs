@@ -373,24 +373,28 @@ impl Drop for Tmpfs {
 fn a_full_spill_and_a_read_only_runs_root_are_named() {
     let _serial = serial();
     let project = tempfile::tempdir().unwrap();
+    let p = project.path().to_str().unwrap();
     let full = Tmpfs::mount("size=64k,mode=0700");
     let runs = full.dir.path().join("runs");
-    let o = Command::new(env!("CARGO_BIN_EXE_hull"))
-        .args([
+    let o = hull(
+        &runs,
+        &[
             "run",
             "--tier",
             "none",
+            "--project",
+            p,
             "--spill",
             "1000",
             "--timeout",
             "30s",
-        ])
-        .args(["--", "sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x"])
-        .current_dir(project.path())
-        .env("HULL_RUNS_DIR", &runs)
-        .env_remove("HULL_INSTANCE")
-        .output()
-        .unwrap();
+            "--",
+            "sh",
+            "-c",
+            "head -c 200000 /dev/zero | tr '\\0' x",
+        ],
+        &[],
+    );
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(125), "{err}");
     assert!(err.contains("No space left on device"), "{err}");
@@ -412,22 +416,22 @@ fn a_full_spill_and_a_read_only_runs_root_are_named() {
 
     let ro = Tmpfs::mount("ro,size=64k");
     let runs = ro.dir.path().join("runs");
-    let o = Command::new(env!("CARGO_BIN_EXE_hull"))
-        .args([
+    let o = hull(
+        &runs,
+        &[
             "run",
             "--tier",
             "none",
+            "--project",
+            p,
             "--timeout",
             "30s",
             "--",
             "echo",
             "RAN",
-        ])
-        .current_dir(project.path())
-        .env("HULL_RUNS_DIR", &runs)
-        .env_remove("HULL_INSTANCE")
-        .output()
-        .unwrap();
+        ],
+        &[],
+    );
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(125), "{err}");
     assert!(!String::from_utf8_lossy(&o.stdout).contains("RAN"));

@@ -139,18 +139,8 @@ fn project_file_server(w: &World) -> u64 {
 /// counts), no socket under its dirs, no mount of them.
 fn assert_nothing_left(w: &World) {
     let end = Instant::now() + Duration::from_secs(5);
-    let left = || {
-        let marker = w.root.path().to_string_lossy().into_owned();
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
-            .filter(|pid| {
-                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                String::from_utf8_lossy(&cmd).contains(&marker) && running(*pid)
-            })
-            .collect::<Vec<_>>()
-    };
+    // A stopped helper counts: `running` only leaves out zombies.
+    let left = || run_helpers(w, "");
     while !left().is_empty() && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -449,18 +439,7 @@ fn a_stalled_vm_in_a_batch_fails_its_job_and_the_batch_goes_on() {
     .unwrap();
     let out_dir = w.root.path().join("out");
     let mut batch = w
-        .cmd(&[
-            "batch",
-            "--tier3",
-            "--timeout",
-            RUN_TIMEOUT,
-            "--pool",
-            "1",
-            "--json",
-            "--out",
-            out_dir.to_str().unwrap(),
-            jobs.to_str().unwrap(),
-        ])
+        .batch(&jobs, &out_dir, &["--pool", "1", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -492,10 +471,7 @@ fn a_stalled_vm_in_a_batch_fails_its_job_and_the_batch_goes_on() {
         .unwrap();
     let mut stderr = String::new();
     let _ = batch.stderr.take().unwrap().read_to_string(&mut stderr);
-    let reports: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let reports = batch_reports(&stdout);
     let mut lines: Vec<u64> = reports
         .iter()
         .map(|r| r["line"].as_u64().unwrap())

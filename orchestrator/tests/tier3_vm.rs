@@ -279,27 +279,13 @@ fn batch_runs_each_job_in_its_own_restored_vm() {
     .unwrap();
     let out_dir = w.root.path().join("out");
     let out = w
-        .cmd(&[
-            "batch",
-            "--tier3",
-            "--timeout",
-            RUN_TIMEOUT,
-            "--pool",
-            "2",
-            "--json",
-            "--out",
-            out_dir.to_str().unwrap(),
-            jobs.to_str().unwrap(),
-        ])
+        .batch(&jobs, &out_dir, &["--pool", "2", "--json"])
         .output()
         .unwrap();
     let stdout = text(&out.stdout);
     // One job exited 3: the batch says so.
     assert_eq!(out.status.code(), Some(1), "{stdout} {}", text(&out.stderr));
-    let reports: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let reports = batch_reports(&stdout);
     assert_eq!(reports.len(), 3, "{stdout}");
     let by_line = |n: u64| reports.iter().find(|r| r["line"] == n).unwrap();
     assert_eq!(by_line(2)["exit_code"], 0, "{stdout}");
@@ -534,18 +520,7 @@ fn batch_output_stays_out_of_the_project() {
     let jobs = w.root.path().join("jobs.txt");
     std::fs::write(&jobs, "echo ran > ran.txt\n").unwrap();
     for out in [w.project.join("out"), w.project.clone()] {
-        let o = w
-            .cmd(&[
-                "batch",
-                "--tier3",
-                "--timeout",
-                RUN_TIMEOUT,
-                "--out",
-                out.to_str().unwrap(),
-                jobs.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
+        let o = w.batch(&jobs, &out, &[]).output().unwrap();
         assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
         assert!(
             text(&o.stderr).contains("which the jobs may write"),
@@ -558,18 +533,7 @@ fn batch_output_stays_out_of_the_project() {
     let used = w.root.path().join("used");
     std::fs::create_dir_all(&used).unwrap();
     std::fs::write(used.join("job-1.stdout"), "earlier").unwrap();
-    let o = w
-        .cmd(&[
-            "batch",
-            "--tier3",
-            "--timeout",
-            RUN_TIMEOUT,
-            "--out",
-            used.to_str().unwrap(),
-            jobs.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let o = w.batch(&jobs, &used, &[]).output().unwrap();
     assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
     assert!(
         text(&o.stderr).contains("not an empty directory"),

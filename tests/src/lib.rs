@@ -256,6 +256,28 @@ impl Drop for Restore {
     }
 }
 
+/// Spawns `cmd` (a `hull run` whose script prints `started` first) with
+/// empty stdin and piped stdout, and returns once that line came; a run that
+/// prints anything else first is killed and fails the test.
+pub fn started(mut cmd: Command) -> std::process::Child {
+    let mut c = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn hull");
+    let mut line = String::new();
+    let _ = std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(c.stdout.take().expect("stdout")),
+        &mut line,
+    );
+    if line != "started\n" {
+        let _ = c.kill();
+        let _ = c.wait();
+        panic!("the run did not start: first line {line:?}");
+    }
+    c
+}
+
 /// A shell command that sleeps `secs` in a process whose command line
 /// holds `marker`: `sh -c 'sleep N; :' "MARK""ER"` (the trailing `:` keeps
 /// the shell from exec'ing sleep, and dash has no `exec -a`). The marker is
@@ -307,25 +329,14 @@ impl<'a> Tree<'a> {
         // The control: a run leaves a marked process running (the agent
         // kills it when the run ends), and a listing made meanwhile sees it.
         let marker = format!("hull-tree-probe-{}", std::process::id());
-        let mut c = w
-            .cmd(
-                tier,
-                &t.extra(),
-                &format!("({} &); echo started; sleep 30", marked_sleep(&marker, 30)),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn hull");
-        let mut line = String::new();
-        let _ = std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(c.stdout.take().expect("stdout")),
-            &mut line,
-        );
+        let mut c = started(w.cmd(
+            tier,
+            &t.extra(),
+            &format!("({} &); echo started; sleep 30", marked_sleep(&marker, 30)),
+        ));
         let seen = t.now(&marker);
         let _ = c.kill();
         let _ = c.wait();
-        assert_eq!(line, "started\n", "control: the marked run did not start");
         assert!(
             !seen.is_empty(),
             "control: a live process in the VM's container is not seen"

@@ -11,8 +11,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use hull_tests::{
-    feed, marked_sleep, pids_with, require_tier, show, HostLock, Restore, Tree, World, CANARY,
-    VICTIM,
+    feed, marked_sleep, pids_with, require_tier, show, started, HostLock, Restore, Tree, World,
+    CANARY, VICTIM,
 };
 
 fn hull_policy_default() -> String {
@@ -896,17 +896,7 @@ fn setsid_grandchild_dies_on_timeout(t: &str) {
     );
     let mut extra = tree.extra();
     extra.extend(["--timeout", "5s"]);
-    let mut c = w
-        .cmd(t, &extra, &script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    assert_eq!(line.trim(), "started");
+    let mut c = started(w.cmd(t, &extra, &script));
     // The control: both escaped the session and run.
     std::thread::sleep(Duration::from_millis(300));
     assert!(!tree.now(&a).is_empty(), "{a} does not run");
@@ -1003,22 +993,13 @@ fn a_killed_bwrap_is_named_and_takes_the_command_along(t: &str) {
     require_tier(t);
     let w = World::new();
     let marker = format!("hull-bwrap-victim-{}", std::process::id());
-    let mut c = w
-        .cmd(
-            t,
-            &[],
-            &format!("echo started; exec {}", marked_sleep(&marker, 60)),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    assert_eq!(line.trim(), "started");
+    let mut cmd = w.cmd(
+        t,
+        &[],
+        &format!("echo started; exec {}", marked_sleep(&marker, 60)),
+    );
+    cmd.stderr(Stdio::piped());
+    let mut c = started(cmd);
     let end = Instant::now() + Duration::from_secs(10);
     while pids_with(&marker).is_empty() && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(20));
@@ -1115,24 +1096,14 @@ fn interrupt_kills_the_tree(t: &str) {
     let w = World::new();
     let tree = Tree::new(&w, t);
     let marker = format!("hull-int-marker-{}", std::process::id());
-    let mut c = w
-        .cmd(
-            t,
-            &tree.extra(),
-            &format!(
-                "(setsid {} &); echo started; sleep 300",
-                marked_sleep(&marker, 300)
-            ),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    assert_eq!(line.trim(), "started");
+    let mut c = started(w.cmd(
+        t,
+        &tree.extra(),
+        &format!(
+            "(setsid {} &); echo started; sleep 300",
+            marked_sleep(&marker, 300)
+        ),
+    ));
     // The control: the marked process runs.
     std::thread::sleep(Duration::from_millis(300));
     assert!(!tree.now(&marker).is_empty(), "{marker} does not run");

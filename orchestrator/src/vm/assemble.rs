@@ -353,16 +353,21 @@ pub(crate) mod tests {
         default_plan()
     }
 
-    /// The default profile lowered for a fake host (also used by the
-    /// snapshot tests).
-    pub(crate) fn default_plan() -> VmPlan {
-        let vars = Vars {
+    /// A run's paths on the fake host of these tests.
+    fn fake_vars() -> Vars {
+        Vars {
             project: "/work/proj".into(),
             tmp: "/tmp/hull-runs/ID/tmp".into(),
             spill: "/tmp/hull-runs/ID/spill".into(),
             home: "/home/u".into(),
             runs: "/tmp/hull-runs".into(),
-        };
+        }
+    }
+
+    /// The default profile lowered for a fake host (also used by the
+    /// snapshot tests).
+    pub(crate) fn default_plan() -> VmPlan {
+        let vars = fake_vars();
         let fs = FakeFs::new()
             .dir("/work/proj/.git")
             .dir("/tmp/hull-runs/ID/tmp")
@@ -419,13 +424,7 @@ pub(crate) mod tests {
 
     #[test]
     fn readonly_profile_gives_a_readonly_project_device() {
-        let vars = Vars {
-            project: "/work/proj".into(),
-            tmp: "/tmp/hull-runs/ID/tmp".into(),
-            spill: "/tmp/hull-runs/ID/spill".into(),
-            home: "/home/u".into(),
-            runs: "/tmp/hull-runs".into(),
-        };
+        let vars = fake_vars();
         let fs = FakeFs::new()
             .dir("/work/proj")
             .dir("/tmp/hull-runs/ID/tmp")

@@ -3,7 +3,7 @@
 //! and lookups of the helpers a run started.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// The hull under test: this build's, or `$HULL_BIN` (to show that a test
@@ -64,6 +64,15 @@ impl World {
         c
     }
 
+    /// `hull batch --tier3` of the `jobs` file into `out`, with `extra`
+    /// options (`--pool`, `--json`).
+    pub fn batch(&self, jobs: &Path, out: &Path, extra: &[&str]) -> Command {
+        let mut args = vec!["batch", "--tier3", "--timeout", RUN_TIMEOUT];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--out", out.to_str().unwrap(), jobs.to_str().unwrap()]);
+        self.cmd(&args)
+    }
+
     pub fn run(&self, extra: &[&str], script: &str) -> Output {
         let mut args = vec!["run", "--tier3", "--timeout", RUN_TIMEOUT];
         args.extend_from_slice(extra);
@@ -107,6 +116,14 @@ pub fn run_helpers(w: &World, what: &str) -> Vec<u64> {
             let cmd = String::from_utf8_lossy(&cmd);
             cmd.contains(&marker) && cmd.contains(what) && running(*pid)
         })
+        .collect()
+}
+
+/// The reports `hull batch --json` printed, one JSON object a line.
+pub fn batch_reports(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
 
