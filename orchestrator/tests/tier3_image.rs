@@ -62,25 +62,45 @@ fn virtiofsd() -> PathBuf {
     )
 }
 
-fn wait_for(path: &Path, what: &str, secs: u64) {
+/// Waits until `log` holds `line`: a helper that prints it once it listens
+/// is ready, where a socket file alone is not (it exists from `bind`, before
+/// `listen`, and a connect in between is refused).
+fn wait_for_line(log: &Path, line: &str, what: &str, secs: u64) {
     let t = Instant::now();
-    while !path.exists() {
+    while !std::fs::read_to_string(log).is_ok_and(|s| s.contains(line)) {
         assert!(
             t.elapsed() < Duration::from_secs(secs),
-            "{what} did not appear at {}",
-            path.display()
+            "{what} did not print {line:?} in {secs} s; its log: {}",
+            log.display()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
+/// Connects to a server socket, retrying while it is absent or not yet
+/// listening (QEMU binds its chardev socket before it listens on it).
+fn connect_retrying(path: &Path, what: &str, secs: u64) -> UnixStream {
+    let t = Instant::now();
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return s,
+            Err(e) if t.elapsed() >= Duration::from_secs(secs) => {
+                panic!("{what} at {} refused us for {secs} s: {e}", path.display())
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
 fn spawn_virtiofsd(run: &Path, tag: &str, dir: &Path, readonly: bool) -> Child {
     let sock = run.join(format!("{tag}.sock"));
+    let log = run.join(format!("virtiofsd-{tag}.log"));
     let mut c = Command::new(virtiofsd());
     c.arg(format!("--socket-path={}", sock.display()))
         .arg(format!("--shared-dir={}", dir.display()))
         .arg("--sandbox=namespace")
         .arg("--seccomp=kill")
+        .arg("--log-level=info")
         // The host user (root here) appears as guest uid/gid 1000 and back.
         .args([
             "--translate-uid",
@@ -89,12 +109,17 @@ fn spawn_virtiofsd(run: &Path, tag: &str, dir: &Path, readonly: bool) -> Child {
             "map:1000:0:1",
         ])
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(run.join(format!("virtiofsd-{tag}.log"))).unwrap());
+        .stderr(std::fs::File::create(&log).unwrap());
     if readonly {
         c.arg("--readonly");
     }
     let child = c.spawn().expect("start virtiofsd");
-    wait_for(&sock, "virtiofsd socket", 10);
+    wait_for_line(
+        &log,
+        "Waiting for vhost-user socket connection",
+        "virtiofsd",
+        10,
+    );
     child
 }
 
@@ -249,8 +274,7 @@ fn boot_configure_and_run_in_the_container() {
         .unwrap();
     procs.0.push(qemu);
 
-    wait_for(&agent_sock, "QEMU's agent socket", 30);
-    let stream = UnixStream::connect(&agent_sock).unwrap();
+    let stream = connect_retrying(&agent_sock, "QEMU's agent socket", 30);
     stream
         // Inside the test runner's 5 minutes (.config/nextest.toml): a wedged
         // guest fails this read with its console named, not a kill.
