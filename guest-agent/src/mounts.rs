@@ -453,6 +453,7 @@ mod tests {
             guest_path: path.into(),
             container_path: "/home/u/p".into(),
             readonly: true,
+            subdir: None,
         }
     }
 

@@ -303,12 +303,14 @@ fn boot_configure_and_run_in_the_container() {
                 guest_path: format!("{}/project", image::SHARE_ROOT),
                 container_path: project.to_str().unwrap().into(),
                 readonly: false,
+                subdir: None,
             },
             Share {
                 tag: "spill".into(),
                 guest_path: format!("{}/spill", image::SHARE_ROOT),
                 container_path: spill.to_str().unwrap().into(),
                 readonly: true,
+                subdir: None,
             },
         ],
         container: ContainerSpec {

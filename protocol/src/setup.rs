@@ -26,6 +26,32 @@ pub struct Share {
     pub container_path: String,
     /// Mounted and passed read-only (already enforced by `virtiofsd --readonly` on the host).
     pub readonly: bool,
+    /// When set, the container sees this directory of the mount rather
+    /// than its root: read-only shares packed into one virtiofs device
+    /// (one directory each, bound read-only on the host), which share one
+    /// tag and mount. Digits and ASCII letters only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subdir: Option<String>,
+}
+
+impl Share {
+    /// The guest directory the container sees: the mount, or its
+    /// [`Share::subdir`] (checked by [`ConfigureSpec::validate`]).
+    pub fn source(&self) -> String {
+        match &self.subdir {
+            Some(d) => format!("{}/{d}", self.guest_path),
+            None => self.guest_path.clone(),
+        }
+    }
+
+    /// A name unique among the shares of a valid spec (the tag, and the
+    /// subdir of a packed share).
+    pub fn name(&self) -> String {
+        match &self.subdir {
+            Some(d) => format!("{}-{d}", self.tag),
+            None => self.tag.clone(),
+        }
+    }
 }
 
 /// The per-instance container.
@@ -86,8 +112,25 @@ impl ConfigureSpec {
             check_tag(&s.tag).map_err(|r| format!("shares[{i}].tag {r}"))?;
             check_path(&s.guest_path).map_err(|r| format!("shares[{i}].guest_path {r}"))?;
             check_path(&s.container_path).map_err(|r| format!("shares[{i}].container_path {r}"))?;
-            if self.shares[..i].iter().any(|o| o.tag == s.tag) {
-                return Err(format!("shares[{i}].tag is used twice"));
+            if let Some(d) = &s.subdir {
+                check_subdir(d).map_err(|r| format!("shares[{i}].subdir {r}"))?;
+                if !s.readonly {
+                    return Err(format!(
+                        "shares[{i}] has a subdir but is writable (only read-only shares are packed)"
+                    ));
+                }
+            }
+            for o in self.shares[..i].iter().filter(|o| o.tag == s.tag) {
+                // One device, one mount: packed shares agree on both, and
+                // each names a directory of its own.
+                let packed = s.subdir.is_some()
+                    && o.subdir.is_some()
+                    && o.subdir != s.subdir
+                    && o.guest_path == s.guest_path
+                    && o.readonly == s.readonly;
+                if !packed {
+                    return Err(format!("shares[{i}].tag is used twice"));
+                }
             }
         }
         if self.prepare && !self.shares.is_empty() {
@@ -164,6 +207,16 @@ fn check_tag(s: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+fn check_subdir(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() || s.len() > MAX_TAG {
+        return Err("must be 1 to 36 bytes");
+    }
+    if !s.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err("may only contain ASCII letters and digits");
+    }
+    Ok(())
+}
+
 fn check_path(s: &str) -> Result<(), &'static str> {
     if !s.starts_with('/') {
         return Err("must be absolute");
@@ -191,6 +244,7 @@ mod tests {
                 guest_path: "/mnt/hull/project".into(),
                 container_path: "/home/u/proj".into(),
                 readonly: false,
+                subdir: None,
             }],
             container: ContainerSpec {
                 name: "hull-1234".into(),
@@ -234,5 +288,39 @@ mod tests {
         let mut s = spec();
         s.shares.push(s.shares[0].clone());
         assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn packed_shares_share_a_tag_only_read_only_and_each_with_its_own_dir() {
+        let packed = |subdir: &str, container: &str| Share {
+            tag: "hull3".into(),
+            guest_path: "/mnt/hull/hull3".into(),
+            container_path: container.into(),
+            readonly: true,
+            subdir: Some(subdir.into()),
+        };
+        let mut s = spec();
+        s.shares.push(packed("0", "/a"));
+        s.shares.push(packed("1", "/b"));
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.shares[2].source(), "/mnt/hull/hull3/1");
+        assert_eq!(s.shares[2].name(), "hull3-1");
+        assert_eq!(s.shares[0].source(), "/mnt/hull/project");
+        for (i, bad) in [
+            |x: &mut Share| x.subdir = Some("0".into()),
+            |x: &mut Share| x.subdir = None,
+            |x: &mut Share| x.subdir = Some("..".into()),
+            |x: &mut Share| x.subdir = Some("a/b".into()),
+            |x: &mut Share| x.subdir = Some(String::new()),
+            |x: &mut Share| x.guest_path = "/mnt/hull/other".into(),
+            |x: &mut Share| x.readonly = false,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut t = s.clone();
+            bad(&mut t.shares[2]);
+            assert!(t.validate().is_err(), "case {i}: {:?}", t.shares[2]);
+        }
     }
 }

@@ -37,8 +37,8 @@ pub fn container_devices(spec: &ConfigureSpec, ctl_dir: &Path) -> Devices {
     let mut devs = Devices::new();
     for s in &spec.shares {
         devs.insert(
-            format!("{SHARE_DEVICE_PREFIX}{}", s.tag),
-            disk(&s.guest_path, &s.container_path, s.readonly),
+            format!("{SHARE_DEVICE_PREFIX}{}", s.name()),
+            disk(&s.source(), &s.container_path, s.readonly),
         );
     }
     devs.insert(
@@ -223,8 +223,8 @@ impl<T: incus::Transport> IncusBackend<T> {
             .shares
             .iter()
             .map(|s| mounts::Bind {
-                tag: s.tag.clone(),
-                source: PathBuf::from(&s.guest_path),
+                tag: s.name(),
+                source: PathBuf::from(s.source()),
                 target: PathBuf::from(&s.container_path),
                 readonly: s.readonly,
             })
@@ -295,8 +295,11 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
             // anything runs (vmgenid reseeds too, where the kernel has it).
             reseed_crng();
         }
-        for share in &spec.shares {
-            mounts::mount(&mounts::plan(share)?)?;
+        for (i, share) in spec.shares.iter().enumerate() {
+            // Packed shares have one device and one mount: the first mounts it.
+            if spec.shares[..i].iter().all(|o| o.tag != share.tag) {
+                mounts::mount(&mounts::plan(share)?)?;
+            }
         }
         let prepared = match lock(&self.configured).as_ref() {
             Some(Use::Prepared { pid, root, .. }) => Some((*pid, *root)),

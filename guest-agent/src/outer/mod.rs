@@ -205,12 +205,14 @@ fn test_spec() -> hull_protocol::ConfigureSpec {
                 guest_path: "/mnt/hull/project".into(),
                 container_path: "/work/proj".into(),
                 readonly: false,
+                subdir: None,
             },
             hull_protocol::Share {
                 tag: "spill".into(),
                 guest_path: "/mnt/hull/spill".into(),
                 container_path: "/tmp/hull-runs/x/spill".into(),
                 readonly: true,
+                subdir: None,
             },
         ],
         container: hull_protocol::ContainerSpec {

@@ -12,7 +12,7 @@ use hull_protocol::{ConfigureSpec, ContainerSpec, Share as ProtoShare};
 use crate::policy::lower::vm::{self as lower_vm, VmPlan};
 use crate::policy::Protection;
 use crate::vm::qemu::Accel;
-use crate::vm::virtiofsd::{HostMask, MaskKind, SandboxMode, VirtiofsdSpec};
+use crate::vm::virtiofsd::{HostMask, MaskKind, SandboxMode, ViewBind, VirtiofsdSpec};
 #[cfg(target_os = "linux")]
 use crate::vm::{
     machine::{BootImage, Machine, MachineSpec, Tools},
@@ -96,31 +96,60 @@ fn own_ids(s: &lower_vm::Share) -> bool {
     !s.readonly || s.origin != lower_vm::ShareOrigin::Policy || !root
 }
 
-/// The virtiofsd of each share, sockets in `dir`.
+/// The virtiofsd of each share, sockets in `dir`; shares packed under one
+/// tag (each with its `subdir`) get one virtiofsd over a view in
+/// `dir/view-<tag>`.
 pub fn share_specs(plan: &VmPlan, dir: &Path) -> Vec<VirtiofsdSpec> {
-    plan.shares
-        .iter()
-        .map(|s| VirtiofsdSpec {
-            tag: s.tag.clone(),
-            shared_dir: s.host_path.clone(),
-            socket: dir.join(format!("vfs-{}.sock", s.tag)),
-            readonly: s.readonly,
-            sandbox: SandboxMode::Namespace,
-            translate: own_ids(s).then_some((plan.uid, plan.gid)),
-            masks: s
-                .masks
-                .iter()
-                .map(|m| HostMask {
-                    path: m.path.clone(),
-                    kind: match m.protection {
-                        Protection::Hidden => MaskKind::Hidden,
-                        Protection::ReadOnly => MaskKind::ReadOnly,
-                    },
-                    placeholder_is_file: m.placeholder_is_file,
-                })
-                .collect(),
-        })
-        .collect()
+    let mut specs: Vec<VirtiofsdSpec> = Vec::new();
+    for s in &plan.shares {
+        let Some(sub) = &s.subdir else {
+            specs.push(one_share_spec(plan, s, dir));
+            continue;
+        };
+        let view = dir.join(format!("view-{}", s.tag));
+        let bind = ViewBind {
+            source: s.host_path.clone(),
+            at: view.join(sub),
+        };
+        match specs.iter_mut().find(|v| v.tag == s.tag) {
+            Some(v) => v.views.push(bind),
+            None => specs.push(VirtiofsdSpec {
+                tag: s.tag.clone(),
+                shared_dir: view,
+                socket: dir.join(format!("vfs-{}.sock", s.tag)),
+                readonly: true,
+                sandbox: SandboxMode::Namespace,
+                translate: own_ids(s).then_some((plan.uid, plan.gid)),
+                masks: Vec::new(),
+                views: vec![bind],
+            }),
+        }
+    }
+    specs
+}
+
+fn one_share_spec(plan: &VmPlan, s: &lower_vm::Share, dir: &Path) -> VirtiofsdSpec {
+    VirtiofsdSpec {
+        tag: s.tag.clone(),
+        shared_dir: s.host_path.clone(),
+        socket: dir.join(format!("vfs-{}.sock", s.tag)),
+        readonly: s.readonly,
+        sandbox: SandboxMode::Namespace,
+        translate: own_ids(s).then_some((plan.uid, plan.gid)),
+        masks: s
+            .masks
+            .iter()
+            .map(|m| HostMask {
+                path: m.path.clone(),
+                kind: match m.protection {
+                    Protection::Hidden => MaskKind::Hidden,
+                    Protection::ReadOnly => MaskKind::ReadOnly,
+                },
+                placeholder_is_file: m.placeholder_is_file,
+            })
+            .collect(),
+        views: Vec::new(),
+    }
 }
 
 /// The `Configure` request for the plan: container `name`, cloned from the
@@ -142,6 +171,7 @@ pub fn configure_spec(
             guest_path: s.guest_path.clone(),
             container_path,
             readonly: s.readonly,
+            subdir: s.subdir.clone(),
         });
     }
     let spec = ConfigureSpec {
@@ -271,7 +301,10 @@ pub fn start_vm(
 ) -> Result<Started, AssembleError> {
     let image = BootImage::from_dir(image_dir)?;
     let run_as = qemu_user()?;
-    let geometry = snapshot::geometry_for(image_dir, &image, tools, accel);
+    let geometry = snapshot::Geometry {
+        memory_mib: snapshot::memory_for(plan),
+        ..snapshot::geometry_for(image_dir, &image, tools, accel)
+    };
     let use_snapshot = match snapshot_wanted() {
         false => None,
         true => match snapshot::fits(plan, &geometry) {
@@ -286,10 +319,14 @@ pub fn start_vm(
     };
     match use_snapshot {
         Some(g) => {
+            let size = match g.memory_mib {
+                snapshot::SNAPSHOT_MEMORY_MIB => String::new(),
+                m => format!(" for {m} MiB VMs (the policy's memory limit)"),
+            };
             let hold = snapshot::ensure(image_dir, &image, &g, tools, &mut |step| {
-                eprintln!("hull: tier vm: preparing the image's snapshot (once): {step}")
+                eprintln!("hull: tier vm: preparing the image's snapshot{size} (once): {step}")
             })?;
-            let slotted = snapshot::slotted(plan);
+            let slotted = snapshot::slotted(plan, g.slots);
             let machine = snapshot::restore(
                 &hold.snapshot,
                 &image,

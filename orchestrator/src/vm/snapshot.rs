@@ -19,10 +19,15 @@
 //! the shares and limits to the already running container, and runs the
 //! command.
 //!
+//! A plan whose memory limit needs a bigger VM than the default snapshot's
+//! gets a snapshot of its own size ([`memory_for`]: `snapshot-<MiB>m/`,
+//! rounded up to a whole GiB), built once like the default one, so no
+//! policy's limit forces a boot.
+//!
 //! Protects against: a snapshot of other inputs being restored (the
 //! geometry names image, QEMU version, accelerator, memory, vCPUs, slots and
 //! kernel command line; any change rebuilds), a half-written snapshot being
-//! used (built in `snapshot.partial-<pid>/`, renamed into place after the
+//! used (built in `<dir>.partial-<pid>/`, renamed into place after the
 //! manifest; an exclusive lock serialises builders, a shared lock is held by
 //! each restore so nothing replaces it under a run), state crossing runs (a
 //! fresh overlay per restore; the container is only ever configured once).
@@ -49,8 +54,9 @@ use crate::policy::lower::vm::{self as lower_vm, VmPlan, GUEST_SHARE_ROOT};
 pub const SLOTS: usize = 8;
 /// `manifest.json` format of a snapshot.
 pub const SNAPSHOT_FORMAT: u32 = 1;
-/// VM memory of a snapshot: the default policy's 4 GiB container limit plus
-/// the guest's own needs. RAM is a memfd the host backs only as it is touched.
+/// VM memory of the default snapshot: the default policy's 4 GiB container
+/// limit plus the guest's own needs. RAM is a memfd the host backs only as
+/// it is touched.
 pub const SNAPSHOT_MEMORY_MIB: u32 = 4096 + 768;
 /// The file names inside a snapshot directory.
 const DISK: &str = "disk.qcow2";
@@ -171,14 +177,27 @@ pub fn geometry_for(image_dir: &Path, image: &BootImage, tools: &Tools, accel: A
     geometry(&id, image, tools, accel)
 }
 
+/// The VM memory of the snapshot `plan` restores from: the default
+/// snapshot's when its limit fits there, else the VM the limit needs rounded
+/// up to a whole GiB (so nearby limits share one snapshot).
+pub fn memory_for(plan: &VmPlan) -> u32 {
+    let need = crate::vm::assemble::vm_memory_mib(plan);
+    if need <= SNAPSHOT_MEMORY_MIB {
+        SNAPSHOT_MEMORY_MIB
+    } else {
+        need.div_ceil(1024) * 1024
+    }
+}
+
 /// Whether `plan` fits a snapshot of `g`: at most [`SLOTS`] shares and a
 /// memory limit the snapshot's VM can hold. (A plan that does not fit boots
 /// cold: the same boundary, only slower.)
 pub fn fits(plan: &VmPlan, g: &Geometry) -> Result<(), String> {
-    if plan.shares.len() > g.slots {
+    let devices = devices(&slotted(plan, g.slots));
+    if devices > g.slots {
         return Err(format!(
-            "the policy needs {} shares, a snapshot has {} slots",
-            plan.shares.len(),
+            "the policy needs {devices} virtiofs shares (its read-only grants without masks \
+             packed into one), a snapshot has {} slots",
             g.slots
         ));
     }
@@ -192,15 +211,48 @@ pub fn fits(plan: &VmPlan, g: &Geometry) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a share may be packed with others into one virtiofs device: a
+/// read-only grant of the policy with nothing masked inside (masks are
+/// mounted per share).
+fn packable(s: &lower_vm::Share) -> bool {
+    s.readonly && s.origin == lower_vm::ShareOrigin::Policy && s.masks.is_empty()
+}
+
 /// `plan` with its shares renamed to slot tags (`hull0`, ...), mounted in
-/// the guest at `/mnt/hull/<slot tag>`.
-pub fn slotted(plan: &VmPlan) -> VmPlan {
+/// the guest at `/mnt/hull/<slot tag>`, in the plan's order (a share nested
+/// in another is attached after it). When the plan has more shares than
+/// `slots`, its [`packable`] shares go through one slot together, each as a
+/// directory of that device's view (`subdir` `0`, `1`, ...), so a policy
+/// with many read-only grants still restores.
+pub fn slotted(plan: &VmPlan, slots: usize) -> VmPlan {
     let mut p = plan.clone();
-    for (i, s) in p.shares.iter_mut().enumerate() {
-        s.tag = slot_tag(i);
+    let pack = p.shares.len() > slots && p.shares.iter().filter(|s| packable(s)).count() >= 2;
+    let mut next = 0;
+    let mut packed: Option<(String, usize)> = None;
+    for s in p.shares.iter_mut() {
+        if pack && packable(s) {
+            let (tag, n) = packed.get_or_insert_with(|| {
+                next += 1;
+                (slot_tag(next - 1), 0)
+            });
+            s.tag = tag.clone();
+            s.subdir = Some(n.to_string());
+            *n += 1;
+        } else {
+            s.tag = slot_tag(next);
+            next += 1;
+        }
         s.guest_path = format!("{GUEST_SHARE_ROOT}/{}", s.tag);
     }
     p
+}
+
+/// The virtiofs devices a plan needs: one per distinct tag.
+fn devices(plan: &VmPlan) -> usize {
+    let mut tags: Vec<&str> = plan.shares.iter().map(|s| s.tag.as_str()).collect();
+    tags.sort_unstable();
+    tags.dedup();
+    tags.len()
 }
 
 /// The virtiofsd of every slot: the plan's shares first (as
@@ -218,18 +270,28 @@ pub fn slot_specs(slotted: &VmPlan, dir: &Path, empty: &Path, slots: usize) -> V
             sandbox: SandboxMode::Namespace,
             translate: None,
             masks: Vec::new(),
+            views: Vec::new(),
         });
     }
     specs
 }
 
-/// The snapshot directory of an image.
-pub fn dir_of(image_dir: &Path) -> PathBuf {
-    image_dir.join("snapshot")
+/// The name of the snapshot directory for VMs of `memory_mib`.
+fn dir_name(memory_mib: u32) -> String {
+    if memory_mib == SNAPSHOT_MEMORY_MIB {
+        "snapshot".into()
+    } else {
+        format!("snapshot-{memory_mib}m")
+    }
 }
 
-fn lock_path(image_dir: &Path) -> PathBuf {
-    image_dir.join("snapshot.lock")
+/// The directory of an image's snapshot for VMs of `memory_mib`.
+pub fn dir_of(image_dir: &Path, memory_mib: u32) -> PathBuf {
+    image_dir.join(dir_name(memory_mib))
+}
+
+fn lock_path(image_dir: &Path, memory_mib: u32) -> PathBuf {
+    image_dir.join(format!("{}.lock", dir_name(memory_mib)))
 }
 
 /// A hold on a snapshot: while it lives the snapshot is not replaced.
@@ -239,8 +301,8 @@ pub struct SnapshotUse {
     pub snapshot: Snapshot,
 }
 
-fn open_lock(image_dir: &Path) -> Result<fs::File, SnapshotError> {
-    let p = lock_path(image_dir);
+fn open_lock(image_dir: &Path, memory_mib: u32) -> Result<fs::File, SnapshotError> {
+    let p = lock_path(image_dir, memory_mib);
     fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -252,7 +314,7 @@ fn open_lock(image_dir: &Path) -> Result<fs::File, SnapshotError> {
 
 /// The complete snapshot in `image_dir` made for `g`, if there is one.
 pub fn open(image_dir: &Path, g: &Geometry) -> Option<Snapshot> {
-    let dir = dir_of(image_dir);
+    let dir = dir_of(image_dir, g.memory_mib);
     let text = fs::read(dir.join(MANIFEST)).ok()?;
     if text.len() > 1 << 20 {
         return None;
@@ -280,8 +342,8 @@ pub fn ensure(
     tools: &Tools,
     progress: &mut dyn FnMut(&str),
 ) -> Result<SnapshotUse, SnapshotError> {
-    let lock = open_lock(image_dir)?;
-    let lp = lock_path(image_dir);
+    let lock = open_lock(image_dir, g.memory_mib)?;
+    let lp = lock_path(image_dir, g.memory_mib);
     lock.lock_shared()
         .map_err(io_err(&lp, "lock the snapshot"))?;
     if let Some(s) = open(image_dir, g) {
@@ -300,7 +362,7 @@ pub fn ensure(
     lock.lock_shared()
         .map_err(io_err(&lp, "lock the snapshot"))?;
     let snapshot = open(image_dir, g).ok_or_else(|| SnapshotError::Io {
-        path: dir_of(image_dir),
+        path: dir_of(image_dir, g.memory_mib),
         what: "open the snapshot just built",
         source: io::Error::other("it is missing or does not match"),
     })?;
@@ -427,19 +489,18 @@ fn build(
     tools: &Tools,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), SnapshotError> {
-    let final_dir = dir_of(image_dir);
-    // We hold the lock exclusively: every partial is a dead builder's.
+    let final_dir = dir_of(image_dir, g.memory_mib);
+    let partial = format!("{}.partial-", dir_name(g.memory_mib));
+    // We hold this size's lock exclusively: every partial of this size is a
+    // dead builder's (another size's builder holds another lock).
     if let Ok(rd) = fs::read_dir(image_dir) {
         for e in rd.flatten() {
-            if e.file_name()
-                .to_string_lossy()
-                .starts_with("snapshot.partial-")
-            {
+            if e.file_name().to_string_lossy().starts_with(&partial) {
                 let _ = fs::remove_dir_all(e.path());
             }
         }
     }
-    let tmp = image_dir.join(format!("snapshot.partial-{}", std::process::id()));
+    let tmp = image_dir.join(format!("{partial}{}", std::process::id()));
     fs::create_dir_all(&tmp).map_err(io_err(&tmp, "create"))?;
     let r = build_in(&tmp, image_dir, image, g, tools, progress);
     if let Err(e) = r {
@@ -715,7 +776,7 @@ mod tests {
 
     #[test]
     fn slots_keep_the_plan_and_pad_with_the_empty_dir() {
-        let p = slotted(&plan());
+        let p = slotted(&plan(), SLOTS);
         let tags: Vec<&str> = p.shares.iter().map(|s| s.tag.as_str()).collect();
         assert_eq!(tags, ["hull0", "hull1", "hull2"]);
         assert_eq!(p.shares[2].guest_path, "/mnt/hull/hull2");
@@ -760,7 +821,7 @@ mod tests {
         let g = geo();
         let config = |name: &str, restore: bool, dir: &str, log: &str| {
             let d = Path::new(dir);
-            let shares = slot_specs(&slotted(&plan()), d, &d.join("empty"), SLOTS);
+            let shares = slot_specs(&slotted(&plan(), SLOTS), d, &d.join("empty"), SLOTS);
             machine_spec(
                 name.into(),
                 &g,
@@ -788,13 +849,137 @@ mod tests {
         assert!(a.incoming.is_none() && b.incoming.is_some());
     }
 
+    /// The default plan with `n` more read-only grants of the policy.
+    fn with_read_grants(n: usize) -> VmPlan {
+        let mut p = plan();
+        let proto = p
+            .shares
+            .iter()
+            .find(|s| s.tag == "project")
+            .unwrap()
+            .clone();
+        for i in 0..n {
+            let path = PathBuf::from(format!("/home/u/tool{i}"));
+            p.shares.push(lower_vm::Share {
+                tag: format!("ro-{}", i + 1),
+                guest_path: format!("{GUEST_SHARE_ROOT}/ro-{}", i + 1),
+                host_path: path.clone(),
+                container_path: path,
+                readonly: true,
+                exec: true,
+                origin: lower_vm::ShareOrigin::Policy,
+                masks: Vec::new(),
+                subdir: None,
+            });
+        }
+        // A writable grant after them stays a device of its own.
+        let mut rw = proto;
+        rw.tag = "rw-1".into();
+        rw.host_path = "/home/u/out".into();
+        rw.masks.clear();
+        p.shares.push(rw);
+        p
+    }
+
+    #[test]
+    fn read_only_grants_beyond_the_slots_share_one_view() {
+        let p = with_read_grants(7);
+        assert_eq!(p.shares.len(), 11);
+        let g = geo();
+        assert_eq!(fits(&p, &g), Ok(()));
+        let s = slotted(&p, SLOTS);
+        let tags: Vec<(&str, Option<&str>)> = s
+            .shares
+            .iter()
+            .map(|x| (x.tag.as_str(), x.subdir.as_deref()))
+            .collect();
+        assert_eq!(
+            tags,
+            [
+                ("hull0", None),
+                ("hull1", None),
+                ("hull2", None),
+                ("hull3", Some("0")),
+                ("hull3", Some("1")),
+                ("hull3", Some("2")),
+                ("hull3", Some("3")),
+                ("hull3", Some("4")),
+                ("hull3", Some("5")),
+                ("hull3", Some("6")),
+                ("hull4", None),
+            ],
+            "the plan's order is kept"
+        );
+        let specs = slot_specs(&s, Path::new("/r"), Path::new("/r/empty"), SLOTS);
+        assert_eq!(specs.len(), SLOTS);
+        let view = &specs[3];
+        assert_eq!((view.tag.as_str(), view.readonly), ("hull3", true));
+        assert_eq!(view.shared_dir, Path::new("/r/view-hull3"));
+        assert!(view.masks.is_empty());
+        assert_eq!(view.views.len(), 7);
+        assert_eq!(view.views[6].source, Path::new("/home/u/tool6"));
+        assert_eq!(view.views[6].at, Path::new("/r/view-hull3/6"));
+        assert_eq!(specs[4].tag, "hull4");
+        assert!(
+            !specs[4].readonly,
+            "the writable grant keeps its own device"
+        );
+        assert!(specs[4].views.is_empty());
+        // What the guest is told is valid: one tag, a directory each.
+        let c = crate::vm::assemble::configure_spec(&s, "hull-run", 1).unwrap();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.shares[9].source(), "/mnt/hull/hull3/6");
+        assert_eq!(c.shares[9].container_path, "/home/u/tool6");
+    }
+
+    #[test]
+    fn a_plan_within_the_slots_is_not_packed_and_one_beyond_them_boots() {
+        let p = with_read_grants(4);
+        assert_eq!(p.shares.len(), SLOTS);
+        let s = slotted(&p, SLOTS);
+        assert!(s.shares.iter().all(|x| x.subdir.is_none()));
+        assert_eq!(devices(&s), SLOTS);
+        // Writable grants are never packed: nine devices cannot restore.
+        let mut p = plan();
+        for i in 0..6 {
+            let mut rw = p.shares[2].clone();
+            rw.host_path = format!("/home/u/w{i}").into();
+            p.shares.push(rw);
+        }
+        let why = fits(&p, &geo()).unwrap_err();
+        assert!(why.contains("needs 9 virtiofs shares"), "{why}");
+    }
+
+    #[test]
+    fn a_bigger_memory_limit_restores_from_a_snapshot_of_its_own_size() {
+        let mut p = plan();
+        p.limits.memory_bytes = Some(4 << 30);
+        assert_eq!(memory_for(&p), SNAPSHOT_MEMORY_MIB);
+        p.limits.memory_bytes = Some(1 << 30);
+        assert_eq!(
+            memory_for(&p),
+            SNAPSHOT_MEMORY_MIB,
+            "smaller limits share it"
+        );
+        p.limits.memory_bytes = Some(8 << 30);
+        assert_eq!(memory_for(&p), 9216, "8 GiB + 768 MiB, rounded up to a GiB");
+        let mut g = geo();
+        assert!(fits(&p, &g).unwrap_err().contains("memory"));
+        g.memory_mib = memory_for(&p);
+        assert_eq!(fits(&p, &g), Ok(()));
+        let img = Path::new("/img");
+        assert_eq!(dir_of(img, SNAPSHOT_MEMORY_MIB), img.join("snapshot"));
+        assert_eq!(dir_of(img, 9216), img.join("snapshot-9216m"));
+        assert_ne!(lock_path(img, 9216), lock_path(img, SNAPSHOT_MEMORY_MIB));
+    }
+
     #[test]
     fn only_a_complete_snapshot_of_the_same_geometry_opens() {
         let t = tempfile::tempdir().unwrap();
         let img = t.path();
         let g = geo();
         assert!(open(img, &g).is_none(), "nothing there yet");
-        let d = dir_of(img);
+        let d = dir_of(img, g.memory_mib);
         fs::create_dir_all(&d).unwrap();
         fs::write(d.join(DISK), b"q").unwrap();
         let m = SnapshotManifest {
@@ -815,6 +1000,7 @@ mod tests {
             |g: &mut Geometry| g.cpus = 1,
             |g: &mut Geometry| g.image_id = "fedcba9876543210".into(),
             |g: &mut Geometry| g.cmdline.push_str(" x"),
+            |g: &mut Geometry| g.memory_mib += 1024,
         ] {
             let mut other = g.clone();
             change(&mut other);

@@ -28,6 +28,7 @@ fn share(
         sandbox: SandboxMode::Namespace,
         translate: Some((super::GUEST_UID, super::GUEST_GID)),
         masks,
+        views: Vec::new(),
     }
 }
 

@@ -11,12 +11,14 @@ pub fn sample_spec() -> ConfigureSpec {
                 guest_path: "/mnt/hull/project".into(),
                 container_path: "/home/user/proj".into(),
                 readonly: false,
+                subdir: None,
             },
             Share {
                 tag: "spill".into(),
                 guest_path: "/mnt/hull/spill".into(),
                 container_path: "/tmp/hull-runs/x/spill".into(),
                 readonly: true,
+                subdir: None,
             },
         ],
         container: ContainerSpec {

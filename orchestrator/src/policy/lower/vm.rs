@@ -95,6 +95,11 @@ pub struct Share {
     pub origin: ShareOrigin,
     /// Protected paths inside, masked on the host.
     pub masks: Vec<Mask>,
+    /// Set when the share is packed with other read-only shares into one
+    /// virtiofs device (see [`crate::vm::snapshot::slotted`]): its
+    /// directory in that device's view. Never set by the lowering.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subdir: Option<String>,
 }
 
 /// Why a grant is not shared.
@@ -301,6 +306,7 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<VmPlan, VmLowerError> {
             exec,
             origin,
             masks: Vec::new(),
+            subdir: None,
         });
     }
     if shares.len() > MAX_SHARES {

@@ -84,6 +84,47 @@ pub(super) fn hold_placeholders(spec: &VirtiofsdSpec) -> Result<Held, VirtiofsdE
     })
 }
 
+/// Makes the view of a spec that packs read-only shares: its `shared_dir`
+/// and one empty directory in it per bind, each checked to lie directly in
+/// the view and each source to be a directory (not a link to one).
+pub(super) fn prepare_view(spec: &VirtiofsdSpec) -> Result<(), VirtiofsdError> {
+    if spec.views.is_empty() {
+        return Ok(());
+    }
+    let io_err = |what: &str| {
+        let (tag, what) = (spec.tag.clone(), what.to_string());
+        move |source| VirtiofsdError::Io { tag, what, source }
+    };
+    if !spec.readonly || !spec.masks.is_empty() {
+        return Err(io_err("assemble its view")(io::Error::other(
+            "only a read-only share without masks can be a view",
+        )));
+    }
+    fs::create_dir_all(&spec.shared_dir).map_err(io_err("create its view"))?;
+    for v in &spec.views {
+        if v.at.parent() != Some(spec.shared_dir.as_path()) {
+            return Err(VirtiofsdError::MaskOutside {
+                tag: spec.tag.clone(),
+                path: v.at.clone(),
+                share: spec.shared_dir.clone(),
+            });
+        }
+        let is_dir = fs::symlink_metadata(&v.source).is_ok_and(|m| m.is_dir());
+        if !is_dir {
+            return Err(VirtiofsdError::NotADir {
+                tag: spec.tag.clone(),
+                path: v.source.clone(),
+            });
+        }
+        match fs::create_dir(&v.at) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && v.at.is_dir() => {}
+            Err(e) => return Err(io_err("create a directory of its view")(e)),
+        }
+    }
+    Ok(())
+}
+
 /// Mounts prepared before the fork, applied in the child before exec.
 pub(super) struct MountPlan {
     userns: bool,
@@ -148,6 +189,26 @@ impl MountPlan {
     /// user namespace of its own, mapping only itself).
     fn for_ids(spec: &VirtiofsdSpec, dir: &Path, uid: u32, gid: u32) -> io::Result<MountPlan> {
         let mut ops = Vec::new();
+        // A view: each granted directory bound read-only onto its empty
+        // directory (made by [`prepare_view`]). Never writable, whatever
+        // the spec says: only read-only shares are packed.
+        for v in &spec.views {
+            ops.push(MountOp::BindRo {
+                src: cstr(&v.source)?,
+                dst: cstr(&v.at)?,
+                flags: locked_flags(&v.source)?,
+            });
+        }
+        if !spec.views.is_empty() {
+            // Then the view itself, with the binds in it, read-only too: the
+            // guest can create nothing in the run directory either.
+            let view = cstr(&spec.shared_dir)?;
+            ops.push(MountOp::BindRo {
+                src: view.clone(),
+                dst: view,
+                flags: locked_flags(&spec.shared_dir)?,
+            });
+        }
         // Pins first: every directory between the share's root and a
         // mask becomes a mount point of its own, which the guest cannot
         // rename (EBUSY). Renaming an ancestor of a mount is allowed and
@@ -335,6 +396,86 @@ mod tests {
     use crate::vm::virtiofsd::SandboxMode;
     use std::process::Command;
 
+    /// A view packs read-only grants: inside the namespace each is readable
+    /// at its directory and nothing can be written through it, even by
+    /// root; on the host the view stays empty (no mount leaks out).
+    #[test]
+    fn a_view_binds_each_grant_read_only_and_only_in_its_namespace() {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test mounts in a mount namespace of its own and needs root (tests run as root here)");
+        }
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        fs::create_dir_all(&a).unwrap();
+        fs::create_dir_all(&b).unwrap();
+        fs::write(a.join("f"), b"from a\n").unwrap();
+        fs::write(b.join("g"), b"from b\n").unwrap();
+        let view = d.path().join("view-hull3");
+        let mut spec = VirtiofsdSpec {
+            tag: "hull3".into(),
+            shared_dir: view.clone(),
+            socket: d.path().join("s.sock"),
+            readonly: true,
+            sandbox: SandboxMode::Namespace,
+            translate: None,
+            masks: Vec::new(),
+            views: vec![
+                super::super::ViewBind {
+                    source: a.clone(),
+                    at: view.join("0"),
+                },
+                super::super::ViewBind {
+                    source: b.clone(),
+                    at: view.join("1"),
+                },
+            ],
+        };
+        prepare_view(&spec).unwrap();
+        let plan = MountPlan::for_ids(&spec, d.path(), 0, 0).unwrap();
+        assert!(!plan.userns);
+        let script = format!(
+            "cd {}; cat 0/f 1/g; echo evil >> 0/f && echo WRITTEN; touch 1/new && echo CREATED; \
+             mkdir 2 && echo VIEW-WRITTEN; true",
+            view.display()
+        );
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c").arg(script);
+        // SAFETY: as in `spawn_once`: system calls only, on prepared data.
+        unsafe {
+            cmd.pre_exec(move || plan.apply());
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stdout, "from a\nfrom b\n", "stderr: {stderr}");
+        assert!(stderr.contains("Read-only file system"), "{stderr}");
+        assert_eq!(fs::read(a.join("f")).unwrap(), b"from a\n");
+        assert!(!b.join("new").exists());
+        assert!(!view.join("2").exists());
+        for at in ["0", "1"] {
+            let n = fs::read_dir(view.join(at)).unwrap().count();
+            assert_eq!(n, 0, "view/{at} shows a mount on the host");
+        }
+        // A grant that became a link, or a bind outside the view, is refused.
+        std::os::unix::fs::symlink(&a, d.path().join("link")).unwrap();
+        spec.views[1].source = d.path().join("link");
+        assert!(matches!(
+            prepare_view(&spec),
+            Err(VirtiofsdError::NotADir { .. })
+        ));
+        spec.views[1].source = b.clone();
+        spec.views[1].at = d.path().join("elsewhere");
+        assert!(matches!(
+            prepare_view(&spec),
+            Err(VirtiofsdError::MaskOutside { .. })
+        ));
+        spec.views[1].at = view.join("1");
+        spec.readonly = false;
+        assert!(prepare_view(&spec).is_err(), "a writable view");
+    }
+
     /// The masks as an unprivileged user would get them: a user
     /// namespace mapping only that user, the same read-only binds and
     /// empty tmpfs. Checked with a real process writing through them.
@@ -380,6 +521,7 @@ mod tests {
                     placeholder_is_file: false,
                 },
             ],
+            views: Vec::new(),
         };
         let plan = MountPlan::for_ids(&spec, d.path(), 65534, 65534).unwrap();
         assert!(plan.userns);

@@ -26,6 +26,12 @@
 //! `--writeback`): what the command wrote is on the host when it exits, but
 //! host-side changes may take up to a second to show in the guest.
 //!
+//! Read-only grants beyond the snapshot's slots are packed into one
+//! virtiofsd over a view: an empty directory in the run directory with each
+//! grant bound read-only onto a subdirectory, in virtiofsd's private mount
+//! namespace (nothing is mounted in the host's). virtiofsd runs
+//! `--readonly` over it as over any read-only share.
+//!
 //! Here: the spec and its argv (pure). In [`process`]: starting virtiofsd
 //! and supervising it. In [`mask`]: the protected-path masks and their
 //! placeholders, mounted between fork and exec.
@@ -74,6 +80,16 @@ pub struct HostMask {
     pub placeholder_is_file: bool,
 }
 
+/// A host directory bound read-only into a view (the `shared_dir` of a
+/// spec that packs several read-only shares into one virtiofsd).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ViewBind {
+    /// The granted host directory.
+    pub source: PathBuf,
+    /// An empty directory below the spec's `shared_dir` it is bound onto.
+    pub at: PathBuf,
+}
+
 /// Everything one virtiofsd is started with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VirtiofsdSpec {
@@ -88,6 +104,11 @@ pub struct VirtiofsdSpec {
     /// container, read as "others").
     pub translate: Option<(u32, u32)>,
     pub masks: Vec<HostMask>,
+    /// When not empty, `shared_dir` is a view hull assembles: these
+    /// directories bound read-only (and `nosuid,nodev`) onto empty
+    /// directories of it in virtiofsd's private mount namespace. Only for a
+    /// read-only spec without masks.
+    pub views: Vec<ViewBind>,
 }
 
 impl VirtiofsdSpec {
@@ -172,6 +193,7 @@ mod tests {
             sandbox: SandboxMode::Namespace,
             translate: Some((1000, 1000)),
             masks: vec![],
+            views: vec![],
         };
         let got: Vec<String> = spec
             .argv()

@@ -14,7 +14,7 @@ use super::{SandboxMode, VirtiofsdSpec};
 use crate::runtime::placeholder::Held;
 use crate::vm::proc::{self, Supervised};
 
-use super::mask::{hold_placeholders, MountPlan};
+use super::mask::{hold_placeholders, prepare_view, MountPlan};
 
 /// How long virtiofsd may take to reach "waiting for connection".
 pub const START_DEADLINE: Duration = Duration::from_secs(15);
@@ -118,6 +118,7 @@ impl Virtiofsd {
         log_dir: &Path,
     ) -> Result<Vec<Self>, VirtiofsdError> {
         for spec in specs {
+            prepare_view(spec)?;
             if !spec.shared_dir.is_dir() {
                 return Err(VirtiofsdError::NotADir {
                     tag: spec.tag.clone(),
@@ -268,7 +269,7 @@ fn spawn_once(
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
     proc::tie_to_parent(&mut cmd);
-    if !spec.masks.is_empty() {
+    if !spec.masks.is_empty() || !spec.views.is_empty() {
         let plan = MountPlan::new(spec, dir).map_err(io_err("prepare masks"))?;
         // SAFETY: the hook runs in the forked child before exec; it only
         // makes system calls (unshare, open, write, close, mount) on data
