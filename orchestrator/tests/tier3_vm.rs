@@ -657,3 +657,109 @@ fn a_project_under_the_home_directory_runs() {
         assert_eq!(std::fs::metadata(project.join(f)).unwrap().uid(), me, "{f}");
     }
 }
+
+/// The host's Rust toolchain, as the build profile grants it: rustup's
+/// home and cargo's `bin`, found from the environment cargo ran the tests
+/// in (rustup sets `RUSTUP_HOME`), else below `$HOME`.
+fn host_rust() -> (std::path::PathBuf, std::path::PathBuf) {
+    let home = std::path::PathBuf::from(std::env::var_os("HOME").unwrap());
+    let rustup = std::env::var_os("RUSTUP_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| home.join(".rustup"));
+    let cargo = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| home.join(".cargo"));
+    assert!(
+        rustup.join("toolchains").is_dir() && cargo.join("bin/rustc").exists(),
+        "no rustup toolchain at {} with proxies in {}/bin (the tests are built with it)",
+        rustup.display(),
+        cargo.display()
+    );
+    (rustup, cargo)
+}
+
+/// Whether every run of `w` so far was restored from a snapshot (no boot
+/// milestone on any console, no "booting instead" from hull).
+fn all_restored(w: &World, outs: &[&std::process::Output]) {
+    for out in outs {
+        assert!(
+            !text(&out.stderr).contains("booting the guest instead"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let logs = console_logs(w);
+    assert_eq!(logs.len(), outs.len(), "one console log per run");
+    for l in &logs {
+        assert!(l.contains("host handshake done"), "{l}");
+        assert!(!l.contains("mounts done"), "the VM booted:\n{l}");
+    }
+}
+
+/// A policy with many read-only grants and an 8 GiB memory limit restores
+/// (11 shares: its 8 read-only grants share one virtiofs device over a view
+/// of read-only binds; the limit gets a snapshot of its own size), and the
+/// host's Rust toolchain it grants runs in the container: `cargo --version`,
+/// and `rustc` compiling a program into the project, run there. A packed
+/// grant stays read-only: a write fails and the host file is unchanged.
+/// Then `--policy build` itself restores and runs the same toolchain.
+#[test]
+fn a_policy_beyond_the_slots_and_the_build_profile_restore_and_run_the_hosts_toolchain() {
+    let w = world();
+    let (rustup, cargo) = host_rust();
+    let tools = w.root.path().join("tools");
+    let mut grants = Vec::new();
+    for i in 0..6 {
+        let d = tools.join(format!("t{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("f"), format!("tool {i}\n")).unwrap();
+        grants.push(format!("{:?}", d.to_str().unwrap()));
+    }
+    let policy = w.root.path().join("many.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", {:?}, {:?}]\n\
+             read = [\"/etc\", {}]\nread_write = [\"${{PROJECT}}\"]\n[limits]\nmemory = \"8GiB\"\n\
+             [env]\npass = [\"PATH\", \"RUSTUP_TOOLCHAIN\"]\n[env.set]\nHOME = \"${{TMP}}\"\n\
+             RUSTUP_HOME = {:?}\nCARGO_HOME = {:?}\n",
+            rustup.to_str().unwrap(),
+            cargo.join("bin").to_str().unwrap(),
+            grants.join(", "),
+            rustup.to_str().unwrap(),
+            cargo.to_str().unwrap(),
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        w.project.join("hello.rs"),
+        "fn main() { println!(\"hello from rustc\"); }\n",
+    )
+    .unwrap();
+    let t = tools.to_str().unwrap();
+    let script = format!(
+        "cat {t}/t0/f {t}/t5/f; echo evil > {t}/t0/f || echo REFUSED; \
+         \"$CARGO_HOME/bin/cargo\" --version | cut -d' ' -f1; \
+         \"$CARGO_HOME/bin/rustc\" -o hello hello.rs && ./hello"
+    );
+    let many = w.run(&["--policy", policy.to_str().unwrap()], &script);
+    assert_eq!(many.status.code(), Some(0), "{}", text(&many.stderr));
+    assert_eq!(
+        text(&many.stdout),
+        "tool 0\ntool 5\nREFUSED\ncargo\nhello from rustc\n",
+        "{}",
+        text(&many.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(tools.join("t0/f")).unwrap(),
+        "tool 0\n"
+    );
+    assert!(w.project.join("hello").is_file(), "the program landed");
+    let build = w.run(
+        &["--policy", "build"],
+        "\"$CARGO_HOME/bin/cargo\" --version | cut -d' ' -f1; ./hello",
+    );
+    assert_eq!(build.status.code(), Some(0), "{}", text(&build.stderr));
+    assert_eq!(text(&build.stdout), "cargo\nhello from rustc\n");
+    all_restored(&w, &[&many, &build]);
+}

@@ -2001,6 +2001,47 @@ fn project_read_and_write(t: &str) {
     assert_eq!(w.read(&w.project.join("src/new/deep/f")), "created\n");
 }
 
+/// What a build does at the top of a git project: create, read back and
+/// remove files and directories there (`target/`, `out.txt`). bwrap and
+/// tier 3 protect `.git` and `.hull` with mounts and allow it, and what is
+/// left lands on the host. Landlock cannot (a right on the project holds
+/// for everything below it, `.git` too): the command fails, hull said so
+/// before it ran, naming the project and the tiers that can, and nothing
+/// was created; a subdirectory stays writable.
+fn top_level_entries_of_the_project(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    w.git_init();
+    let script = "echo top > top.txt && mkdir -p target/deep && echo deep > target/deep/f && \
+                  cat top.txt target/deep/f && rm top.txt target/deep/f && rmdir target/deep && \
+                  echo kept > out.txt";
+    let o = w.run(t, &[], script);
+    if t == "landlock" {
+        assert!(failed(&o), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        let project = w.project.display().to_string();
+        assert!(
+            err.contains(&format!(
+                "cannot create, rename or remove entries directly in {project}"
+            )) && err.contains("--tier bwrap"),
+            "not told before the run: {err}"
+        );
+        for name in ["top.txt", "target", "out.txt"] {
+            assert!(!w.project.join(name).exists(), "{name} was created");
+        }
+        let o = w.run(t, &[], "echo deep > src/f && cat src/f");
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        assert_eq!(w.read(&w.project.join("src/f")), "deep\n");
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "top\ndeep\n");
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("cannot create"));
+    assert_eq!(w.read(&w.project.join("out.txt")), "kept\n");
+    assert!(!w.project.join("top.txt").exists(), "the removal landed");
+    assert!(w.project.join("target").is_dir() && !w.project.join("target/deep").exists());
+}
+
 fn tmp_works_and_tmpdir_is_honoured(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -2111,6 +2152,7 @@ matrix!(
         inherited_descriptors_are_closed,
         stdout_file_is_not_reopened,
         project_read_and_write,
+        top_level_entries_of_the_project,
         tmp_works_and_tmpdir_is_honoured,
         exit_codes_and_signals,
         streams_are_live_and_stdin_passes,

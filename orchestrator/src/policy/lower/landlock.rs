@@ -52,6 +52,41 @@ pub struct Rule {
 pub struct LandlockPlan {
     pub rules: Vec<Rule>,
     pub notes: Vec<String>,
+    /// Writable directories split around protected paths: the command can
+    /// write in them, but not create, rename or remove entries directly in
+    /// them. Told to the user before the command runs.
+    #[serde(default)]
+    pub closed: Vec<Closed>,
+}
+
+/// A writable directory whose own entries are fixed (see [`LandlockPlan::closed`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Closed {
+    pub dir: PathBuf,
+    /// The protected paths it was split around.
+    pub around: Vec<PathBuf>,
+}
+
+impl Closed {
+    /// What the user is told before the command runs: the directory, why,
+    /// and the tiers that can do it.
+    pub fn warning(&self) -> String {
+        let around: Vec<String> = self
+            .around
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        format!(
+            "hull: tier landlock: the command can write in {dir} and below, but cannot create, \
+             rename or remove entries directly in {dir} (Landlock grants a right on everything \
+             below a directory, so it is split to keep {around} protected); a build that creates \
+             files or directories there (target/, node_modules/, out.txt) fails with \
+             \"Permission denied\". Run it with --tier bwrap or --tier3, which protect those \
+             paths with mounts instead",
+            dir = self.dir.display(),
+            around = around.join(", "),
+        )
+    }
 }
 
 const DEVICES_RW: &[&str] = &[
@@ -153,6 +188,7 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
     // and no entry can be created directly in a split directory, so a
     // missing protected path stays missing.
     let mut rules = Vec::new();
+    let mut closed = Vec::new();
     for s in &fsplan.steps {
         let Step::Grant { path, access, dir } = s else {
             continue;
@@ -175,6 +211,12 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
             "{} is split around protected paths: no entries can be created, renamed or removed directly in it",
             path.display()
         ));
+        if *access == Access::ReadWrite {
+            closed.push(Closed {
+                dir: path.clone(),
+                around: inside.iter().map(|(p, _)| p.clone()).collect(),
+            });
+        }
         split(path, *access, &inside, fs, &mut rules, &mut notes);
     }
     for d in DEVICES_RW {
@@ -191,7 +233,11 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
         path: PathBuf::from("/proc"),
         rights: dir_rights(Access::Read),
     });
-    Ok(LandlockPlan { rules, notes })
+    Ok(LandlockPlan {
+        rules,
+        notes,
+        closed,
+    })
 }
 
 fn split(
@@ -316,6 +362,30 @@ mod tests {
                 assert!(!r.rights.contains(&Right::WriteFile), "{r:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_split_writable_project_is_told_to_the_user() {
+        let plan = lowered("default");
+        assert_eq!(plan.closed.len(), 1, "{:?}", plan.closed);
+        let c = &plan.closed[0];
+        assert_eq!(c.dir, Path::new("/work/proj"));
+        assert!(c.around.contains(&PathBuf::from("/work/proj/.git")));
+        assert!(c.around.contains(&PathBuf::from("/work/proj/.hull")));
+        let w = c.warning();
+        for needed in [
+            "/work/proj",
+            ".git",
+            ".hull",
+            "--tier bwrap",
+            "Permission denied",
+        ] {
+            assert!(w.contains(needed), "{needed}: {w}");
+        }
+        assert!(
+            lowered("readonly").closed.is_empty(),
+            "nothing to create there"
+        );
     }
 
     #[test]
