@@ -326,9 +326,10 @@ pub fn run_process_tier(
         Tier::Landlock => {
             let plan = crate::policy::lower::landlock::lower(policy, &RealFs)
                 .map_err(|source| RunError::Lower { tier, source })?;
-            // Never a silent "Permission denied" in the middle of a build.
+            // Never a silent "Permission denied" in the middle of a build
+            // (a warning: `-q` leaves the command's stderr to itself).
             for c in &plan.closed {
-                eprintln!("{}", c.warning());
+                tracing::warn!("{}", c.warning());
             }
             // Landlock does not mediate inotify watches, nor metadata: a
             // watch goes to the broker, which allows it inside the grants;

@@ -2064,10 +2064,11 @@ fn streams_are_live_and_stdin_passes(t: &str) {
     let w = World::new();
     // The command prints, then waits for a line on stdin: a hull that
     // buffered output until exit would never show "first" and deadlock.
+    // `-q`: only the command's own stderr (landlock warns before it runs).
     let mut c = w
         .cmd(
             t,
-            &[],
+            &["-q"],
             "echo first; echo err-first >&2; read x; echo \"got $x\"; echo done",
         )
         .stdin(Stdio::piped())

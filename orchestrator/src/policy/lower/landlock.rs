@@ -77,7 +77,7 @@ impl Closed {
             .map(|p| p.display().to_string())
             .collect();
         format!(
-            "hull: tier landlock: the command can write in {dir} and below, but cannot create, \
+            "tier landlock: the command can write in {dir} and below, but cannot create, \
              rename or remove entries directly in {dir} (Landlock grants a right on everything \
              below a directory, so it is split to keep {around} protected); a build that creates \
              files or directories there (target/, node_modules/, out.txt) fails with \
