@@ -417,3 +417,80 @@ impl Drop for Tree<'_> {
         }
     }
 }
+
+/// `tests/fixtures/c-build-crate` with its dependencies vendored into
+/// `vendor/`, ready for `cargo build --offline`: made once in `cache`
+/// (fetched from the registry cargo is configured with, at the versions its
+/// Cargo.lock pins; a lock file serialises the test processes) and reused.
+pub fn c_build_crate(cache: &Path) -> PathBuf {
+    let done = cache.join("c-build-crate");
+    if done.join("vendor").is_dir() {
+        return done;
+    }
+    std::fs::create_dir_all(cache).expect("create the fixture cache");
+    let lock = std::fs::File::create(cache.join("c-build-crate.lock")).expect("lock file");
+    lock.lock().expect("lock the fixture cache");
+    if done.join("vendor").is_dir() {
+        return done;
+    }
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/c-build-crate");
+    let tmp = cache.join(format!("c-build-crate.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    copy_tree(&fixture, &tmp);
+    // The vendored-sources config only once `vendor/` exists.
+    std::fs::remove_dir_all(tmp.join(".cargo")).expect("rm .cargo");
+    let out = Command::new("timeout")
+        .args([
+            "120",
+            "cargo",
+            "vendor",
+            "--locked",
+            "--versioned-dirs",
+            "vendor",
+        ])
+        .current_dir(&tmp)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo vendor");
+    assert!(
+        out.status.success(),
+        "cargo vendor of {} (the test setup fetches the crate's dependencies once): {}",
+        fixture.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    copy_tree(&fixture.join(".cargo"), &tmp.join(".cargo"));
+    std::fs::rename(&tmp, &done).expect("move the vendored crate into place");
+    done
+}
+
+/// `cp -a from/. to/` (`to` is created).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(from.join("."))
+        .arg(to)
+        .status()
+        .expect("cp");
+    assert!(st.success(), "cp -a {} {}", from.display(), to.display());
+}
+
+/// The host's Rust toolchain: rustup's home and cargo's home (with the
+/// proxies in `bin/`), from the environment cargo ran the tests in, else
+/// below `$HOME`.
+pub fn host_rust() -> (PathBuf, PathBuf) {
+    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
+    let rustup = std::env::var_os("RUSTUP_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".rustup"));
+    let cargo = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".cargo"));
+    assert!(
+        rustup.join("toolchains").is_dir() && cargo.join("bin/cargo").exists(),
+        "no rustup toolchain at {} with proxies in {}/bin (the tests were built with one)",
+        rustup.display(),
+        cargo.display()
+    );
+    (rustup, cargo)
+}

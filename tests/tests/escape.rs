@@ -2042,6 +2042,47 @@ fn top_level_entries_of_the_project(t: &str) {
     assert!(w.project.join("target").is_dir() && !w.project.join("target/deep").exists());
 }
 
+/// A real build: a crate whose build script compiles C with the `cc`
+/// crate (vendored) builds offline with the host's Rust toolchain, granted
+/// read+exec as the build profile grants it, and the program runs; the
+/// outputs land in the project. Landlock cannot create `target/` at the top
+/// of the project (see `top_level_entries_of_the_project`): there it exists
+/// already, as after any earlier build.
+fn a_crate_with_a_c_build_script_builds_offline(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    w.git_init();
+    hull_tests::copy_tree(
+        &hull_tests::c_build_crate(Path::new(env!("CARGO_TARGET_TMPDIR"))),
+        &w.project,
+    );
+    if t == "landlock" {
+        std::fs::create_dir(w.project.join("target")).expect("mkdir target");
+    }
+    let (rustup, cargo) = hull_tests::host_rust();
+    let bin = cargo.join("bin");
+    let pol = w.root.path().join("rust.toml");
+    std::fs::write(
+        &pol,
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", {rustup:?}, {bin:?}]\n\
+             read = [\"/etc\"]\nread_write = [\"${{PROJECT}}\"]\n[limits]\nmemory = \"2GiB\"\n\
+             [env]\npass = [\"RUSTUP_TOOLCHAIN\"]\n[env.set]\nRUSTUP_HOME = {rustup:?}\n\
+             CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n",
+            bin.display()
+        ),
+    )
+    .expect("write policy");
+    let o = w.run(
+        t,
+        &["--policy", pol.to_str().expect("utf8"), "--timeout", "200s"],
+        "cargo build --offline -q && ./target/debug/cbuild",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hello from C: 42\n");
+    assert!(w.project.join("target/debug/cbuild").is_file());
+}
+
 fn tmp_works_and_tmpdir_is_honoured(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -2154,6 +2195,7 @@ matrix!(
         stdout_file_is_not_reopened,
         project_read_and_write,
         top_level_entries_of_the_project,
+        a_crate_with_a_c_build_script_builds_offline,
         tmp_works_and_tmpdir_is_honoured,
         exit_codes_and_signals,
         streams_are_live_and_stdin_passes,
