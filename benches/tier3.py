@@ -181,6 +181,35 @@ def med(xs):
     return statistics.median(xs)
 
 
+def policies(hull, proj, env, work, rounds):
+    """Restore to first byte with the default profile, `--policy build` (8 GiB
+    limit: its own snapshot size) and a policy of 10 read-only grants (13
+    shares: packed into one view), rounds interleaved so load hits all alike."""
+    grants = []
+    for i in range(10):
+        d = os.path.join(work, f"tool{i}")
+        os.makedirs(d)
+        grants.append(json.dumps(d))
+    many = os.path.join(work, "many.toml")
+    with open(many, "w") as f:
+        f.write('version = 1\n[fs]\nread_exec = ["/usr", "/bin", "/lib", "/lib64"]\n'
+                f'read = ["/etc", {", ".join(grants)}]\nread_write = ["${{PROJECT}}"]\n')
+    kinds = {"default": [], "build": ["--policy", "build"], "many": ["--policy", many]}
+    for k, extra in kinds.items():
+        r = must(hull_cmd(hull, ["run", "--tier3", *extra, "--", "true"], proj, env), f"prepare {k}")
+        if b"booting the guest instead" in r.stderr:
+            sys.exit(f"{k}: booted instead of restoring: {r.stderr.decode()}")
+    got = {k: [] for k in kinds}
+    for _ in range(rounds):
+        for k, extra in kinds.items():
+            got[k].append(first_byte(hull, ["run", "--tier3", *extra, "--", "echo", "x"], proj, env))
+    base = med([x[0] for x in got["default"]])
+    for k in kinds:
+        fb = [x[0] for x in got[k]]
+        print(f"policy   {k:8} restore, first byte            p50 {med(fb):7.2f} s  "
+              f"({', '.join(f'{x:.2f}' for x in fb)}); {med(fb) / base:.2f}x default")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5, help="restore rounds")
@@ -189,6 +218,8 @@ def main():
     ap.add_argument("--incus-rounds", type=int, default=5)
     ap.add_argument("--warm-rounds", type=int, default=20)
     ap.add_argument("--hull", default=shutil.which("hull") or "target/release/hull")
+    ap.add_argument("--policies-only", action="store_true",
+                    help="only the restore of the default profile, `build` and a policy beyond the slots, paired")
     a = ap.parse_args()
     hull = os.path.abspath(a.hull)
     work = tempfile.mkdtemp(prefix="h3b-", dir="/tmp")
@@ -205,6 +236,10 @@ def main():
 
     # Prepare the snapshot first (a no-op when `hull image build` made it).
     must(hull_cmd(hull, ["run", "--tier3", "--", "true"], proj, env), "hull run --tier3 (prepare)")
+    policies(hull, proj, env, work, a.rounds)
+    if a.policies_only:
+        shutil.rmtree(work, ignore_errors=True)
+        return
     restore = [first_byte(hull, ["run", "--tier3", "--", "echo", "x"], proj, env) for _ in range(a.rounds)]
     boot_env = dict(env, HULL_VM_SNAPSHOT="off")
     boot = [first_byte(hull, ["run", "--tier3", "--", "echo", "x"], proj, boot_env) for _ in range(a.boot_rounds)]
