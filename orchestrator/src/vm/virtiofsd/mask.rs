@@ -101,6 +101,14 @@ pub(super) fn prepare_view(spec: &VirtiofsdSpec) -> Result<(), VirtiofsdError> {
         )));
     }
     fs::create_dir_all(&spec.shared_dir).map_err(io_err("create its view"))?;
+    // Real directories only, never a link to one: a mount follows links.
+    let real_dir = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    if !real_dir(&spec.shared_dir) {
+        return Err(VirtiofsdError::NotADir {
+            tag: spec.tag.clone(),
+            path: spec.shared_dir.clone(),
+        });
+    }
     for v in &spec.views {
         if v.at.parent() != Some(spec.shared_dir.as_path()) {
             return Err(VirtiofsdError::MaskOutside {
@@ -109,8 +117,7 @@ pub(super) fn prepare_view(spec: &VirtiofsdSpec) -> Result<(), VirtiofsdError> {
                 share: spec.shared_dir.clone(),
             });
         }
-        let is_dir = fs::symlink_metadata(&v.source).is_ok_and(|m| m.is_dir());
-        if !is_dir {
+        if !real_dir(&v.source) {
             return Err(VirtiofsdError::NotADir {
                 tag: spec.tag.clone(),
                 path: v.source.clone(),
@@ -118,7 +125,7 @@ pub(super) fn prepare_view(spec: &VirtiofsdSpec) -> Result<(), VirtiofsdError> {
         }
         match fs::create_dir(&v.at) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && v.at.is_dir() => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && real_dir(&v.at) => {}
             Err(e) => return Err(io_err("create a directory of its view")(e)),
         }
     }
@@ -466,6 +473,13 @@ mod tests {
             Err(VirtiofsdError::NotADir { .. })
         ));
         spec.views[1].source = b.clone();
+        fs::remove_dir(view.join("1")).unwrap();
+        std::os::unix::fs::symlink(d.path(), view.join("1")).unwrap();
+        assert!(
+            prepare_view(&spec).is_err(),
+            "a link planted where a grant is bound"
+        );
+        fs::remove_file(view.join("1")).unwrap();
         spec.views[1].at = d.path().join("elsewhere");
         assert!(matches!(
             prepare_view(&spec),
