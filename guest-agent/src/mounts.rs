@@ -47,6 +47,7 @@ pub struct MountPlan {
     pub tag: String,
     pub path: PathBuf,
     pub readonly: bool,
+    pub noexec: bool,
 }
 
 /// Check a share against the guest layout.
@@ -68,6 +69,9 @@ pub fn plan(share: &Share) -> Result<MountPlan, MountError> {
         tag: share.tag.clone(),
         path,
         readonly: share.readonly,
+        // A packed mount serves grants of both kinds: each one's bind
+        // into the container carries its own `noexec`.
+        noexec: share.noexec && share.subdir.is_none(),
     })
 }
 
@@ -97,14 +101,24 @@ fn mount_points(mountinfo: &str) -> impl Iterator<Item = PathBuf> + '_ {
         .map(|p| PathBuf::from(unescape(p)))
 }
 
-/// `nosuid,nodev` always, and read-only for a read-only share.
-fn share_flags(readonly: bool) -> rustix::mount::MountFlags {
+/// `nosuid,nodev` always, read-only for a read-only share, and `noexec`
+/// for one whose programs may not run (a `read` grant).
+fn share_flags(readonly: bool, noexec: bool) -> rustix::mount::MountFlags {
     use rustix::mount::MountFlags;
     let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
     if readonly {
         flags |= MountFlags::RDONLY;
     }
+    if noexec {
+        flags |= MountFlags::NOEXEC;
+    }
     flags
+}
+
+/// Whether the mount at `path` is `noexec` (`statvfs`).
+fn is_no_exec(path: &Path) -> std::io::Result<bool> {
+    let st = rustix::fs::statvfs(path)?;
+    Ok(st.f_flag.contains(rustix::fs::StatVfsMountFlags::NOEXEC))
 }
 
 /// Whether the mount at `path` is read-only (`statvfs`).
@@ -158,7 +172,7 @@ pub fn mount(p: &MountPlan) -> Result<(), MountError> {
         p.tag.as_str(),
         &p.path,
         "virtiofs",
-        share_flags(p.readonly),
+        share_flags(p.readonly, p.noexec),
         None,
     )
     .map_err(|e| mount_err(e.into()))?;
@@ -179,6 +193,7 @@ pub struct Bind {
     pub source: PathBuf,
     pub target: PathBuf,
     pub readonly: bool,
+    pub noexec: bool,
 }
 
 /// Why a share could not be attached to the running container.
@@ -206,6 +221,8 @@ pub enum InjectError {
     },
     #[error("share {tag}: {path} was to be read-only in the container but is writable")]
     NotReadOnly { tag: String, path: PathBuf },
+    #[error("share {tag}: {path} was to be noexec in the container (a `read` grant) but is not")]
+    NotNoExec { tag: String, path: PathBuf },
     #[error("share {tag}: the command's user cannot be let through to {path}: {why}")]
     Reach {
         tag: String,
@@ -298,19 +315,32 @@ fn in_mount_ns<T: Send + 'static>(
 }
 
 /// Lets the command's user through to each share of a container Incus set
-/// up (after a boot): [`make_reachable`] for each target, as container root.
+/// up (after a boot): [`make_reachable`] for each target, as container root;
+/// and checks that a `noexec` share is `noexec` there (Incus binds the
+/// guest mount, which was mounted `noexec`, and keeps its flags).
 pub fn reach(pid: u32, root: (u32, u32), shares: &[Share]) -> Result<(), InjectError> {
-    let targets: Vec<(String, PathBuf)> = shares
+    let targets: Vec<(String, PathBuf, bool)> = shares
         .iter()
-        .map(|s| (s.tag.clone(), PathBuf::from(&s.container_path)))
+        .map(|s| (s.name(), PathBuf::from(&s.container_path), s.noexec))
         .collect();
     in_mount_ns(pid, move || {
-        for (tag, path) in &targets {
+        for (tag, path, noexec) in &targets {
             as_fs_ids(root, || make_reachable(path)).map_err(|why| InjectError::Reach {
                 tag: tag.clone(),
                 path: path.clone(),
                 why,
             })?;
+            let attach_err = |source: std::io::Error| InjectError::Attach {
+                tag: tag.clone(),
+                path: path.clone(),
+                source,
+            };
+            if *noexec && !is_no_exec(path).map_err(attach_err)? {
+                return Err(InjectError::NotNoExec {
+                    tag: tag.clone(),
+                    path: path.clone(),
+                });
+            }
         }
         Ok(())
     })
@@ -416,10 +446,20 @@ fn attach(
     // Nothing mounted below it later propagates back to the guest.
     rustix::mount::mount_change(&b.target, MountPropagationFlags::PRIVATE)
         .map_err(|e| err(e.into()))?;
-    rustix::mount::mount_remount(&b.target, MountFlags::BIND | share_flags(b.readonly), "")
-        .map_err(|e| err(e.into()))?;
+    rustix::mount::mount_remount(
+        &b.target,
+        MountFlags::BIND | share_flags(b.readonly, b.noexec),
+        "",
+    )
+    .map_err(|e| err(e.into()))?;
     if b.readonly && !is_read_only(&b.target).map_err(err)? {
         return Err(InjectError::NotReadOnly {
+            tag: b.tag.clone(),
+            path: b.target.clone(),
+        });
+    }
+    if b.noexec && !is_no_exec(&b.target).map_err(err)? {
+        return Err(InjectError::NotNoExec {
             tag: b.tag.clone(),
             path: b.target.clone(),
         });
@@ -454,6 +494,7 @@ mod tests {
             container_path: "/home/u/p".into(),
             readonly: true,
             subdir: None,
+            noexec: false,
         }
     }
 

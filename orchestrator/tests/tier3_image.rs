@@ -304,6 +304,7 @@ fn boot_configure_and_run_in_the_container() {
                 container_path: project.to_str().unwrap().into(),
                 readonly: false,
                 subdir: None,
+                noexec: false,
             },
             Share {
                 tag: "spill".into(),
@@ -311,6 +312,7 @@ fn boot_configure_and_run_in_the_container() {
                 container_path: spill.to_str().unwrap().into(),
                 readonly: true,
                 subdir: None,
+                noexec: false,
             },
         ],
         container: ContainerSpec {

@@ -32,6 +32,10 @@ pub struct Share {
     /// tag and mount. Digits and ASCII letters only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subdir: Option<String>,
+    /// Programs may not be executed from it in the container (`noexec`):
+    /// a `read` grant, where `read_exec` and `read_write` may.
+    #[serde(default)]
+    pub noexec: bool,
 }
 
 impl Share {
@@ -245,6 +249,7 @@ mod tests {
                 container_path: "/home/u/proj".into(),
                 readonly: false,
                 subdir: None,
+                noexec: false,
             }],
             container: ContainerSpec {
                 name: "hull-1234".into(),
@@ -298,6 +303,7 @@ mod tests {
             container_path: container.into(),
             readonly: true,
             subdir: Some(subdir.into()),
+            noexec: false,
         };
         let mut s = spec();
         s.shares.push(packed("0", "/a"));

@@ -2083,6 +2083,60 @@ fn a_crate_with_a_c_build_script_builds_offline(t: &str) {
     assert!(w.project.join("target/debug/cbuild").is_file());
 }
 
+/// `read` is not `read_exec`: a program in a `read` grant does not run
+/// (execve refused), the same program in a `read_exec` grant does. First
+/// shown to run under tier `none`. (Its bytes stay readable: a copy into
+/// a writable place runs; the grant only stops running it in place.)
+fn read_grant_is_not_executable(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let (ro, rx) = (w.outside.join("tools-read"), w.outside.join("tools-exec"));
+    for d in [&ro, &rx] {
+        std::fs::create_dir_all(d).expect("mkdir");
+        std::fs::copy("/bin/true", d.join("prog")).expect("copy /bin/true");
+    }
+    let pol = w.root.path().join("exec.toml");
+    let text = hull_policy_default()
+        .replace(
+            "read = [",
+            &format!("read = [{:?}, ", ro.to_str().expect("utf8")),
+        )
+        .replace(
+            "read_exec = [",
+            &format!("read_exec = [{:?}, ", rx.to_str().expect("utf8")),
+        );
+    assert!(
+        text.contains("tools-read") && text.contains("tools-exec"),
+        "{text}"
+    );
+    std::fs::write(&pol, text).expect("write policy");
+    let pol = pol.to_str().expect("utf8");
+    let script = format!(
+        "{0}/prog && echo EXEC-RAN; {1}/prog && echo READ-RAN; cmp -s {1}/prog /bin/true && echo READABLE",
+        rx.display(),
+        ro.display()
+    );
+    let control = w.run("none", &["--policy", pol], &script);
+    assert_eq!(
+        String::from_utf8_lossy(&control.stdout),
+        "EXEC-RAN\nREAD-RAN\nREADABLE\n",
+        "control: {}",
+        show(&control)
+    );
+    let o = w.run(t, &["--policy", pol], &script);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "EXEC-RAN\nREADABLE\n",
+        "{}",
+        show(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+        "{}",
+        show(&o)
+    );
+}
+
 fn tmp_works_and_tmpdir_is_honoured(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -2212,6 +2266,7 @@ matrix!(
         a_process_with_an_exited_main_thread_dies_with_the_run,
     ],
     landlock: [
+        read_grant_is_not_executable,
         inotify_outside_the_grants_is_refused,
         host_unix_sockets_under_a_grant_are_unreachable,
         the_tree_lives_in_a_cgroup_of_its_own,
@@ -2231,6 +2286,7 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     vm: [
+        read_grant_is_not_executable,
         setid_bits_are_refused,
         host_device_nodes_keep_their_mode,
         root_only_files_stay_unreadable,

@@ -227,6 +227,7 @@ impl<T: incus::Transport> IncusBackend<T> {
                 source: PathBuf::from(s.source()),
                 target: PathBuf::from(&s.container_path),
                 readonly: s.readonly,
+                noexec: s.noexec,
             })
             .collect();
         mounts::inject(pid, (root.uid, root.gid), &binds)?;

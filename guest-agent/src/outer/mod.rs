@@ -206,6 +206,7 @@ fn test_spec() -> hull_protocol::ConfigureSpec {
                 container_path: "/work/proj".into(),
                 readonly: false,
                 subdir: None,
+                noexec: false,
             },
             hull_protocol::Share {
                 tag: "spill".into(),
@@ -213,6 +214,7 @@ fn test_spec() -> hull_protocol::ConfigureSpec {
                 container_path: "/tmp/hull-runs/x/spill".into(),
                 readonly: true,
                 subdir: None,
+                noexec: false,
             },
         ],
         container: hull_protocol::ContainerSpec {

@@ -172,6 +172,7 @@ pub fn configure_spec(
             container_path,
             readonly: s.readonly,
             subdir: s.subdir.clone(),
+            noexec: !s.exec,
         });
     }
     let spec = ConfigureSpec {
@@ -448,7 +449,7 @@ pub(crate) mod tests {
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(
             json,
-            r#"{"shares":[{"tag":"spill","guest_path":"/mnt/hull/spill","container_path":"/tmp/hull-runs/ID/spill","readonly":true},{"tag":"tmp","guest_path":"/mnt/hull/tmp","container_path":"/tmp/hull-runs/ID/tmp","readonly":false},{"tag":"project","guest_path":"/mnt/hull/project","container_path":"/work/proj","readonly":false}],"container":{"name":"hull-run","base":"hull-base","uid":1000,"gid":1000,"memory_bytes":4294967296,"cpus":null,"processes":1024},"clock_unix_ns":42,"prepare":false}"#
+            r#"{"shares":[{"tag":"spill","guest_path":"/mnt/hull/spill","container_path":"/tmp/hull-runs/ID/spill","readonly":true,"noexec":true},{"tag":"tmp","guest_path":"/mnt/hull/tmp","container_path":"/tmp/hull-runs/ID/tmp","readonly":false,"noexec":false},{"tag":"project","guest_path":"/mnt/hull/project","container_path":"/work/proj","readonly":false,"noexec":false}],"container":{"name":"hull-run","base":"hull-base","uid":1000,"gid":1000,"memory_bytes":4294967296,"cpus":null,"processes":1024},"clock_unix_ns":42,"prepare":false}"#
         );
     }
 

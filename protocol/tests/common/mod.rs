@@ -12,6 +12,7 @@ pub fn sample_spec() -> ConfigureSpec {
                 container_path: "/home/user/proj".into(),
                 readonly: false,
                 subdir: None,
+                noexec: false,
             },
             Share {
                 tag: "spill".into(),
@@ -19,6 +20,7 @@ pub fn sample_spec() -> ConfigureSpec {
                 container_path: "/tmp/hull-runs/x/spill".into(),
                 readonly: true,
                 subdir: None,
+                noexec: false,
             },
         ],
         container: ContainerSpec {
