@@ -658,26 +658,6 @@ fn a_project_under_the_home_directory_runs() {
     }
 }
 
-/// The host's Rust toolchain, as the build profile grants it: rustup's
-/// home and cargo's `bin`, found from the environment cargo ran the tests
-/// in (rustup sets `RUSTUP_HOME`), else below `$HOME`.
-fn host_rust() -> (std::path::PathBuf, std::path::PathBuf) {
-    let home = std::path::PathBuf::from(std::env::var_os("HOME").unwrap());
-    let rustup = std::env::var_os("RUSTUP_HOME")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| home.join(".rustup"));
-    let cargo = std::env::var_os("CARGO_HOME")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| home.join(".cargo"));
-    assert!(
-        rustup.join("toolchains").is_dir() && cargo.join("bin/rustc").exists(),
-        "no rustup toolchain at {} with proxies in {}/bin (the tests are built with it)",
-        rustup.display(),
-        cargo.display()
-    );
-    (rustup, cargo)
-}
-
 /// Whether every run of `w` so far was restored from a snapshot (no boot
 /// milestone on any console, no "booting instead" from hull).
 fn all_restored(w: &World, outs: &[&std::process::Output]) {
@@ -706,7 +686,7 @@ fn all_restored(w: &World, outs: &[&std::process::Output]) {
 #[test]
 fn a_policy_beyond_the_slots_and_the_build_profile_restore_and_run_the_hosts_toolchain() {
     let w = world();
-    let (rustup, cargo) = host_rust();
+    let (rustup, cargo) = hull_tests::host_rust();
     let tools = w.root.path().join("tools");
     let mut grants = Vec::new();
     for i in 0..6 {
