@@ -115,6 +115,29 @@ fn share_flags(readonly: bool, noexec: bool) -> rustix::mount::MountFlags {
     flags
 }
 
+/// Makes the mount at `path` `noexec`, keeping every flag it has (a bind
+/// remount sets the flags it is given and clears the others).
+fn add_noexec(path: &Path) -> std::io::Result<()> {
+    use rustix::fs::StatVfsMountFlags as St;
+    use rustix::mount::MountFlags as Ms;
+    let have = rustix::fs::statvfs(path)?.f_flag;
+    let mut flags = Ms::BIND | Ms::NOEXEC;
+    for (st, ms) in [
+        (St::RDONLY, Ms::RDONLY),
+        (St::NOSUID, Ms::NOSUID),
+        (St::NODEV, Ms::NODEV),
+        (St::NOATIME, Ms::NOATIME),
+        (St::NODIRATIME, Ms::NODIRATIME),
+        (St::RELATIME, Ms::RELATIME),
+    ] {
+        if have.contains(st) {
+            flags |= ms;
+        }
+    }
+    rustix::mount::mount_remount(path, flags, "")?;
+    Ok(())
+}
+
 /// Whether the mount at `path` is `noexec` (`statvfs`).
 fn is_no_exec(path: &Path) -> std::io::Result<bool> {
     let st = rustix::fs::statvfs(path)?;
@@ -316,8 +339,8 @@ fn in_mount_ns<T: Send + 'static>(
 
 /// Lets the command's user through to each share of a container Incus set
 /// up (after a boot): [`make_reachable`] for each target, as container root;
-/// and checks that a `noexec` share is `noexec` there (Incus binds the
-/// guest mount, which was mounted `noexec`, and keeps its flags).
+/// and makes a `noexec` share `noexec` there (Incus's bind of the guest
+/// mount drops the flag), checked after.
 pub fn reach(pid: u32, root: (u32, u32), shares: &[Share]) -> Result<(), InjectError> {
     let targets: Vec<(String, PathBuf, bool)> = shares
         .iter()
@@ -335,6 +358,9 @@ pub fn reach(pid: u32, root: (u32, u32), shares: &[Share]) -> Result<(), InjectE
                 path: path.clone(),
                 source,
             };
+            if *noexec && !is_no_exec(path).map_err(attach_err)? {
+                add_noexec(path).map_err(attach_err)?;
+            }
             if *noexec && !is_no_exec(path).map_err(attach_err)? {
                 return Err(InjectError::NotNoExec {
                     tag: tag.clone(),
