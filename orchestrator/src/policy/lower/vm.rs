@@ -3,7 +3,9 @@
 //!
 //! Each granted host directory becomes one virtiofs share served by its own
 //! virtiofsd, mounted in the guest at `/mnt/hull/<tag>` and passed into the
-//! container at the same path as on the host. Read-only grants and the
+//! container at the same path as on the host. (A restore with more shares
+//! than the snapshot's slots packs the read-only grants without masks into
+//! one virtiofsd: `crate::vm::snapshot::slotted`.) Read-only grants and the
 //! instance spill are read-only *on the host* (`virtiofsd --readonly`), not
 //! only in the guest.
 //!
