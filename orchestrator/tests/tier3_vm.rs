@@ -160,6 +160,24 @@ fn console_logs(w: &World) -> Vec<String> {
     out
 }
 
+/// Whether every run of `w` so far was restored from a snapshot (no boot
+/// milestone on any console, no "booting instead" from hull).
+fn all_restored(w: &World, outs: &[&std::process::Output]) {
+    for out in outs {
+        assert!(
+            !text(&out.stderr).contains("booting the guest instead"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let logs = console_logs(w);
+    assert_eq!(logs.len(), outs.len(), "one console log per run");
+    for l in &logs {
+        assert!(l.contains("host handshake done"), "{l}");
+        assert!(!l.contains("mounts done"), "the VM booted:\n{l}");
+    }
+}
+
 #[test]
 fn every_run_restores_the_snapshot_into_a_fresh_container() {
     let w = world();
@@ -191,19 +209,7 @@ fn every_run_restores_the_snapshot_into_a_fresh_container() {
     assert_eq!(ra.len(), 32, "{sa}");
     assert_ne!(ra, rb);
     // They were restored, not booted: no boot milestone on their consoles.
-    let logs = console_logs(&w);
-    assert_eq!(logs.len(), 2, "one console log per run");
-    for l in &logs {
-        assert!(l.contains("host handshake done"), "{l}");
-        assert!(!l.contains("mounts done"), "the VM booted:\n{l}");
-    }
-    for out in [&a, &b] {
-        assert!(
-            !text(&out.stderr).contains("booting the guest instead"),
-            "{}",
-            text(&out.stderr)
-        );
-    }
+    all_restored(&w, &[&a, &b]);
 }
 
 #[test]
@@ -655,24 +661,6 @@ fn a_project_under_the_home_directory_runs() {
     let me = unsafe { libc::geteuid() };
     for f in ["top.txt", "sub", "sub/kept.txt"] {
         assert_eq!(std::fs::metadata(project.join(f)).unwrap().uid(), me, "{f}");
-    }
-}
-
-/// Whether every run of `w` so far was restored from a snapshot (no boot
-/// milestone on any console, no "booting instead" from hull).
-fn all_restored(w: &World, outs: &[&std::process::Output]) {
-    for out in outs {
-        assert!(
-            !text(&out.stderr).contains("booting the guest instead"),
-            "{}",
-            text(&out.stderr)
-        );
-    }
-    let logs = console_logs(w);
-    assert_eq!(logs.len(), outs.len(), "one console log per run");
-    for l in &logs {
-        assert!(l.contains("host handshake done"), "{l}");
-        assert!(!l.contains("mounts done"), "the VM booted:\n{l}");
     }
 }
 
