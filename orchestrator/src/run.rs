@@ -243,6 +243,9 @@ pub fn run_process_tier(
     let mut keep_alive = Vec::new();
     // Released after the command and everything it started are gone.
     let mut placeholders = crate::runtime::placeholder::Held::default();
+    // Landlock's spare entries: removed after the broker, before the
+    // placeholders (a `.hull` made for them).
+    let mut pools: Vec<std::sync::Arc<crate::tier::spares::Pool>> = Vec::new();
     // Answers the command's metadata calls on landlock (not root) until the
     // run ends.
     let mut broker: Option<crate::tier::broker::Broker> = None;
@@ -326,11 +329,34 @@ pub fn run_process_tier(
         Tier::Landlock => {
             let plan = crate::policy::lower::landlock::lower(policy, &RealFs)
                 .map_err(|source| RunError::Lower { tier, source })?;
-            // Never a silent "Permission denied" in the middle of a build
-            // (a warning: `-q` leaves the command's stderr to itself).
-            for c in &plan.closed {
-                tracing::warn!("{}", c.warning());
+            // Entries created directly in a split directory come from a
+            // pool of spares the broker renames into place; where no pool
+            // can be made, the user is told before the run (never a silent
+            // "Permission denied" in the middle of a build; `-q` leaves the
+            // command's stderr to itself).
+            let served = crate::tier::spares::serve(policy, &plan.closed, run_dir);
+            for (c, why) in &served.unserved {
+                tracing::warn!("{} (no spare entries: {why})", c.warning());
             }
+            let spare_sets = served.sets();
+            let splits = served
+                .served
+                .iter()
+                .map(|(c, pool)| {
+                    crate::tier::broker::Split::open(
+                        &c.dir,
+                        c.around.clone(),
+                        std::sync::Arc::clone(pool),
+                    )
+                    .map_err(|e| {
+                        RunError::Tier(format!("tier landlock: opening {}: {e}", c.dir.display()))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let creates = (!splits.is_empty())
+                .then(|| std::sync::Arc::new(crate::tier::broker::Creates::new(splits)));
+            pools = served.served.into_iter().map(|(_, p)| p).collect();
+            placeholders = served.placeholders;
             // Landlock does not mediate inotify watches, nor metadata: a
             // watch goes to the broker, which allows it inside the grants;
             // when hull is not root (the command is the caller and owns the
@@ -350,6 +376,7 @@ pub fn run_process_tier(
                     watch: crate::tier::broker::Scope::visible(policy),
                     metadata: metadata_broker.then(|| crate::tier::broker::Scope::of(policy)),
                     workers: crate::tier::broker::Workers::new(!metadata_broker),
+                    creates,
                 };
                 broker = Some(
                     crate::tier::broker::Broker::start(ours, handler).map_err(|e| {
@@ -367,6 +394,7 @@ pub fn run_process_tier(
                 &spec.argv,
                 Some(broker_fd),
                 metadata_broker,
+                spare_sets,
             )
             .map_err(|e| RunError::Tier(e.to_string()))?;
             setup
@@ -431,6 +459,7 @@ pub fn run_process_tier(
     let status = crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive)?;
     tracing::debug!(?status, "command ended");
     drop(broker);
+    drop(pools);
     for problem in placeholders.release() {
         eprintln!("hull: warning: tier {tier}: {problem} (left in place)");
     }

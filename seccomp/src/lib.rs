@@ -188,9 +188,10 @@ fn mode_setting_calls() -> Vec<(i64, u8, Option<u8>)> {
 
 /// Rules refusing a set-id bit in the mode argument of every call that sets
 /// one (chmod, open with O_CREAT or O_TMPFILE, mkdir, mknod).
+/// O_TMPFILE includes O_DIRECTORY; its own bit is what marks a creation.
+const O_TMPFILE_BIT: u64 = (libc::O_TMPFILE & !libc::O_DIRECTORY) as u64;
+
 fn setid_rules(rules: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<(), SeccompError> {
-    // O_TMPFILE includes O_DIRECTORY; its own bit is what marks a creation.
-    const O_TMPFILE_BIT: u64 = (libc::O_TMPFILE & !libc::O_DIRECTORY) as u64;
     for (nr, mode_arg, flags_arg) in mode_setting_calls() {
         let mut list = Vec::new();
         for bit in SETID_BITS {
@@ -463,12 +464,73 @@ pub const XATTRAT_CALLS: &[i64] = &[];
 /// (`SECCOMP_RET_USER_NOTIF`); the rest is allowed. Installed beside
 /// [`build`]'s filter, whose EPERM takes precedence (a set-id chmod never
 /// reaches the broker).
-pub fn build_broker(metadata: bool) -> Result<BpfProgram, SeccompError> {
-    let mut calls = vec![libc::SYS_inotify_add_watch];
+///
+/// With `creates` (a writable directory was split around protected paths,
+/// `hull::tier::broker::create`), the calls that create, remove, rename or
+/// link a directory entry stop too: [`create_calls`], and the open family
+/// only with `O_CREAT` or `O_TMPFILE`, so a plain open never waits.
+pub fn build_broker(metadata: bool, creates: bool) -> Result<BpfProgram, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    rules.insert(libc::SYS_inotify_add_watch, Vec::new());
     if metadata {
-        calls.extend(metadata_calls().into_iter().map(|(_, nr)| nr));
+        for (_, nr) in metadata_calls() {
+            rules.insert(nr, Vec::new());
+        }
     }
-    notifying(calls)
+    if creates {
+        for (_, nr) in create_calls() {
+            rules.insert(nr, Vec::new());
+        }
+        for (nr, flags_arg) in creating_opens() {
+            let mut list = Vec::new();
+            for creating in [libc::O_CREAT as u64, O_TMPFILE_BIT] {
+                list.push(rule(vec![SeccompCondition::new(
+                    flags_arg,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::MaskedEq(creating),
+                    creating,
+                )
+                .map_err(|e| SeccompError::Build(e.to_string()))?])?);
+            }
+            rules.insert(nr, list);
+        }
+    }
+    notifying_rules(rules)
+}
+
+/// Calls that create, remove, rename or link a directory entry, always
+/// (the open family is in [`creating_opens`]).
+pub fn create_calls() -> Vec<(&'static str, i64)> {
+    let mut calls = vec![
+        ("mkdirat", libc::SYS_mkdirat),
+        ("mknodat", libc::SYS_mknodat),
+        ("symlinkat", libc::SYS_symlinkat),
+        ("linkat", libc::SYS_linkat),
+        ("unlinkat", libc::SYS_unlinkat),
+        ("renameat2", libc::SYS_renameat2),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([
+        ("creat", libc::SYS_creat),
+        ("mkdir", libc::SYS_mkdir),
+        ("mknod", libc::SYS_mknod),
+        ("symlink", libc::SYS_symlink),
+        ("link", libc::SYS_link),
+        ("unlink", libc::SYS_unlink),
+        ("rmdir", libc::SYS_rmdir),
+        ("rename", libc::SYS_rename),
+        ("renameat", libc::SYS_renameat),
+    ]);
+    calls
+}
+
+/// The open calls, with the index of their flags argument: they create
+/// only with `O_CREAT` or `O_TMPFILE` (`openat2` is refused outright).
+fn creating_opens() -> Vec<(i64, u8)> {
+    let mut calls = vec![(libc::SYS_openat, 2)];
+    #[cfg(target_arch = "x86_64")]
+    calls.push((libc::SYS_open, 1));
+    calls
 }
 
 /// The connect broker's filter (bwrap): every `connect` waits for hull's
@@ -485,11 +547,13 @@ pub fn build_connect_broker() -> Result<BpfProgram, SeccompError> {
 /// A filter whose `calls` stop with `SECCOMP_RET_USER_NOTIF`; the rest is
 /// allowed.
 fn notifying(calls: impl IntoIterator<Item = i64>) -> Result<BpfProgram, SeccompError> {
+    notifying_rules(calls.into_iter().map(|nr| (nr, Vec::new())).collect())
+}
+
+/// A filter whose calls matching `rules` stop with
+/// `SECCOMP_RET_USER_NOTIF`; the rest is allowed.
+fn notifying_rules(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, SeccompError> {
     const SECCOMP_RET_TRAP: u32 = 0x0003_0000;
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for nr in calls {
-        rules.insert(nr, Vec::new());
-    }
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| {
         SeccompError::Build(format!("architecture {}: {e}", std::env::consts::ARCH))
     })?;
@@ -626,7 +690,7 @@ mod tests {
         ] {
             let prog = build(p).unwrap();
             if let Profile::Landlock { broker: true, .. } = p {
-                let b = build_broker(true).unwrap();
+                let b = build_broker(true, true).unwrap();
                 let notifying = b
                     .iter()
                     .filter(|i| i.code == 0x06 && i.k == libc::SECCOMP_RET_USER_NOTIF)
@@ -638,6 +702,99 @@ mod tests {
             }
             assert_eq!(to_bytes(&prog).len(), prog.len() * 8);
         }
+    }
+
+    /// The broker's filter with `creates`, for real on a thread of its own:
+    /// a plain open runs without stopping, an open with O_CREAT and a
+    /// mkdir stop and take the listener's answer.
+    #[test]
+    fn the_create_broker_filter_stops_creates_only() {
+        let prog = build_broker(false, true).unwrap();
+        let dir = std::env::temp_dir().join(format!("hull-seccomp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("existing"), "x").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.clone();
+        let t = std::thread::spawn(move || {
+            // SAFETY: prctl with integer arguments.
+            let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+            assert_eq!(r, 0);
+            let listener = apply_with_listener(&prog).unwrap();
+            tx.send(listener).unwrap();
+            let errno = |r: bool| {
+                if r {
+                    0
+                } else {
+                    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+                }
+            };
+            let plain = std::fs::File::open(d.join("existing")).is_ok();
+            let c = std::ffi::CString::new(d.join("new").into_os_string().into_encoded_bytes())
+                .unwrap();
+            // SAFETY: a NUL-terminated path we own.
+            let fd = unsafe { libc::open(c.as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o600) };
+            let created = errno(fd >= 0);
+            // SAFETY: as above.
+            let made = errno(unsafe { libc::mkdir(c.as_ptr(), 0o700) } == 0);
+            (plain, created, made)
+        });
+        let listener = rx.recv().unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let mut pfd = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd we own.
+            let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+            assert_eq!(n, 1, "no notification");
+            // SAFETY: zeroed seccomp_notif is valid; the ioctl fills it.
+            let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+            // SAFETY: the ioctl writes one seccomp_notif into `req`.
+            let r = unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&listener),
+                    libc::SECCOMP_IOCTL_NOTIF_RECV,
+                    &mut req as *mut libc::seccomp_notif,
+                )
+            };
+            assert_eq!(r, 0);
+            seen.push(req.data.nr as i64);
+            let mut resp = libc::seccomp_notif_resp {
+                id: req.id,
+                val: 0,
+                error: -libc::EROFS,
+                flags: 0,
+            };
+            // SAFETY: the ioctl reads one seccomp_notif_resp.
+            unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&listener),
+                    libc::SECCOMP_IOCTL_NOTIF_SEND,
+                    &mut resp as *mut libc::seccomp_notif_resp,
+                )
+            };
+        }
+        let (plain, created, made) = t.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(plain, "a plain open must not stop");
+        assert_eq!(
+            (created, made),
+            (libc::EROFS, libc::EROFS),
+            "answered by the listener"
+        );
+        assert!(
+            !seen.is_empty()
+                && seen.iter().all(|nr| [
+                    libc::SYS_openat,
+                    libc::SYS_open,
+                    libc::SYS_mkdir,
+                    libc::SYS_mkdirat
+                ]
+                .contains(nr)),
+            "{seen:?}"
+        );
     }
 
     /// The landlock filter for real, on a thread of its own: a terminal's

@@ -1549,7 +1549,7 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
             .expect("chown");
     }
     let enter = format!("echo $$ > '{}/cgroup.procs' && exec \"$@\"", cg.display());
-    let run = |tier: &str| {
+    let run_script = |tier: &str, script: &str| {
         std::process::Command::new("sh")
             .args(["-c", &enter, "sh", "setpriv"])
             .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
@@ -1563,7 +1563,7 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
                 "--policy",
             ])
             .arg(&pol)
-            .args(["--", "sh", "-c", &script])
+            .args(["--", "sh", "-c", script])
             .current_dir(&project)
             .env("HOME", &u)
             .env("HULL_RUNS_DIR", u.join("runs"))
@@ -1572,6 +1572,7 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
             .output()
             .expect("setpriv hull")
     };
+    let run = |tier: &str| run_script(tier, &script);
     let mode = |p: &std::path::Path| std::fs::metadata(p).expect("stat").mode() & 0o7777;
     let mtime = reset();
     let control = run("none");
@@ -1599,6 +1600,24 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
     // Inside the project the change landed (made by a thread other than
     // the process's first: the broker finds its process).
     assert_eq!(mode(&inside), 0o640, "{}", show(&o));
+
+    // As the user too, new entries land at the top of the split project,
+    // the user's, with the modes asked for; nothing of hull's is left.
+    let o = run_script(
+        "landlock",
+        "echo x > top.txt && chmod 0600 top.txt && mkdir made && echo y > made/f && \
+         ln -s t2.txt lnk && mv top.txt t2.txt && cat lnk",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "x\n");
+    let nobody = std::fs::metadata(&u).expect("stat").uid();
+    for f in ["t2.txt", "made", "made/f", "lnk"] {
+        let m = std::fs::symlink_metadata(project.join(f)).expect(f);
+        assert_eq!(m.uid(), nobody, "{f}");
+    }
+    assert_eq!(mode(&project.join("t2.txt")), 0o600);
+    assert!(!project.join("top.txt").exists());
+    assert!(std::fs::symlink_metadata(project.join(".hull")).is_err());
     std::fs::remove_dir(&cg).expect("rmdir the delegated cgroup");
 }
 
@@ -2002,12 +2021,11 @@ fn project_read_and_write(t: &str) {
 }
 
 /// What a build does at the top of a git project: create, read back and
-/// remove files and directories there (`target/`, `out.txt`). bwrap and
-/// tier 3 protect `.git` and `.hull` with mounts and allow it, and what is
-/// left lands on the host. Landlock cannot (a right on the project holds
-/// for everything below it, `.git` too): the command fails, hull said so
-/// before it ran, naming the project and the tiers that can, and nothing
-/// was created; a subdirectory stays writable.
+/// remove files and directories there (`target/`, `out.txt`), then append,
+/// create below and rename in a later run; what is left lands on the host.
+/// bwrap and tier 3 protect `.git` and `.hull` with mounts; landlock splits
+/// the project around them and its broker places spare entries
+/// (`tier::spares`), told nothing.
 fn top_level_entries_of_the_project(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -2016,47 +2034,144 @@ fn top_level_entries_of_the_project(t: &str) {
                   cat top.txt target/deep/f && rm top.txt target/deep/f && rmdir target/deep && \
                   echo kept > out.txt";
     let o = w.run(t, &[], script);
-    if t == "landlock" {
-        assert!(failed(&o), "{}", show(&o));
-        let err = String::from_utf8_lossy(&o.stderr);
-        let project = w.project.display().to_string();
-        assert!(
-            err.contains(&format!(
-                "cannot create, rename or remove entries directly in {project}"
-            )) && err.contains("--tier bwrap"),
-            "not told before the run: {err}"
-        );
-        for name in ["top.txt", "target", "out.txt"] {
-            assert!(!w.project.join(name).exists(), "{name} was created");
-        }
-        let o = w.run(t, &[], "echo deep > src/f && cat src/f");
-        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-        assert_eq!(w.read(&w.project.join("src/f")), "deep\n");
-        return;
-    }
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "top\ndeep\n");
     assert!(!String::from_utf8_lossy(&o.stderr).contains("cannot create"));
     assert_eq!(w.read(&w.project.join("out.txt")), "kept\n");
     assert!(!w.project.join("top.txt").exists(), "the removal landed");
     assert!(w.project.join("target").is_dir() && !w.project.join("target/deep").exists());
+    // Written where it was created, afterwards, by path and in place.
+    let o = w.run(
+        t,
+        &[],
+        "echo again >> out.txt && mkdir -p target/x && echo y > target/x/y && mv out.txt moved.txt",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(w.read(&w.project.join("moved.txt")), "kept\nagain\n");
+    assert_eq!(w.read(&w.project.join("target/x/y")), "y\n");
+    assert!(!w.project.join("out.txt").exists());
+    // Nothing of hull's is left in the project.
+    assert!(
+        std::fs::symlink_metadata(w.project.join(".hull")).is_err(),
+        "{:?}",
+        std::fs::read_dir(w.project.join(".hull")).map(|d| d.count())
+    );
+}
+
+/// Landlock's create broker (`tier::broker::create`) performs creates,
+/// renames and removals directly in the split project itself: it keeps
+/// `.git` and `.hull` out of reach under every spelling (a missing `.git`
+/// stays missing, even as `.GIT` on a case-folding filesystem), moves
+/// nothing into or out of the project's top (EXDEV: tools copy), and says
+/// once, naming the project, when the run's spare entries are used up.
+/// Under tier `none` the same script plants `.git` as a link first.
+fn the_create_broker_keeps_the_protections(t: &str) {
+    require_tier(t);
+    let w = World::new(); // no .git
+    std::fs::create_dir_all(w.project.join("sub")).expect("mkdir");
+    std::fs::write(w.project.join("sub/f"), "f\n").expect("write");
+    let plant = "ln -s /tmp .git";
+    let control = w.run("none", &[], plant);
+    assert_eq!(
+        control.status.code(),
+        Some(0),
+        "control: {}",
+        show(&control)
+    );
+    std::fs::remove_file(w.project.join(".git")).expect("rm the control's link");
+    for a in [
+        plant,
+        "echo x > x && mv x .git",
+        "mkdir .GIT",
+        "mkdir .Hull",
+        "echo x > .hull",
+        "ln sub/f hard",
+        "python3 -c 'import os; os.rename(\"sub/f\", \"moved\")'",
+        "python3 -c 'import os; os.open(\".\", os.O_TMPFILE | os.O_WRONLY)'",
+    ] {
+        let o = w.run(t, &[], a);
+        assert!(failed(&o), "{a}: {}", show(&o));
+    }
+    for name in [".git", ".GIT", ".Hull", "hard", "moved"] {
+        assert!(
+            std::fs::symlink_metadata(w.project.join(name)).is_err(),
+            "{name} was created"
+        );
+    }
+    assert_eq!(w.read(&w.project.join("sub/f")), "f\n");
+    // mv falls back to a copy across the EXDEV, which lands.
+    let o = w.run(t, &[], "rm x && mv sub/f moved && cat moved");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(w.read(&w.project.join("moved")), "f\n");
+    assert!(!w.project.join("sub/f").exists());
+    // The pool runs out: the creates it covers land, the next one fails
+    // with EDQUOT, and hull says why once.
+    let o = w.run(
+        t,
+        &[],
+        "i=0; while [ $i -lt 300 ]; do true > n$i || break; i=$((i+1)); done; echo $i",
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "256\n", "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let told = format!("directly in {}", w.project.display());
+    assert_eq!(err.matches(&told).count(), 1, "{err}");
+    assert!(err.contains("Disk quota exceeded"), "{err}");
+    assert!(w.project.join("n255").is_file() && !w.project.join("n256").exists());
+}
+
+/// A flat C project's own make: objects, the program and `make clean` at
+/// the top of the project, with modes as the compiler and make set them.
+fn a_flat_c_project_makes_at_the_top(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    w.git_init();
+    std::fs::write(
+        w.project.join("hello.c"),
+        "#include <stdio.h>\nint twice(int);\nint main(void) { printf(\"made %d\\n\", twice(21)); return 0; }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        w.project.join("twice.c"),
+        "int twice(int x) { return 2 * x; }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        w.project.join("Makefile"),
+        "hello: hello.o twice.o\n\tcc -o $@ hello.o twice.o\n\
+         %.o: %.c\n\tcc -c -o $@ $<\n\
+         clean:\n\trm -f hello *.o\n",
+    )
+    .expect("write");
+    let o = w.run(t, &[], "make -s && ./hello && ls");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("made 42\n"), "{out}");
+    for f in ["hello", "hello.o", "twice.o"] {
+        assert!(w.project.join(f).is_file(), "{f} did not land");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(w.project.join("hello"))
+        .expect("stat")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o111, 0o111, "the program is executable: {mode:o}");
+    let o = w.run(t, &[], "make -s clean && ls");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    for f in ["hello", "hello.o", "twice.o"] {
+        assert!(!w.project.join(f).exists(), "{f} was not removed");
+    }
 }
 
 /// A real build: a crate whose build script compiles C (the compiler and
 /// `ar` as grandchildren; a vendored dependency) builds offline with the
 /// host's Rust toolchain, granted
 /// read+exec as the build profile grants it, and the program runs; the
-/// outputs land in the project. Landlock cannot create `target/` at the top
-/// of the project (see `top_level_entries_of_the_project`): there it exists
-/// already, as after any earlier build.
+/// outputs land in the project, `target/` created at its top.
 fn a_crate_with_a_c_build_script_builds_offline(t: &str) {
     require_tier(t);
     let w = World::new();
     w.git_init();
     hull_tests::c_build_crate(Path::new(env!("CARGO_TARGET_TMPDIR")), &w.project);
-    if t == "landlock" {
-        std::fs::create_dir(w.project.join("target")).expect("mkdir target");
-    }
     let (rustup, cargo) = hull_tests::host_rust();
     let bin = cargo.join("bin");
     let pol = w.root.path().join("rust.toml");
@@ -2249,6 +2364,7 @@ matrix!(
         stdout_file_is_not_reopened,
         project_read_and_write,
         top_level_entries_of_the_project,
+        a_flat_c_project_makes_at_the_top,
         a_crate_with_a_c_build_script_builds_offline,
         tmp_works_and_tmpdir_is_honoured,
         exit_codes_and_signals,
@@ -2266,6 +2382,7 @@ matrix!(
         a_process_with_an_exited_main_thread_dies_with_the_run,
     ],
     landlock: [
+        the_create_broker_keeps_the_protections,
         read_grant_is_not_executable,
         inotify_outside_the_grants_is_refused,
         host_unix_sockets_under_a_grant_are_unreachable,

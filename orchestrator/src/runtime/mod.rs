@@ -43,6 +43,9 @@ mod cursor;
 mod fsx;
 mod lock;
 
+#[cfg(target_os = "linux")]
+pub(crate) use fsx::remove_tree;
+
 #[cfg(test)]
 #[cfg(target_os = "linux")]
 mod tests;

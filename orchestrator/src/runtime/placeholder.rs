@@ -112,6 +112,15 @@ impl Held {
         self.nodes.iter().map(|n| n.path.as_path())
     }
 
+    /// Takes over the nodes `other` holds (released with these).
+    pub fn absorb(&mut self, mut other: Held) {
+        let registry = other.registry.take();
+        if self.registry.is_none() {
+            self.registry = registry;
+        }
+        self.nodes.append(&mut other.nodes);
+    }
+
     /// Releases every node; removes those hull created that no one else
     /// holds and that are still empty. Errors are reported, not fatal: a
     /// placeholder left behind is what every earlier hull did.

@@ -92,6 +92,11 @@ pub struct ExecPlan {
     /// (the command then runs as the sandbox user, who owns nothing).
     #[serde(default)]
     pub metadata_broker: bool,
+    /// Spare entries, each given the writable rights, that the broker
+    /// renames into split directories (`tier::spares`); their creates go
+    /// to the broker.
+    #[serde(default)]
+    pub spares: Vec<crate::tier::spares::SpareSet>,
 }
 
 /// Probes the tier.
@@ -152,6 +157,7 @@ pub fn command(
     argv: &[OsString],
     broker_fd: Option<i32>,
     metadata_broker: bool,
+    spares: Vec<crate::tier::spares::SpareSet>,
 ) -> Result<Prepared, LandlockError> {
     let abi = kernel_abi();
     verdict(abi)?;
@@ -162,6 +168,7 @@ pub fn command(
         pids: limits.pids,
         broker_fd,
         metadata_broker,
+        spares,
     };
     let json = serde_json::to_string(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
     // The helper is this executable, started through a descriptor: when
@@ -284,6 +291,26 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
     let mut created = ruleset
         .create()
         .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
+    let add = |created: landlock::RulesetCreated,
+               fd: PathFd,
+               path: &std::path::Path,
+               rights: &[Right]|
+     -> Result<landlock::RulesetCreated, LandlockError> {
+        let mut access = landlock::BitFlags::<AccessFs>::empty();
+        for right in rights {
+            if *right == Right::ResolveUnix && !plan.allow_unix_sockets {
+                // Not handled on this kernel: unix sockets are refused by seccomp.
+                continue;
+            }
+            access |= to_access(*right);
+        }
+        created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| LandlockError::Rule {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })
+    };
     for r in &plan.landlock.rules {
         let fd = match PathFd::new(&r.path) {
             Ok(fd) => fd,
@@ -296,20 +323,22 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
                 })
             }
         };
-        let mut access = landlock::BitFlags::<AccessFs>::empty();
-        for right in &r.rights {
-            if *right == Right::ResolveUnix && !plan.allow_unix_sockets {
-                // Not handled on this kernel: unix sockets are refused by seccomp.
-                continue;
-            }
-            access |= to_access(*right);
-        }
-        created = created
-            .add_rule(PathBeneath::new(fd, access))
-            .map_err(|e| LandlockError::Rule {
-                path: r.path.display().to_string(),
+        created = add(created, fd, &r.path, &r.rights)?;
+    }
+    // Every spare must carry its rule: the broker hands them out.
+    let (file_rights, dir_rights) = (
+        crate::policy::lower::landlock::writable_rights(false),
+        crate::policy::lower::landlock::writable_rights(true),
+    );
+    for set in &plan.spares {
+        for (path, is_dir) in set.paths() {
+            let fd = PathFd::new(&path).map_err(|e| LandlockError::Rule {
+                path: path.display().to_string(),
                 reason: e.to_string(),
             })?;
+            let rights = if is_dir { &dir_rights } else { &file_rights };
+            created = add(created, fd, &path, rights)?;
+        }
     }
     let status = created
         .restrict_self()
@@ -334,7 +363,8 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
         // SAFETY: hull passed this socket by number; we own it from here,
         // and it closes before the command runs.
         let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let broker = crate::tier::seccomp::build_broker(plan.metadata_broker)?;
+        let broker =
+            crate::tier::seccomp::build_broker(plan.metadata_broker, !plan.spares.is_empty())?;
         let listener = crate::tier::seccomp::apply_with_listener(&broker)?;
         crate::tier::broker::send_listener(
             std::os::fd::AsFd::as_fd(&sock),

@@ -20,6 +20,8 @@ pub mod probe;
 pub mod seatbelt;
 #[cfg(target_os = "linux")]
 pub mod seccomp;
+#[cfg(target_os = "linux")]
+pub mod spares;
 pub mod vm;
 pub mod windows;
 

@@ -130,6 +130,12 @@ fn dir_rights(access: Access) -> Vec<Right> {
     }
 }
 
+/// The rights of a writable grant on a directory or a file (what a spare
+/// entry of `tier::spares` gets).
+pub fn writable_rights(dir: bool) -> Vec<Right> {
+    rights(Access::ReadWrite, dir)
+}
+
 fn rights(access: Access, dir: bool) -> Vec<Right> {
     if dir {
         dir_rights(access)

@@ -13,6 +13,9 @@
 //! - [`watch`]: `inotify_add_watch` on the landlock tier (Landlock does not
 //!   mediate it: a watch on a directory the command cannot list showed the
 //!   names created in it);
+//! - [`create`]: creating, removing and renaming entries directly in a
+//!   writable directory the landlock tier split around protected paths
+//!   (from a pool of spare inodes that carry rules of their own);
 //! - [`connect`]: `connect` on the bwrap tier (a read-only bind mount does
 //!   not stop a connect to a host service's socket under it).
 //!
@@ -21,9 +24,11 @@
 //! serves until every filtered process is gone.
 
 mod connect;
+mod create;
 mod metadata;
 mod watch;
 
+pub use create::{Creates, Split};
 pub use metadata::Scope;
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -53,6 +58,9 @@ pub enum Handler {
         watch: Scope,
         metadata: Option<Scope>,
         workers: Arc<Workers>,
+        /// Creates in split directories (None: no directory was split, or
+        /// no spares could be made, which the user was told).
+        creates: Option<Arc<Creates>>,
     },
     /// Connects, each on a worker (a connect may block until the peer
     /// accepts).
@@ -344,12 +352,23 @@ fn answer_one(listener: &Arc<OwnedFd>, handler: &Handler) {
             watch,
             metadata,
             workers,
+            creates,
         } => {
-            if req.data.nr as i64 == libc::SYS_inotify_add_watch {
+            let nr = req.data.nr as i64;
+            if nr == libc::SYS_inotify_add_watch {
                 let scope = watch.clone();
                 workers.answer(listener, req, move |t, as_command| {
                     t.watch(&req, &scope, as_command)
                 });
+                return;
+            }
+            if let Some(c) = creates.as_deref().filter(|_| create::is_create_call(nr)) {
+                match Task::of(listener, &req).and_then(|t| t.create(&req, c)) {
+                    Ok(create::Answer::Continue) => respond_continue(listener, req.id),
+                    Ok(create::Answer::Value(v)) => respond(listener, req.id, Ok(v)),
+                    Ok(create::Answer::Sent) => {}
+                    Err(e) => respond(listener, req.id, Err(e)),
+                }
                 return;
             }
             let result = match metadata {
@@ -376,6 +395,26 @@ fn respond(listener: &OwnedFd, id: u64, result: std::io::Result<i64>) {
         val,
         error: -errno,
         flags: 0,
+    };
+    // SAFETY: the ioctl reads a seccomp_notif_resp from `resp`, which is one.
+    unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND,
+            &mut resp as *mut libc::seccomp_notif_resp,
+        );
+    }
+}
+
+/// Lets the kernel run notification `id`'s call itself. Only for calls
+/// another mechanism still checks (Landlock): the arguments may have
+/// changed since the broker read them.
+fn respond_continue(listener: &OwnedFd, id: u64) {
+    let mut resp = libc::seccomp_notif_resp {
+        id,
+        val: 0,
+        error: 0,
+        flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
     };
     // SAFETY: the ioctl reads a seccomp_notif_resp from `resp`, which is one.
     unsafe {
