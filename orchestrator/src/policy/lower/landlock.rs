@@ -5,10 +5,12 @@
 //! grant that contains a protected path is split: the granted directory keeps
 //! only `read_dir`, each of its entries (found on the host at launch) gets the
 //! grant, and the split recurses down to the protected path, which gets
-//! read-only rights (`ReadOnly`) or none (`Hidden`). The price, documented in
-//! docs/tiers.md: the command cannot create, rename or remove entries
-//! directly in a directory that was split (for example the project root,
-//! which holds `.git` and `.hull`); it can in every subdirectory.
+//! read-only rights (`ReadOnly`) or none (`Hidden`). The kernel then lets
+//! nothing create, rename or remove entries directly in a writable directory
+//! that was split (for example the project root, which holds `.git` and
+//! `.hull`): those are listed in [`LandlockPlan::closed`], and at run time
+//! hull's create broker performs them with spare inodes that carry rules of
+//! their own (`tier::spares`, `tier::broker::create`).
 //!
 //! Not enforced here: network (seccomp does that, see `tier::landlock`).
 
@@ -52,9 +54,10 @@ pub struct Rule {
 pub struct LandlockPlan {
     pub rules: Vec<Rule>,
     pub notes: Vec<String>,
-    /// Writable directories split around protected paths: the command can
-    /// write in them, but not create, rename or remove entries directly in
-    /// them. Told to the user before the command runs.
+    /// Writable directories split around protected paths: Landlock lets the
+    /// command write in them, but not create, rename or remove entries
+    /// directly in them; the create broker does that (or, without spares,
+    /// the user is told before the command runs).
     #[serde(default)]
     pub closed: Vec<Closed>,
 }
@@ -68,8 +71,8 @@ pub struct Closed {
 }
 
 impl Closed {
-    /// What the user is told before the command runs: the directory, why,
-    /// and the tiers that can do it.
+    /// What the user is told before the command runs when no spare entries
+    /// could be made for it: the directory, why, and the tiers that can.
     pub fn warning(&self) -> String {
         let around: Vec<String> = self
             .around
