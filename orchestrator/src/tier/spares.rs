@@ -22,10 +22,9 @@
 //! it nothing the writable directory does not already give: a spare's
 //! contents only ever land at a name the broker allowed. It cannot move,
 //! link or remove a spare (the pool directory has no rule). The pool is
-//! removed after the run, and a pool whose run is gone (hull killed) by the
-//! next run on that project.
+//! removed after the run, and a pool no run holds (its hull was killed) by
+//! the next run on that project.
 
-use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -46,6 +45,10 @@ pub const DIRS: u32 = 64;
 
 /// Prefix of a pool's directory name inside `.hull`.
 const PREFIX: &str = "spares-";
+/// Prefix of a pool's name before it is locked.
+const MAKING: &str = "making-spares-";
+/// Age after which an unlocked pool being made is taken as abandoned.
+const MAKING_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What the helper needs to give every spare its rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,32 +99,39 @@ impl Pool {
     /// `dirs` directories, owned by `owner` when given (hull is root: the
     /// writable root's owner, whom the command's idmapped mount shows as
     /// the sandbox user). `hull_dir` must be a real directory (a symlink
-    /// is refused). Pools of runs for which `gone` says true are removed
-    /// first.
+    /// is refused). The pool is locked (`flock` on its directory) while it
+    /// exists, made under a temporary name and renamed once locked; pools
+    /// nobody holds locked (their hull was killed) are removed first.
     pub fn create(
         hull_dir: &Path,
         run_id: &str,
         owner: Option<(u32, u32)>,
         files: u32,
         dirs: u32,
-        gone: impl Fn(&str) -> bool,
     ) -> Result<Pool, SpareError> {
-        let path = hull_dir.join(format!("{PREFIX}{run_id}"));
+        let name = format!("{PREFIX}{run_id}");
+        let path = hull_dir.join(&name);
         let err = |source: std::io::Error| SpareError {
             path: path.clone(),
             source,
         };
         let parent = open_dir_nofollow(rustix::fs::CWD, hull_dir).map_err(err)?;
-        sweep(hull_dir, &gone);
-        mkdirat(
+        sweep(hull_dir);
+        let making = format!("{MAKING}{run_id}");
+        mkdirat(&parent, making.as_str(), Mode::from_raw_mode(0o700)).map_err(|e| err(e.into()))?;
+        let dir = open_dir_nofollow(&parent, Path::new(&making)).map_err(err)?;
+        rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|e| err(e.into()))?;
+        rustix::fs::renameat_with(
             &parent,
-            OsStr::new(&format!("{PREFIX}{run_id}")),
-            Mode::from_raw_mode(0o700),
+            making.as_str(),
+            &parent,
+            name.as_str(),
+            rustix::fs::RenameFlags::NOREPLACE,
         )
         .map_err(|e| err(e.into()))?;
         let pool = Pool {
-            dir: open_dir_nofollow(&parent, Path::new(&format!("{PREFIX}{run_id}")))
-                .map_err(err)?,
+            dir,
             set: SpareSet {
                 dir: path.clone(),
                 files,
@@ -276,13 +286,6 @@ struct ThisRun {
     root_user: bool,
 }
 
-impl ThisRun {
-    /// Whether the run `id` (of an earlier pool) is gone.
-    fn gone(&self, id: &str) -> bool {
-        !self.runs_root.join(id).exists()
-    }
-}
-
 fn make_pool(
     policy: &Policy,
     root: &Path,
@@ -330,7 +333,7 @@ fn make_pool(
             root.display()
         ));
     }
-    Pool::create(&hull, &run.id, owner, FILES, DIRS, |id| run.gone(id))
+    Pool::create(&hull, &run.id, owner, FILES, DIRS)
         .map(Arc::new)
         .map_err(|e| e.to_string())
 }
@@ -344,19 +347,33 @@ fn open_dir_nofollow(at: impl AsFd, path: &Path) -> std::io::Result<OwnedFd> {
     )?)
 }
 
-/// Removes the pools in `hull_dir` whose run is gone.
-fn sweep(hull_dir: &Path, gone: &impl Fn(&str) -> bool) {
+/// Removes the pools in `hull_dir` no run holds (locked): left by a hull
+/// that was killed. One being made is given `MAKING_GRACE` to lock itself.
+fn sweep(hull_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(hull_dir) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(id) = name.as_bytes().strip_prefix(PREFIX.as_bytes()) else {
+        let making = name.as_bytes().starts_with(MAKING.as_bytes());
+        if !making && !name.as_bytes().starts_with(PREFIX.as_bytes()) {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
             continue;
         };
-        let id = String::from_utf8_lossy(id);
-        let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
-        if is_dir && gone(&id) {
+        let young = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_none_or(|age| age < MAKING_GRACE);
+        if !meta.is_dir() || (making && young) {
+            continue;
+        }
+        let Ok(dir) = open_dir_nofollow(rustix::fs::CWD, &e.path()) else {
+            continue;
+        };
+        if rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
             let _ = crate::runtime::remove_tree(&e.path());
         }
     }
@@ -373,16 +390,16 @@ mod tests {
         std::fs::create_dir(&hull).unwrap();
         std::fs::create_dir(hull.join("spares-old")).unwrap();
         std::fs::write(hull.join("spares-old/f0"), "").unwrap();
-        std::fs::create_dir(hull.join("spares-live")).unwrap();
-        let pool = Pool::create(&hull, "r1", None, 3, 2, |id| id == "old").unwrap();
+        let live = Pool::create(&hull, "live", None, 1, 1).unwrap();
+        std::fs::create_dir(hull.join("making-spares-new")).unwrap();
+        let pool = Pool::create(&hull, "r1", None, 3, 2).unwrap();
+        assert!(!hull.join("spares-old").exists(), "an unheld pool is swept");
+        assert!(hull.join("spares-live").exists(), "a held pool is kept");
         assert!(
-            !hull.join("spares-old").exists(),
-            "a gone run's pool is swept"
+            hull.join("making-spares-new").exists(),
+            "one being made is kept"
         );
-        assert!(
-            hull.join("spares-live").exists(),
-            "a live run's pool is kept"
-        );
+        drop(live);
         let set = pool.set().clone();
         let paths: Vec<_> = set.paths().collect();
         assert_eq!(paths.len(), 5);
@@ -406,7 +423,7 @@ mod tests {
         let elsewhere = d.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, d.path().join(".hull")).unwrap();
-        let e = Pool::create(&d.path().join(".hull"), "r", None, 1, 1, |_| false).unwrap_err();
+        let e = Pool::create(&d.path().join(".hull"), "r", None, 1, 1).unwrap_err();
         assert!(e.to_string().contains(".hull"), "{e}");
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     }
