@@ -2062,8 +2062,9 @@ fn top_level_entries_of_the_project(t: &str) {
 /// renames and removals directly in the split project itself: it keeps
 /// `.git` and `.hull` out of reach under every spelling (a missing `.git`
 /// stays missing, even as `.GIT` on a case-folding filesystem), moves
-/// nothing into or out of the project's top (EXDEV: tools copy), and says
-/// once, naming the project, when the run's spare entries are used up.
+/// nothing into or out of the project's top (EXDEV: tools copy), takes
+/// removed files back for later creates unless a process holds them open,
+/// and says once, naming the project, when the run's spares are used up.
 /// Under tier `none` the same script plants `.git` as a link first.
 fn the_create_broker_keeps_the_protections(t: &str) {
     require_tier(t);
@@ -2104,6 +2105,25 @@ fn the_create_broker_keeps_the_protections(t: &str) {
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     assert_eq!(w.read(&w.project.join("moved")), "f\n");
     assert!(!w.project.join("sub/f").exists());
+    // Files removed again go back to the pool (a configure script's
+    // conftest files): many more creates than spares, one after the other.
+    let o = w.run(
+        t,
+        &[],
+        "i=0; while [ $i -lt 400 ]; do echo x > c$i && rm c$i || break; i=$((i+1)); done; echo $i",
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "400\n", "{}", show(&o));
+    // But not while a process holds one open: its contents stay.
+    let o = w.run(
+        t,
+        &[],
+        "python3 -c 'import os\n\
+         fd = os.open(\"keep\", os.O_CREAT | os.O_RDWR, 0o644)\n\
+         os.write(fd, b\"precious\"); os.unlink(\"keep\")\n\
+         for i in range(300):\n    open(f\"z{i}\", \"w\").close(); os.unlink(f\"z{i}\")\n\
+         os.lseek(fd, 0, 0); print(os.read(fd, 100).decode())'",
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "precious\n", "{}", show(&o));
     // The pool runs out: the creates it covers land, the next one fails
     // with EDQUOT, and hull says why once.
     let o = w.run(

@@ -25,11 +25,13 @@
 //! removed after the run, and a pool no run holds (its hull was killed) by
 //! the next run on that project.
 
+use std::collections::HashSet;
+use std::os::fd::AsRawFd;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rustix::fs::{fchown, mkdirat, openat, Mode, OFlags};
 use serde::{Deserialize, Serialize};
@@ -92,6 +94,13 @@ pub struct Pool {
     owner: Option<(u32, u32)>,
     next_file: AtomicU32,
     next_dir: AtomicU32,
+    /// The pool's filesystem.
+    dev: u64,
+    /// Inodes of spare files handed out (only those are taken back).
+    handed: Mutex<HashSet<u64>>,
+    /// Spare files taken back (`r<n>`), in the order they came.
+    recycled: Mutex<Vec<String>>,
+    next_recycled: AtomicU32,
 }
 
 impl Pool {
@@ -130,8 +139,13 @@ impl Pool {
             rustix::fs::RenameFlags::NOREPLACE,
         )
         .map_err(|e| err(e.into()))?;
+        let dev = rustix::fs::fstat(&dir).map_err(|e| err(e.into()))?.st_dev;
         let pool = Pool {
             dir,
+            dev,
+            handed: Mutex::default(),
+            recycled: Mutex::default(),
+            next_recycled: AtomicU32::new(0),
             set: SpareSet {
                 dir: path.clone(),
                 files,
@@ -188,9 +202,81 @@ impl Pool {
         self.owner
     }
 
-    /// The name of the next unused spare file, or None when all are used.
+    /// The name of the next unused spare file, or None when all are used:
+    /// a fresh one, else a recycled one that no process holds open
+    /// (emptied, mode 0600).
     pub fn take_file(&self) -> Option<String> {
-        take(&self.next_file, self.set.files).map(SpareSet::file_name)
+        if let Some(i) = take(&self.next_file, self.set.files) {
+            return Some(SpareSet::file_name(i));
+        }
+        let mut recycled = self.recycled.lock().unwrap_or_else(|e| e.into_inner());
+        let at = recycled.iter().position(|name| self.reusable(name))?;
+        Some(recycled.remove(at))
+    }
+
+    /// Records a spare handed out under another name (its inode).
+    pub fn handed(&self, ino: u64) {
+        self.handed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ino);
+    }
+
+    /// Instead of removing `name` from `dir`, takes it back into the pool
+    /// when it is a regular file this pool handed out with no other link;
+    /// false (nothing done) otherwise. Its rule goes with the inode, so it
+    /// can serve a later create once nothing holds it open.
+    pub fn recycle(&self, dir: impl AsFd, name: &[u8]) -> std::io::Result<bool> {
+        let st = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+        let regular =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+        let ours = self
+            .handed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&st.st_ino);
+        if !regular || st.st_nlink != 1 || !ours || st.st_dev != self.dev {
+            return Ok(false);
+        }
+        let n = self.next_recycled.fetch_add(1, Ordering::AcqRel);
+        let back = format!("r{n}");
+        rustix::fs::renameat_with(
+            &dir,
+            name,
+            &self.dir,
+            back.as_str(),
+            rustix::fs::RenameFlags::NOREPLACE,
+        )?;
+        self.recycled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(back);
+        Ok(true)
+    }
+
+    /// Whether recycled spare `name` can be handed out again: no process
+    /// has it open or mapped (a write lease is granted only then), and it
+    /// is emptied for its next use.
+    fn reusable(&self, name: &str) -> bool {
+        let Ok(fd) = openat(
+            &self.dir,
+            name,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return false;
+        };
+        // SAFETY: fcntl on a descriptor we own, integer arguments.
+        let leased = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) == 0 };
+        if !leased {
+            return false;
+        }
+        // SAFETY: as above; releases the lease just taken.
+        unsafe {
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK);
+        }
+        rustix::fs::ftruncate(&fd, 0).is_ok()
+            && rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o600)).is_ok()
     }
 
     /// The name of the next unused spare directory, or None.

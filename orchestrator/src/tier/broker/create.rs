@@ -16,7 +16,8 @@
 //!   open returns a descriptor of it, added to the command's table
 //!   (`SECCOMP_IOCTL_NOTIF_ADDFD`);
 //! - a symlink is made, a name removed, or two names in that directory
-//!   renamed, by hull;
+//!   renamed, by hull; a removed spare file goes back to the pool for a
+//!   later create (once nothing holds it open);
 //! - a name that is, or holds, a protected path (`.git`, `.hull`, a
 //!   narrower grant; ASCII case ignored, for case-folding filesystems) is
 //!   refused with EACCES, as Landlock refuses it;
@@ -384,6 +385,7 @@ impl Task<'_> {
                 )?;
                 self.valid()?;
                 self.place(d, &spare, name)?;
+                d.pool.handed(rustix::fs::fstat(&fd)?.st_ino);
                 Ok(Answer::Value(0))
             }
             Call::Symlink {
@@ -428,12 +430,11 @@ impl Task<'_> {
                     return Err(err(libc::EACCES));
                 }
                 self.valid()?;
-                let flags = if rmdir {
-                    AtFlags::REMOVEDIR
-                } else {
-                    AtFlags::empty()
-                };
-                rustix::fs::unlinkat(&d.dir, name, flags)?;
+                if rmdir {
+                    rustix::fs::unlinkat(&d.dir, name, AtFlags::REMOVEDIR)?;
+                } else if !d.pool.recycle(&d.dir, name)? {
+                    rustix::fs::unlinkat(&d.dir, name, AtFlags::empty())?;
+                }
                 Ok(Answer::Value(0))
             }
             Call::Rename {
@@ -540,6 +541,7 @@ impl Task<'_> {
         if rustix::fs::fstat(&fd)?.st_ino != ino {
             return Err(err(libc::EAGAIN));
         }
+        d.pool.handed(ino);
         rustix::fs::fchmod(
             &fd,
             Mode::from_raw_mode(new_mode(mode, self.umask()?, false)),
