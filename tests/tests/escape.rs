@@ -2123,7 +2123,12 @@ fn the_create_broker_keeps_the_protections(t: &str) {
          for i in range(300):\n    open(f\"z{i}\", \"w\").close(); os.unlink(f\"z{i}\")\n\
          os.lseek(fd, 0, 0); print(os.read(fd, 100).decode())'",
     );
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "precious\n", "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "precious\n",
+        "{}",
+        show(&o)
+    );
     // The pool runs out: the creates it covers land, the next one fails
     // with EDQUOT, and hull says why once.
     let o = w.run(

@@ -58,22 +58,32 @@ pub struct SpareSet {
     pub dir: PathBuf,
     pub files: u32,
     pub dirs: u32,
+    /// Subdirectories the spares are spread over (`c<k>`), made in
+    /// parallel: creates in one directory take its lock in turn.
+    #[serde(default = "one")]
+    pub chunks: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl SpareSet {
-    pub fn file_name(i: u32) -> String {
-        format!("f{i}")
+    /// Spare file `i`, relative to the pool directory.
+    pub fn file_name(&self, i: u32) -> String {
+        format!("c{}/f{i}", i % self.chunks.max(1))
     }
 
-    pub fn dir_name(i: u32) -> String {
-        format!("d{i}")
+    /// Spare directory `i`, relative to the pool directory.
+    pub fn dir_name(&self, i: u32) -> String {
+        format!("c{}/d{i}", i % self.chunks.max(1))
     }
 
     /// Every spare's path, files then directories, with whether it is a
     /// directory.
     pub fn paths(&self) -> impl Iterator<Item = (PathBuf, bool)> + '_ {
-        let files = (0..self.files).map(|i| (self.dir.join(Self::file_name(i)), false));
-        let dirs = (0..self.dirs).map(|i| (self.dir.join(Self::dir_name(i)), true));
+        let files = (0..self.files).map(|i| (self.dir.join(self.file_name(i)), false));
+        let dirs = (0..self.dirs).map(|i| (self.dir.join(self.dir_name(i)), true));
         files.chain(dirs)
     }
 }
@@ -150,6 +160,9 @@ impl Pool {
                 dir: path.clone(),
                 files,
                 dirs,
+                chunks: std::thread::available_parallelism()
+                    .map_or(1, |n| n.get() as u32)
+                    .clamp(1, 4),
             },
             owner,
             next_file: AtomicU32::new(0),
@@ -159,6 +172,7 @@ impl Pool {
         Ok(pool)
     }
 
+    /// Makes every spare, one thread per chunk.
     fn fill(&self) -> std::io::Result<()> {
         let own = |fd: &OwnedFd| -> std::io::Result<()> {
             if let Some((u, g)) = self.owner {
@@ -171,21 +185,39 @@ impl Pool {
             Ok(())
         };
         own(&self.dir)?;
-        for i in 0..self.set.files {
-            let fd = openat(
-                &self.dir,
-                SpareSet::file_name(i),
-                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o600),
-            )?;
-            own(&fd)?;
-        }
-        for i in 0..self.set.dirs {
-            let name = SpareSet::dir_name(i);
-            mkdirat(&self.dir, &name, Mode::from_raw_mode(0o700))?;
-            own(&open_dir_nofollow(&self.dir, Path::new(&name))?)?;
-        }
-        Ok(())
+        let chunks = self.set.chunks.max(1);
+        let chunk = |k: u32| -> std::io::Result<()> {
+            let name = format!("c{k}");
+            mkdirat(&self.dir, name.as_str(), Mode::from_raw_mode(0o700))?;
+            let dir = open_dir_nofollow(&self.dir, Path::new(&name))?;
+            own(&dir)?;
+            for i in (k..self.set.files).step_by(chunks as usize) {
+                let fd = openat(
+                    &dir,
+                    format!("f{i}"),
+                    OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::WRONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )?;
+                own(&fd)?;
+            }
+            for i in (k..self.set.dirs).step_by(chunks as usize) {
+                let name = format!("d{i}");
+                mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o700))?;
+                own(&open_dir_nofollow(&dir, Path::new(&name))?)?;
+            }
+            Ok(())
+        };
+        std::thread::scope(|s| {
+            let made: Vec<_> = (0..chunks).map(|k| s.spawn(move || chunk(k))).collect();
+            made.into_iter().try_for_each(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("a spare maker panicked")))
+            })
+        })
     }
 
     pub fn set(&self) -> &SpareSet {
@@ -207,7 +239,7 @@ impl Pool {
     /// (emptied, mode 0600).
     pub fn take_file(&self) -> Option<String> {
         if let Some(i) = take(&self.next_file, self.set.files) {
-            return Some(SpareSet::file_name(i));
+            return Some(self.set.file_name(i));
         }
         let mut recycled = self.recycled.lock().unwrap_or_else(|e| e.into_inner());
         let at = recycled.iter().position(|name| self.reusable(name))?;
@@ -281,7 +313,7 @@ impl Pool {
 
     /// The name of the next unused spare directory, or None.
     pub fn take_dir(&self) -> Option<String> {
-        take(&self.next_dir, self.set.dirs).map(SpareSet::dir_name)
+        take(&self.next_dir, self.set.dirs).map(|i| self.set.dir_name(i))
     }
 }
 
@@ -494,9 +526,10 @@ mod tests {
             assert_eq!(m.is_dir(), *is_dir, "{}", p.display());
         }
         let files: Vec<_> = std::iter::from_fn(|| pool.take_file()).collect();
-        assert_eq!(files, ["f0", "f1", "f2"]);
-        assert_eq!(pool.take_dir().as_deref(), Some("d0"));
-        assert_eq!(pool.take_dir().as_deref(), Some("d1"));
+        let want: Vec<_> = (0..3).map(|i| set.file_name(i)).collect();
+        assert_eq!(files, want);
+        assert_eq!(pool.take_dir(), Some(set.dir_name(0)));
+        assert_eq!(pool.take_dir(), Some(set.dir_name(1)));
         assert_eq!(pool.take_dir(), None);
         drop(pool);
         assert!(!set.dir.exists(), "removed after the run");

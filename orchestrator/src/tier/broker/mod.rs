@@ -432,8 +432,8 @@ struct Task<'a> {
     id: u64,
     /// The calling thread.
     pid: i32,
-    /// Its process (thread group).
-    pidfd: OwnedFd,
+    /// Its process (thread group), opened when first needed.
+    pidfd: std::cell::OnceCell<OwnedFd>,
 }
 
 fn err(errno: i32) -> std::io::Error {
@@ -445,22 +445,32 @@ impl Task<'_> {
     /// thread; descriptors and memory belong to its process (thread group),
     /// which a pidfd must name.
     fn of<'a>(listener: &'a OwnedFd, req: &libc::seccomp_notif) -> std::io::Result<Task<'a>> {
-        let pid = req.pid as i32;
-        let tgid = thread_group(pid)?;
-        // SAFETY: pidfd_open with integer arguments; returns a new fd or -1.
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid, 0 as libc::c_uint) };
-        if pidfd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         let task = Task {
             listener,
             id: req.id,
-            pid,
-            // SAFETY: the kernel just returned this descriptor to us.
-            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) },
+            pid: req.pid as i32,
+            pidfd: std::cell::OnceCell::new(),
         };
         task.valid()?;
         Ok(task)
+    }
+
+    /// A pidfd of the calling thread's process, checked to be that process
+    /// by the notification still pending after it was opened.
+    fn pidfd(&self) -> std::io::Result<&OwnedFd> {
+        if let Some(fd) = self.pidfd.get() {
+            return Ok(fd);
+        }
+        let tgid = thread_group(self.pid)?;
+        // SAFETY: pidfd_open with integer arguments; returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid, 0 as libc::c_uint) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor to us.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        self.valid()?;
+        Ok(self.pidfd.get_or_init(|| fd))
     }
 
     /// The notification is still pending: the pid is still that process.
@@ -508,7 +518,7 @@ impl Task<'_> {
         let r = unsafe {
             libc::syscall(
                 libc::SYS_pidfd_getfd,
-                self.pidfd.as_raw_fd(),
+                self.pidfd()?.as_raw_fd(),
                 n,
                 0 as libc::c_uint,
             )
