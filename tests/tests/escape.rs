@@ -2144,6 +2144,126 @@ fn the_create_broker_keeps_the_protections(t: &str) {
     assert!(w.project.join("n255").is_file() && !w.project.join("n256").exists());
 }
 
+/// Tier 3 runs host programs granted by the policy on the image's C
+/// library: one built for a newer glibc is refused before anything starts,
+/// naming the program and both versions, instead of the guest loader's
+/// message after a boot. Shown first under `none`, where the host's loader
+/// refuses the same file (a copy of `/bin/true` whose newest GLIBC need is
+/// renamed `GLIBC_2.99`); the unpatched copy runs, and the guest's glibc is
+/// the one hull assumes (2.36, Debian bookworm).
+fn a_host_program_for_a_newer_glibc_is_refused_by_name(t: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    require_tier(t);
+    let w = World::new();
+    let mut b = std::fs::read("/bin/true").expect("read /bin/true");
+    std::fs::write(w.project.join("plain"), &b).expect("write");
+    let newest = b
+        .windows(10)
+        .filter(|x| x.starts_with(b"GLIBC_2.") && x[8..].iter().all(u8::is_ascii_digit))
+        .max()
+        .expect("a GLIBC_2.NN need in /bin/true")
+        .to_vec();
+    let at = b.windows(10).position(|x| x == newest).expect("found");
+    b[at..at + 10].copy_from_slice(b"GLIBC_2.99");
+    std::fs::write(w.project.join("tool"), &b).expect("write");
+    for f in ["plain", "tool"] {
+        std::fs::set_permissions(w.project.join(f), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+    }
+    let run = |tier: &str, program: &str| run_at(&w, tier, &w.project, &[program]);
+    let control = run("none", "./tool");
+    assert!(
+        failed(&control) && String::from_utf8_lossy(&control.stderr).contains("GLIBC_2.99"),
+        "control: {}",
+        show(&control)
+    );
+    let o = run(t, "./tool");
+    assert!(failed(&o), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let named = format!("{} needs glibc 2.99", w.project.join("tool").display());
+    assert!(
+        err.contains(&named) && err.contains("has glibc 2.36"),
+        "{err}"
+    );
+    let o = run(t, "./plain");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let o = w.run(t, &[], "ldd --version | head -n 1");
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .trim_end()
+            .ends_with(" 2.36"),
+        "the guest's glibc is not the one hull assumes: {}",
+        show(&o)
+    );
+}
+
+/// `hull run` on `tier` with `project` as the project and the working
+/// directory, running `argv` itself (not through `sh -c`).
+fn run_at(w: &World, tier: &str, project: &Path, argv: &[&str]) -> std::process::Output {
+    let mut c = w.hull();
+    c.arg("run");
+    if tier == "vm" {
+        c.arg("--tier3");
+    } else {
+        c.args(["--tier", tier]);
+    }
+    c.arg("--project")
+        .arg(project)
+        .args(["--timeout", hull_tests::RUN_TIMEOUT, "--"])
+        .args(argv)
+        .current_dir(project)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn hull")
+}
+
+/// A project under the caller's real home (as root `/root`, 0700), with a
+/// space and a non-ASCII name: the command creates, reads back and removes
+/// files at its top and below, and what it leaves lands as the caller's.
+/// (Tier 3 has the same case in tier3_vm.rs,
+/// `a_project_under_the_home_directory_runs`.)
+fn a_project_under_the_real_home(t: &str) {
+    use std::os::unix::fs::MetadataExt;
+    require_tier(t);
+    let w = World::new();
+    let home = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .expect("HOME");
+    let dir = tempfile::Builder::new()
+        .prefix("hull-home-")
+        .tempdir_in(&home)
+        .expect("tempdir in HOME");
+    let project = dir.path().join("my pröj");
+    std::fs::create_dir_all(project.join("src")).expect("mkdir");
+    std::fs::write(project.join("input.txt"), "from home\n").expect("write");
+    let o = run_at(
+        &w,
+        t,
+        &project,
+        &[
+            "sh",
+            "-c",
+            "pwd; cat input.txt; echo top > top.txt; mkdir -p sub/deep; \
+             echo deep > sub/deep/f; cat top.txt sub/deep/f; rm sub/deep/f; rmdir sub/deep; \
+             echo kept > sub/kept.txt; echo s > src/s.txt",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("{}\nfrom home\ntop\ndeep\n", project.display())
+    );
+    assert_eq!(w.read(&project.join("top.txt")), "top\n");
+    assert_eq!(w.read(&project.join("sub/kept.txt")), "kept\n");
+    assert!(!project.join("sub/deep").exists());
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for f in ["top.txt", "sub", "sub/kept.txt", "src/s.txt"] {
+        let m = std::fs::metadata(project.join(f)).expect(f);
+        assert_eq!(m.uid(), me, "{f}");
+    }
+}
+
 /// A flat C project's own make: objects, the program and `make clean` at
 /// the top of the project, with modes as the compiler and make set them.
 fn a_flat_c_project_makes_at_the_top(t: &str) {
@@ -2408,6 +2528,7 @@ matrix!(
     ],
     landlock: [
         the_create_broker_keeps_the_protections,
+        a_project_under_the_real_home,
         read_grant_is_not_executable,
         inotify_outside_the_grants_is_refused,
         host_unix_sockets_under_a_grant_are_unreachable,
@@ -2418,6 +2539,7 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     bwrap: [
+        a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,
         inotify_outside_the_grants_is_refused,
         host_unix_sockets_under_a_grant_are_unreachable,
@@ -2428,6 +2550,7 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     vm: [
+        a_host_program_for_a_newer_glibc_is_refused_by_name,
         read_grant_is_not_executable,
         setid_bits_are_refused,
         host_device_nodes_keep_their_mode,

@@ -49,6 +49,9 @@ pub enum VmTierError {
     Unsupported,
     #[error(transparent)]
     SandboxUser(#[from] crate::sandbox_user::SandboxUserError),
+    #[cfg(unix)]
+    #[error(transparent)]
+    Libc(#[from] crate::vm::libc_needs::LibcError),
 }
 
 /// What `hull policy explain --tier vm` prints.
@@ -254,6 +257,16 @@ mod imp {
         vm: Option<&str>,
     ) -> Result<ExitStatus, VmTierError> {
         let plan = lower_vm::lower(policy, &crate::policy::RealFs)?;
+        // A host program that cannot run on the image's C library is
+        // said before anything starts, not by the loader in the guest.
+        if let Some(argv0) = spec.argv.first() {
+            let path = spec
+                .env
+                .iter()
+                .find(|(k, _)| k == "PATH")
+                .map(|(_, v)| v.as_str());
+            crate::vm::libc_needs::check(argv0, path, &spec.cwd, lower_vm::is_system)?;
+        }
         let (irq, handle) = watch_signals()?;
         let mut stdio = StdioSink;
         let sink: &mut dyn OutputSink = match sink {

@@ -35,6 +35,8 @@ pub mod batch_out;
 pub mod heartbeat;
 pub mod hyperv;
 pub mod image;
+#[cfg(unix)]
+pub mod libc_needs;
 #[cfg(target_os = "linux")]
 pub mod machine;
 pub mod qemu;

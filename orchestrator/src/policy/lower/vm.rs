@@ -185,7 +185,8 @@ pub enum VmLowerError {
 /// The most shares one VM gets (each is a virtiofsd and a PCI device).
 pub const MAX_SHARES: usize = 32;
 
-fn is_system(p: &Path) -> bool {
+/// A system directory, or inside one: the container image has its own.
+pub fn is_system(p: &Path) -> bool {
     p == Path::new("/") || SYSTEM_DIRS.iter().any(|d| p.starts_with(d))
 }
 
