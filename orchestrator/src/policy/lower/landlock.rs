@@ -216,10 +216,14 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<LandlockPlan, PlanError
             });
             continue;
         }
-        notes.push(format!(
-            "{} is split around protected paths: no entries can be created, renamed or removed directly in it",
-            path.display()
-        ));
+        notes.push(if *access == Access::ReadWrite {
+            format!(
+                "{} is split around protected paths: entries directly in it are created, renamed and removed by hull's broker (spare entries with rules of their own)",
+                path.display()
+            )
+        } else {
+            format!("{} is split around protected paths", path.display())
+        });
         if *access == Access::ReadWrite {
             closed.push(Closed {
                 dir: path.clone(),
