@@ -116,9 +116,21 @@ fn resolve(
 /// Reads what `path` needs; None when it is not a 64-bit little-endian ELF
 /// (a script, another format) or its headers are not well formed.
 pub fn read(path: &Path) -> std::io::Result<Option<Needs>> {
-    let f = std::fs::File::open(path)?;
-    let size = f.metadata()?.len();
-    Ok(Elf { f: &f, size }.needs())
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: a FIFO swapped in does not hang hull.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    Ok(Elf {
+        f: &f,
+        size: meta.len(),
+    }
+    .needs())
 }
 
 struct Elf<'a> {
@@ -327,6 +339,13 @@ mod tests {
         let b = std::fs::read(&tool).unwrap();
         std::fs::write(d.path().join("cut"), &b[..200]).unwrap();
         assert_eq!(read(&d.path().join("cut")).unwrap(), None);
+        // A FIFO does not hang the check.
+        let fifo = d.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path we own.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        assert_eq!(read(&fifo).unwrap(), None);
+        assert!(check("./fifo".as_ref(), None, d.path(), sys).is_ok());
         // A loader the image does not have.
         let mut b = std::fs::read("/bin/true").unwrap();
         let l = b"/lib64/ld-linux-x86-64.so.2";
