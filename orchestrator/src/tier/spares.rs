@@ -101,6 +101,10 @@ pub struct SpareError {
 pub struct Pool {
     set: SpareSet,
     dir: OwnedFd,
+    /// The `.hull` it is in, and its name there: removed through these,
+    /// so a `.hull` replaced meanwhile does not redirect the removal.
+    parent: OwnedFd,
+    name: String,
     owner: Option<(u32, u32)>,
     next_file: AtomicU32,
     next_dir: AtomicU32,
@@ -135,7 +139,7 @@ impl Pool {
             source,
         };
         let parent = open_dir_nofollow(rustix::fs::CWD, hull_dir).map_err(err)?;
-        sweep(hull_dir);
+        sweep(&parent);
         let making = format!("{MAKING}{run_id}");
         mkdirat(&parent, making.as_str(), Mode::from_raw_mode(0o700)).map_err(|e| err(e.into()))?;
         let dir = open_dir_nofollow(&parent, Path::new(&making)).map_err(err)?;
@@ -152,6 +156,8 @@ impl Pool {
         let dev = rustix::fs::fstat(&dir).map_err(|e| err(e.into()))?.st_dev;
         let pool = Pool {
             dir,
+            parent,
+            name,
             dev,
             handed: Mutex::default(),
             recycled: Mutex::default(),
@@ -326,7 +332,7 @@ fn take(next: &AtomicU32, total: u32) -> Option<u32> {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        if let Err(e) = crate::runtime::remove_tree(&self.set.dir) {
+        if let Err(e) = crate::runtime::remove_tree(&beneath(&self.parent, &self.name)) {
             tracing::warn!(
                 "tier landlock: could not remove the spare entries {}: {e}",
                 self.set.dir.display()
@@ -467,8 +473,8 @@ fn open_dir_nofollow(at: impl AsFd, path: &Path) -> std::io::Result<OwnedFd> {
 
 /// Removes the pools in `hull_dir` no run holds (locked): left by a hull
 /// that was killed. One being made is given `MAKING_GRACE` to lock itself.
-fn sweep(hull_dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(hull_dir) else {
+fn sweep(hull_dir: &OwnedFd) {
+    let Ok(entries) = std::fs::read_dir(beneath(hull_dir, ".")) else {
         return;
     };
     for e in entries.flatten() {
@@ -477,24 +483,31 @@ fn sweep(hull_dir: &Path) {
         if !making && !name.as_bytes().starts_with(PREFIX.as_bytes()) {
             continue;
         }
-        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+        let Ok(st) = rustix::fs::statat(hull_dir, &name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        else {
             continue;
         };
-        let young = meta
-            .modified()
-            .ok()
-            .and_then(|m| m.elapsed().ok())
-            .is_none_or(|age| age < MAKING_GRACE);
-        if !meta.is_dir() || (making && young) {
+        let modified = std::time::UNIX_EPOCH
+            + std::time::Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
+        let young = modified.elapsed().map_or(true, |age| age < MAKING_GRACE);
+        let is_dir =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+        if !is_dir || (making && young) {
             continue;
         }
-        let Ok(dir) = open_dir_nofollow(rustix::fs::CWD, &e.path()) else {
+        let Ok(dir) = open_dir_nofollow(hull_dir, Path::new(&name)) else {
             continue;
         };
         if rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
-            let _ = crate::runtime::remove_tree(&e.path());
+            let _ = crate::runtime::remove_tree(&beneath(hull_dir, &name));
         }
     }
+}
+
+/// `name` in the directory `dir` is open on, as a path that goes through
+/// that descriptor (`/proc/self/fd/N/name`), not through its path.
+fn beneath(dir: &OwnedFd, name: impl AsRef<std::ffi::OsStr>) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name.as_ref())
 }
 
 #[cfg(test)]
