@@ -8,6 +8,8 @@
 //! - [`vm`]: tier 3, the outer VM and its guest agent;
 //! - [`cli`]: argument parsing and output only.
 
+#[cfg(unix)]
+pub mod canary;
 pub mod cli;
 pub mod exec;
 pub mod mountinfo;

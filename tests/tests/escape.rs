@@ -2264,6 +2264,55 @@ fn a_project_under_the_real_home(t: &str) {
     }
 }
 
+/// `hull canary --tier T --json` on this machine: every attack probe lands
+/// under its control (tier `none`) and is denied on T, every positive probe
+/// lands on both; nothing of the decoy is left in the temp directory.
+fn the_canary_reports_no_leak(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let before = canary_dirs();
+    let o = w
+        .hull()
+        .args(["canary", "--json", "--tier", t])
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn hull canary");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let cells: Vec<serde_json::Value> =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    let of = |tier: &str| -> Vec<&serde_json::Value> {
+        cells.iter().filter(|c| c["tier"] == tier).collect()
+    };
+    let (control, tier) = (of("none"), of(t));
+    assert!(
+        control.len() >= 10 && control.len() == tier.len(),
+        "{cells:?}"
+    );
+    for c in &control {
+        assert_eq!(c["verdict"], "allowed", "the control must land: {c}");
+    }
+    for c in &tier {
+        let positive = c["class"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("allowed"));
+        let want = if positive { "allowed" } else { "denied" };
+        assert_eq!(c["verdict"], want, "{c}");
+    }
+    assert_eq!(canary_dirs(), before, "the decoy was left behind");
+}
+
+/// The canary decoys in the temp directory.
+fn canary_dirs() -> Vec<std::ffi::OsString> {
+    let mut v: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .expect("temp dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("hull-canary-"))
+        .collect();
+    v.sort();
+    v
+}
+
 /// A flat C project's own make: objects, the program and `make clean` at
 /// the top of the project, with modes as the compiler and make set them.
 fn a_flat_c_project_makes_at_the_top(t: &str) {
@@ -2527,6 +2576,7 @@ matrix!(
         a_process_with_an_exited_main_thread_dies_with_the_run,
     ],
     landlock: [
+        the_canary_reports_no_leak,
         the_create_broker_keeps_the_protections,
         a_project_under_the_real_home,
         read_grant_is_not_executable,
@@ -2539,6 +2589,7 @@ matrix!(
         root_only_files_stay_unreadable,
     ],
     bwrap: [
+        the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,
         inotify_outside_the_grants_is_refused,

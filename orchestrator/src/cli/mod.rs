@@ -2,6 +2,7 @@
 //! into the library. Errors are printed once, here, as a chain.
 
 pub mod batch;
+pub mod canary;
 pub mod explain;
 pub mod image;
 pub mod probe;
@@ -39,6 +40,9 @@ pub enum Command {
     Run(run::RunArgs),
     /// Show every tier of every OS and whether this host can run it.
     Probe(probe::ProbeArgs),
+    /// Run hull's escape probes against this machine's tiers, in a decoy
+    /// home and project it makes and removes, and print the matrix.
+    Canary(canary::CanaryArgs),
     /// Check or explain a policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -131,6 +135,7 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Probe(a) => probe::probe(a),
+        Command::Canary(a) => canary::canary(a, cli.quiet),
         Command::Policy(PolicyCommand::Check { policy }) => explain::check(&policy),
         Command::Policy(PolicyCommand::Explain(a)) => explain::explain(a),
         Command::Runs(c) => runs::runs(c),

@@ -43,7 +43,7 @@ mod cursor;
 mod fsx;
 mod lock;
 
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub(crate) use fsx::remove_tree;
 
 #[cfg(test)]

@@ -1,0 +1,569 @@
+//! `hull canary`: hull's escape probes, run on this machine against its
+//! tiers, so a user sees what each tier enforces here (a kernel without
+//! Landlock scoping, a setuid bubblewrap, no `/dev/kvm` all change it).
+//!
+//! Every probe runs the real `hull run` (this executable) in a decoy made
+//! for the canary and removed after it: a home with a key, a project with
+//! `.git` and `.hull`, a directory outside every grant with a secret, and a
+//! TCP listener on the host's loopback. An attack probe runs first under
+//! tier `none`, its control: when the attack does not land there, the probe
+//! proves nothing and is `inconclusive` on every tier, never `denied`. A
+//! positive probe (a write the policy allows) must land, or the canary
+//! proves nothing either. The verdict is what the host saw afterwards, not
+//! what the command said.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::tier::Tier;
+
+/// What a cell says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The attack did not land.
+    Denied,
+    /// A positive probe landed, as it must; or, under the control, the
+    /// attack landed (which makes the probe meaningful).
+    Allowed,
+    /// The attack landed.
+    Leak,
+    /// A positive probe did not land: the tier refused what the policy
+    /// allows, so its denials prove nothing.
+    Failed,
+    /// The attack did not land under tier `none` either.
+    Inconclusive,
+    /// The tier is not available here.
+    NotApplicable,
+}
+
+impl Verdict {
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Denied => "denied",
+            Verdict::Allowed => "allowed (expected)",
+            Verdict::Leak => "LEAK",
+            Verdict::Failed => "FAILED",
+            Verdict::Inconclusive => "inconclusive",
+            Verdict::NotApplicable => "n/a",
+        }
+    }
+
+    /// Whether the canary fails on it.
+    pub fn is_bad(self) -> bool {
+        matches!(self, Verdict::Leak | Verdict::Failed)
+    }
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub probe: &'static str,
+    pub class: &'static str,
+    /// The tier's name; `none` is the control.
+    pub tier: String,
+    pub verdict: Verdict,
+    /// What the host saw (or why not applicable).
+    pub evidence: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CanaryError {
+    #[error("canary: cannot make the decoy in {path}: {source}")]
+    Decoy {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("canary: cannot start hull ({exe}): {source}")]
+    Spawn {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("canary: interrupted; the decoy was removed")]
+    Interrupted,
+}
+
+/// Attack or positive check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Attack,
+    Positive,
+}
+
+/// One probe: a shell script the sandboxed command runs, and what the host
+/// sees when it landed (None: it did not).
+#[derive(Debug)]
+pub struct Probe {
+    pub id: &'static str,
+    pub class: &'static str,
+    pub kind: Kind,
+    script: fn(&Decoy) -> String,
+    landed: fn(&Decoy, &Output) -> Option<String>,
+}
+
+/// The decoy world: made once, each area reset before every run.
+#[derive(Debug)]
+pub struct Decoy {
+    root: PathBuf,
+    home: PathBuf,
+    project: PathBuf,
+    outside: PathBuf,
+    secret: String,
+    listener_port: u16,
+    connections: Arc<AtomicUsize>,
+}
+
+fn stdout_has(o: &Output, needle: &str) -> Option<String> {
+    String::from_utf8_lossy(&o.stdout)
+        .contains(needle)
+        .then(|| "the secret was in the command's output".to_string())
+}
+
+fn exists(p: &Path) -> Option<String> {
+    std::fs::symlink_metadata(p)
+        .is_ok()
+        .then(|| format!("{} exists on the host", p.display()))
+}
+
+/// The probes, in the order they run.
+pub fn probes() -> Vec<Probe> {
+    vec![
+        Probe {
+            id: "read_outside_file",
+            class: "read outside the grants",
+            kind: Kind::Attack,
+            script: |d| format!("cat '{}/secret.txt'", d.outside.display()),
+            landed: |d, o| stdout_has(o, &d.secret),
+        },
+        Probe {
+            id: "read_home_key",
+            class: "read outside the grants",
+            kind: Kind::Attack,
+            script: |d| format!("cat '{}/.ssh/id_canary'", d.home.display()),
+            landed: |d, o| stdout_has(o, &d.secret),
+        },
+        Probe {
+            id: "write_outside",
+            class: "write outside the grants",
+            kind: Kind::Attack,
+            script: |d| format!("echo canary > '{}/written'", d.outside.display()),
+            landed: |d, _| exists(&d.outside.join("written")),
+        },
+        Probe {
+            id: "git_hook",
+            class: "protected paths",
+            kind: Kind::Attack,
+            script: |_| "mkdir -p .git/hooks; echo 'echo pwned' > .git/hooks/pre-commit".into(),
+            landed: |d, _| exists(&d.project.join(".git/hooks/pre-commit")),
+        },
+        Probe {
+            id: "hull_state",
+            class: "protected paths",
+            kind: Kind::Attack,
+            script: |_| "echo planted > .hull/planted".into(),
+            landed: |d, _| exists(&d.project.join(".hull/planted")),
+        },
+        Probe {
+            id: "symlink_out",
+            class: "links out of the project",
+            kind: Kind::Attack,
+            script: |d| format!("ln -s '{}/secret.txt' lnk; cat lnk", d.outside.display()),
+            landed: |d, o| stdout_has(o, &d.secret),
+        },
+        Probe {
+            id: "hardlink_out",
+            class: "links out of the project",
+            kind: Kind::Attack,
+            script: |d| format!("ln '{}/secret.txt' hl && cat hl", d.outside.display()),
+            landed: |d, o| stdout_has(o, &d.secret),
+        },
+        Probe {
+            id: "chmod_outside",
+            class: "metadata outside the grants",
+            kind: Kind::Attack,
+            script: |d| format!("chmod 0666 '{}/secret.txt'", d.outside.display()),
+            landed: |d, _| {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(d.outside.join("secret.txt"))
+                    .map(|m| m.permissions().mode() & 0o777)
+                    .unwrap_or(0);
+                (mode != 0o600).then(|| format!("its mode is now {mode:o} on the host"))
+            },
+        },
+        Probe {
+            id: "tcp_host_loopback",
+            class: "network",
+            kind: Kind::Attack,
+            script: |d| {
+                format!(
+                    "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {}), 3)'",
+                    d.listener_port
+                )
+            },
+            landed: |d, _| {
+                (d.connections.swap(0, Ordering::AcqRel) > 0)
+                    .then(|| "the host's listener accepted a connection".to_string())
+            },
+        },
+        Probe {
+            id: "write_project",
+            class: "allowed writes",
+            kind: Kind::Positive,
+            script: |_| "echo ok > top.txt && mkdir -p sub && echo ok > sub/f.txt".into(),
+            landed: |d, _| {
+                let top = std::fs::read_to_string(d.project.join("top.txt")).ok()?;
+                let sub = std::fs::read_to_string(d.project.join("sub/f.txt")).ok()?;
+                (top == "ok\n" && sub == "ok\n")
+                    .then(|| "both files landed in the project".to_string())
+            },
+        },
+        Probe {
+            id: "read_project",
+            class: "allowed reads",
+            kind: Kind::Positive,
+            script: |_| "cat input.txt".into(),
+            landed: |d, o| stdout_has(o, &d.secret),
+        },
+    ]
+}
+
+impl Decoy {
+    fn new() -> Result<Decoy, CanaryError> {
+        let root = std::env::temp_dir().join(format!("hull-canary-{}", uuid::Uuid::new_v4()));
+        let err = |source| CanaryError::Decoy {
+            path: root.clone(),
+            source,
+        };
+        std::fs::create_dir(&root).map_err(err)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(err)?;
+        let port = listener.local_addr().map_err(err)?.port();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&connections);
+        std::thread::spawn(move || {
+            for s in listener.incoming().flatten() {
+                seen.fetch_add(1, Ordering::AcqRel);
+                drop(s);
+            }
+        });
+        let d = Decoy {
+            home: root.join("home"),
+            project: root.join("project"),
+            outside: root.join("outside"),
+            secret: format!("canary-secret-{}", uuid::Uuid::new_v4().simple()),
+            root: root.clone(),
+            listener_port: port,
+            connections,
+        };
+        d.reset().map_err(err)?;
+        Ok(d)
+    }
+
+    /// Puts every area back as it was made.
+    fn reset(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        for dir in [&self.home, &self.project, &self.outside] {
+            crate::runtime::remove_tree(dir)?;
+        }
+        std::fs::create_dir_all(self.home.join(".ssh"))?;
+        std::fs::create_dir_all(self.project.join(".git"))?;
+        std::fs::create_dir_all(self.project.join(".hull"))?;
+        std::fs::create_dir_all(&self.outside)?;
+        std::fs::write(self.project.join(".git/HEAD"), "ref: refs/heads/main\n")?;
+        std::fs::write(self.project.join("input.txt"), format!("{}\n", self.secret))?;
+        for f in [
+            self.outside.join("secret.txt"),
+            self.home.join(".ssh/id_canary"),
+        ] {
+            std::fs::write(&f, format!("{}\n", self.secret))?;
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600))?;
+        }
+        self.connections.store(0, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for Decoy {
+    fn drop(&mut self) {
+        let _ = crate::runtime::remove_tree(&self.root);
+    }
+}
+
+/// Runs every probe under the control and on each of `tiers`, calling
+/// `progress(i, n, probe, tier)` before each run. `stop` ends it early
+/// (the decoy is removed either way).
+pub fn run(
+    tiers: &[Tier],
+    stop: &AtomicBool,
+    mut progress: impl FnMut(usize, usize, &str, &str),
+) -> Result<Vec<Cell>, CanaryError> {
+    let exe = std::env::current_exe().map_err(|source| CanaryError::Spawn {
+        exe: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    let decoy = Decoy::new()?;
+    let probes = probes();
+    let available: Vec<(Tier, Option<String>)> = tiers
+        .iter()
+        .map(|t| {
+            let p = crate::tier::ready(*t);
+            (*t, (!p.available).then_some(p.reason))
+        })
+        .collect();
+    let total = probes.len() * (1 + tiers.len());
+    let mut step = 0;
+    let mut cells = Vec::new();
+    for p in &probes {
+        let mut control_landed = None;
+        for (tier, why_not) in std::iter::once((Tier::None, None)).chain(available.clone()) {
+            if stop.load(Ordering::Relaxed) {
+                return Err(CanaryError::Interrupted);
+            }
+            step += 1;
+            let name = tier.name().to_string();
+            if let Some(why) = why_not {
+                cells.push(cell(p, &name, Verdict::NotApplicable, why));
+                continue;
+            }
+            if tier != Tier::None && p.kind == Kind::Attack && control_landed == Some(false) {
+                cells.push(cell(
+                    p,
+                    &name,
+                    Verdict::Inconclusive,
+                    "the attack did not land under tier none either".into(),
+                ));
+                continue;
+            }
+            progress(step, total, p.id, &name);
+            decoy.reset().map_err(|source| CanaryError::Decoy {
+                path: decoy.root.clone(),
+                source,
+            })?;
+            let out = run_one(&exe, &decoy, tier, &(p.script)(&decoy))?;
+            // Give the listener's thread a moment to count a connection.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let landed = (p.landed)(&decoy, &out);
+            let verdict = match (tier, p.kind, &landed) {
+                (Tier::None, Kind::Attack, Some(_)) => Verdict::Allowed,
+                (Tier::None, Kind::Attack, None) => Verdict::Inconclusive,
+                (_, Kind::Attack, Some(_)) => Verdict::Leak,
+                (_, Kind::Attack, None) => Verdict::Denied,
+                (_, Kind::Positive, Some(_)) => Verdict::Allowed,
+                (_, Kind::Positive, None) => Verdict::Failed,
+            };
+            if tier == Tier::None {
+                control_landed = Some(landed.is_some());
+            }
+            let evidence = landed.unwrap_or_else(|| summary(&out));
+            cells.push(cell(p, &name, verdict, evidence));
+        }
+    }
+    Ok(cells)
+}
+
+fn cell(p: &Probe, tier: &str, verdict: Verdict, evidence: String) -> Cell {
+    Cell {
+        probe: p.id,
+        class: p.class,
+        tier: tier.to_string(),
+        verdict,
+        evidence,
+    }
+}
+
+/// The end of the command's stderr and its status, as evidence of a refusal.
+fn summary(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    let last = err
+        .lines()
+        .rfind(|l| !l.trim().is_empty() && !l.contains("UNSANDBOXED"))
+        .unwrap_or("");
+    let last: String = last.chars().take(300).collect();
+    format!("exit {:?}: {last}", o.status.code())
+}
+
+fn run_one(exe: &Path, d: &Decoy, tier: Tier, script: &str) -> Result<Output, CanaryError> {
+    let mut c = Command::new(exe);
+    c.args(["-q", "run"]);
+    if tier == Tier::Vm {
+        c.arg("--tier3");
+    } else {
+        c.args(["--tier", tier.name()]);
+    }
+    c.arg("--project")
+        .arg(&d.project)
+        .args(["--timeout", "60s", "--", "sh", "-c", script])
+        .current_dir(&d.project)
+        .stdin(Stdio::null());
+    // The decoy home; hull's own caches (the tier-3 image) stay where
+    // they are.
+    if let Some(cache) = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+    {
+        c.env("XDG_CACHE_HOME", cache);
+    }
+    c.env("HOME", &d.home)
+        .env("HULL_RUNS_DIR", d.root.join("runs"))
+        .env_remove("HULL_INSTANCE");
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| CanaryError::Spawn {
+            exe: exe.to_path_buf(),
+            source,
+        })?;
+    // Bounded: a probe's output is small; more is not read.
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    if let Some(s) = child.stdout.take() {
+        let _ = s.take(64 * 1024).read_to_end(&mut out);
+    }
+    if let Some(s) = child.stderr.take() {
+        let _ = s.take(64 * 1024).read_to_end(&mut err);
+    }
+    let status = child.wait().map_err(|source| CanaryError::Spawn {
+        exe: exe.to_path_buf(),
+        source,
+    })?;
+    Ok(Output {
+        status,
+        stdout: out,
+        stderr: err,
+    })
+}
+
+/// The matrix as text: one row per probe, one column per tier (the control
+/// first), and the evidence of every cell that is not as it should be.
+pub fn render(cells: &[Cell]) -> String {
+    let mut tiers: Vec<&str> = Vec::new();
+    let mut rows: Vec<(&str, &str)> = Vec::new();
+    for c in cells {
+        if !tiers.contains(&c.tier.as_str()) {
+            tiers.push(&c.tier);
+        }
+        if !rows.iter().any(|(p, _)| *p == c.probe) {
+            rows.push((c.probe, c.class));
+        }
+    }
+    let head = |t: &str| {
+        if t == "none" {
+            "none (control)".to_string()
+        } else {
+            t.to_string()
+        }
+    };
+    let mut line = format!("{:<20} {:<28}", "probe", "class");
+    for t in &tiers {
+        line.push_str(&format!(" {:<19}", head(t)));
+    }
+    let mut out = format!("{}\n", line.trim_end());
+    for (probe, class) in &rows {
+        let mut line = format!("{probe:<20} {class:<28}");
+        for t in &tiers {
+            let v = cells
+                .iter()
+                .find(|c| c.probe == *probe && c.tier == *t)
+                .map_or("", |c| match (c.tier.as_str(), c.verdict) {
+                    ("none", Verdict::Allowed) => "lands",
+                    (_, v) => v.label(),
+                });
+            line.push_str(&format!(" {v:<19}"));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    let notes: Vec<&Cell> = cells
+        .iter()
+        .filter(|c| {
+            c.verdict.is_bad()
+                || c.verdict == Verdict::NotApplicable
+                || (c.verdict == Verdict::Inconclusive && c.tier == "none")
+        })
+        .collect();
+    let mut said: Vec<&str> = Vec::new();
+    for c in notes {
+        if c.verdict == Verdict::NotApplicable {
+            if said.contains(&c.tier.as_str()) {
+                continue;
+            }
+            said.push(&c.tier);
+            out.push_str(&format!("  {}: n/a: {}\n", c.tier, c.evidence));
+            continue;
+        }
+        out.push_str(&format!(
+            "  {} on {}: {}: {}\n",
+            c.probe,
+            c.tier,
+            c.verdict.label(),
+            c.evidence
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(probe: &'static str, tier: &str, verdict: Verdict, evidence: &str) -> Cell {
+        Cell {
+            probe,
+            class: "k",
+            tier: tier.into(),
+            verdict,
+            evidence: evidence.into(),
+        }
+    }
+
+    #[test]
+    fn the_matrix_has_a_row_per_probe_and_says_what_went_wrong() {
+        let cells = vec![
+            c("a", "none", Verdict::Allowed, "landed"),
+            c("a", "landlock", Verdict::Leak, "x exists on the host"),
+            c("a", "vm", Verdict::NotApplicable, "no image"),
+            c("b", "none", Verdict::Inconclusive, "exit 1: nope"),
+            c("b", "landlock", Verdict::Inconclusive, "control"),
+            c("b", "vm", Verdict::NotApplicable, "no image"),
+        ];
+        let text = render(&cells);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("none (control)") && lines[0].contains("landlock"));
+        assert!(
+            lines[1].starts_with("a ") && lines[1].contains("lands") && lines[1].contains("LEAK")
+        );
+        assert!(lines[2].starts_with("b ") && lines[2].contains("inconclusive"));
+        assert!(
+            text.contains("a on landlock: LEAK: x exists on the host"),
+            "{text}"
+        );
+        assert!(
+            text.contains("b on none: inconclusive: exit 1: nope"),
+            "{text}"
+        );
+        assert_eq!(text.matches("vm: n/a: no image").count(), 1, "{text}");
+        assert!(Verdict::Leak.is_bad() && Verdict::Failed.is_bad());
+        assert!(!Verdict::Inconclusive.is_bad() && !Verdict::NotApplicable.is_bad());
+    }
+
+    #[test]
+    fn every_probe_has_a_distinct_id_and_both_kinds_exist() {
+        let p = probes();
+        let mut ids: Vec<&str> = p.iter().map(|p| p.id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), p.len());
+        assert!(p.iter().any(|p| p.kind == Kind::Positive));
+        assert!(p.iter().filter(|p| p.kind == Kind::Attack).count() >= 8);
+    }
+}

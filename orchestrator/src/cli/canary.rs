@@ -1,0 +1,82 @@
+//! `hull canary [--tier T]... [--json]`: the escape probes against this
+//! machine's tiers (`crate::canary`).
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct CanaryArgs {
+    /// A tier to check (repeatable). Default: landlock and bwrap on Linux,
+    /// seatbelt on macOS; `vm` when asked.
+    #[arg(long = "tier")]
+    pub tiers: Vec<String>,
+    /// One JSON document: every cell with its probe, class, tier, verdict
+    /// and evidence.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(unix)]
+pub fn canary(a: CanaryArgs, quiet: bool) -> anyhow::Result<i32> {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    use crate::tier::Tier;
+    let mut tiers = Vec::new();
+    for t in &a.tiers {
+        let tier = Tier::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?;
+        if tier == Tier::None {
+            anyhow::bail!("tier none is every probe's control; it runs anyway");
+        }
+        if !tiers.contains(&tier) {
+            tiers.push(tier);
+        }
+    }
+    if tiers.is_empty() {
+        tiers = if cfg!(target_os = "macos") {
+            vec![Tier::Seatbelt]
+        } else {
+            vec![Tier::Landlock, Tier::Bwrap]
+        };
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+    let bar = if quiet || a.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr())
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("canary: {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let cells = crate::canary::run(&tiers, &stop, |i, n, probe, tier| {
+        bar.set_length(n as u64);
+        bar.set_position(i as u64);
+        bar.set_message(format!("{probe} on {tier}"));
+    });
+    bar.finish_and_clear();
+    let cells = match cells {
+        Ok(c) => c,
+        Err(crate::canary::CanaryError::Interrupted) => {
+            eprintln!("hull: canary interrupted; the decoy was removed");
+            return Ok(130);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&cells)?);
+    } else {
+        print!("{}", crate::canary::render(&cells));
+    }
+    Ok(if cells.iter().any(|c| c.verdict.is_bad()) {
+        1
+    } else {
+        0
+    })
+}
+
+#[cfg(not(unix))]
+pub fn canary(_a: CanaryArgs, _quiet: bool) -> anyhow::Result<i32> {
+    anyhow::bail!("hull canary runs on Linux and macOS for now")
+}
