@@ -2270,10 +2270,12 @@ fn a_project_under_the_real_home(t: &str) {
 fn the_canary_reports_no_leak(t: &str) {
     require_tier(t);
     let w = World::new();
-    let before = canary_dirs();
+    let tmp = w.root.path().join("tmp");
+    std::fs::create_dir(&tmp).expect("mkdir");
     let o = w
         .hull()
         .args(["canary", "--json", "--tier", t])
+        .env("TMPDIR", &tmp)
         .stdin(Stdio::null())
         .output()
         .expect("spawn hull canary");
@@ -2298,19 +2300,45 @@ fn the_canary_reports_no_leak(t: &str) {
         let want = if positive { "allowed" } else { "denied" };
         assert_eq!(c["verdict"], want, "{c}");
     }
-    assert_eq!(canary_dirs(), before, "the decoy was left behind");
+    assert_eq!(canary_dirs(&tmp), 0, "the decoy was left behind");
 }
 
-/// The canary decoys in the temp directory.
-fn canary_dirs() -> Vec<std::ffi::OsString> {
-    let mut v: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+/// Interrupted (SIGINT as soon as its decoy exists), the canary stops after
+/// the run in progress, removes its decoy and exits 130.
+fn the_canary_removes_its_decoy_when_interrupted(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let tmp = w.root.path().join("tmp");
+    std::fs::create_dir(&tmp).expect("mkdir");
+    let mut child = w
+        .hull()
+        .args(["canary", "--json", "--tier", t])
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn hull canary");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while canary_dirs(&tmp) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no decoy appeared");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // SAFETY: kill with a pid we spawned and a signal number.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().expect("wait");
+    assert_eq!(o.status.code(), Some(130), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the decoy was removed"));
+    assert_eq!(canary_dirs(&tmp), 0, "the decoy was left behind");
+}
+
+/// How many canary decoys are in `tmp`.
+fn canary_dirs(tmp: &Path) -> usize {
+    std::fs::read_dir(tmp)
         .expect("temp dir")
         .flatten()
-        .map(|e| e.file_name())
-        .filter(|n| n.to_string_lossy().starts_with("hull-canary-"))
-        .collect();
-    v.sort();
-    v
+        .filter(|e| e.file_name().to_string_lossy().starts_with("hull-canary-"))
+        .count()
 }
 
 /// A flat C project's own make: objects, the program and `make clean` at
@@ -2577,6 +2605,7 @@ matrix!(
     ],
     landlock: [
         the_canary_reports_no_leak,
+        the_canary_removes_its_decoy_when_interrupted,
         the_create_broker_keeps_the_protections,
         a_project_under_the_real_home,
         read_grant_is_not_executable,
