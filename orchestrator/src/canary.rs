@@ -41,6 +41,9 @@ pub enum Verdict {
     Inconclusive,
     /// The tier is not available here.
     NotApplicable,
+    /// hull itself failed on the tier (exit 125): the command did not run,
+    /// so nothing was shown either way.
+    Error,
 }
 
 impl Verdict {
@@ -52,12 +55,13 @@ impl Verdict {
             Verdict::Failed => "FAILED",
             Verdict::Inconclusive => "inconclusive",
             Verdict::NotApplicable => "n/a",
+            Verdict::Error => "ERROR",
         }
     }
 
     /// Whether the canary fails on it.
     pub fn is_bad(self) -> bool {
-        matches!(self, Verdict::Leak | Verdict::Failed)
+        matches!(self, Verdict::Leak | Verdict::Failed | Verdict::Error)
     }
 }
 
@@ -237,7 +241,10 @@ pub fn probes() -> Vec<Probe> {
 
 impl Decoy {
     fn new() -> Result<Decoy, CanaryError> {
-        let root = std::env::temp_dir().join(format!("hull-canary-{}", uuid::Uuid::new_v4()));
+        // Short: tier 3's sockets live in the runs dir below it, and a unix
+        // socket path has 107 bytes.
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let root = std::env::temp_dir().join(format!("hull-canary-{}", &id[..12]));
         let err = |source| CanaryError::Decoy {
             path: root.clone(),
             source,
@@ -352,7 +359,9 @@ pub fn run(
             // Give the listener's thread a moment to count a connection.
             std::thread::sleep(std::time::Duration::from_millis(20));
             let landed = (p.landed)(&decoy, &out);
+            let hull_failed = out.status.code() == Some(crate::EXIT_HULL_FAILED);
             let verdict = match (tier, p.kind, &landed) {
+                (_, _, None) if hull_failed => Verdict::Error,
                 (Tier::None, Kind::Attack, Some(_)) => Verdict::Allowed,
                 (Tier::None, Kind::Attack, None) => Verdict::Inconclusive,
                 (_, Kind::Attack, Some(_)) => Verdict::Leak,
@@ -413,7 +422,7 @@ fn run_one(exe: &Path, d: &Decoy, tier: Tier, script: &str) -> Result<Output, Ca
         c.env("XDG_CACHE_HOME", cache);
     }
     c.env("HOME", &d.home)
-        .env("HULL_RUNS_DIR", d.root.join("runs"))
+        .env("HULL_RUNS_DIR", d.root.join("r"))
         .env_remove("HULL_INSTANCE");
     let mut child = c
         .stdout(Stdio::piped())
@@ -552,7 +561,7 @@ mod tests {
             "{text}"
         );
         assert_eq!(text.matches("vm: n/a: no image").count(), 1, "{text}");
-        assert!(Verdict::Leak.is_bad() && Verdict::Failed.is_bad());
+        assert!(Verdict::Leak.is_bad() && Verdict::Failed.is_bad() && Verdict::Error.is_bad());
         assert!(!Verdict::Inconclusive.is_bad() && !Verdict::NotApplicable.is_bad());
     }
 
