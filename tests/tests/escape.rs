@@ -2310,7 +2310,7 @@ fn the_canary_removes_its_decoy_when_interrupted(t: &str) {
     let w = World::new();
     let tmp = w.root.path().join("tmp");
     std::fs::create_dir(&tmp).expect("mkdir");
-    let mut child = w
+    let child = w
         .hull()
         .args(["canary", "--json", "--tier", t])
         .env("TMPDIR", &tmp)
