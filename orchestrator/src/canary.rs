@@ -109,6 +109,9 @@ pub struct Probe {
     pub id: &'static str,
     pub class: &'static str,
     pub kind: Kind,
+    /// The class is about hull running as root (the command would own
+    /// the decoy otherwise): n/a when hull is not root.
+    pub needs_root: bool,
     script: fn(&Decoy) -> String,
     landed: fn(&Decoy, &Output) -> Option<String>,
 }
@@ -120,9 +123,15 @@ pub struct Decoy {
     home: PathBuf,
     project: PathBuf,
     outside: PathBuf,
+    /// Granted read-only by the canary's policy.
+    shared: PathBuf,
+    policy: PathBuf,
     secret: String,
     listener_port: u16,
     connections: Arc<AtomicUsize>,
+    unix_connections: Arc<AtomicUsize>,
+    /// A host process the probes try to signal (restarted by reset).
+    victim: std::sync::Mutex<Option<std::process::Child>>,
 }
 
 fn stdout_has(o: &Output, needle: &str) -> Option<String> {
@@ -144,6 +153,7 @@ pub fn probes() -> Vec<Probe> {
             id: "read_outside_file",
             class: "read outside the grants",
             kind: Kind::Attack,
+            needs_root: false,
             script: |d| format!("cat '{}/secret.txt'", d.outside.display()),
             landed: |d, o| stdout_has(o, &d.secret),
         },
@@ -151,6 +161,7 @@ pub fn probes() -> Vec<Probe> {
             id: "read_home_key",
             class: "read outside the grants",
             kind: Kind::Attack,
+            needs_root: false,
             script: |d| format!("cat '{}/.ssh/id_canary'", d.home.display()),
             landed: |d, o| stdout_has(o, &d.secret),
         },
@@ -158,6 +169,7 @@ pub fn probes() -> Vec<Probe> {
             id: "write_outside",
             class: "write outside the grants",
             kind: Kind::Attack,
+            needs_root: false,
             script: |d| format!("echo canary > '{}/written'", d.outside.display()),
             landed: |d, _| exists(&d.outside.join("written")),
         },
@@ -165,6 +177,7 @@ pub fn probes() -> Vec<Probe> {
             id: "git_hook",
             class: "protected paths",
             kind: Kind::Attack,
+            needs_root: false,
             script: |_| "mkdir -p .git/hooks; echo 'echo pwned' > .git/hooks/pre-commit".into(),
             landed: |d, _| exists(&d.project.join(".git/hooks/pre-commit")),
         },
@@ -172,6 +185,7 @@ pub fn probes() -> Vec<Probe> {
             id: "hull_state",
             class: "protected paths",
             kind: Kind::Attack,
+            needs_root: false,
             script: |_| "echo planted > .hull/planted".into(),
             landed: |d, _| exists(&d.project.join(".hull/planted")),
         },
@@ -179,6 +193,7 @@ pub fn probes() -> Vec<Probe> {
             id: "symlink_out",
             class: "links out of the project",
             kind: Kind::Attack,
+            needs_root: false,
             script: |d| format!("ln -s '{}/secret.txt' lnk; cat lnk", d.outside.display()),
             landed: |d, o| stdout_has(o, &d.secret),
         },
@@ -186,6 +201,7 @@ pub fn probes() -> Vec<Probe> {
             id: "hardlink_out",
             class: "links out of the project",
             kind: Kind::Attack,
+            needs_root: false,
             script: |d| format!("ln '{}/secret.txt' hl && cat hl", d.outside.display()),
             landed: |d, o| stdout_has(o, &d.secret),
         },
@@ -193,6 +209,7 @@ pub fn probes() -> Vec<Probe> {
             id: "chmod_outside",
             class: "metadata outside the grants",
             kind: Kind::Attack,
+            needs_root: false,
             script: |d| format!("chmod 0666 '{}/secret.txt'", d.outside.display()),
             landed: |d, _| {
                 use std::os::unix::fs::PermissionsExt;
@@ -206,6 +223,7 @@ pub fn probes() -> Vec<Probe> {
             id: "tcp_host_loopback",
             class: "network",
             kind: Kind::Attack,
+            needs_root: false,
             script: |d| {
                 format!(
                     "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {}), 3)'",
@@ -218,9 +236,60 @@ pub fn probes() -> Vec<Probe> {
             },
         },
         Probe {
+            id: "root_only_file",
+            class: "root-only files in a grant",
+            kind: Kind::Attack,
+            needs_root: true,
+            script: |d| format!("cat '{}/root-only.txt'", d.shared.display()),
+            landed: |d, o| stdout_has(o, &d.secret),
+        },
+        Probe {
+            id: "host_unix_socket",
+            class: "host sockets under a grant",
+            kind: Kind::Attack,
+            needs_root: false,
+            script: |d| {
+                format!(
+                    "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); \
+                     s.settimeout(3); s.connect(\"{}/host.sock\")'",
+                    d.shared.display()
+                )
+            },
+            landed: |d, _| {
+                (d.unix_connections.swap(0, Ordering::AcqRel) > 0)
+                    .then(|| "the host's unix listener accepted a connection".to_string())
+            },
+        },
+        Probe {
+            id: "signal_host_process",
+            class: "host processes",
+            kind: Kind::Attack,
+            needs_root: false,
+            script: |d| format!("kill -TERM {}", d.victim_pid()),
+            landed: |d, _| {
+                d.victim_gone()
+                    .then(|| "a host process of the canary's was killed".to_string())
+            },
+        },
+        Probe {
+            id: "setuid_bit",
+            class: "set-id bits",
+            kind: Kind::Attack,
+            needs_root: false,
+            script: |_| "cp /bin/true suid && chmod u+s suid".into(),
+            landed: |d, _| {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(d.project.join("suid"))
+                    .map(|m| m.permissions().mode())
+                    .unwrap_or(0);
+                (mode & 0o4000 != 0).then(|| "a set-uid file is in the project".to_string())
+            },
+        },
+        Probe {
             id: "write_project",
             class: "allowed writes",
             kind: Kind::Positive,
+            needs_root: false,
             script: |_| "echo ok > top.txt && mkdir -p sub && echo ok > sub/f.txt".into(),
             landed: |d, _| {
                 let top = std::fs::read_to_string(d.project.join("top.txt")).ok()?;
@@ -233,6 +302,7 @@ pub fn probes() -> Vec<Probe> {
             id: "read_project",
             class: "allowed reads",
             kind: Kind::Positive,
+            needs_root: false,
             script: |_| "cat input.txt".into(),
             landed: |d, o| stdout_has(o, &d.secret),
         },
@@ -262,17 +332,62 @@ impl Decoy {
                 drop(s);
             }
         });
+        let shared = root.join("shared");
+        std::fs::create_dir(&shared).map_err(err)?;
+        let unix = std::os::unix::net::UnixListener::bind(shared.join("host.sock")).map_err(err)?;
+        let unix_connections = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&unix_connections);
+        std::thread::spawn(move || {
+            for s in unix.incoming().flatten() {
+                seen.fetch_add(1, Ordering::AcqRel);
+                drop(s);
+            }
+        });
+        let policy = root.join("canary.toml");
+        let text = crate::policy::profiles::PROFILES
+            .iter()
+            .find(|(n, _)| *n == "default")
+            .map(|(_, t)| *t)
+            .unwrap_or_default()
+            .replacen(
+                "read = [",
+                &format!("read = [\"{}\", ", shared.display()),
+                1,
+            );
+        std::fs::write(&policy, text).map_err(err)?;
         let d = Decoy {
             home: root.join("home"),
             project: root.join("project"),
             outside: root.join("outside"),
+            shared,
+            policy,
             secret: format!("canary-secret-{}", uuid::Uuid::new_v4().simple()),
             root: root.clone(),
             listener_port: port,
             connections,
+            unix_connections,
+            victim: std::sync::Mutex::new(None),
         };
         d.reset().map_err(err)?;
         Ok(d)
+    }
+
+    fn victim_pid(&self) -> u32 {
+        self.victim
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |c| c.id())
+    }
+
+    /// Whether the victim process died (it only ends when signalled).
+    fn victim_gone(&self) -> bool {
+        let mut v = self.victim.lock().unwrap_or_else(|e| e.into_inner());
+        match v.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(Some(_))) => true,
+            Some(Ok(None)) => false,
+            _ => false,
+        }
     }
 
     /// Puts every area back as it was made.
@@ -290,17 +405,37 @@ impl Decoy {
         for f in [
             self.outside.join("secret.txt"),
             self.home.join(".ssh/id_canary"),
+            self.shared.join("root-only.txt"),
         ] {
             std::fs::write(&f, format!("{}\n", self.secret))?;
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600))?;
         }
+        // The granted directory itself is readable by anyone; the file in
+        // it is the owner's alone.
+        std::fs::set_permissions(&self.shared, std::fs::Permissions::from_mode(0o755))?;
         self.connections.store(0, Ordering::Release);
+        self.unix_connections.store(0, Ordering::Release);
+        let mut v = self.victim.lock().unwrap_or_else(|e| e.into_inner());
+        if !matches!(v.as_mut().map(|c| c.try_wait()), Some(Ok(None))) {
+            *v = Some(
+                Command::new("sleep")
+                    .arg("600")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()?,
+            );
+        }
         Ok(())
     }
 }
 
 impl Drop for Decoy {
     fn drop(&mut self) {
+        if let Some(mut c) = self.victim.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         let _ = crate::runtime::remove_tree(&self.root);
     }
 }
@@ -339,6 +474,15 @@ pub fn run(
             let name = tier.name().to_string();
             if let Some(why) = why_not {
                 cells.push(cell(p, &name, Verdict::NotApplicable, why));
+                continue;
+            }
+            if p.needs_root && !crate::sandbox_user::hull_is_root() {
+                cells.push(cell(
+                    p,
+                    &name,
+                    Verdict::NotApplicable,
+                    "about hull running as root; hull is not root".into(),
+                ));
                 continue;
             }
             if tier != Tier::None && p.kind == Kind::Attack && control_landed == Some(false) {
@@ -410,6 +554,8 @@ fn run_one(exe: &Path, d: &Decoy, tier: Tier, script: &str) -> Result<Output, Ca
     }
     c.arg("--project")
         .arg(&d.project)
+        .arg("--policy")
+        .arg(&d.policy)
         .args(["--timeout", "60s", "--", "sh", "-c", script])
         .current_dir(&d.project)
         .stdin(Stdio::null());
@@ -500,13 +646,14 @@ pub fn render(cells: &[Cell]) -> String {
                 || (c.verdict == Verdict::Inconclusive && c.tier == "none")
         })
         .collect();
-    let mut said: Vec<&str> = Vec::new();
+    let mut said: Vec<(&str, &str)> = Vec::new();
     for c in notes {
         if c.verdict == Verdict::NotApplicable {
-            if said.contains(&c.tier.as_str()) {
+            let key = (c.tier.as_str(), c.evidence.as_str());
+            if said.contains(&key) {
                 continue;
             }
-            said.push(&c.tier);
+            said.push(key);
             out.push_str(&format!("  {}: n/a: {}\n", c.tier, c.evidence));
             continue;
         }
