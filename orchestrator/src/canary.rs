@@ -668,6 +668,93 @@ pub fn render(cells: &[Cell]) -> String {
     out
 }
 
+/// The matrix as one self-contained HTML page (no external assets): cells
+/// coloured by verdict, each cell's evidence in its tooltip and in a
+/// `<details>` under the table. Every text from a probe's run (evidence is
+/// the command's own output) is escaped.
+pub fn render_html(cells: &[Cell]) -> String {
+    let mut tiers: Vec<&str> = Vec::new();
+    let mut rows: Vec<(&str, &str)> = Vec::new();
+    for c in cells {
+        if !tiers.contains(&c.tier.as_str()) {
+            tiers.push(&c.tier);
+        }
+        if !rows.iter().any(|(p, _)| *p == c.probe) {
+            rows.push((c.probe, c.class));
+        }
+    }
+    let mut out = String::from(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>hull canary</title><style>\
+         body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}\
+         td,th{border:1px solid #999;padding:.3em .6em;text-align:left}\
+         .denied{background:#c8f0c8}.allowed{background:#d8e8ff}.leak,.failed,.error{background:#f4a0a0;font-weight:bold}\
+         .inconclusive{background:#fff0a0}.not_applicable{background:#eee;color:#666}\
+         </style></head><body><h1>hull canary</h1>\n<table id=\"matrix\"><tr><th>probe</th><th>class</th>",
+    );
+    for t in &tiers {
+        let head = if *t == "none" { "none (control)" } else { t };
+        out.push_str(&format!("<th>{}</th>", escape(head)));
+    }
+    out.push_str("</tr>\n");
+    for (probe, class) in &rows {
+        out.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td>",
+            escape(probe),
+            escape(class)
+        ));
+        for t in &tiers {
+            match cells.iter().find(|c| c.probe == *probe && c.tier == *t) {
+                Some(c) => {
+                    let class = serde_json::to_value(c.verdict)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default();
+                    let label = match (c.tier.as_str(), c.verdict) {
+                        ("none", Verdict::Allowed) => "lands",
+                        (_, v) => v.label(),
+                    };
+                    out.push_str(&format!(
+                        "<td class=\"{class}\" title=\"{}\">{}</td>",
+                        escape(&c.evidence),
+                        escape(label)
+                    ));
+                }
+                None => out.push_str("<td></td>"),
+            }
+        }
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</table>\n<details><summary>evidence</summary><ul>\n");
+    for c in cells {
+        out.push_str(&format!(
+            "<li>{} on {}: {}: {}</li>\n",
+            escape(c.probe),
+            escape(&c.tier),
+            escape(c.verdict.label()),
+            escape(&c.evidence)
+        ));
+    }
+    out.push_str("</ul></details></body></html>\n");
+    out
+}
+
+fn escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c if c.is_control() && c != '\n' => o.push('\u{fffd}'),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -710,6 +797,36 @@ mod tests {
         assert_eq!(text.matches("vm: n/a: no image").count(), 1, "{text}");
         assert!(Verdict::Leak.is_bad() && Verdict::Failed.is_bad() && Verdict::Error.is_bad());
         assert!(!Verdict::Inconclusive.is_bad() && !Verdict::NotApplicable.is_bad());
+    }
+
+    #[test]
+    fn the_html_page_is_self_contained_and_escapes_the_evidence() {
+        let cells = vec![
+            c("a", "none", Verdict::Allowed, "landed"),
+            c(
+                "a",
+                "bwrap",
+                Verdict::Denied,
+                "<script>alert(1)</script> \"x\" & 'y'\u{1b}[2J",
+            ),
+        ];
+        let page = render_html(&cells);
+        assert!(page.starts_with("<!DOCTYPE html>") && page.ends_with("</html>\n"));
+        assert!(
+            page.contains("<th>none (control)</th><th>bwrap</th>"),
+            "{page}"
+        );
+        assert!(page.contains("class=\"denied\""), "{page}");
+        assert!(
+            !page.contains("<script>") && !page.contains('\u{1b}'),
+            "{page}"
+        );
+        assert!(
+            page.contains("&lt;script&gt;alert(1)&lt;/script&gt; &quot;x&quot; &amp; &#39;y&#39;")
+        );
+        for external in ["src=", "href=", "http:", "https:", "@import", "url("] {
+            assert!(!page.contains(external), "{external}: {page}");
+        }
     }
 
     #[test]

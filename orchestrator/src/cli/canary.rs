@@ -12,6 +12,9 @@ pub struct CanaryArgs {
     /// and evidence.
     #[arg(long)]
     pub json: bool,
+    /// Also write the matrix as one self-contained HTML page to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<std::path::PathBuf>,
 }
 
 #[cfg(unix)]
@@ -64,6 +67,10 @@ pub fn canary(a: CanaryArgs, quiet: bool) -> anyhow::Result<i32> {
         }
         Err(e) => return Err(e.into()),
     };
+    if let Some(f) = &a.html {
+        std::fs::write(f, crate::canary::render_html(&cells))
+            .map_err(|e| anyhow::anyhow!("canary: cannot write {}: {e}", f.display()))?;
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&cells)?);
     } else {
