@@ -2272,14 +2272,21 @@ fn the_canary_reports_no_leak(t: &str) {
     let w = World::new();
     let tmp = w.root.path().join("tmp");
     std::fs::create_dir(&tmp).expect("mkdir");
+    let page = w.root.path().join("canary.html");
     let o = w
         .hull()
-        .args(["canary", "--json", "--tier", t])
+        .args(["canary", "--json", "--tier", t, "--html"])
+        .arg(&page)
         .env("TMPDIR", &tmp)
         .stdin(Stdio::null())
         .output()
         .expect("spawn hull canary");
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let html = w.read(&page);
+    assert!(
+        html.contains("<table id=\"matrix\">") && html.contains(&format!("<th>{t}</th>")),
+        "{html}"
+    );
     let cells: Vec<serde_json::Value> =
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
     let of = |tier: &str| -> Vec<&serde_json::Value> {
