@@ -4,8 +4,8 @@ use clap::Args;
 
 #[derive(Debug, Args)]
 pub struct CanaryArgs {
-    /// A tier to check (repeatable). Default: landlock and bwrap on Linux,
-    /// seatbelt on macOS; `vm` when asked.
+    /// A tier to check (repeatable). Default: landlock and bwrap on Linux
+    /// (and vm when its image is built), seatbelt on macOS.
     #[arg(long = "tier")]
     pub tiers: Vec<String>,
     /// One JSON document: every cell with its probe, class, tier, verdict
@@ -39,6 +39,11 @@ pub fn canary(a: CanaryArgs, quiet: bool) -> anyhow::Result<i32> {
         } else {
             vec![Tier::Landlock, Tier::Bwrap]
         };
+        // Tier 3 when it can run here and its image is built.
+        #[cfg(target_os = "linux")]
+        if crate::tier::ready(Tier::Vm).available && crate::tier::vm::find_image().is_ok() {
+            tiers.push(Tier::Vm);
+        }
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM] {
