@@ -540,7 +540,8 @@ fn summary(o: &Output) -> String {
         .lines()
         .rfind(|l| !l.trim().is_empty() && !l.contains("UNSANDBOXED"))
         .unwrap_or("");
-    let last: String = last.chars().take(300).collect();
+    // The command's own words: shown on the user's terminal.
+    let last = crate::text::printable(&last.chars().take(300).collect::<String>());
     format!("exit {:?}: {last}", o.status.code())
 }
 
@@ -598,11 +599,11 @@ fn run_one(exe: &Path, d: &Decoy, tier: Tier, script: &str) -> Result<Output, Ca
     })
 }
 
-/// The matrix as text: one row per probe, one column per tier (the control
-/// first), and the evidence of every cell that is not as it should be.
-pub fn render(cells: &[Cell]) -> String {
+/// The matrix's columns (tiers, the control first) and rows (probe, class),
+/// in the order the cells came.
+fn layout(cells: &[Cell]) -> (Vec<&str>, Vec<(&'static str, &'static str)>) {
     let mut tiers: Vec<&str> = Vec::new();
-    let mut rows: Vec<(&str, &str)> = Vec::new();
+    let mut rows: Vec<(&'static str, &'static str)> = Vec::new();
     for c in cells {
         if !tiers.contains(&c.tier.as_str()) {
             tiers.push(&c.tier);
@@ -611,16 +612,33 @@ pub fn render(cells: &[Cell]) -> String {
             rows.push((c.probe, c.class));
         }
     }
-    let head = |t: &str| {
-        if t == "none" {
-            "none (control)".to_string()
-        } else {
-            t.to_string()
-        }
-    };
+    (tiers, rows)
+}
+
+/// A column's heading.
+fn column(tier: &str) -> &str {
+    if tier == "none" {
+        "none (control)"
+    } else {
+        tier
+    }
+}
+
+/// What a cell shows: under the control, an attack that landed "lands".
+fn shown(c: &Cell) -> &'static str {
+    match (c.tier.as_str(), c.verdict) {
+        ("none", Verdict::Allowed) => "lands",
+        (_, v) => v.label(),
+    }
+}
+
+/// The matrix as text: one row per probe, one column per tier (the control
+/// first), and the evidence of every cell that is not as it should be.
+pub fn render(cells: &[Cell]) -> String {
+    let (tiers, rows) = layout(cells);
     let mut line = format!("{:<20} {:<28}", "probe", "class");
     for t in &tiers {
-        line.push_str(&format!(" {:<19}", head(t)));
+        line.push_str(&format!(" {:<19}", column(t)));
     }
     let mut out = format!("{}\n", line.trim_end());
     for (probe, class) in &rows {
@@ -629,10 +647,7 @@ pub fn render(cells: &[Cell]) -> String {
             let v = cells
                 .iter()
                 .find(|c| c.probe == *probe && c.tier == *t)
-                .map_or("", |c| match (c.tier.as_str(), c.verdict) {
-                    ("none", Verdict::Allowed) => "lands",
-                    (_, v) => v.label(),
-                });
+                .map_or("", shown);
             line.push_str(&format!(" {v:<19}"));
         }
         out.push_str(line.trim_end());
@@ -673,16 +688,7 @@ pub fn render(cells: &[Cell]) -> String {
 /// `<details>` under the table. Every text from a probe's run (evidence is
 /// the command's own output) is escaped.
 pub fn render_html(cells: &[Cell]) -> String {
-    let mut tiers: Vec<&str> = Vec::new();
-    let mut rows: Vec<(&str, &str)> = Vec::new();
-    for c in cells {
-        if !tiers.contains(&c.tier.as_str()) {
-            tiers.push(&c.tier);
-        }
-        if !rows.iter().any(|(p, _)| *p == c.probe) {
-            rows.push((c.probe, c.class));
-        }
-    }
+    let (tiers, rows) = layout(cells);
     let mut out = String::from(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <title>hull canary</title><style>\
@@ -693,8 +699,7 @@ pub fn render_html(cells: &[Cell]) -> String {
          </style></head><body><h1>hull canary</h1>\n<table id=\"matrix\"><tr><th>probe</th><th>class</th>",
     );
     for t in &tiers {
-        let head = if *t == "none" { "none (control)" } else { t };
-        out.push_str(&format!("<th>{}</th>", escape(head)));
+        out.push_str(&format!("<th>{}</th>", escape(column(t))));
     }
     out.push_str("</tr>\n");
     for (probe, class) in &rows {
@@ -710,10 +715,7 @@ pub fn render_html(cells: &[Cell]) -> String {
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_string))
                         .unwrap_or_default();
-                    let label = match (c.tier.as_str(), c.verdict) {
-                        ("none", Verdict::Allowed) => "lands",
-                        (_, v) => v.label(),
-                    };
+                    let label = shown(c);
                     out.push_str(&format!(
                         "<td class=\"{class}\" title=\"{}\">{}</td>",
                         escape(&c.evidence),
