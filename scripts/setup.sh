@@ -4,7 +4,7 @@
 #   scripts/setup.sh            host tiers (bubblewrap, landlock) + toolchain targets
 #   scripts/setup.sh --tier3    also QEMU 10 (backports), virtiofsd, mmdebstrap
 #   scripts/setup.sh --fuzz     also a nightly toolchain and cargo-fuzz (fuzz/)
-#   scripts/setup.sh --test     also cargo-nextest, the test runner (scripts/test.sh)
+#   scripts/setup.sh --test     also cargo-nextest, the test runner (scripts/test.sh), and chromium
 set -euo pipefail
 
 want_tier3=0
@@ -40,6 +40,10 @@ command -v hyperfine >/dev/null || need_pkgs+=(hyperfine)
 command -v cc >/dev/null || need_pkgs+=(gcc libc6-dev)
 command -v pkg-config >/dev/null || need_pkgs+=(pkg-config)
 command -v git >/dev/null || need_pkgs+=(git)
+# The canary's HTML page is rendered by headless Chromium in the tests.
+if [ "$want_test" -eq 1 ]; then
+  command -v chromium >/dev/null || need_pkgs+=(chromium)
+fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
   command -v zstd >/dev/null || need_pkgs+=(zstd)

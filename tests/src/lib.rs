@@ -215,47 +215,6 @@ pub fn pids_with(marker: &str) -> Vec<i32> {
     out
 }
 
-/// An exclusive lock on a host-wide resource a test changes and restores
-/// (a sysctl, a device node's mode), held across test processes: nextest
-/// runs every test in its own process, and a control run that changes the
-/// host for a moment must not meet another test that checks it is unchanged.
-#[derive(Debug)]
-pub struct HostLock {
-    /// Closing it releases the lock.
-    _file: std::fs::File,
-}
-
-impl HostLock {
-    pub fn take(name: &str) -> HostLock {
-        use std::os::fd::AsRawFd;
-        let path = std::env::temp_dir().join(format!("hull-tests-{name}.lock"));
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        // SAFETY: flock(2) on a descriptor this struct owns.
-        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-        assert_eq!(r, 0, "flock {}", path.display());
-        HostLock { _file: f }
-    }
-}
-
-/// Writes `value` back to `path` when dropped: a host file a control run
-/// changed on purpose is restored even when an assertion fails first.
-#[derive(Debug)]
-pub struct Restore {
-    pub path: PathBuf,
-    pub value: Vec<u8>,
-}
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        let _ = std::fs::write(&self.path, &self.value);
-    }
-}
-
 /// Spawns `cmd` (a `hull run` whose script prints `started` first) with
 /// empty stdin and piped stdout, and returns once that line came; a run that
 /// prints anything else first is killed and fails the test.

@@ -5,15 +5,11 @@
 //! an allowed write succeeds AND lands).
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use hull_tests::{
-    feed, marked_sleep, pids_with, require_tier, show, started, HostLock, Restore, Tree, World,
-    CANARY, VICTIM,
-};
+use hull_tests::{feed, marked_sleep, pids_with, require_tier, show, started, Tree, World, CANARY};
 
 fn hull_policy_default() -> String {
     std::fs::read_to_string(concat!(
@@ -47,43 +43,6 @@ fn failed(o: &std::process::Output) -> bool {
 }
 
 // ---- negative cases ---------------------------------------------------
-
-fn read_canary_outside(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let key = w.home.join(".ssh/id_ed25519");
-    let control = w.run("none", &[], &format!("cat '{}'", key.display()));
-    assert!(
-        String::from_utf8_lossy(&control.stdout).contains(CANARY),
-        "control: {}",
-        show(&control)
-    );
-    let o = w.run(t, &[], &format!("cat '{}'", key.display()));
-    assert!(failed(&o), "{}", show(&o));
-    assert!(
-        !String::from_utf8_lossy(&o.stdout).contains(CANARY),
-        "{}",
-        show(&o)
-    );
-    // and the home dir itself is not listable
-    let o = w.run(t, &[], &format!("ls '{}'", w.home.display()));
-    assert!(failed(&o), "{}", show(&o));
-}
-
-fn write_outside(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let victim = w.outside.join("victim");
-    let o = w.run(t, &[], &format!("echo changed > '{}'", victim.display()));
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(w.read(&victim), VICTIM);
-    let o = w.run(t, &[], &format!("touch '{}/new'", w.outside.display()));
-    assert!(failed(&o), "{}", show(&o));
-    assert!(!w.outside.join("new").exists());
-    let o = w.run(t, &[], &format!("rm -f '{}'", victim.display()));
-    assert!(failed(&o) || victim.exists(), "{}", show(&o));
-    assert_eq!(w.read(&victim), VICTIM);
-}
 
 /// Creates an instance with a spill file; returns (instance id, spill file path).
 fn instance_with_spill(w: &World, t: &str) -> (String, std::path::PathBuf) {
@@ -193,57 +152,6 @@ fn other_instance_is_invisible(t: &str) {
     );
 }
 
-fn protected_names_in_project(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    w.git_init();
-    let cfg = w.project.join(".git/config");
-    let before = w.read(&cfg);
-    let attempts = [
-        "mkdir -p .hull/x",
-        "echo x > .hull/settings.toml",
-        "mkdir -p .git/hooks && echo 'echo pwned' > .git/hooks/pre-commit",
-        "echo '[core] hooksPath = /tmp' >> .git/config",
-        "mv .git .git-moved",
-        "rm -rf .git",
-    ];
-    for a in attempts {
-        let o = w.run(t, &[], a);
-        assert!(failed(&o), "{a}: {}", show(&o));
-    }
-    assert_eq!(w.read(&cfg), before);
-    assert!(!w.project.join(".hull/x").exists());
-    assert!(!w.project.join(".hull/settings.toml").exists());
-    assert!(!w.project.join(".git/hooks/pre-commit").exists());
-    assert!(!w.project.join(".git-moved").exists());
-    // .git stays readable (git status works read-only)
-    let o = w.run(t, &[], "cat .git/HEAD");
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-}
-
-fn protected_names_before_they_exist(t: &str) {
-    require_tier(t);
-    let w = World::new(); // no .git, no .hull
-    for a in [
-        "mkdir -p .git/hooks && touch .git/hooks/x",
-        "git init -q .",
-        "mkdir .hull && touch .hull/x",
-    ] {
-        let o = w.run(t, &[], a);
-        assert!(failed(&o), "{a}: {}", show(&o));
-    }
-    assert!(!w.project.join(".git/hooks").exists());
-    assert!(!w.project.join(".git/HEAD").exists());
-    assert!(!w.project.join(".hull/x").exists());
-    // The placeholders the masks were mounted on went with each run.
-    for name in [".git", ".hull"] {
-        assert!(
-            std::fs::symlink_metadata(w.project.join(name)).is_err(),
-            "{name} is left in the project after the runs"
-        );
-    }
-}
-
 /// A writable home: the shell startup files that do not exist stay
 /// uncreatable during the run (a ~/.bashrc written by the command runs in
 /// the user's next shell), and nothing is left for them afterwards (an empty
@@ -319,317 +227,32 @@ fn shell_rc_files_in_a_writable_home(t: &str) {
     assert_eq!(names, [".profile", ".ssh", "work"]);
 }
 
-fn symlink_out_of_project(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let victim = w.outside.join("victim");
-    std::os::unix::fs::symlink(&victim, w.project.join("src/link")).expect("symlink");
-    std::os::unix::fs::symlink(&w.outside, w.project.join("src/dirlink")).expect("symlink");
-    let o = w.run(t, &[], "cat src/link");
-    assert!(failed(&o), "{}", show(&o));
-    assert!(!String::from_utf8_lossy(&o.stdout).contains(VICTIM));
-    let o = w.run(t, &[], "echo changed > src/link");
-    assert!(failed(&o), "{}", show(&o));
-    let o = w.run(t, &[], "echo new > src/dirlink/planted");
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(w.read(&victim), VICTIM);
-    assert!(!w.outside.join("planted").exists());
-    // a symlink made inside the sandbox does not help either
-    let o = w.run(
-        t,
-        &[],
-        &format!("ln -s '{}' src/l2 && cat src/l2", victim.display()),
-    );
-    assert!(
-        !String::from_utf8_lossy(&o.stdout).contains(VICTIM),
-        "{}",
-        show(&o)
-    );
-}
-
-fn hardlink_to_outside(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let victim = w.outside.join("victim");
-    let control = w.run(
-        "none",
-        &[],
-        &format!(
-            "ln '{}' src/hl0 && cat src/hl0 && rm src/hl0",
-            victim.display()
-        ),
-    );
-    assert!(
-        String::from_utf8_lossy(&control.stdout).contains(VICTIM),
-        "control: {}",
-        show(&control)
-    );
-    let o = w.run(
-        t,
-        &[],
-        &format!("ln '{}' src/hl && echo changed > src/hl", victim.display()),
-    );
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(w.read(&victim), VICTIM);
-    assert!(!w.project.join("src/hl").exists());
-}
-
-fn proc_root_traversal(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let key = w.home.join(".ssh/id_ed25519");
-    let control = w.run(
-        "none",
-        &[],
-        &format!("cat /proc/self/root'{}'", key.display()),
-    );
-    assert!(
-        String::from_utf8_lossy(&control.stdout).contains(CANARY),
-        "control: {}",
-        show(&control)
-    );
-    for p in ["1", "self", "$PPID"] {
-        let o = w.run(t, &[], &format!("cat /proc/{p}/root'{}'", key.display()));
-        assert!(failed(&o), "/proc/{p}/root: {}", show(&o));
-        assert!(!String::from_utf8_lossy(&o.stdout).contains(CANARY));
-    }
-}
-
-fn tcp_to_host_loopback(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let l = TcpListener::bind("127.0.0.1:0").expect("listen");
-    l.set_nonblocking(true).expect("nonblocking");
-    let port = l.local_addr().expect("addr").port();
-    let py = format!(
-        "python3 -c 'import socket,sys; s=socket.create_connection((\"127.0.0.1\",{port}),timeout=5); s.sendall(b\"hi\"); print(\"connected\")'"
-    );
-    let control = w.run("none", &[], &py);
-    assert!(
-        String::from_utf8_lossy(&control.stdout).contains("connected"),
-        "control: {}",
-        show(&control)
-    );
-    let _ = l.accept().expect("control connection arrived");
-    let o = w.run(t, &[], &py);
-    assert!(failed(&o), "{}", show(&o));
-    assert!(!String::from_utf8_lossy(&o.stdout).contains("connected"));
-    assert!(
-        l.accept().is_err(),
-        "the listener saw a connection from the sandbox"
-    );
-}
-
-fn ptrace_host_process(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    // The victim: an ordinary host process of the same user without
-    // capabilities (started through tier none, which drops them).
-    let mut victim = w
-        .cmd(
-            "none",
-            &["--env", "VICTIM_SECRET=victim-env-secret"],
-            "echo $$; exec sleep 1800",
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn victim");
-    let mut line = String::new();
-    BufReader::new(victim.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("victim pid");
-    let pid: u32 = line.trim().parse().expect("pid");
-    let py = format!(
-        "python3 -c 'import ctypes,sys; libc=ctypes.CDLL(None,use_errno=True); r=libc.ptrace(16,{pid},0,0); print(\"attach\",r); sys.exit(0 if r==0 else 1)'"
-    );
-    let o = w.run(t, &[], &py);
-    assert!(failed(&o), "{}", show(&o));
-    let control = w.run("none", &[], &format!("cat /proc/{pid}/environ"));
-    assert!(
-        String::from_utf8_lossy(&control.stdout).contains("victim-env-secret"),
-        "control: {}",
-        show(&control)
-    );
-    let o = w.run(t, &[], &format!("cat /proc/{pid}/environ"));
-    assert!(
-        !String::from_utf8_lossy(&o.stdout).contains("victim-env-secret"),
-        "{}",
-        show(&o)
-    );
-    let o = w.run(t, &[], &format!("kill -STOP {pid}"));
-    assert!(failed(&o), "{}", show(&o));
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("victim alive");
-    assert!(!state.contains(") T "), "victim was stopped: {state}");
-    let _ = victim.kill();
-    let _ = victim.wait();
-}
-
-/// A host SysV shared memory segment (mode 0666, so only the tier stops
-/// it): the command must not attach to it and write it.
-fn host_sysv_ipc_is_unreachable(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let key: i32 = 0x4855_4c00 | (std::process::id() as i32 & 0xff);
-    // SAFETY: plain SysV calls; the segment is ours and removed below.
-    let id = unsafe { libc::shmget(key, 4096, libc::IPC_CREAT | libc::IPC_EXCL | 0o666) };
-    assert!(id >= 0, "shmget: {}", std::io::Error::last_os_error());
-    // SAFETY: attach the segment we made; checked against (void*)-1.
-    let mem = unsafe { libc::shmat(id, std::ptr::null(), 0) };
-    assert_ne!(mem as isize, -1, "shmat");
-    let read = || {
-        // SAFETY: the segment is 4096 bytes and attached for the whole test.
-        let b = unsafe { std::slice::from_raw_parts(mem as *const u8, 9) };
-        String::from_utf8_lossy(b).into_owned()
-    };
-    let write = |v: &[u8; 9]| {
-        // SAFETY: as above, 9 bytes within the segment.
-        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), mem as *mut u8, 9) };
-    };
-    write(b"host-data");
-    let py = format!(
-        "python3 -c 'import ctypes,sys; l=ctypes.CDLL(None, use_errno=True); \
-         l.shmat.restype=ctypes.c_void_p; i=l.shmget({key}, 0, 0); \
-         sys.exit(\"shmget failed\") if i < 0 else None; p=l.shmat(i, None, 0); \
-         sys.exit(\"shmat failed\") if p in (None, 2**64-1) else None; \
-         ctypes.memmove(p, b\"PWNED-IPC\", 9)'"
-    );
-    let control = w.run("none", &[], &py);
-    let after = read();
-    write(b"host-data");
-    let o = w.run(t, &[], &py);
-    let now = read();
-    // SAFETY: detach and remove our own segment.
-    unsafe {
-        libc::shmdt(mem);
-        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
-    }
-    assert_eq!(
-        control.status.code(),
-        Some(0),
-        "control: {}",
-        show(&control)
-    );
-    assert_eq!(after, "PWNED-IPC", "control: {}", show(&control));
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(now, "host-data", "{}", show(&o));
-}
-
-/// A `sleep` on the host as the uid a command of the tier acts as (the
-/// sandbox user when the tests run as root).
-fn sleeper_like_the_command() -> std::process::Child {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let mut c = std::process::Command::new(if root { "setpriv" } else { "sleep" });
-    if root {
-        c.args([
-            "--reuid=hull-sandbox",
-            "--regid=hull-sandbox",
-            "--clear-groups",
-            "sleep",
-        ]);
-    }
-    c.arg("600")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn victim")
-}
-
-/// The victim's open-files limit, as /proc shows it.
-fn nofile_limit(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/limits"))
-        .expect("limits")
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .map(str::to_string)
-        .expect("Max open files")
-}
-
-/// Resource limits of a host process of the same uid as the command:
-/// prlimit64 on it must fail and leave its limit as it was.
-fn prlimit_of_a_host_process(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let py = |pid: u32| {
-        format!(
-            "python3 -c 'import resource; resource.prlimit({pid}, resource.RLIMIT_NOFILE, (7, 7))'"
-        )
-    };
-    for tier in ["none", t] {
-        // Each time a process of the command's own uid: the caller's under
-        // tier none (which runs it without capabilities).
-        let mut victim = if tier == "none" {
-            std::process::Command::new("sleep")
-                .arg("600")
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn victim")
-        } else {
-            sleeper_like_the_command()
-        };
-        let pid = victim.id();
-        let before = nofile_limit(pid);
-        let o = w.run(tier, &[], &py(pid));
-        let after = nofile_limit(pid);
-        let _ = victim.kill();
-        let _ = victim.wait();
-        if tier == "none" {
-            assert_eq!(o.status.code(), Some(0), "control: {}", show(&o));
-            assert_ne!(after, before, "control: {}", show(&o));
-        } else {
-            assert!(failed(&o), "{}", show(&o));
-            assert_eq!(after, before, "{}", show(&o));
-        }
-    }
-    // Its own limits the command still sets.
-    let o = w.run(t, &[], "ulimit -n 64 && test \"$(ulimit -n)\" = 64");
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-}
-
-/// An inotify watch on a directory the policy does not grant: Landlock
-/// does not mediate watches, and the events carry the names created there
-/// (a directory the command cannot list). The directory is world-readable
-/// and outside the test's private root, so only hull stands in the way even
-/// when the command runs as the sandbox user. The control shows the name
-/// arriving under tier `none`; on the tier the watch is refused and nothing
-/// arrives, while a watch in the project still works. Inside a grant, a
-/// directory the command's uid cannot read stays unwatchable (hull, root,
-/// answers with the command's credentials).
-fn inotify_outside_the_grants_is_refused(t: &str) {
+/// inotify inside the grants: a watch in the project works, and a
+/// directory inside a read grant that the command's uid cannot read stays
+/// unwatchable (hull, root, answers the watch with the command's
+/// credentials, never its own). The canary's `inotify_outside` probe covers
+/// a watch outside every grant.
+fn inotify_in_the_grants_follows_the_command_uid(t: &str) {
     use std::os::unix::fs::PermissionsExt;
     require_tier(t);
     let w = World::new();
-    let host = tempfile::Builder::new()
-        .prefix("hull-watched-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    std::fs::set_permissions(host.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     std::fs::write(
         w.project.join("watch.py"),
         "import ctypes, os, select, sys\n\
          libc = ctypes.CDLL(None, use_errno=True)\n\
          def watch(path):\n\
          \x20   fd = libc.inotify_init1(0)\n\
-         \x20   wd = libc.inotify_add_watch(fd, path.encode(), 0x100)\n\
-         \x20   return fd, wd, ctypes.get_errno()\n\
+         \x20   return fd, libc.inotify_add_watch(fd, path.encode(), 0x100), ctypes.get_errno()\n\
          def name(fd):\n\
          \x20   r, _, _ = select.select([fd], [], [], 10)\n\
          \x20   return os.read(fd, 4096)[16:].split(b'\\0')[0].decode() if r else 'nothing'\n\
          fd, wd, e = watch(sys.argv[1])\n\
-         if wd < 0: print('refused', e, flush=True)\n\
-         else:\n\
-         \x20   print('watching', flush=True); print('saw', name(fd), flush=True)\n\
-         fd, wd, e = watch(sys.argv[2])\n\
          print('locked', 'refused' if wd < 0 else 'watching', flush=True)\n\
          fd, wd, e = watch('src')\n\
          open('src/own-file', 'w').close()\n\
          print('own', name(fd) if wd >= 0 else 'refused %d' % e, flush=True)\n",
     )
     .expect("write watch.py");
-    // A directory inside a read grant that the command's uid cannot read
-    // (the sandbox user's, when hull is root): hull answers the watch with
-    // the command's credentials, never its own.
     let granted = tempfile::Builder::new()
         .prefix("hull-granted-")
         .tempdir_in("/tmp")
@@ -640,165 +263,53 @@ fn inotify_outside_the_grants_is_refused(t: &str) {
     std::fs::create_dir(&locked).expect("mkdir");
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).expect("chmod");
     let pol = default_policy_reading(&w, "watch.toml", granted.path());
-    let pol = pol.as_str();
-    let secret = "secret-name-4d1c";
-    let attempt = |tier: &str| -> String {
-        let _ = std::fs::remove_file(w.project.join("src/own-file"));
-        let _ = std::fs::remove_file(host.path().join(secret));
-        let script = format!(
-            "python3 watch.py '{}' '{}'",
-            host.path().display(),
-            locked.display()
-        );
-        let mut c = w
-            .cmd(tier, &["--policy", pol], &script)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn hull");
-        let mut out = String::new();
-        let mut lines = BufReader::new(c.stdout.take().expect("stdout")).lines();
-        if let Some(Ok(first)) = lines.next() {
-            if first == "watching" {
-                std::fs::write(host.path().join(secret), "x").expect("create");
-            }
-            out.push_str(&first);
-            out.push('\n');
-        }
-        for l in lines.map_while(Result::ok) {
-            out.push_str(&l);
-            out.push('\n');
-        }
-        let mut err = String::new();
-        let _ = c.stderr.take().expect("stderr").read_to_string(&mut err);
-        let st = c.wait().expect("wait");
-        assert_eq!(st.code(), Some(0), "{out}{err}");
-        out
-    };
-    let control = attempt("none");
+    let script = format!("python3 watch.py '{}'", locked.display());
+    let control = w.run("none", &["--policy", &pol], &script);
+    let out = String::from_utf8_lossy(&control.stdout);
     assert!(
-        control.contains(&format!("saw {secret}")),
-        "control: {control}"
+        out.contains("locked watching"),
+        "control: {}",
+        show(&control)
     );
-    let out = attempt(t);
-    assert!(out.starts_with("refused "), "{out}");
-    assert!(!out.contains(secret), "{out}");
-    assert!(control.contains("locked watching"), "control: {control}");
+    let _ = std::fs::remove_file(w.project.join("src/own-file"));
+    let o = w.run(t, &["--policy", &pol], &script);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        assert!(out.contains("locked refused"), "{out}");
+        assert!(out.contains("locked refused"), "{}", show(&o));
     }
     assert!(
         out.contains("own own-file"),
-        "a watch in the project: {out}"
+        "a watch in the project: {}",
+        show(&o)
     );
 }
 
-/// A host service's unix socket under a read-only grant: a read-only bind
-/// does not stop `connect()`, nor a datagram sent to it, and the network
-/// namespace does not cover pathname sockets (a `docker.sock` under a grant
-/// would be host root), nor a symlink the command plants to it. The control
-/// shows each reaching the host under tier `none`; on the tier none arrives.
-/// On bwrap a server and client in the project still talk (sockets in the
-/// writable roots are the command's own); landlock refuses unix sockets
-/// outright on kernels whose Landlock cannot mediate them (ABI < 9).
-fn host_unix_sockets_under_a_grant_are_unreachable(t: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::net::{UnixDatagram, UnixListener};
+/// Unix sockets of the command's own, in the writable roots, still talk
+/// on bwrap, which refuses a host service's under a grant (the canary's
+/// `host_unix_socket` probe).
+fn the_command_s_own_unix_sockets_talk(t: &str) {
     require_tier(t);
     let w = World::new();
-    let svc = w.outside.join("svc");
-    std::fs::create_dir_all(&svc).expect("mkdir svc");
-    let (stream_path, dgram_path) = (svc.join("stream.sock"), svc.join("dgram.sock"));
-    let listener = UnixListener::bind(&stream_path).expect("bind stream");
-    listener.set_nonblocking(true).expect("nonblocking");
-    let dgram = UnixDatagram::bind(&dgram_path).expect("bind dgram");
-    dgram.set_nonblocking(true).expect("nonblocking");
-    for p in [&stream_path, &dgram_path] {
-        // Writable by anyone: what stops the command must be hull.
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-    }
     std::fs::write(
-        w.project.join("socks.py"),
-        format!(
-            "import socket, os, threading, sys\n\
-             def attempt(name, f):\n    try:\n        f(); print(name, 'sent')\n    except OSError as e:\n        print(name, 'refused', e.errno)\n\
-             def stream():\n    c = socket.socket(socket.AF_UNIX); c.connect({s:?}); c.sendall(b'escape-stream')\n\
-             def pair():\n    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.sendto(b'escape-pair', {d:?})\n\
-             def dgram():\n    u = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); u.sendto(b'escape-dgram', {d:?})\n\
-             def link():\n    os.symlink({s:?}, 'link.sock'); c = socket.socket(socket.AF_UNIX); c.connect('link.sock'); c.sendall(b'escape-link')\n\
-             attempt('stream', stream); attempt('pair', pair); attempt('dgram', dgram); attempt('link', link)\n\
-             if len(sys.argv) > 1:\n\
-             \x20   srv = socket.socket(socket.AF_UNIX); srv.bind('own.sock'); srv.listen(1)\n\
-             \x20   def serve():\n        a, _ = srv.accept(); a.sendall(b'hello ' + a.recv(16))\n\
-             \x20   threading.Thread(target=serve).start()\n\
-             \x20   up = '../' + os.path.basename(os.getcwd()) + '/own.sock'\n\
-             \x20   c = socket.socket(socket.AF_UNIX); c.connect(up); c.sendall(b'own')\n\
-             \x20   print('own:', c.recv(32).decode())\n",
-            s = stream_path.to_str().expect("utf8"),
-            d = dgram_path.to_str().expect("utf8"),
-        ),
+        w.project.join("own.py"),
+        "import socket, os, threading\n\
+         srv = socket.socket(socket.AF_UNIX); srv.bind('own.sock'); srv.listen(1)\n\
+         def serve():\n    a, _ = srv.accept(); a.sendall(b'hello ' + a.recv(16))\n\
+         threading.Thread(target=serve).start()\n\
+         up = '../' + os.path.basename(os.getcwd()) + '/own.sock'\n\
+         c = socket.socket(socket.AF_UNIX); c.connect(up); c.sendall(b'own')\n\
+         print('own:', c.recv(32).decode())\n",
     )
-    .expect("write socks.py");
-    let pol = default_policy_reading(&w, "svc.toml", &svc);
-    let pol = pol.as_str();
-    let arrived = || {
-        let mut got = Vec::new();
-        while let Ok((mut c, _)) = listener.accept() {
-            let mut b = Vec::new();
-            c.set_nonblocking(false).expect("blocking");
-            c.set_read_timeout(Some(Duration::from_secs(2)))
-                .expect("timeout");
-            let _ = c.read_to_end(&mut b);
-            got.push(String::from_utf8_lossy(&b).into_owned());
-        }
-        let mut buf = [0u8; 64];
-        while let Ok(n) = dgram.recv(&mut buf) {
-            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-        }
-        got.sort();
-        got
-    };
-    let control = w.run("none", &["--policy", pol], "python3 socks.py");
-    assert_eq!(
-        control.status.code(),
-        Some(0),
-        "control: {}",
-        show(&control)
-    );
-    assert_eq!(
-        arrived(),
-        [
-            "escape-dgram",
-            "escape-link",
-            "escape-pair",
-            "escape-stream"
-        ],
-        "control: {}",
-        show(&control)
-    );
-    let _ = std::fs::remove_file(w.project.join("link.sock"));
-    let own = if t == "bwrap" { " own" } else { "" };
-    let o = w.run(t, &["--policy", pol], &format!("python3 socks.py{own}"));
+    .expect("write own.py");
+    let o = w.run(t, &[], "python3 own.py");
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    for name in ["stream", "pair", "dgram"] {
-        assert!(
-            out.contains(&format!("{name} refused")),
-            "{name}: {}",
-            show(&o)
-        );
-    }
     assert!(
-        arrived().is_empty(),
-        "the host service received: {:?}\n{}",
-        arrived(),
+        String::from_utf8_lossy(&o.stdout).contains("own: hello own"),
+        "{}",
         show(&o)
     );
-    if t == "bwrap" {
-        assert!(out.contains("own: hello own"), "{}", show(&o));
-    }
 }
 
 /// TIOCSETD (N_NULL left on the caller's terminal fails every later read
@@ -1120,181 +631,6 @@ fn interrupt_kills_the_tree(t: &str) {
     no_helper_left(&w);
 }
 
-/// A global sysctl (no namespace has its own) that nothing here depends on.
-const SYSCTL: &str = "/proc/sys/kernel/printk_ratelimit_burst";
-
-/// The kernel's knobs: a command that is host uid 0 passes the owner check
-/// on a 0644 sysctl without any capability (`kernel.core_pattern` set to a
-/// pipe runs a program as host root).
-fn kernel_knobs_are_read_only(t: &str) {
-    require_tier(t);
-    let _lock = HostLock::take("sysctl");
-    let w = World::new();
-    let before = std::fs::read_to_string(SYSCTL).expect("read the sysctl");
-    let n: u64 = before.trim().parse().expect("a number");
-    let write = format!("echo {} > {SYSCTL}", n + 1);
-    // core_pattern written back with its own value: harmless if it lands.
-    // (An actual write: Landlock does not answer access(2) checks.)
-    let writable = "f=/proc/sys/kernel/core_pattern; v=$(cat $f); \
-                    (printf '%s\\n' \"$v\" > $f) 2>/dev/null && echo \"writable $f\"; true";
-    {
-        let _restore = Restore {
-            path: SYSCTL.into(),
-            value: before.clone().into_bytes(),
-        };
-        let control = w.run("none", &[], &format!("{write} && {writable}"));
-        assert_eq!(
-            control.status.code(),
-            Some(0),
-            "control: {}",
-            show(&control)
-        );
-        assert_eq!(
-            std::fs::read_to_string(SYSCTL).expect("sysctl").trim(),
-            (n + 1).to_string(),
-            "control: the write did not land"
-        );
-        assert!(
-            String::from_utf8_lossy(&control.stdout)
-                .contains("writable /proc/sys/kernel/core_pattern"),
-            "control: {}",
-            show(&control)
-        );
-    }
-    assert_eq!(std::fs::read_to_string(SYSCTL).expect("sysctl"), before);
-    let o = w.run(t, &[], &write);
-    let after = std::fs::read_to_string(SYSCTL).expect("sysctl");
-    if after != before {
-        let _ = std::fs::write(SYSCTL, &before);
-    }
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(after, before, "tier {t} changed the host's {SYSCTL}");
-    let o = w.run(t, &[], writable);
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert!(
-        !String::from_utf8_lossy(&o.stdout).contains("writable"),
-        "{}",
-        show(&o)
-    );
-}
-
-/// The host's device nodes: usable, but their mode is the host's.
-fn host_device_nodes_keep_their_mode(t: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    require_tier(t);
-    let _lock = HostLock::take("dev-full");
-    let w = World::new();
-    let node = std::path::Path::new("/dev/full");
-    let mode = || {
-        std::fs::metadata(node)
-            .expect("/dev/full")
-            .permissions()
-            .mode()
-            & 0o7777
-    };
-    let before = mode();
-    struct Back(u32);
-    impl Drop for Back {
-        fn drop(&mut self) {
-            let _ = std::fs::set_permissions("/dev/full", std::fs::Permissions::from_mode(self.0));
-        }
-    }
-    {
-        let _back = Back(before);
-        let control = w.run("none", &[], "chmod 0600 /dev/full");
-        assert_eq!(
-            control.status.code(),
-            Some(0),
-            "control: {}",
-            show(&control)
-        );
-        assert_eq!(mode(), 0o600, "control: the chmod did not land");
-    }
-    assert_eq!(mode(), before);
-    let o = w.run(t, &[], "chmod 0600 /dev/full");
-    let after = mode();
-    if after != before {
-        let _ = std::fs::set_permissions(node, std::fs::Permissions::from_mode(before));
-    }
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(after, before, "tier {t} changed the host's /dev/full");
-    // And the nodes still work as devices.
-    let o = w.run(
-        t,
-        &[],
-        "echo x > /dev/null && head -c 4 /dev/zero | od -An -tx1 && head -c 4 /dev/urandom | wc -c",
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout)
-            .split_whitespace()
-            .collect::<Vec<_>>(),
-        ["00", "00", "00", "00", "4"],
-        "{}",
-        show(&o)
-    );
-}
-
-/// Set-id bits: a set-id copy of a shell left in the project runs as its
-/// owner (root, when hull runs as root) for any local user who finds it.
-fn setid_bits_are_refused(t: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    require_tier(t);
-    let w = World::new();
-    let sh = w.project.join("src/sh");
-    std::fs::copy("/bin/sh", &sh).expect("copy /bin/sh");
-    std::fs::set_permissions(&sh, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let setid =
-        |p: &std::path::Path| std::fs::symlink_metadata(p).map(|m| m.permissions().mode() & 0o6000);
-    let control = w.run("none", &[], "chmod 4755 src/sh");
-    assert_eq!(
-        control.status.code(),
-        Some(0),
-        "control: {}",
-        show(&control)
-    );
-    assert_eq!(
-        setid(&sh).expect("sh"),
-        0o4000,
-        "control: the chmod did not land"
-    );
-    std::fs::set_permissions(&sh, std::fs::Permissions::from_mode(0o755)).expect("chmod back");
-    let attempts = [
-        ("chmod 4755 src/sh", "src/sh"),
-        ("chmod 2755 src/sh", "src/sh"),
-        ("chmod u+s,g+s src/sh", "src/sh"),
-        (
-            "python3 -c 'import os; os.close(os.open(\"src/new\", os.O_CREAT | os.O_WRONLY, 0o4755))'",
-            "src/new",
-        ),
-        (
-            "python3 -c 'import os; os.mkdir(\"src/dir\", 0o2755)'",
-            "src/dir",
-        ),
-        ("mknod src/fifo p && chmod 4644 src/fifo", "src/fifo"),
-    ];
-    for (a, path) in attempts {
-        let o = w.run(t, &[], a);
-        assert!(failed(&o), "{a}: {}", show(&o));
-        let p = w.project.join(path);
-        if let Ok(bits) = setid(&p) {
-            assert_eq!(bits, 0, "{a}: {} has mode bits {bits:o}", p.display());
-        }
-    }
-    // Positive: ordinary modes still work.
-    let o = w.run(
-        t,
-        &[],
-        "chmod 0700 src/sh && mkdir -m 0750 src/ok && touch src/ok/f",
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(
-        std::fs::metadata(&sh).expect("sh").permissions().mode() & 0o7777,
-        0o700
-    );
-    assert!(w.project.join("src/ok/f").exists());
-}
-
 /// A secret directory outside every grant, and a command line that hands
 /// its descriptor to a child as fd 3 (as `3</dir` or `flock DIR cmd` do).
 fn with_fd3(cmd: &mut std::process::Command, dir: &std::path::Path) -> std::fs::File {
@@ -1395,72 +731,6 @@ fn stdout_file_is_not_reopened(t: &str) {
     let text = std::fs::read_to_string(&log).expect("log");
     assert!(text.starts_with(&format!("{earlier}\n")), "{text:?}");
     assert!(text.ends_with("appended\n"), "{text:?}");
-}
-
-/// A 0600 root-owned file inside a directory the policy grants read-only
-/// (as `/etc/shadow`-like files under a granted `/etc`): a command that
-/// runs as host uid 0 passes the owner check without any capability.
-fn root_only_files_stay_unreadable(t: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    require_tier(t);
-    let w = World::new();
-    let secret = w.outside.join("root-only");
-    std::fs::write(&secret, CANARY).expect("write");
-    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let open = w.outside.join("public");
-    std::fs::write(&open, "public-data").expect("write");
-    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let pol = default_policy_reading(&w, "read-outside.toml", &w.outside);
-    let pol = pol.as_str();
-    let script = format!("cat '{}'; cat '{}'", open.display(), secret.display());
-    let control = w.run("none", &["--policy", pol], &script);
-    assert!(
-        String::from_utf8_lossy(&control.stdout).contains(CANARY),
-        "control: {}",
-        show(&control)
-    );
-    let o = w.run(t, &["--policy", pol], &script);
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(failed(&o), "{}", show(&o));
-    assert!(out.contains("public-data"), "the grant works: {}", show(&o));
-    assert!(!out.contains(CANARY), "{}", show(&o));
-}
-
-/// Metadata of a file outside every grant (Landlock does not mediate
-/// chmod, chown, utimes or xattrs): the command may not change it.
-fn metadata_outside_the_grants_is_unchangeable(t: &str) {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    require_tier(t);
-    let w = World::new();
-    let key = w.outside.join("key");
-    let reset = || {
-        // A new file: no xattr, mode or time left from the control run.
-        let _ = std::fs::remove_file(&key);
-        std::fs::write(&key, "private").expect("write");
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        let m = std::fs::metadata(&key).expect("key");
-        (m.mode(), m.mtime())
-    };
-    let script = format!(
-        "chmod 0644 '{0}'; touch -m -d 2001-01-01 '{0}'; chown 0:0 '{0}'; \
-         python3 -c 'import os; os.setxattr(\"{0}\", \"user.hull\", b\"x\")'",
-        key.display()
-    );
-    let before = reset();
-    let control = w.run("none", &[], &script);
-    let m = std::fs::metadata(&key).expect("key");
-    assert_ne!((m.mode(), m.mtime()), before, "control: {}", show(&control));
-    let before = reset();
-    let o = w.run(t, &[], &script);
-    assert!(failed(&o), "{}", show(&o));
-    let m = std::fs::metadata(&key).expect("key");
-    assert_eq!((m.mode(), m.mtime()), before, "{}", show(&o));
-    assert!(
-        xattr_absent(&key),
-        "the command set an xattr on {}: {}",
-        key.display(),
-        show(&o)
-    );
 }
 
 /// The landlock tier run by an ordinary user: the command is that user and
@@ -1661,47 +931,6 @@ fn xattr_absent(p: &std::path::Path) -> bool {
     r < 0
 }
 
-/// A read-only grant nested in the writable project stays read-only
-/// (Landlock adds rights up: the project must be split around it).
-fn read_only_grant_nested_in_the_project(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let lib = w.project.join("src/vendor/lib");
-    std::fs::create_dir_all(&lib).expect("mkdir");
-    std::fs::write(lib.join("code.rs"), "vendored\n").expect("write");
-    let pol = w.root.path().join("nested.toml");
-    let text = hull_policy_default().replace("read = [", "read = [\"src/vendor/lib\", ");
-    std::fs::write(&pol, text).expect("write policy");
-    let pol = pol.to_str().expect("utf8");
-    let attack = "f=0; (echo changed > src/vendor/lib/code.rs) || f=1; \
-                  (echo new > src/vendor/lib/new.rs) || f=1; exit $f";
-    let control = w.run("none", &["--policy", pol], attack);
-    assert!(
-        w.project.join("src/vendor/lib/new.rs").exists(),
-        "control: {}",
-        show(&control)
-    );
-    std::fs::remove_file(lib.join("new.rs")).expect("rm");
-    std::fs::write(lib.join("code.rs"), "vendored\n").expect("write");
-    let o = w.run(t, &["--policy", pol], attack);
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(w.read(&lib.join("code.rs")), "vendored\n");
-    assert!(!lib.join("new.rs").exists());
-    // It stays readable, and the rest of the project writable (on
-    // landlock the directories around it are split: existing files only).
-    let o = w.run(
-        t,
-        &["--policy", pol],
-        "cat src/vendor/lib/code.rs && echo ok >> src/main.txt",
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "vendored\n");
-    assert_eq!(
-        w.read(&w.project.join("src/main.txt")),
-        "project-file\nok\n"
-    );
-}
-
 /// The `build` profile's package caches: readable, never writable (an
 /// unpacked crate's build.rs runs at the next host build of any project).
 fn toolchain_caches_are_read_only(t: &str) {
@@ -1827,88 +1056,14 @@ fn hull_state_is_hidden(t: &str) {
     assert!(!vms.join("dev/planted").exists());
 }
 
-/// A protection two levels deep (a read-only grant nested in the project)
-/// cannot be removed by renaming an ancestor and recreating the path.
-fn renaming_an_ancestor_keeps_the_protection(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let lib = w.project.join("src/vendor/lib");
-    std::fs::create_dir_all(&lib).expect("mkdir");
-    std::fs::write(lib.join("code.rs"), "vendored\n").expect("write");
-    let pol = w.root.path().join("nested.toml");
-    let text = hull_policy_default().replace("read = [", "read = [\"src/vendor/lib\", ");
-    std::fs::write(&pol, text).expect("write policy");
-    let pol = pol.to_str().expect("utf8");
-    let attack = "mv src/vendor src/moved && mkdir -p src/vendor/lib && \
-                  echo evil > src/vendor/lib/code.rs";
-    let control = w.run("none", &["--policy", pol], attack);
-    assert_eq!(
-        control.status.code(),
-        Some(0),
-        "control: {}",
-        show(&control)
-    );
-    assert_eq!(w.read(&lib.join("code.rs")), "evil\n", "control");
-    std::fs::remove_dir_all(w.project.join("src/vendor")).expect("rm");
-    std::fs::rename(w.project.join("src/moved"), w.project.join("src/vendor")).expect("mv back");
-    let o = w.run(t, &["--policy", pol], attack);
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(w.read(&lib.join("code.rs")), "vendored\n", "{}", show(&o));
-    assert!(!w.project.join("src/moved").exists(), "{}", show(&o));
-}
-
-/// `git -C DIR ...` on the host, as a user would run it after the run.
-fn host_git(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("HOME", dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("git")
-}
-
-/// A nested repository (a vendored checkout, a submodule) has a `.git`
-/// whose config git obeys: an fsmonitor there runs at the next host
-/// `git status`. Every `.git` at any depth is read-only, and a repository
-/// the command creates is reported.
-fn nested_repositories_are_protected(t: &str) {
+/// A repository the command creates anywhere in a writable root is named
+/// after the run (its `.git` is read-only from the next run on; the canary's
+/// `nested_repository` probe shows an existing one is read-only now).
+fn a_repository_made_in_the_run_is_named(t: &str) {
     require_tier(t);
     let w = World::new();
     w.git_init();
-    let nested = w.project.join("src/lib");
-    std::fs::create_dir_all(&nested).expect("mkdir");
-    assert!(host_git(&nested, &["init", "-q"]).status.success());
-    let config = nested.join(".git/config");
-    let before = w.read(&config);
-    let marker = w.root.path().join("fsmonitor-ran");
-    let attack = format!(
-        "printf '[core]\\n\\tfsmonitor = touch {}\\n' >> src/lib/.git/config",
-        marker.display()
-    );
-    let control = w.run("none", &[], &attack);
-    assert_eq!(
-        control.status.code(),
-        Some(0),
-        "control: {}",
-        show(&control)
-    );
-    let _ = host_git(&nested, &["status", "--short"]);
-    assert!(marker.exists(), "control: host git status ran no fsmonitor");
-    std::fs::remove_file(&marker).expect("rm");
-    std::fs::write(&config, &before).expect("restore config");
-    let o = w.run(t, &[], &attack);
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(w.read(&config), before);
-    let _ = host_git(&nested, &["status", "--short"]);
-    assert!(
-        !marker.exists(),
-        "host git status ran the command's fsmonitor"
-    );
-    // A repository made during the run is named afterwards (in a directory
-    // the landlock tier has not split around a protection).
+    // In a directory the landlock tier has not split around a protection.
     std::fs::create_dir_all(w.project.join("src/other")).expect("mkdir");
     let o = w.run(
         t,
@@ -1921,55 +1076,7 @@ fn nested_repositories_are_protected(t: &str) {
         "{}",
         show(&o)
     );
-}
-
-/// Repository config that names files in the worktree (shared hooks under
-/// `core.hooksPath`, an `include.path`): those files are read-only too.
-fn git_config_targets_in_the_worktree_are_protected(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    w.git_init();
-    std::fs::create_dir_all(w.project.join("src/githooks")).expect("mkdir");
-    std::fs::write(
-        w.project.join("src/githooks/pre-commit"),
-        "#!/bin/sh\nexit 0\n",
-    )
-    .expect("write");
-    std::fs::write(
-        w.project.join("src/shared.gitconfig"),
-        "[user]\n\tname = x\n",
-    )
-    .expect("write");
-    assert!(
-        host_git(&w.project, &["config", "core.hooksPath", "src/githooks"])
-            .status
-            .success()
-    );
-    assert!(host_git(
-        &w.project,
-        &["config", "include.path", "../src/shared.gitconfig"]
-    )
-    .status
-    .success());
-    let hook = w.project.join("src/githooks/pre-commit");
-    let shared = w.project.join("src/shared.gitconfig");
-    let (hook_before, shared_before) = (w.read(&hook), w.read(&shared));
-    let attack = "f=0; (echo 'touch /tmp/hull-hook-ran' >> src/githooks/pre-commit) || f=1; \
-                  (printf '[core]\\n\\tfsmonitor = true\\n' >> src/shared.gitconfig) || f=1; exit $f";
-    let control = w.run("none", &[], attack);
-    assert_eq!(
-        control.status.code(),
-        Some(0),
-        "control: {}",
-        show(&control)
-    );
-    assert_ne!(w.read(&hook), hook_before, "control");
-    std::fs::write(&hook, &hook_before).expect("restore");
-    std::fs::write(&shared, &shared_before).expect("restore");
-    let o = w.run(t, &[], attack);
-    assert!(failed(&o), "{}", show(&o));
-    assert_eq!(w.read(&hook), hook_before);
-    assert_eq!(w.read(&shared), shared_before);
+    assert!(w.project.join("src/other/made/.git/HEAD").exists());
 }
 
 /// A project inside a mode-0700 directory of the caller's (the World's
@@ -2006,19 +1113,6 @@ fn new_files_belong_to_the_caller(t: &str) {
 }
 
 // ---- positive cases ----------------------------------------------------
-
-fn project_read_and_write(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let o = w.run(t, &[], "cat src/main.txt && echo more >> src/main.txt && mkdir -p src/new/deep && echo created > src/new/deep/f");
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "project-file\n");
-    assert_eq!(
-        w.read(&w.project.join("src/main.txt")),
-        "project-file\nmore\n"
-    );
-    assert_eq!(w.read(&w.project.join("src/new/deep/f")), "created\n");
-}
 
 /// What a build does at the top of a git project: create, read back and
 /// remove files and directories there (`target/`, `out.txt`), then append,
@@ -2264,9 +1358,13 @@ fn a_project_under_the_real_home(t: &str) {
     }
 }
 
-/// `hull canary --tier T --json` on this machine: every attack probe lands
-/// under its control (tier `none`) and is denied on T, every positive probe
-/// lands on both; nothing of the decoy is left in the temp directory.
+/// The escape probes, written once in `hull canary` (orchestrator/src/
+/// canary/probes.rs) and asserted here on every tier: `hull canary --tier
+/// T --json` on this machine, where every attack lands under its control
+/// (tier `none`) and is denied on T, and every allowed read and write lands
+/// on both. A probe is n/a only for a reason this host declares (hull not
+/// root, no vsock transport here, tier 3 for the host's vsock space). Nothing
+/// of the decoy is left in the temp directory.
 fn the_canary_reports_no_leak(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -2281,27 +1379,80 @@ fn the_canary_reports_no_leak(t: &str) {
         .stdin(Stdio::null())
         .output()
         .expect("spawn hull canary");
+    let cells: Vec<serde_json::Value> =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    let bad: Vec<&serde_json::Value> = cells
+        .iter()
+        .filter(|c| !matches!(c["verdict"].as_str(), Some("allowed" | "denied")))
+        .filter(|c| c["verdict"] != "not_applicable")
+        .collect();
+    assert!(bad.is_empty(), "{bad:#?}");
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let html = w.read(&page);
     assert!(
         html.contains("<table id=\"matrix\">") && html.contains(&format!("<th>{t}</th>")),
         "{html}"
     );
-    let cells: Vec<serde_json::Value> =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
     let of = |tier: &str| -> Vec<&serde_json::Value> {
         cells.iter().filter(|c| c["tier"] == tier).collect()
     };
     let (control, tier) = (of("none"), of(t));
-    assert!(
-        control.len() >= 10 && control.len() == tier.len(),
-        "{cells:?}"
-    );
+    assert_eq!(control.len(), tier.len(), "{cells:#?}");
+    // Every attack the escape matrix had, by the probe that now holds it.
+    let ids: Vec<&str> = control.iter().filter_map(|c| c["probe"].as_str()).collect();
+    for id in [
+        "read_outside_file",
+        "read_home_key",
+        "list_home",
+        "proc_root",
+        "write_outside",
+        "overwrite_outside",
+        "remove_outside",
+        "metadata_outside",
+        "git_hook",
+        "git_config",
+        "move_git",
+        "hull_state",
+        "protected_before_they_exist",
+        "nested_repository",
+        "git_config_targets",
+        "nested_read_only_grant",
+        "rename_an_ancestor",
+        "symlink_made_inside",
+        "symlink_planted",
+        "hardlink_out",
+        "root_only_file",
+        "setid_bits",
+        "kernel_knob",
+        "device_node_mode",
+        "signal_host_process",
+        "prlimit_host_process",
+        "host_process_environ",
+        "ptrace_host_process",
+        "host_sysv_shm",
+        "host_unix_socket",
+        "tcp_host_loopback",
+        "vsock_bind",
+        "vsock_host",
+        "inotify_outside",
+        "outlive_the_run",
+        "write_project",
+        "read_grants",
+    ] {
+        assert!(ids.contains(&id), "no probe {id}: {ids:?}");
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let declared = |c: &serde_json::Value| {
+        let why = c["evidence"].as_str().unwrap_or("");
+        (!root && why.contains("hull is not root"))
+            || (c["probe"] == "vsock_host" && why.contains("no vsock_loopback"))
+            || (c["probe"] == "vsock_bind" && c["tier"] == "vm")
+    };
     for (c, on) in control.iter().zip(&tier) {
         assert_eq!(c["probe"], on["probe"]);
-        if c["verdict"] == "not_applicable" {
-            // Only the probes about hull running as root, when it is not.
-            assert_eq!(on["verdict"], "not_applicable", "{on}");
+        if on["verdict"] == "not_applicable" {
+            assert!(declared(on), "n/a for no declared reason: {on}");
             continue;
         }
         assert_eq!(c["verdict"], "allowed", "the control must land: {c}");
@@ -2312,6 +1463,73 @@ fn the_canary_reports_no_leak(t: &str) {
         assert_eq!(on["verdict"], want, "{on}");
     }
     assert_eq!(canary_dirs(&tmp), 0, "the decoy was left behind");
+}
+
+/// The canary's HTML page, rendered by headless Chromium (Debian's
+/// `chromium`, installed by `scripts/setup.sh --test`): the matrix is in
+/// the rendered document, with a row per probe and the control's column.
+fn the_canary_page_renders_in_chromium(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let page = w.root.path().join("canary.html");
+    let o = w
+        .hull()
+        .args([
+            "canary",
+            "--tier",
+            t,
+            "--probe",
+            "read_outside_file",
+            "--probe",
+        ])
+        .args(["write_project", "--html"])
+        .arg(&page)
+        .env("TMPDIR", w.root.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn hull canary");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let chromium = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .expect("chromium is not installed: scripts/setup.sh --test installs it");
+    let profile = w.root.path().join("chromium-profile");
+    let url = format!("file://{}", page.display());
+    let r = std::process::Command::new("timeout")
+        .arg("60")
+        .arg(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--dump-dom", &url])
+        .env("HOME", w.root.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn chromium");
+    let dom = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", show(&r));
+    assert!(dom.contains("<table id=\"matrix\">"), "{dom}");
+    for want in [
+        "<th>none (control)</th>",
+        &format!("<th>{t}</th>"),
+        "<td>read_outside_file</td>",
+        "<td>write_project</td>",
+        "class=\"denied\"",
+        "allowed (expected)",
+    ] {
+        assert!(dom.contains(want), "{want}: {dom}");
+    }
 }
 
 /// Interrupted (SIGINT as soon as its decoy exists), the canary stops after
@@ -2575,27 +1793,14 @@ macro_rules! matrix {
 
 matrix!(
     common: [
-        read_canary_outside,
-        write_outside,
         spill_is_readable_not_writable,
         other_instance_is_invisible,
-        protected_names_in_project,
-        protected_names_before_they_exist,
         shell_rc_files_in_a_writable_home,
-        symlink_out_of_project,
-        hardlink_to_outside,
-        proc_root_traversal,
-        tcp_to_host_loopback,
-        ptrace_host_process,
-        host_sysv_ipc_is_unreachable,
-        prlimit_of_a_host_process,
         host_env_secret_not_visible,
         setsid_grandchild_dies_on_timeout,
         interrupt_kills_the_tree,
-        kernel_knobs_are_read_only,
         inherited_descriptors_are_closed,
         stdout_file_is_not_reopened,
-        project_read_and_write,
         top_level_entries_of_the_project,
         a_flat_c_project_makes_at_the_top,
         a_crate_with_a_c_build_script_builds_offline,
@@ -2604,47 +1809,35 @@ matrix!(
         streams_are_live_and_stdin_passes,
         output_is_byte_exact,
         new_files_belong_to_the_caller,
-        metadata_outside_the_grants_is_unchangeable,
-        read_only_grant_nested_in_the_project,
         toolchain_caches_are_read_only,
         grant_through_a_planted_link_is_refused,
         hull_state_is_hidden,
-        renaming_an_ancestor_keeps_the_protection,
-        nested_repositories_are_protected,
-        git_config_targets_in_the_worktree_are_protected,
+        a_repository_made_in_the_run_is_named,
         a_process_with_an_exited_main_thread_dies_with_the_run,
     ],
     landlock: [
         the_canary_reports_no_leak,
+        the_canary_page_renders_in_chromium,
         the_canary_removes_its_decoy_when_interrupted,
         the_create_broker_keeps_the_protections,
         a_project_under_the_real_home,
         read_grant_is_not_executable,
-        inotify_outside_the_grants_is_refused,
-        host_unix_sockets_under_a_grant_are_unreachable,
+        inotify_in_the_grants_follows_the_command_uid,
         the_tree_lives_in_a_cgroup_of_its_own,
         terminal_settings_are_restored,
-        setid_bits_are_refused,
-        host_device_nodes_keep_their_mode,
-        root_only_files_stay_unreadable,
     ],
     bwrap: [
         the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,
-        inotify_outside_the_grants_is_refused,
-        host_unix_sockets_under_a_grant_are_unreachable,
+        inotify_in_the_grants_follows_the_command_uid,
+        the_command_s_own_unix_sockets_talk,
         terminal_settings_are_restored,
         line_discipline_is_not_settable,
-        setid_bits_are_refused,
-        host_device_nodes_keep_their_mode,
-        root_only_files_stay_unreadable,
     ],
     vm: [
+        the_canary_reports_no_leak,
         a_host_program_for_a_newer_glibc_is_refused_by_name,
         read_grant_is_not_executable,
-        setid_bits_are_refused,
-        host_device_nodes_keep_their_mode,
-        root_only_files_stay_unreadable,
     ],
 );

@@ -15,6 +15,12 @@ pub struct CanaryArgs {
     /// Also write the matrix as one self-contained HTML page to FILE.
     #[arg(long, value_name = "FILE")]
     pub html: Option<std::path::PathBuf>,
+    /// Run only this probe (repeatable; `--list` names them).
+    #[arg(long = "probe", value_name = "ID")]
+    pub probes: Vec<String>,
+    /// List the probes (id, class, attack or allowed) and exit.
+    #[arg(long)]
+    pub list: bool,
 }
 
 #[cfg(unix)]
@@ -23,6 +29,16 @@ pub fn canary(a: CanaryArgs, quiet: bool) -> anyhow::Result<i32> {
     use std::sync::Arc;
 
     use crate::tier::Tier;
+    if a.list {
+        for p in crate::canary::probes() {
+            let kind = match p.kind {
+                crate::canary::Kind::Attack => "attack",
+                crate::canary::Kind::Positive => "allowed",
+            };
+            println!("{:<28} {:<30} {kind}", p.id, p.class);
+        }
+        return Ok(0);
+    }
     let mut tiers = Vec::new();
     for t in &a.tiers {
         let tier = Tier::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?;
@@ -58,7 +74,7 @@ pub fn canary(a: CanaryArgs, quiet: bool) -> anyhow::Result<i32> {
         indicatif::ProgressStyle::with_template("canary: {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let cells = crate::canary::run(&tiers, &stop, |i, n, probe, tier| {
+    let cells = crate::canary::run(&tiers, &a.probes, &stop, |i, n, probe, tier| {
         bar.set_length(n as u64);
         bar.set_position(i as u64);
         bar.set_message(format!("{probe} on {tier}"));

@@ -1,0 +1,322 @@
+//! `hull canary`: hull's escape probes, run on this machine against its
+//! tiers, so a user sees what each tier enforces here (a kernel without
+//! Landlock scoping, a setuid bubblewrap, no `/dev/kvm` all change it).
+//!
+//! Every probe runs the real `hull run` (this executable) in a decoy made
+//! for the canary and removed after it: a home with a key, a project with
+//! `.git` and `.hull`, a directory outside every grant with a secret, and a
+//! TCP listener on the host's loopback. An attack probe runs first under
+//! tier `none`, its control: when the attack does not land there, the probe
+//! proves nothing and is `inconclusive` on every tier, never `denied`. A
+//! positive probe (a write the policy allows) must land, or the canary
+//! proves nothing either. The verdict is what the host saw afterwards, not
+//! what the command said.
+
+mod decoy;
+mod probes;
+mod render;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::Serialize;
+
+use crate::tier::Tier;
+use decoy::Decoy;
+pub use probes::{probes, Kind, Probe};
+pub use render::{render, render_html};
+
+/// What a cell says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The attack did not land.
+    Denied,
+    /// A positive probe landed, as it must; or, under the control, the
+    /// attack landed (which makes the probe meaningful).
+    Allowed,
+    /// The attack landed.
+    Leak,
+    /// A positive probe did not land: the tier refused what the policy
+    /// allows, so its denials prove nothing.
+    Failed,
+    /// The attack did not land under tier `none` either.
+    Inconclusive,
+    /// The tier is not available here.
+    NotApplicable,
+    /// hull itself failed on the tier (exit 125): the command did not run,
+    /// so nothing was shown either way.
+    Error,
+}
+
+impl Verdict {
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Denied => "denied",
+            Verdict::Allowed => "allowed (expected)",
+            Verdict::Leak => "LEAK",
+            Verdict::Failed => "FAILED",
+            Verdict::Inconclusive => "inconclusive",
+            Verdict::NotApplicable => "n/a",
+            Verdict::Error => "ERROR",
+        }
+    }
+
+    /// Whether the canary fails on it.
+    pub fn is_bad(self) -> bool {
+        matches!(self, Verdict::Leak | Verdict::Failed | Verdict::Error)
+    }
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub probe: &'static str,
+    pub class: &'static str,
+    /// The tier's name; `none` is the control.
+    pub tier: String,
+    pub verdict: Verdict,
+    /// What the host saw (or why not applicable).
+    pub evidence: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CanaryError {
+    #[error("canary: cannot make the decoy in {path}: {source}")]
+    Decoy {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("canary: cannot start hull ({exe}): {source}")]
+    Spawn {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("canary: no probe is named {0:?} (`hull canary --list` names them)")]
+    UnknownProbe(String),
+    #[error("canary: interrupted; the decoy was removed")]
+    Interrupted,
+}
+
+/// Runs every probe under the control and on each of `tiers`, calling
+/// `progress(i, n, probe, tier)` before each run. `stop` ends it early
+/// (the decoy is removed either way).
+pub fn run(
+    tiers: &[Tier],
+    only: &[String],
+    stop: &AtomicBool,
+    mut progress: impl FnMut(usize, usize, &str, &str),
+) -> Result<Vec<Cell>, CanaryError> {
+    let mut probes = probes();
+    if let Some(unknown) = only
+        .iter()
+        .find(|o| !probes.iter().any(|p| p.id == o.as_str()))
+    {
+        return Err(CanaryError::UnknownProbe(unknown.clone()));
+    }
+    if !only.is_empty() {
+        probes.retain(|p| only.iter().any(|o| o == p.id));
+    }
+    let exe = std::env::current_exe().map_err(|source| CanaryError::Spawn {
+        exe: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    let decoy = Decoy::new().map_err(|source| CanaryError::Decoy {
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    let available: Vec<(Tier, Option<String>)> = tiers
+        .iter()
+        .map(|t| {
+            let p = crate::tier::ready(*t);
+            (*t, (!p.available).then_some(p.reason))
+        })
+        .collect();
+    let total = probes.len() * (1 + tiers.len());
+    let mut step = 0;
+    let mut cells = Vec::new();
+    for p in &probes {
+        let mut control_landed = None;
+        // Held across the probe's runs: another canary's control changes
+        // the same host setting.
+        let _lock = p.host_lock.and_then(|f| {
+            let f = std::fs::File::open(f).ok()?;
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).ok()?;
+            Some(f)
+        });
+        for (tier, why_not) in std::iter::once((Tier::None, None)).chain(available.clone()) {
+            if stop.load(Ordering::Relaxed) {
+                return Err(CanaryError::Interrupted);
+            }
+            step += 1;
+            let name = tier.name().to_string();
+            if let Some(why) = why_not {
+                cells.push(cell(p, &name, Verdict::NotApplicable, why));
+                continue;
+            }
+            if let Some(why) = (p.unavailable)(&decoy, tier) {
+                cells.push(cell(p, &name, Verdict::NotApplicable, why));
+                continue;
+            }
+            if p.needs_root && !crate::sandbox_user::hull_is_root() {
+                cells.push(cell(
+                    p,
+                    &name,
+                    Verdict::NotApplicable,
+                    "about hull running as root; hull is not root".into(),
+                ));
+                continue;
+            }
+            if tier != Tier::None && p.kind == Kind::Attack && control_landed == Some(false) {
+                cells.push(cell(
+                    p,
+                    &name,
+                    Verdict::Inconclusive,
+                    "the attack did not land under tier none either".into(),
+                ));
+                continue;
+            }
+            progress(step, total, p.id, &name);
+            decoy.reset(p.setup).map_err(|source| CanaryError::Decoy {
+                path: decoy.root.clone(),
+                source,
+            })?;
+            // On an error the decoy's drop puts the host settings back.
+            let script = (p.script)(&decoy, tier);
+            let out = if tier == Tier::None && p.control_without_hull {
+                run_bare(&decoy, &script)?
+            } else {
+                run_one(&exe, &decoy, tier, &script)?
+            };
+            // Give the listeners' threads a moment to count a connection
+            // (and a process that outlived the run, to act).
+            std::thread::sleep(std::time::Duration::from_millis(20) + p.settle);
+            let landed = (p.landed)(&decoy, &out);
+            decoy.restore_host();
+            let hull_failed = out.status.code() == Some(crate::EXIT_HULL_FAILED);
+            let verdict = match (tier, p.kind, &landed) {
+                (_, _, None) if hull_failed => Verdict::Error,
+                (Tier::None, Kind::Attack, Some(_)) => Verdict::Allowed,
+                (Tier::None, Kind::Attack, None) => Verdict::Inconclusive,
+                (_, Kind::Attack, Some(_)) => Verdict::Leak,
+                (_, Kind::Attack, None) => Verdict::Denied,
+                (_, Kind::Positive, Some(_)) => Verdict::Allowed,
+                (_, Kind::Positive, None) => Verdict::Failed,
+            };
+            if tier == Tier::None {
+                control_landed = Some(landed.is_some());
+            }
+            let evidence = landed.unwrap_or_else(|| summary(&out));
+            cells.push(cell(p, &name, verdict, evidence));
+        }
+    }
+    Ok(cells)
+}
+
+fn cell(p: &Probe, tier: &str, verdict: Verdict, evidence: String) -> Cell {
+    Cell {
+        probe: p.id,
+        class: p.class,
+        tier: tier.to_string(),
+        verdict,
+        evidence,
+    }
+}
+
+/// The end of the command's stderr and its status, as evidence of a refusal.
+fn summary(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    let last = err
+        .lines()
+        .rfind(|l| !l.trim().is_empty() && !l.contains("UNSANDBOXED"))
+        .unwrap_or("");
+    // The command's own words: shown on the user's terminal.
+    let last = crate::text::printable(&last.chars().take(300).collect::<String>());
+    format!("exit {:?}: {last}", o.status.code())
+}
+
+/// What tier 3 puts below a runs dir up to its agent socket:
+/// `/<36-char run id>/vm-<pid up to 7 digits>/agent.sock`.
+const RUN_SOCKET_TAIL: usize = 1 + 36 + 1 + 10 + 1 + 10;
+
+/// A probe's control without hull: `sh -c script` in the decoy project.
+fn run_bare(d: &Decoy, script: &str) -> Result<Output, CanaryError> {
+    let mut c = Command::new("sh");
+    c.args(["-c", script])
+        .current_dir(&d.project)
+        .env("HOME", &d.home)
+        .stdin(Stdio::null());
+    collect(c, Path::new("sh"))
+}
+
+fn run_one(exe: &Path, d: &Decoy, tier: Tier, script: &str) -> Result<Output, CanaryError> {
+    let mut c = Command::new(exe);
+    c.args(["-q", "run"]);
+    if tier == Tier::Vm {
+        c.arg("--tier3");
+    } else {
+        c.args(["--tier", tier.name()]);
+    }
+    c.arg("--project")
+        .arg(&d.project)
+        .arg("--policy")
+        .arg(&d.policy)
+        .args(["--timeout", "60s", "--", "sh", "-c", script])
+        .current_dir(&d.project)
+        .stdin(Stdio::null());
+    // The decoy home; hull's own caches (the tier-3 image) stay where
+    // they are.
+    if let Some(cache) = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+    {
+        c.env("XDG_CACHE_HOME", cache);
+    }
+    c.env("HOME", &d.home).env_remove("HULL_INSTANCE");
+    // The runs go in the decoy (removed with it), unless its path leaves
+    // too little of a unix socket path's 107 bytes for tier 3's sockets
+    // below it (`<run id>/vm-<pid>/agent.sock`): then where hull's runs
+    // go anyway.
+    let runs = d.root.join("r");
+    if runs.as_os_str().len() <= 107 - RUN_SOCKET_TAIL {
+        c.env("HULL_RUNS_DIR", runs);
+    }
+    collect(c, exe)
+}
+
+/// Runs `c` and keeps the first 64 KiB of each of its streams (a probe's
+/// output is small; the rest is read and dropped, so the command never
+/// blocks on a full pipe).
+fn collect(mut c: Command, exe: &Path) -> Result<Output, CanaryError> {
+    let spawn_err = |source| CanaryError::Spawn {
+        exe: exe.to_path_buf(),
+        source,
+    };
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_err)?;
+    fn keep(s: Option<impl Read>) -> Vec<u8> {
+        let mut v = Vec::new();
+        if let Some(mut s) = s {
+            let _ = s.by_ref().take(64 * 1024).read_to_end(&mut v);
+            let _ = std::io::copy(&mut s, &mut std::io::sink());
+        }
+        v
+    }
+    let err = child.stderr.take();
+    let err = std::thread::spawn(move || keep(err));
+    let stdout = keep(child.stdout.take());
+    let stderr = err.join().unwrap_or_default();
+    let status = child.wait().map_err(spawn_err)?;
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
+}

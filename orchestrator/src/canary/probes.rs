@@ -1,0 +1,653 @@
+//! The probes: each one attack (or one write the policy allows) as a shell
+//! script the sandboxed command runs, and what the host sees when it landed.
+//! These are hull's escape probes, written once: `hull canary` runs them on
+//! a user's machine and the test suite (`tests/tests/escape.rs`) asserts
+//! their verdicts on every tier.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Output;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::decoy::{Decoy, Setup, DEVICE, SHM_DATA, SYSCTL};
+use crate::tier::Tier;
+
+/// Attack or positive check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Attack,
+    Positive,
+}
+
+/// One probe.
+#[derive(Debug)]
+pub struct Probe {
+    pub id: &'static str,
+    pub class: &'static str,
+    pub kind: Kind,
+    /// The class is about hull running as root (the command would own
+    /// the target otherwise): n/a when hull is not root.
+    pub needs_root: bool,
+    pub setup: Setup,
+    /// How long to wait after the run before looking (a process that
+    /// outlived the run acts late).
+    pub settle: Duration,
+    /// A host file whose state the probe changes under its control: held
+    /// locked (flock) across the probe's runs, so two canaries at once do
+    /// not see each other's control.
+    pub host_lock: Option<&'static str>,
+    /// The control runs the script without hull: tier `none` ends the
+    /// process tree too, which is what the probe is about.
+    pub control_without_hull: bool,
+    /// Why the probe does not apply to a tier on this host, if it does not.
+    pub unavailable: fn(&Decoy, Tier) -> Option<String>,
+    pub script: fn(&Decoy, Tier) -> String,
+    /// What the host saw, when the attack (or the allowed write) landed.
+    pub landed: fn(&Decoy, &Output) -> Option<String>,
+}
+
+impl Probe {
+    const fn attack(
+        id: &'static str,
+        class: &'static str,
+        script: fn(&Decoy, Tier) -> String,
+        landed: fn(&Decoy, &Output) -> Option<String>,
+    ) -> Probe {
+        Probe {
+            id,
+            class,
+            kind: Kind::Attack,
+            needs_root: false,
+            setup: Setup::Project,
+            settle: Duration::ZERO,
+            host_lock: None,
+            control_without_hull: false,
+            unavailable: |_, _| None,
+            script,
+            landed,
+        }
+    }
+
+    const fn positive(mut self) -> Probe {
+        self.kind = Kind::Positive;
+        self
+    }
+
+    const fn about_root(mut self) -> Probe {
+        self.needs_root = true;
+        self
+    }
+}
+
+fn secret_shown(d: &Decoy, o: &Output) -> Option<String> {
+    said(o, &d.secret, "the secret was in the command's output")
+}
+
+/// `marker` in the command's output: for what the host cannot see
+/// afterwards (a read, a watch, an attach), the command's own report.
+fn said(o: &Output, marker: &str, what: &str) -> Option<String> {
+    String::from_utf8_lossy(&o.stdout)
+        .contains(marker)
+        .then(|| what.to_string())
+}
+
+fn exists(p: &Path) -> Option<String> {
+    std::fs::symlink_metadata(p)
+        .is_ok()
+        .then(|| format!("{} exists on the host", p.display()))
+}
+
+fn changed(p: &Path, was: &str) -> Option<String> {
+    match std::fs::read_to_string(p) {
+        Ok(now) if now == was => None,
+        Ok(_) => Some(format!("{} was changed on the host", p.display())),
+        Err(_) => Some(format!("{} is gone from the host", p.display())),
+    }
+}
+
+fn setid_files(dir: &Path) -> Option<String> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let m = e.metadata().ok()?;
+        if m.permissions().mode() & 0o6000 != 0 {
+            return Some(format!(
+                "{} has set-id bits ({:o}) on the host",
+                e.path().display(),
+                m.permissions().mode() & 0o7777
+            ));
+        }
+    }
+    None
+}
+
+/// The probes, in the order they run.
+pub fn probes() -> Vec<Probe> {
+    vec![
+        // ---- reads and writes outside the grants
+        Probe::attack(
+            "read_outside_file",
+            "read outside the grants",
+            |d, _| format!("cat '{}/secret.txt'", d.outside.display()),
+            secret_shown,
+        ),
+        Probe::attack(
+            "read_home_key",
+            "read outside the grants",
+            |d, _| format!("cat '{}/.ssh/id_canary'", d.home.display()),
+            secret_shown,
+        ),
+        Probe::attack(
+            "list_home",
+            "read outside the grants",
+            |d, _| format!("ls -a '{}'", d.home.display()),
+            |_, o| said(o, ".ssh", "the home's entries were listed"),
+        ),
+        Probe::attack(
+            "proc_root",
+            "read outside the grants",
+            |d, _| {
+                format!(
+                    "for p in 1 self $PPID; do cat /proc/$p/root'{}/.ssh/id_canary'; done",
+                    d.home.display()
+                )
+            },
+            secret_shown,
+        ),
+        Probe::attack(
+            "write_outside",
+            "write outside the grants",
+            |d, _| format!("echo canary > '{}/written'", d.outside.display()),
+            |d, _| exists(&d.outside.join("written")),
+        ),
+        Probe::attack(
+            "overwrite_outside",
+            "write outside the grants",
+            |d, _| format!("echo changed > '{}/secret.txt'", d.outside.display()),
+            |d, _| changed(&d.outside.join("secret.txt"), &format!("{}\n", d.secret)),
+        ),
+        Probe::attack(
+            "remove_outside",
+            "write outside the grants",
+            |d, _| format!("rm -f '{}/secret.txt'", d.outside.display()),
+            |d, _| changed(&d.outside.join("secret.txt"), &format!("{}\n", d.secret)),
+        ),
+        Probe::attack(
+            "metadata_outside",
+            "metadata outside the grants",
+            |d, _| {
+                format!(
+                    "f='{}/key'; chmod 0666 $f; touch -m -d 2001-01-01 $f; \
+                     python3 -c 'import os; os.setxattr(\"'$f'\", \"user.hull\", b\"x\")'",
+                    d.outside.display()
+                )
+            },
+            |d, _| {
+                let key = d.outside.join("key");
+                let m = std::fs::metadata(&key).ok()?;
+                if m.mode() & 0o7777 != 0o644 {
+                    return Some(format!(
+                        "its mode is now {:o} on the host",
+                        m.mode() & 0o7777
+                    ));
+                }
+                if m.mtime() < 1_000_000_000 + 86400 * 365 {
+                    return Some("its modification time was set on the host".into());
+                }
+                xattr_set(&key).then(|| "an xattr was set on it on the host".into())
+            },
+        ),
+        // ---- what is protected inside the project
+        Probe::attack(
+            "git_hook",
+            "protected paths",
+            |_, _| "mkdir -p .git/hooks; echo 'echo pwned' > .git/hooks/pre-commit".into(),
+            |d, _| exists(&d.project.join(".git/hooks/pre-commit")),
+        ),
+        Probe::attack(
+            "git_config",
+            "protected paths",
+            |_, _| "printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> .git/config".into(),
+            |d, _| {
+                std::fs::read_to_string(d.project.join(".git/config"))
+                    .ok()?
+                    .contains("fsmonitor")
+                    .then(|| ".git/config has the command's fsmonitor".into())
+            },
+        ),
+        Probe::attack(
+            "move_git",
+            "protected paths",
+            |_, _| "mv .git .git-moved || rm -rf .git".into(),
+            |d, _| {
+                exists(&d.project.join(".git-moved"))
+                    .or_else(|| changed(&d.project.join(".git/HEAD"), "ref: refs/heads/main\n"))
+            },
+        ),
+        Probe::attack(
+            "hull_state",
+            "protected paths",
+            |_, _| "echo planted > .hull/planted".into(),
+            |d, _| exists(&d.project.join(".hull/planted")),
+        ),
+        Probe {
+            setup: Setup::Bare,
+            ..Probe::attack(
+                "protected_before_they_exist",
+                "protected paths",
+                |_, _| {
+                    "mkdir -p .git/hooks; touch .git/hooks/x; mkdir -p .hull; touch .hull/x".into()
+                },
+                // A placeholder hull left is as bad: an empty .git makes
+                // the project look like a repository.
+                |d, _| exists(&d.project.join(".git")).or_else(|| exists(&d.project.join(".hull"))),
+            )
+        },
+        Probe::attack(
+            "nested_repository",
+            "protected paths",
+            |_, _| {
+                "printf '[core]\\n\\tfsmonitor = touch pwned\\n' >> vendor/nested/.git/config"
+                    .into()
+            },
+            |d, _| {
+                changed(
+                    &d.project.join("vendor/nested/.git/config"),
+                    "[core]\n\tbare = false\n",
+                )
+            },
+        ),
+        Probe::attack(
+            "git_config_targets",
+            "protected paths",
+            |_, _| {
+                "echo 'touch pwned' >> .githooks/pre-commit; \
+                 printf '[core]\\n\\tfsmonitor = true\\n' >> shared.gitconfig"
+                    .into()
+            },
+            |d, _| {
+                changed(
+                    &d.project.join(".githooks/pre-commit"),
+                    "#!/bin/sh\nexit 0\n",
+                )
+                .or_else(|| {
+                    changed(
+                        &d.project.join("shared.gitconfig"),
+                        "[user]\n\tname = canary\n",
+                    )
+                })
+            },
+        ),
+        Probe::attack(
+            "nested_read_only_grant",
+            "protected paths",
+            |_, _| "echo evil > vendor/ro/code.txt; echo new > vendor/ro/new.txt".into(),
+            |d, _| {
+                changed(&d.project.join("vendor/ro/code.txt"), "vendored\n")
+                    .or_else(|| exists(&d.project.join("vendor/ro/new.txt")))
+            },
+        ),
+        Probe::attack(
+            "rename_an_ancestor",
+            "protected paths",
+            |_, _| "mv vendor moved && mkdir -p vendor/ro && echo evil > vendor/ro/code.txt".into(),
+            |d, _| changed(&d.project.join("vendor/ro/code.txt"), "vendored\n"),
+        ),
+        // ---- links
+        Probe::attack(
+            "symlink_made_inside",
+            "links out of the project",
+            |d, _| format!("ln -s '{}/secret.txt' lnk; cat lnk", d.outside.display()),
+            secret_shown,
+        ),
+        Probe::attack(
+            "symlink_planted",
+            "links out of the project",
+            |_, _| "cat src/link; echo new > src/dirlink/planted".into(),
+            |d, o| secret_shown(d, o).or_else(|| exists(&d.outside.join("planted"))),
+        ),
+        Probe::attack(
+            "hardlink_out",
+            "links out of the project",
+            |d, _| {
+                format!(
+                    "ln '{}/secret.txt' hl && cat hl && echo changed >> hl",
+                    d.outside.display()
+                )
+            },
+            |d, o| {
+                secret_shown(d, o)
+                    .or_else(|| changed(&d.outside.join("secret.txt"), &format!("{}\n", d.secret)))
+            },
+        ),
+        // ---- what hull running as root must not hand the command
+        Probe::attack(
+            "root_only_file",
+            "root-only files in a grant",
+            |d, _| format!("cat '{}/root-only.txt'", d.shared.display()),
+            secret_shown,
+        )
+        .about_root(),
+        Probe::attack(
+            "setid_bits",
+            "set-id bits",
+            |_, _| {
+                "cp /bin/true src/suid; chmod 4755 src/suid; cp /bin/true src/sgid; \
+                 chmod 2755 src/sgid; python3 -c 'import os; \
+                 os.close(os.open(\"src/new\", os.O_CREAT | os.O_WRONLY, 0o4755)); \
+                 os.mkdir(\"src/dir\", 0o2755)'"
+                    .into()
+            },
+            |d, _| setid_files(&d.project.join("src")),
+        ),
+        Probe {
+            host_lock: Some(SYSCTL),
+            ..Probe::attack(
+                "kernel_knob",
+                "host kernel settings",
+                |d, _| format!("echo {} > {SYSCTL}", d.sysctl_value() + 1),
+                |d, _| d.sysctl_changed(),
+            )
+            .about_root()
+        },
+        Probe {
+            host_lock: Some(DEVICE),
+            ..Probe::attack(
+                "device_node_mode",
+                "host kernel settings",
+                |_, _| format!("chmod 0600 {DEVICE}"),
+                |d, _| d.device_changed(),
+            )
+            .about_root()
+        },
+        // ---- other host processes, IPC and sockets
+        Probe::attack(
+            "signal_host_process",
+            "host processes",
+            |d, t| format!("kill -TERM {}", d.victim_pid(t)),
+            |d, _| {
+                d.victim_touched(Tier::None)
+                    .or_else(|| d.victim_touched(Tier::Landlock))
+            },
+        ),
+        Probe::attack(
+            "prlimit_host_process",
+            "host processes",
+            |d, t| {
+                format!(
+                    "python3 -c 'import resource; \
+                     resource.prlimit({}, resource.RLIMIT_NOFILE, (7, 7))'",
+                    d.victim_pid(t)
+                )
+            },
+            |d, _| {
+                d.victim_touched(Tier::None)
+                    .or_else(|| d.victim_touched(Tier::Landlock))
+            },
+        ),
+        Probe::attack(
+            "host_process_environ",
+            "host processes",
+            |d, t| format!("cat /proc/{}/environ", d.victim_pid(t)),
+            secret_shown,
+        ),
+        Probe::attack(
+            "ptrace_host_process",
+            "host processes",
+            |d, t| {
+                format!(
+                    "python3 -c 'import ctypes; l = ctypes.CDLL(None); \
+                     print(\"ATTACHED\" if l.ptrace(16, {}, 0, 0) == 0 else \"refused\")'",
+                    d.victim_pid(t)
+                )
+            },
+            |_, o| said(o, "ATTACHED", "the command attached to a host process"),
+        ),
+        Probe::attack(
+            "host_sysv_shm",
+            "host IPC",
+            |d, _| {
+                let key = d.shm.as_ref().map_or(0, |s| s.key);
+                format!(
+                    "python3 -c 'import ctypes, sys; l = ctypes.CDLL(None); \
+                     l.shmat.restype = ctypes.c_void_p; i = l.shmget({key}, 0, 0); \
+                     sys.exit(\"shmget failed\") if i < 0 else None; p = l.shmat(i, None, 0); \
+                     sys.exit(\"shmat failed\") if p in (None, 2**64 - 1) else None; \
+                     ctypes.memmove(p, b\"PWNED-IPC\", 9)'"
+                )
+            },
+            |d, _| {
+                let now = d.shm.as_ref()?.get();
+                (&now != SHM_DATA).then(|| "the host's shared memory was written".into())
+            },
+        ),
+        Probe::attack(
+            "host_unix_socket",
+            "host sockets under a grant",
+            |d, _| {
+                format!(
+                    "python3 -c 'import socket, os\n\
+                     def go(f):\n  try: f()\n  except OSError: pass\n\
+                     def stream():\n  s = socket.socket(socket.AF_UNIX); s.settimeout(3); \
+                     s.connect(\"{0}/host.sock\")\n\
+                     def dgram():\n  socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\
+                     .sendto(b\"x\", \"{0}/host.dgram\")\n\
+                     def link():\n  os.symlink(\"{0}/host.sock\", \"l.sock\"); \
+                     s = socket.socket(socket.AF_UNIX); s.connect(\"l.sock\")\n\
+                     go(stream); go(dgram); go(link)'",
+                    d.shared.display()
+                )
+            },
+            |d, _| {
+                (d.unix_arrivals.swap(0, Ordering::AcqRel) > 0)
+                    .then(|| "the host's unix socket received from the command".into())
+            },
+        ),
+        Probe::attack(
+            "tcp_host_loopback",
+            "network",
+            |d, _| {
+                format!(
+                    "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {}), 3)'",
+                    d.listener_port
+                )
+            },
+            |d, _| {
+                (d.connections.swap(0, Ordering::AcqRel) > 0)
+                    .then(|| "the host's listener accepted a connection".into())
+            },
+        ),
+        Probe {
+            unavailable: |_, t| {
+                (t == Tier::Vm).then(|| {
+                    "tier 3's guest has a vsock space of its own, with no device to the \
+                     host's (vsock_host covers it)"
+                        .into()
+                })
+            },
+            ..Probe::attack(
+                "vsock_bind",
+                "network",
+                |_, _| {
+                    "python3 -c 'import socket; s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM); \
+                     s.bind((socket.VMADDR_CID_ANY, socket.VMADDR_PORT_ANY)); print(\"VSOCK-BOUND\")'"
+                        .into()
+                },
+                |_, o| {
+                    said(
+                        o,
+                        "VSOCK-BOUND",
+                        "the command bound a socket in the host's vsock space",
+                    )
+                },
+            )
+        },
+        Probe {
+            unavailable: |d, _| {
+                d.vsock_port.is_none().then(|| {
+                    "this host's vsock space has no transport that reaches its own \
+                     listeners (no vsock_loopback)"
+                        .into()
+                })
+            },
+            ..Probe::attack(
+                "vsock_host",
+                "network",
+                |d, _| {
+                    format!(
+                    "python3 -c 'import socket; s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM); \
+                     s.settimeout(3); s.connect((1, {}))'",
+                    d.vsock_port.unwrap_or(0)
+                )
+                },
+                |d, _| {
+                    (d.vsock_arrivals.swap(0, Ordering::AcqRel) > 0)
+                        .then(|| "the host's vsock listener accepted a connection".into())
+                },
+            )
+        },
+        Probe::attack(
+            "inotify_outside",
+            "watches outside the grants",
+            |d, _| {
+                format!(
+                    "python3 -c 'import ctypes; l = ctypes.CDLL(None); fd = l.inotify_init1(0); \
+                     print(\"WATCHING\" if l.inotify_add_watch(fd, b\"{}\", 0x100) >= 0 else \"refused\")'",
+                    d.outside.display()
+                )
+            },
+            |_, o| {
+                said(
+                    o,
+                    "WATCHING",
+                    "the command watched a directory outside its grants",
+                )
+            },
+        ),
+        Probe {
+            settle: Duration::from_millis(1500),
+            control_without_hull: true,
+            ..Probe::attack(
+                "outlive_the_run",
+                "the process tree",
+                |_, _| {
+                    "setsid sh -c 'sleep 1; echo late > late.txt' </dev/null >/dev/null 2>&1 &"
+                        .into()
+                },
+                |d, _| exists(&d.project.join("late.txt")),
+            )
+        },
+        // ---- what the policy allows must work, or the denials prove nothing
+        Probe::attack(
+            "write_project",
+            "allowed writes",
+            |_, _| {
+                "echo ok > top.txt && mkdir -m 0750 sub && echo ok > sub/f.txt && \
+                 chmod 0700 top.txt && ulimit -n 64 && test \"$(ulimit -n)\" = 64 && \
+                 echo ok > src/limits.txt"
+                    .into()
+            },
+            |d, _| {
+                let p = &d.project;
+                let top = std::fs::read_to_string(p.join("top.txt")).ok()?;
+                let sub = std::fs::read_to_string(p.join("sub/f.txt")).ok()?;
+                let mode = std::fs::metadata(p.join("top.txt")).ok()?.mode() & 0o7777;
+                (top == "ok\n"
+                    && sub == "ok\n"
+                    && mode == 0o700
+                    && p.join("src/limits.txt").exists())
+                .then(|| "the files, the mode and the command's own limit landed".into())
+            },
+        )
+        .positive(),
+        Probe::attack(
+            "read_grants",
+            "allowed reads",
+            |d, _| {
+                format!(
+                    "cat input.txt '{}/public.txt' .git/HEAD vendor/ro/code.txt && \
+                     head -c 4 /dev/zero | od -An -tx1",
+                    d.shared.display()
+                )
+            },
+            |d, o| {
+                let out = String::from_utf8_lossy(&o.stdout);
+                let all = [
+                    d.secret.as_str(),
+                    "public-data",
+                    "refs/heads/main",
+                    "vendored",
+                    "00 00 00 00",
+                ];
+                all.iter().all(|s| out.contains(s)).then(|| {
+                    "the project, its .git and read-only grant, a grant outside and /dev/zero \
+                     were read"
+                        .into()
+                })
+            },
+        )
+        .positive(),
+    ]
+}
+
+#[cfg(target_os = "linux")]
+fn xattr_set(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: both strings are NUL-terminated; a zero-size buffer only asks
+    // for the value's size.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"user.hull".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    n >= 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn xattr_set(_: &Path) -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_probe_has_a_distinct_id_and_both_kinds_exist() {
+        let p = probes();
+        let mut ids: Vec<&str> = p.iter().map(|p| p.id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), p.len());
+        assert!(p.iter().any(|p| p.kind == Kind::Positive));
+        assert!(p.iter().filter(|p| p.kind == Kind::Attack).count() >= 30);
+    }
+
+    #[test]
+    fn every_class_of_the_security_issues_has_a_probe() {
+        let classes: Vec<&str> = probes().iter().map(|p| p.class).collect();
+        for c in [
+            "read outside the grants",
+            "write outside the grants",
+            "metadata outside the grants",
+            "protected paths",
+            "links out of the project",
+            "root-only files in a grant",
+            "set-id bits",
+            "host kernel settings",
+            "host processes",
+            "host IPC",
+            "host sockets under a grant",
+            "network",
+            "watches outside the grants",
+            "the process tree",
+        ] {
+            assert!(classes.contains(&c), "{c}");
+        }
+    }
+}
