@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::tier::Tier;
 use decoy::Decoy;
-pub use probes::{probes, Kind, Probe};
+pub use probes::{probes, Caller, Kind, Probe};
 pub use render::{render, render_html};
 
 /// What a cell says.
@@ -188,9 +188,9 @@ pub fn run(
             // On an error the decoy's drop puts the host settings back.
             let script = (p.script)(&decoy, tier);
             let out = if tier == Tier::None && p.control_without_hull {
-                run_bare(&decoy, &script)?
+                run_bare(&decoy, p.caller, &script)?
             } else {
-                run_one(&exe, &decoy, tier, &script)?
+                run_one(&exe, &decoy, p.caller, tier, &script)?
             };
             // Give the listeners' threads a moment to count a connection
             // (and a process that outlived the run, to act).
@@ -244,17 +244,37 @@ fn summary(o: &Output) -> String {
 const RUN_SOCKET_TAIL: usize = 1 + 36 + 1 + 10 + 1 + 10;
 
 /// A probe's control without hull: `sh -c script` in the decoy project.
-fn run_bare(d: &Decoy, script: &str) -> Result<Output, CanaryError> {
-    let mut c = Command::new("sh");
+fn run_bare(d: &Decoy, caller: Caller, script: &str) -> Result<Output, CanaryError> {
+    let mut c = as_called(d, caller, Path::new("sh"));
     c.args(["-c", script])
         .current_dir(&d.project)
-        .env("HOME", &d.home)
-        .stdin(Stdio::null());
-    collect(c, Path::new("sh"))
+        .env("HOME", &d.home);
+    collect(c, d, caller, Path::new("sh"))
 }
 
-fn run_one(exe: &Path, d: &Decoy, tier: Tier, script: &str) -> Result<Output, CanaryError> {
-    let mut c = Command::new(exe);
+/// `program`, started as `caller` says: with the decoy home as descriptor 3
+/// (by a shell's redirection: `exec "$@" 3<"$0"`), or plainly.
+fn as_called(d: &Decoy, caller: Caller, program: &Path) -> Command {
+    match caller {
+        Caller::Fd3Home => {
+            let mut c = Command::new("sh");
+            c.args(["-c", "exec \"$@\" 3<\"$0\""])
+                .arg(&d.home)
+                .arg(program);
+            c
+        }
+        Caller::Plain | Caller::StdoutLog => Command::new(program),
+    }
+}
+
+fn run_one(
+    exe: &Path,
+    d: &Decoy,
+    caller: Caller,
+    tier: Tier,
+    script: &str,
+) -> Result<Output, CanaryError> {
+    let mut c = as_called(d, caller, exe);
     c.args(["-q", "run"]);
     if tier == Tier::Vm {
         c.arg("--tier3");
@@ -266,8 +286,7 @@ fn run_one(exe: &Path, d: &Decoy, tier: Tier, script: &str) -> Result<Output, Ca
         .arg("--policy")
         .arg(&d.policy)
         .args(["--timeout", "60s", "--", "sh", "-c", script])
-        .current_dir(&d.project)
-        .stdin(Stdio::null());
+        .current_dir(&d.project);
     // The decoy home; hull's own caches (the tier-3 image) stay where
     // they are.
     if let Some(cache) = std::env::var_os("XDG_CACHE_HOME")
@@ -285,19 +304,35 @@ fn run_one(exe: &Path, d: &Decoy, tier: Tier, script: &str) -> Result<Output, Ca
     if runs.as_os_str().len() <= 107 - RUN_SOCKET_TAIL {
         c.env("HULL_RUNS_DIR", runs);
     }
-    collect(c, exe)
+    collect(c, d, caller, exe)
 }
 
 /// Runs `c` and keeps the first 64 KiB of each of its streams (a probe's
 /// output is small; the rest is read and dropped, so the command never
-/// blocks on a full pipe).
-fn collect(mut c: Command, exe: &Path) -> Result<Output, CanaryError> {
+/// blocks on a full pipe). Its standard output is the caller's log when
+/// `caller` says so, and what the log holds afterwards is its output.
+fn collect(mut c: Command, d: &Decoy, caller: Caller, exe: &Path) -> Result<Output, CanaryError> {
     let spawn_err = |source| CanaryError::Spawn {
         exe: exe.to_path_buf(),
         source,
     };
+    let log = d.root.join("caller.log");
+    if caller == Caller::StdoutLog {
+        let decoy_err = |source| CanaryError::Decoy {
+            path: log.clone(),
+            source,
+        };
+        std::fs::write(&log, probes::earlier_log(d)).map_err(decoy_err)?;
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .map_err(decoy_err)?;
+        c.stdout(f);
+    } else {
+        c.stdout(Stdio::piped());
+    }
     let mut child = c
-        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(spawn_err)?;
@@ -311,9 +346,13 @@ fn collect(mut c: Command, exe: &Path) -> Result<Output, CanaryError> {
     }
     let err = child.stderr.take();
     let err = std::thread::spawn(move || keep(err));
-    let stdout = keep(child.stdout.take());
+    let mut stdout = keep(child.stdout.take());
     let stderr = err.join().unwrap_or_default();
     let status = child.wait().map_err(spawn_err)?;
+    if caller == Caller::StdoutLog {
+        stdout = std::fs::read(&log).unwrap_or_default();
+        stdout.truncate(64 * 1024);
+    }
     Ok(Output {
         status,
         stdout,

@@ -20,6 +20,24 @@ pub enum Kind {
     Positive,
 }
 
+/// What hull's caller hands it: the descriptors a probe aims at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// Standard input from /dev/null, output to pipes.
+    Plain,
+    /// Also the decoy home open as descriptor 3 (as `3<DIR` or `flock DIR
+    /// cmd` leave it): its magic link leads out of every mount namespace.
+    Fd3Home,
+    /// Standard output is the caller's log file, with what the caller wrote
+    /// before the run in it.
+    StdoutLog,
+}
+
+/// What the caller wrote to its log before the run.
+pub fn earlier_log(d: &Decoy) -> String {
+    format!("EARLIER-LOG-{}\n", d.secret)
+}
+
 /// One probe.
 #[derive(Debug)]
 pub struct Probe {
@@ -40,6 +58,8 @@ pub struct Probe {
     /// The control runs the script without hull: tier `none` ends the
     /// process tree too, which is what the probe is about.
     pub control_without_hull: bool,
+    /// What hull's caller hands it besides the command line.
+    pub caller: Caller,
     /// Why the probe does not apply to a tier on this host, if it does not.
     pub unavailable: fn(&Decoy, Tier) -> Option<String>,
     pub script: fn(&Decoy, Tier) -> String,
@@ -64,6 +84,7 @@ impl Probe {
             host_lock: None,
             control_without_hull: false,
             unavailable: |_, _| None,
+            caller: Caller::Plain,
             script,
             landed,
         }
@@ -319,6 +340,43 @@ pub fn probes() -> Vec<Probe> {
                     .or_else(|| changed(&d.outside.join("secret.txt"), &format!("{}\n", d.secret)))
             },
         ),
+        // ---- what hull's caller has open
+        Probe {
+            caller: Caller::Fd3Home,
+            control_without_hull: true,
+            ..Probe::attack(
+                "inherited_descriptor",
+                "descriptors of hull's caller",
+                |_, _| {
+                    "cat /proc/self/fd/3/.ssh/id_canary; echo planted > /proc/self/fd/3/planted"
+                        .into()
+                },
+                |d, o| secret_shown(d, o).or_else(|| exists(&d.home.join("planted"))),
+            )
+        },
+        Probe {
+            caller: Caller::StdoutLog,
+            control_without_hull: true,
+            ..Probe::attack(
+                "stdout_file_reopened",
+                "descriptors of hull's caller",
+                // A relay pipe's write end reopens as its read end, which
+                // blocks: hence the timeout.
+                |_, _| {
+                    "timeout 2 cat /proc/self/fd/1 >&2; (echo overwritten > /proc/self/fd/1) \
+                     2>/dev/null; echo appended"
+                        .into()
+                },
+                |d, o| {
+                    if String::from_utf8_lossy(&o.stderr).contains(earlier_log(d).trim_end()) {
+                        return Some("the command read what its caller wrote to its log".into());
+                    }
+                    // `o.stdout` is the log as it is now.
+                    (!o.stdout.starts_with(earlier_log(d).as_bytes()))
+                        .then(|| "the command truncated its caller's log".into())
+                },
+            )
+        },
         // ---- what hull running as root must not hand the command
         Probe::attack(
             "root_only_file",
@@ -646,6 +704,7 @@ mod tests {
             "network",
             "watches outside the grants",
             "the process tree",
+            "descriptors of hull's caller",
         ] {
             assert!(classes.contains(&c), "{c}");
         }

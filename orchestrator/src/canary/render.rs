@@ -39,13 +39,13 @@ fn shown(c: &Cell) -> &'static str {
 /// first), and the evidence of every cell that is not as it should be.
 pub fn render(cells: &[Cell]) -> String {
     let (tiers, rows) = layout(cells);
-    let mut line = format!("{:<28} {:<28}", "probe", "class");
+    let mut line = format!("{:<28} {:<30}", "probe", "class");
     for t in &tiers {
         line.push_str(&format!(" {:<19}", column(t)));
     }
     let mut out = format!("{}\n", line.trim_end());
     for (probe, class) in &rows {
-        let mut line = format!("{probe:<28} {class:<28}");
+        let mut line = format!("{probe:<28} {class:<30}");
         for t in &tiers {
             let v = cells
                 .iter()
