@@ -59,9 +59,10 @@ pub struct Decoy {
     /// Host processes the probes try to reach: one as the control's command
     /// runs, one as the tiers' command runs. Restarted by every reset.
     victims: Mutex<[Option<Victim>; 2]>,
-    /// The host settings as they were, put back after every run.
-    sysctl: Option<String>,
-    device_mode: Option<u32>,
+    /// The host settings as they were, read under the probe's host lock
+    /// (another canary's control may have one changed until it lets go)
+    /// and put back after every run.
+    host: Mutex<Host>,
 }
 
 #[derive(Debug)]
@@ -156,10 +157,7 @@ impl Decoy {
             vsock_arrivals,
             shm: Shm::new(),
             victims: Mutex::new([None, None]),
-            sysctl: std::fs::read_to_string(SYSCTL).ok(),
-            device_mode: std::fs::metadata(DEVICE)
-                .ok()
-                .map(|m| m.permissions().mode() & 0o7777),
+            host: Mutex::new(Host::default()),
         };
         d.reset(Setup::Project)?;
         Ok(d)
@@ -255,49 +253,80 @@ impl Decoy {
         (now != v.nofile).then(|| format!("a host process's limit is now: {now}"))
     }
 
+    /// Reads the host setting `locked` ([`SYSCTL`] or [`DEVICE`]) as it
+    /// is: called with the probe's lock on it held. Only that one is put
+    /// back: another canary may be changing the other under its own lock.
+    pub fn remember_host(&self, locked: &str) {
+        *self.host.lock().unwrap_or_else(|e| e.into_inner()) = Host {
+            sysctl: (locked == SYSCTL)
+                .then(|| std::fs::read_to_string(SYSCTL).ok())
+                .flatten(),
+            device_mode: (locked == DEVICE).then(device_mode_now).flatten(),
+        };
+    }
+
+    pub fn forget_host(&self) {
+        *self.host.lock().unwrap_or_else(|e| e.into_inner()) = Host::default();
+    }
+
+    fn host(&self) -> Host {
+        self.host.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Puts the host settings the probes aim at back as they were.
     pub fn restore_host(&self) {
-        if let Some(v) = &self.sysctl {
+        let was = self.host();
+        if let Some(v) = &was.sysctl {
             if std::fs::read_to_string(SYSCTL).ok().as_ref() != Some(v) {
                 let _ = std::fs::write(SYSCTL, v);
             }
         }
-        if let Some(m) = self.device_mode {
-            if self.device_mode_now() != Some(m) {
+        if let Some(m) = was.device_mode {
+            if device_mode_now() != Some(m) {
                 let _ = mode(Path::new(DEVICE), m);
             }
         }
     }
 
-    /// The sysctl's value when it differs from the one the canary found.
+    /// The sysctl's value when it differs from the one remembered.
     pub fn sysctl_changed(&self) -> Option<String> {
         let now = std::fs::read_to_string(SYSCTL).ok()?;
-        (Some(&now) != self.sysctl.as_ref()).then(|| {
+        let was = self.host().sysctl;
+        (Some(&now) != was.as_ref()).then(|| {
             format!(
                 "the host's {SYSCTL} is now {} (was {})",
                 now.trim(),
-                self.sysctl.as_deref().unwrap_or("").trim()
+                was.as_deref().unwrap_or("").trim()
             )
         })
     }
 
     pub fn sysctl_value(&self) -> u64 {
-        self.sysctl
+        self.host()
+            .sysctl
             .as_deref()
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
     }
 
-    pub fn device_mode_now(&self) -> Option<u32> {
-        std::fs::metadata(DEVICE)
-            .ok()
-            .map(|m| m.permissions().mode() & 0o7777)
-    }
-
     pub fn device_changed(&self) -> Option<String> {
-        let now = self.device_mode_now()?;
-        (Some(now) != self.device_mode).then(|| format!("the host's {DEVICE} has mode {now:o} now"))
+        let now = device_mode_now()?;
+        (Some(now) != self.host().device_mode)
+            .then(|| format!("the host's {DEVICE} has mode {now:o} now"))
     }
+}
+
+/// Host settings a probe's control changes on purpose.
+#[derive(Debug, Clone, Default)]
+struct Host {
+    sysctl: Option<String>,
+    device_mode: Option<u32>,
+}
+
+fn device_mode_now() -> Option<u32> {
+    std::fs::metadata(DEVICE)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o7777)
 }
 
 impl Drop for Decoy {

@@ -143,9 +143,10 @@ pub fn run(
         let mut control_landed = None;
         // Held across the probe's runs: another canary's control changes
         // the same host setting.
-        let _lock = p.host_lock.and_then(|f| {
-            let f = std::fs::File::open(f).ok()?;
+        let _lock = p.host_lock.and_then(|path| {
+            let f = std::fs::File::open(path).ok()?;
             rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).ok()?;
+            decoy.remember_host(path);
             Some(f)
         });
         for (tier, why_not) in std::iter::once((Tier::None, None)).chain(available.clone()) {
@@ -185,18 +186,19 @@ pub fn run(
                 path: decoy.root.clone(),
                 source,
             })?;
-            // On an error the decoy's drop puts the host settings back.
             let script = (p.script)(&decoy, tier);
             let out = if tier == Tier::None && p.control_without_hull {
-                run_bare(&decoy, p.caller, &script)?
+                run_bare(&decoy, p.caller, &script)
             } else {
-                run_one(&exe, &decoy, p.caller, tier, &script)?
+                run_one(&exe, &decoy, p.caller, tier, &script)
             };
             // Give the listeners' threads a moment to count a connection
             // (and a process that outlived the run, to act).
             std::thread::sleep(std::time::Duration::from_millis(20) + p.settle);
-            let landed = (p.landed)(&decoy, &out);
+            let landed = out.as_ref().ok().and_then(|o| (p.landed)(&decoy, o));
+            // Put back under the lock, also when the run could not start.
             decoy.restore_host();
+            let out = out?;
             let hull_failed = out.status.code() == Some(crate::EXIT_HULL_FAILED);
             let verdict = match (tier, p.kind, &landed) {
                 (_, _, None) if hull_failed => Verdict::Error,
@@ -213,6 +215,9 @@ pub fn run(
             let evidence = landed.unwrap_or_else(|| summary(&out));
             cells.push(cell(p, &name, verdict, evidence));
         }
+        // The lock goes next: what another canary does to the setting from
+        // now on is its own to put back.
+        decoy.forget_host();
     }
     Ok(cells)
 }
