@@ -43,6 +43,8 @@ command -v git >/dev/null || need_pkgs+=(git)
 # The canary's HTML page is rendered by headless Chromium in the tests.
 if [ "$want_test" -eq 1 ]; then
   command -v chromium >/dev/null || need_pkgs+=(chromium)
+  # `hull man`'s page is rendered by man in a test.
+  command -v man >/dev/null || need_pkgs+=(man-db)
 fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)

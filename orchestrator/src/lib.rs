@@ -15,6 +15,7 @@ pub mod exec;
 pub mod mountinfo;
 pub mod os;
 pub mod policy;
+pub mod result_file;
 pub mod run;
 pub mod runtime;
 pub mod sandbox_user;

@@ -85,6 +85,12 @@ pub enum RunError {
     Exec(#[from] crate::exec::ExecError),
     #[error("tier {0} cannot run on this OS")]
     WrongOs(Tier),
+    #[error(transparent)]
+    ResultFile(#[from] crate::result_file::ResultFileError),
+    /// The program is not there (127) or cannot be executed (126).
+    #[cfg(unix)]
+    #[error(transparent)]
+    NotRunnable(#[from] crate::exec::resolve::NotRunnable),
     #[cfg(target_os = "linux")]
     #[error("tier {tier}: {source}")]
     SetIdSweep {
@@ -534,7 +540,21 @@ pub fn run_process_tier(
 }
 
 /// Runs `opts` to the end and returns how the command ended.
-pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
+/// What a run that hull saw to its end reports.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub status: ExitStatus,
+    pub tier: Tier,
+    pub instance: String,
+    pub spill: PathBuf,
+}
+
+/// Runs the command. `result_file` (`--json-result`) is refused when it
+/// lies inside a writable root of the policy, before anything runs.
+pub fn execute(
+    opts: RunOptions,
+    result_file: Option<&crate::result_file::ResultFile>,
+) -> Result<RunOutcome, RunError> {
     let (tier, _probe) = select_tier(opts.tier)?;
     tracing::debug!(%tier, "tier ready");
     let runs = crate::runtime::runs_root();
@@ -558,6 +578,9 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     }
     let vars = instance.vars(&project, &home_dir());
     let (pol, repos_before) = resolve_policy(&pf, &vars)?;
+    if let Some(f) = result_file {
+        f.check_outside(pol.writable_roots().map(|g| g.path.as_path()))?;
+    }
     let env = command_env(&pol, &opts.env, instance.child_env());
     tracing::debug!(instance = %instance.id(), "policy resolved");
     let spec = CommandSpec {
@@ -566,6 +589,7 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
         env,
         timeout: opts.timeout.or(pol.limits.wall_time),
     };
+    check_runnable(tier, &pol, &spec)?;
     let mut spill_sink = opts
         .spill
         .map(|threshold| crate::runtime::spill::SpillSink::stdio(instance.spill(), threshold))
@@ -601,12 +625,52 @@ pub fn execute(opts: RunOptions) -> Result<ExitStatus, RunError> {
     // for the host, also when the command's own status is an error.
     let swept = sweep_setid(tier, &pol, started);
     report_new_repositories(tier, &pol, &repos_before);
+    let (instance_id, spill) = (instance.id().to_string(), instance.spill().to_path_buf());
     if let Err(e) = instance.finish() {
         tracing::warn!("cleaning up the instance: {e}");
     }
     let status = result?;
     swept?;
-    Ok(status)
+    Ok(RunOutcome {
+        status,
+        tier,
+        instance: instance_id,
+        spill,
+    })
+}
+
+/// Refuses a program the sandbox would not find (exit 127) or could not
+/// execute (126), before anything starts ([`crate::exec::resolve`]). Tier 3
+/// runs the command in the guest's own filesystem: its agent answers there.
+#[cfg(unix)]
+fn check_runnable(tier: Tier, pol: &Policy, spec: &CommandSpec) -> Result<(), RunError> {
+    use crate::exec::resolve::{check, view_of, View};
+    use crate::policy::Access;
+    let Some(argv0) = spec.argv.first() else {
+        return Ok(());
+    };
+    if tier == Tier::Vm {
+        return Ok(());
+    }
+    let path = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    let pol = (tier != Tier::None).then_some(pol);
+    // bwrap's bind mounts carry no per-path noexec: a read grant runs.
+    let read_runs = tier == Tier::Bwrap;
+    let view = |p: &Path| match view_of(pol, p) {
+        View::Visible(Access::Read) if read_runs => View::Visible(Access::ReadExec),
+        v => v,
+    };
+    check(tier.name(), argv0, path, &spec.cwd, &view)?;
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_runnable(_tier: Tier, _pol: &Policy, _spec: &CommandSpec) -> Result<(), RunError> {
+    Ok(())
 }
 
 /// Names the git repositories the command created in its writable roots:

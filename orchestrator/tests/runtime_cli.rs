@@ -471,3 +471,62 @@ fn a_closed_stdout_ends_a_listing_quietly() {
         o.status
     );
 }
+
+/// `hull completions bash` is a script bash loads, completing hull's
+/// subcommands; zsh and fish get theirs too.
+#[test]
+fn completions_load_in_bash_and_name_the_subcommands() {
+    let d = tempfile::tempdir().unwrap();
+    let o = hull(d.path(), &["completions", "bash"], &[]);
+    assert!(o.status.success(), "{o:?}");
+    let script = d.path().join("hull.bash");
+    std::fs::write(&script, &o.stdout).unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    for sub in ["run", "canary", "probe", "batch", "completions"] {
+        assert!(text.contains(sub), "{sub}");
+    }
+    let b = Command::new("bash")
+        .arg("-c")
+        .arg(format!(". '{}' && complete -p hull", script.display()))
+        .output()
+        .unwrap();
+    assert!(b.status.success(), "{b:?}");
+    assert!(
+        String::from_utf8_lossy(&b.stdout).contains("-F _hull"),
+        "{b:?}"
+    );
+    for shell in ["zsh", "fish"] {
+        let o = hull(d.path(), &["completions", shell], &[]);
+        assert!(o.status.success() && !o.stdout.is_empty(), "{shell}: {o:?}");
+    }
+    let o = hull(d.path(), &["completions", "tcsh"], &[]);
+    assert!(!o.status.success(), "an unknown shell is refused");
+}
+
+/// `hull man` prints a man page that man renders; `--dir` writes a page
+/// for each subcommand.
+#[test]
+fn the_man_page_renders_and_has_a_page_per_subcommand() {
+    let d = tempfile::tempdir().unwrap();
+    let o = hull(d.path(), &["man"], &[]);
+    assert!(o.status.success(), "{o:?}");
+    let page = d.path().join("hull.1");
+    std::fs::write(&page, &o.stdout).unwrap();
+    let r = Command::new("man")
+        .arg("-l")
+        .arg(&page)
+        .env("MANPAGER", "cat")
+        .env("MANWIDTH", "100")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{r:?}");
+    assert!(text.contains("OS-enforced boundary"), "{text}");
+    assert!(text.contains("canary"), "{text}");
+    let dir = d.path().join("pages");
+    let o = hull(d.path(), &["man", "--dir", dir.to_str().unwrap()], &[]);
+    assert!(o.status.success(), "{o:?}");
+    for p in ["hull.1", "hull-run.1", "hull-canary.1"] {
+        assert!(dir.join(p).exists(), "{p}");
+    }
+}

@@ -1676,6 +1676,121 @@ fn exit_codes_and_signals(t: &str) {
     assert_eq!(w.run(t, &[], "kill -KILL $$").status.code(), Some(137));
 }
 
+/// A program that is not there exits 127 and one that cannot be executed
+/// 126, with hull's one-line message naming the program and the tier, as a
+/// shell does (shown first for `sh` itself); the command's own exit 1 stays
+/// 1, and the same program made executable runs.
+fn a_missing_or_unrunnable_program_exits_127_or_126(t: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    require_tier(t);
+    let w = World::new();
+    let script = w.project.join("src/plain.sh");
+    std::fs::write(&script, "#!/bin/sh\necho ran\n").expect("write");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let shell = |cmd: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", cmd])
+            .current_dir(&w.project)
+            .output()
+            .expect("sh")
+            .status
+            .code()
+    };
+    assert_eq!(shell("no-such-command-hull"), Some(127), "control");
+    assert_eq!(shell("./src/plain.sh"), Some(126), "control");
+    for (argv0, code, says) in [
+        ("no-such-command-hull", 127, "command not found"),
+        ("./src/none", 127, "no such file"),
+        ("./src/plain.sh", 126, "cannot be executed"),
+        ("./src", 126, "cannot be executed"),
+    ] {
+        let o = run_at(&w, t, &w.project, &[argv0]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{argv0}: {}", show(&o));
+        assert!(
+            err.contains(argv0) && err.contains(says),
+            "{argv0}: {}",
+            show(&o)
+        );
+        assert_eq!(err.lines().count(), 1, "one line: {}", show(&o));
+    }
+    let o = run_at(&w, t, &w.project, &["sh", "-c", "exit 1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let o = run_at(&w, t, &w.project, &["./src/plain.sh"]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n");
+}
+
+/// `--json-result FILE`: the run's outcome, exit code, tier and instance,
+/// as one document, written also when the command fails and when hull
+/// does; a FILE inside the project (which the command could forge or plant
+/// a link at) is refused before anything runs, and nothing is written.
+fn the_json_result_says_how_the_run_ended(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let file = w.root.path().join("result.json");
+    let f = file.to_str().expect("utf8");
+    let read = || -> serde_json::Value {
+        serde_json::from_str(&w.read(&file)).expect("the result is JSON")
+    };
+    let o = w.run(t, &["--json-result", f], "echo out; exit 3");
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    let r = read();
+    assert_eq!(r["outcome"], "exited", "{r}");
+    assert_eq!(r["code"], 3, "{r}");
+    assert_eq!(r["exit_code"], 3, "{r}");
+    assert_eq!(r["tier"], t, "{r}");
+    assert!(r["instance"].as_str().is_some_and(|i| i.len() == 36), "{r}");
+    assert!(r["seconds"].as_f64().is_some_and(|s| s > 0.0), "{r}");
+    let o = w.run(t, &["--json-result", f], "kill -KILL $$");
+    assert_eq!(o.status.code(), Some(137), "{}", show(&o));
+    let r = read();
+    assert_eq!(r["exit_code"], 137, "{r}");
+    if t == "bwrap" {
+        // bwrap's init reports a killed command as exit 128+N; hull sees
+        // no more than that (docs/tiers.md).
+        assert_eq!((&r["outcome"], &r["code"]), (&"exited".into(), &137.into()));
+    } else {
+        assert_eq!(
+            (&r["outcome"], &r["signal"]),
+            (&"signaled".into(), &9.into())
+        );
+    }
+    let o = w.run(t, &["--json-result", f, "--timeout", "1s"], "sleep 30");
+    assert_eq!(o.status.code(), Some(124), "{}", show(&o));
+    assert_eq!(read()["outcome"], "timed_out");
+    // hull's own failure is a result too.
+    let o = w.run(
+        t,
+        &["--json-result", f, "--policy", "no-such-profile"],
+        "true",
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    let r = read();
+    assert_eq!(r["outcome"], "hull_error", "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-such-profile")),
+        "{r}"
+    );
+    // Inside the project: refused, nothing runs, nothing is written.
+    let inside = w.project.join("result.json");
+    let o = w.run(
+        t,
+        &["--json-result", inside.to_str().expect("utf8")],
+        "echo ran > ran.txt",
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("which the command may write"),
+        "{}",
+        show(&o)
+    );
+    assert!(!inside.exists() && !w.project.join("ran.txt").exists());
+}
+
 fn streams_are_live_and_stdin_passes(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -1761,6 +1876,7 @@ matrix!(
         a_crate_with_a_c_build_script_builds_offline,
         tmp_works_and_tmpdir_is_honoured,
         exit_codes_and_signals,
+        the_json_result_says_how_the_run_ended,
         streams_are_live_and_stdin_passes,
         output_is_byte_exact,
         new_files_belong_to_the_caller,
@@ -1771,6 +1887,7 @@ matrix!(
         a_process_with_an_exited_main_thread_dies_with_the_run,
     ],
     landlock: [
+        a_missing_or_unrunnable_program_exits_127_or_126,
         the_canary_reports_no_leak,
         the_canary_page_renders_in_chromium,
         the_canary_removes_its_decoy_when_interrupted,
@@ -1782,6 +1899,7 @@ matrix!(
         terminal_settings_are_restored,
     ],
     bwrap: [
+        a_missing_or_unrunnable_program_exits_127_or_126,
         the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod canary;
+pub mod docs;
 pub mod explain;
 pub mod image;
 pub mod probe;
@@ -59,6 +60,11 @@ pub enum Command {
     /// Keep a tier-3 VM up between runs.
     #[command(subcommand)]
     Vm(vm::VmCommand),
+    /// Print the completion script for a shell (`hull completions bash >
+    /// /etc/bash_completion.d/hull`).
+    Completions(docs::CompletionsArgs),
+    /// Print the man page (or write every page into --dir).
+    Man(docs::ManArgs),
     /// Internal: apply Landlock and seccomp, then exec (used by `--tier landlock`).
     #[command(name = "__landlock-exec", hide = true)]
     LandlockExec(LandlockExecArgs),
@@ -143,6 +149,8 @@ pub fn main() -> i32 {
         Command::Image(c) => image::image(c),
         Command::Vm(c) => vm::vm(c),
         Command::Batch(a) => batch::batch(a),
+        Command::Completions(a) => docs::completions(a),
+        Command::Man(a) => docs::man(a),
         Command::LandlockExec(a) => crate::tier::landlock::exec_main(a.plan, a.error_fd, a.argv),
         Command::Setup(a) => {
             crate::tier::windows::elevated::setup_main(&a.elevated).map_err(anyhow::Error::from)
@@ -170,6 +178,8 @@ fn prints_only(c: &Command) -> bool {
     matches!(
         c,
         Command::Policy(_)
+            | Command::Completions(_)
+            | Command::Man(_)
             | Command::Read(_)
             | Command::Runs(runs::RunsCommand::List { .. })
             | Command::Image(image::ImageCommand::List | image::ImageCommand::Show { .. })
@@ -179,15 +189,22 @@ fn prints_only(c: &Command) -> bool {
 
 /// Prints an error and its chain of causes, once.
 pub fn print_error(e: &anyhow::Error) {
-    let mut msg = format!("hull: error: {e}");
-    for cause in e.chain().skip(1) {
+    eprintln!("hull: error: {}", error_text(e.as_ref()));
+}
+
+/// An error and the causes its own text does not already name.
+pub fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
         // Many errors name their source in their own text already.
-        let text = cause.to_string();
+        let text = c.to_string();
         if !msg.contains(&text) {
             msg.push_str(&format!("\n  caused by: {text}"));
         }
+        cause = c.source();
     }
-    eprintln!("{msg}");
+    msg
 }
 
 fn init_tracing(verbose: u8, quiet: bool) {

@@ -35,6 +35,11 @@ pub struct RunArgs {
     /// Tier 3: run in the VM named NAME kept up by `hull vm up`.
     #[arg(long)]
     pub vm: Option<String>,
+    /// Also write the run's result to FILE as JSON (outcome, exit code,
+    /// tier, instance, spill, times), also when hull fails; FILE must be
+    /// outside the policy's writable roots.
+    #[arg(long, value_name = "FILE")]
+    pub json_result: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<OsString>,
@@ -64,6 +69,15 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         Some(p) => p,
         None => super::default_project()?,
     };
+    let result_file = a
+        .json_result
+        .as_deref()
+        .map(crate::result_file::ResultFile::open)
+        .transpose()?;
+    let named = match tier {
+        TierChoice::Named(t) => Some(t),
+        TierChoice::Auto => None,
+    };
     let opts = RunOptions {
         tier,
         policy: a.policy,
@@ -75,6 +89,81 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         vm: a.vm,
         argv: a.argv,
     };
-    let status = crate::run::execute(opts)?;
-    Ok(status.exit_code())
+    let started = std::time::SystemTime::now();
+    let clock = std::time::Instant::now();
+    let res = crate::run::execute(opts, result_file.as_ref());
+    let not_runnable = not_runnable(&res);
+    // A result file hull refused to use is not written either.
+    let refused = matches!(&res, Err(crate::run::RunError::ResultFile(_)));
+    let Some(file) = result_file.filter(|_| !refused) else {
+        return match not_runnable {
+            Some(code) => Ok(code),
+            None => Ok(res?.status.exit_code()),
+        };
+    };
+    use crate::result_file::{Outcome, RunResult};
+    let started = started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let seconds = clock.elapsed().as_secs_f64();
+    let doc = match &res {
+        Ok(o) => RunResult {
+            version: 1,
+            exit_code: o.status.exit_code(),
+            outcome: o.status.into(),
+            tier: Some(o.tier),
+            instance: Some(o.instance.clone()),
+            spill: Some(o.spill.clone()),
+            started,
+            seconds,
+        },
+        Err(e) => RunResult {
+            version: 1,
+            exit_code: not_runnable.unwrap_or(crate::EXIT_HULL_FAILED),
+            outcome: match not_runnable {
+                Some(_) => Outcome::NotRunnable {
+                    message: e.to_string(),
+                },
+                None => Outcome::HullError {
+                    message: super::error_text(e),
+                },
+            },
+            tier: named,
+            instance: None,
+            spill: None,
+            started,
+            seconds,
+        },
+    };
+    let written = file.write(&doc);
+    let code = match not_runnable {
+        Some(code) => code,
+        None => res?.status.exit_code(),
+    };
+    // The harness reads the file, not the exit code: without it the run's
+    // result is unknown to it.
+    written.map_err(|e| {
+        anyhow::Error::from(e).context(format!(
+            "the command's exit code was {code}, but its result file could not be written"
+        ))
+    })?;
+    Ok(code)
+}
+
+/// Not there or not executable: the shell's 127 and 126, with hull's
+/// message (printed here), not hull's own failure.
+#[cfg(unix)]
+fn not_runnable(res: &Result<crate::run::RunOutcome, crate::run::RunError>) -> Option<i32> {
+    match res {
+        Err(crate::run::RunError::NotRunnable(e)) => {
+            eprintln!("hull: {e}");
+            Some(e.exit_code())
+        }
+        _ => None,
+    }
+}
+
+#[cfg(not(unix))]
+fn not_runnable(_: &Result<crate::run::RunOutcome, crate::run::RunError>) -> Option<i32> {
+    None
 }

@@ -15,6 +15,8 @@ pub mod portable;
 #[cfg(unix)]
 pub mod process;
 #[cfg(unix)]
+pub mod resolve;
+#[cfg(unix)]
 pub mod terminal;
 
 use std::ffi::OsString;

@@ -53,8 +53,7 @@ pub mod bwrap {
 use serde::Serialize;
 
 /// A tier: one boundary mechanism. Matched exhaustively everywhere it matters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Tier {
     /// Tier 0: no boundary. cwd and environment scrub only; only by name.
     None,
@@ -70,6 +69,14 @@ pub enum Tier {
     AppContainer,
     /// Tier 3: outer VM + unprivileged Incus container.
     Vm,
+}
+
+/// In JSON a tier is its command-line name (`hull probe --json`, `hull
+/// canary --json`, run results), so one spelling reaches scripts.
+impl Serialize for Tier {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
 }
 
 pub use crate::os::Os;
@@ -215,6 +222,18 @@ mod tests {
         }
         assert_eq!(Tier::from_name("tier3"), Some(Tier::Vm));
         assert_eq!(Tier::from_name("auto"), None);
+    }
+
+    #[test]
+    fn json_says_the_command_line_name() {
+        for t in Tier::ALL {
+            let json = serde_json::to_string(&t).expect("serialize");
+            assert_eq!(json, format!("\"{}\"", t.name()));
+        }
+        assert_eq!(
+            serde_json::to_string(&Tier::AppContainer).expect("serialize"),
+            "\"appcontainer\""
+        );
     }
 
     #[test]

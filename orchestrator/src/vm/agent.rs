@@ -591,6 +591,15 @@ impl AgentSession {
                         (_, hull_protocol::ExitStatus::Signal(s)) => ExitStatus::Signal(s),
                     });
                 }
+                // Stdin sent after the exec ended on the guest's side: the
+                // agent answers it before the exec's own terminal frame,
+                // which follows.
+                Message::Error {
+                    code: ErrorCode::UnknownId,
+                    ..
+                } => {
+                    tracing::debug!("tier vm: exec {id} ended before our stdin reached it");
+                }
                 Message::Error { code, message } => {
                     return Err(AgentError::ExecFailed {
                         code,
@@ -879,6 +888,27 @@ mod tests {
         assert_eq!(sink.out, input);
         assert_eq!(sink.err, b"warn");
         assert!(sink.finished);
+    }
+
+    /// The agent answers stdin that reached an exec after it ended (and
+    /// before its terminal frame) with UnknownId: the run ends with the
+    /// exec's own frame, not that answer.
+    #[test]
+    fn stdin_after_the_end_is_not_the_exec_s_result() {
+        let (mut s, t) = pair(|mut c| {
+            let (id, _) = c.recv().unwrap();
+            c.send(
+                &Message::error(ErrorCode::UnknownId, "no exec with id 1 is running"),
+                id,
+            )
+            .unwrap();
+            c.send(&Message::Exit(hull_protocol::ExitStatus::Code(4)), id)
+                .unwrap();
+        });
+        let mut sink = Collect::default();
+        let st = s.exec(&cmd(), &mut sink, ExecOptions::default()).unwrap();
+        t.join().unwrap();
+        assert_eq!(st, ExitStatus::Code(4));
     }
 
     /// What a hostile guest puts in an error reaches the user escaped and

@@ -1,0 +1,233 @@
+//! Whether the command's program can be started in the sandbox, checked by
+//! hull before the sandbox starts: a program that is not there exits 127
+//! and one that cannot be executed exits 126, as `env`, shells, `docker
+//! run` and `podman run` do, with hull's one-line message, instead of the
+//! tier's own failure (bwrap's `execvp` error exits 1, the same as the
+//! command's own failure).
+//!
+//! The check follows the sandbox's view as the policy gives it: a candidate
+//! counts only where a grant makes it visible (and no protection hides it),
+//! and is executable only where a grant allows execution. It is a
+//! diagnosis, not a boundary: the tier enforces the policy either way, and
+//! a program that passes here but still fails to start is the tier's error.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::policy::{Access, Policy, Protection};
+
+/// Exit code for a program that is not there.
+pub const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code for a program that is there but cannot be executed.
+pub const EXIT_NOT_EXECUTABLE: i32 = 126;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotRunnable {
+    #[error("{program}: command not found in the sandbox (tier {tier}; searched PATH={path})")]
+    NotFound {
+        program: String,
+        tier: &'static str,
+        path: String,
+    },
+    #[error("{program}: no such file in the sandbox (tier {tier}: {at})")]
+    NoSuchFile {
+        program: String,
+        tier: &'static str,
+        at: PathBuf,
+    },
+    #[error("{program}: cannot be executed in the sandbox (tier {tier}: {at}: {why})")]
+    NotExecutable {
+        program: String,
+        tier: &'static str,
+        at: PathBuf,
+        why: &'static str,
+    },
+}
+
+impl NotRunnable {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            NotRunnable::NotFound { .. } | NotRunnable::NoSuchFile { .. } => EXIT_NOT_FOUND,
+            NotRunnable::NotExecutable { .. } => EXIT_NOT_EXECUTABLE,
+        }
+    }
+}
+
+/// What the sandbox shows of a host path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    Hidden,
+    Visible(Access),
+}
+
+/// The view a policy gives: the deepest grant containing the path, unless a
+/// hiding protection contains it. `None` (tier `none`) shows everything,
+/// executable.
+pub fn view_of(pol: Option<&Policy>, p: &Path) -> View {
+    let Some(pol) = pol else {
+        return View::Visible(Access::ReadExec);
+    };
+    if pol
+        .protects
+        .iter()
+        .any(|x| x.protection == Protection::Hidden && p.starts_with(&x.path))
+    {
+        return View::Hidden;
+    }
+    pol.grants
+        .iter()
+        .filter(|g| p.starts_with(&g.path))
+        .max_by_key(|g| g.path.as_os_str().len())
+        .map_or(View::Hidden, |g| View::Visible(g.access))
+}
+
+/// A candidate as the sandbox would find it.
+enum Found {
+    Missing,
+    /// There, but not executable, and why.
+    Refused(&'static str),
+    Runnable,
+}
+
+fn probe(view: &dyn Fn(&Path) -> View, at: &Path) -> Found {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(real) = std::fs::canonicalize(at) else {
+        return Found::Missing;
+    };
+    // A grant of a link shows what it leads to (bwrap binds the target
+    // there, Landlock's rule is on the target's inode), and a grant of the
+    // target shows it through any visible link: hidden only when neither
+    // path is visible. Never stricter than the tier, so a command the tier
+    // would start is never refused here.
+    let access = match (view(at), view(&real)) {
+        (View::Hidden, View::Hidden) => return Found::Missing,
+        (View::Visible(a), View::Hidden) | (View::Hidden, View::Visible(a)) => a,
+        (View::Visible(a), View::Visible(b)) => a.max(b),
+    };
+    let Ok(meta) = std::fs::metadata(&real) else {
+        return Found::Missing;
+    };
+    if meta.is_dir() {
+        return Found::Refused("a directory");
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Found::Refused("no execute permission");
+    }
+    if access == Access::Read {
+        return Found::Refused("the policy grants it read-only, not read_exec");
+    }
+    Found::Runnable
+}
+
+/// Checks that `argv0` can be started with `path_var` (the command's
+/// PATH) from `cwd`, in the view `view` gives.
+pub fn check(
+    tier: &'static str,
+    argv0: &OsStr,
+    path_var: Option<&str>,
+    cwd: &Path,
+    view: &dyn Fn(&Path) -> View,
+) -> Result<(), NotRunnable> {
+    let program = argv0.to_string_lossy().into_owned();
+    if argv0.as_bytes().contains(&b'/') {
+        // Without the `./` steps: the message names the file.
+        let at: PathBuf = cwd.join(argv0).components().collect();
+        return match probe(view, &at) {
+            Found::Runnable => Ok(()),
+            Found::Missing => Err(NotRunnable::NoSuchFile { program, tier, at }),
+            Found::Refused(why) => Err(NotRunnable::NotExecutable {
+                program,
+                tier,
+                at,
+                why,
+            }),
+        };
+    }
+    let path = path_var.unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    let mut refused = None;
+    for dir in path.split(':') {
+        // An empty entry is the working directory, as execvp has it.
+        let dir = if dir.is_empty() { cwd } else { Path::new(dir) };
+        let at = dir.join(argv0);
+        match probe(view, &at) {
+            Found::Runnable => return Ok(()),
+            Found::Refused(why) => {
+                refused.get_or_insert((at, why));
+            }
+            Found::Missing => {}
+        }
+    }
+    match refused {
+        Some((at, why)) => Err(NotRunnable::NotExecutable {
+            program,
+            tier,
+            at,
+            why,
+        }),
+        None => Err(NotRunnable::NotFound {
+            program,
+            tier,
+            path: path.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn file(p: &Path, mode: u32) {
+        std::fs::write(p, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+
+    #[test]
+    fn found_missing_and_refused_as_a_shell_says() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let (bin, ro, hidden) = (
+            d.path().join("bin"),
+            d.path().join("ro"),
+            d.path().join("h"),
+        );
+        for x in [&bin, &ro, &hidden] {
+            std::fs::create_dir(x).expect("mkdir");
+        }
+        file(&bin.join("tool"), 0o755);
+        file(&bin.join("plain"), 0o644);
+        file(&ro.join("tool2"), 0o755);
+        file(&hidden.join("secret"), 0o755);
+        std::os::unix::fs::symlink(hidden.join("secret"), bin.join("link")).expect("symlink");
+        let (b, r) = (bin.clone(), ro.clone());
+        let view = move |p: &Path| {
+            if p.starts_with(&b) {
+                View::Visible(Access::ReadExec)
+            } else if p.starts_with(&r) {
+                View::Visible(Access::Read)
+            } else {
+                View::Hidden
+            }
+        };
+        let path = format!("{}:{}:{}", ro.display(), bin.display(), hidden.display());
+        let check = |prog: &str| check("bwrap", OsStr::new(prog), Some(&path), d.path(), &view);
+        assert_eq!(check("tool"), Ok(()));
+        let e = check("nope").expect_err("not found");
+        assert_eq!(e.exit_code(), 127);
+        assert!(e
+            .to_string()
+            .contains("nope: command not found in the sandbox (tier bwrap"));
+        // Hidden by the policy: as if not there; a visible link to it
+        // shows it (as bwrap and Landlock do).
+        assert_eq!(check("secret").expect_err("hidden").exit_code(), 127);
+        assert_eq!(check("link"), Ok(()));
+        assert_eq!(check("plain").expect_err("mode").exit_code(), 126);
+        let e = check("tool2").expect_err("read-only grant");
+        assert_eq!(e.exit_code(), 126);
+        assert!(e.to_string().contains("read-only"), "{e}");
+        let abs = bin.join("tool");
+        assert_eq!(check(abs.to_str().expect("utf8")), Ok(()));
+        assert_eq!(check("./bin").expect_err("a directory").exit_code(), 126);
+        assert_eq!(check("./bin/none").expect_err("no file").exit_code(), 127);
+    }
+}
