@@ -353,8 +353,16 @@ impl Supervisor {
             } else {
                 format!("{} failed: {err}", spawn::step_name(step))
             };
+            // What a shell tells apart: not there (127), not executable (126).
+            let code = match (spawn::is_exec(step), errno) {
+                (true, libc::ENOENT | libc::ENOTDIR) => ErrorCode::CommandNotFound,
+                (true, libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::EPERM) => {
+                    ErrorCode::CommandNotExecutable
+                }
+                _ => ErrorCode::ExecFailed,
+            };
             return Some(Message::error(
-                ErrorCode::ExecFailed,
+                code,
                 format!("cannot run {:?}: {what}", self.argv0),
             ));
         }

@@ -12,7 +12,7 @@
 //!
 //! Does not authenticate the host (the transport decides who can connect).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::error::Error as StdError;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +26,7 @@ use hull_protocol::{
 
 use crate::exec::{self, Event, ExecHandle, StdinCmd};
 use crate::outbox::Outbox;
+use crate::spawn::SpawnError;
 use crate::transport::{self, Port, Transport, TransportError};
 
 /// Default cap on concurrent execs per session.
@@ -157,10 +158,19 @@ pub fn serve_port(name: &str, opts: &ServeOptions) -> Result<(), ServeError> {
 
 type ExecTable = Arc<Mutex<HashMap<u32, ExecHandle>>>;
 
+/// Ids of the execs that ended last: stdin or a kill the host sent before
+/// their terminal frame reached it is dropped, not answered with
+/// `UnknownId` (which would reach the host before the exec's own end).
+type Ended = Arc<Mutex<VecDeque<u32>>>;
+
+/// How many ended ids are remembered.
+const ENDED_KEPT: usize = 64;
+
 struct Session<'a> {
     opts: &'a ServeOptions,
     out: Outbox,
     execs: ExecTable,
+    ended: Ended,
     threads: Vec<JoinHandle<()>>,
     configuring: Arc<AtomicBool>,
 }
@@ -185,6 +195,7 @@ pub fn serve_session(t: Transport, opts: &ServeOptions) -> Result<SessionEnd, Se
         opts,
         out: out.clone(),
         execs: Arc::new(Mutex::new(HashMap::new())),
+        ended: Arc::new(Mutex::new(VecDeque::new())),
         threads: Vec::new(),
         configuring: Arc::new(AtomicBool::new(false)),
     };
@@ -316,6 +327,15 @@ impl Session<'_> {
         let mut execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
         match execs.get_mut(&id) {
             Some(h) => f(h),
+            // Ended before this frame came: its terminal frame is sent.
+            None if self
+                .ended
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&id) =>
+            {
+                tracing::debug!(id, "a frame for an exec that just ended, dropped");
+            }
             None => {
                 drop(execs);
                 self.out.send(
@@ -372,7 +392,20 @@ impl Session<'_> {
             return Step::Continue;
         }
         let table = self.execs.clone();
+        let ended = self.ended.clone();
+        ended
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|e| *e != id);
         let unregister = Box::new(move || {
+            // Ended first, then out of the table: a frame that misses the
+            // table finds it ended.
+            let mut e = ended.lock().unwrap_or_else(|p| p.into_inner());
+            if e.len() == ENDED_KEPT {
+                e.pop_front();
+            }
+            e.push_back(id);
+            drop(e);
             table.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         });
         // The table stays locked until the exec is in it, so its
@@ -384,8 +417,11 @@ impl Session<'_> {
             }
             Err(e) => {
                 drop(execs);
-                self.out
-                    .send(&Message::error(ErrorCode::ExecFailed, e.to_string()), id);
+                let code = match e {
+                    SpawnError::NotFound { .. } => ErrorCode::CommandNotFound,
+                    _ => ErrorCode::ExecFailed,
+                };
+                self.out.send(&Message::error(code, e.to_string()), id);
             }
         }
         Step::Continue

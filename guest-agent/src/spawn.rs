@@ -62,6 +62,10 @@ pub(crate) fn step_name(step: i32) -> &'static str {
 pub(crate) fn is_chdir(step: i32) -> bool {
     step == STEP_CHDIR
 }
+/// Whether the failed step was the execve of the command.
+pub(crate) fn is_exec(step: i32) -> bool {
+    step == STEP_EXEC
+}
 const STEP_FORK: i32 = 1;
 const STEP_SETGROUPS: i32 = 2;
 const STEP_SETGID: i32 = 3;

@@ -402,7 +402,7 @@ fn exec_failures_are_error_frames() {
     let o = run(&mut a, 1, exec(&[b"no-such-program-hull-test"]));
     match o.end {
         Some(Message::Error { code, message }) => {
-            assert_eq!(code, ErrorCode::ExecFailed);
+            assert_eq!(code, ErrorCode::CommandNotFound);
             assert!(message.contains("not found in PATH"), "{message}");
         }
         other => panic!("{other:?}"),
@@ -425,7 +425,16 @@ fn exec_failures_are_error_frames() {
     let o = run(&mut a, 3, exec(&[b"/etc/passwd"]));
     match o.end {
         Some(Message::Error { code, message }) => {
-            assert_eq!(code, ErrorCode::ExecFailed);
+            assert_eq!(code, ErrorCode::CommandNotExecutable);
+            assert!(message.contains("execve"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A path that is not there: found by execve, not by the PATH search.
+    let o = run(&mut a, 5, exec(&[b"./no-such-file-hull-test"]));
+    match o.end {
+        Some(Message::Error { code, message }) => {
+            assert_eq!(code, ErrorCode::CommandNotFound);
             assert!(message.contains("execve"), "{message}");
         }
         other => panic!("{other:?}"),
@@ -536,6 +545,33 @@ fn stdin_for_an_exec_without_stdin_aborts_it() {
         "{o:?}"
     );
     assert!(!sleep_alive(pid));
+}
+
+/// Stdin for an exec that has just ended (the host sent it before the
+/// exit reached it) is dropped: the exec's terminal frame is the only
+/// answer, and nothing follows it.
+#[test]
+fn stdin_after_an_exec_ended_gets_no_unknown_id() {
+    let mut a = agent();
+    let o = run(&mut a, 3, sh("exit 4"));
+    assert_eq!(o.end, Some(Message::Exit(ExitStatus::Code(4))));
+    a.conn.send(&Message::Stdin(b"late".to_vec()), 3).unwrap();
+    a.conn.send(&Message::StdinEof, 3).unwrap();
+    a.conn.send(&Message::Ping { nonce: 9 }, 0).unwrap();
+    // The pong is the next frame: no UnknownId came before it.
+    assert_eq!(a.conn.recv().unwrap(), (0, Message::Pong { nonce: 9 }));
+    // An id never used is still answered.
+    a.conn.send(&Message::StdinEof, 8).unwrap();
+    assert!(matches!(
+        a.conn.recv().unwrap(),
+        (
+            8,
+            Message::Error {
+                code: ErrorCode::UnknownId,
+                ..
+            }
+        )
+    ));
 }
 
 #[test]

@@ -81,6 +81,8 @@ pub enum RunError {
     Instance(String),
     #[error("{0}")]
     Tier(String),
+    #[error(transparent)]
+    Vm(#[from] crate::tier::vm::VmTierError),
     #[error("the command could not be run: {0}")]
     Exec(#[from] crate::exec::ExecError),
     #[error("tier {0} cannot run on this OS")]
@@ -98,6 +100,35 @@ pub enum RunError {
         #[source]
         source: crate::runtime::setid::SweepError,
     },
+}
+
+impl RunError {
+    /// A program (`program`, the command's argv[0]) that is not there (127)
+    /// or cannot be executed (126) in the sandbox: the exit code and hull's
+    /// one-line message.
+    pub fn not_runnable(&self, program: &str) -> Option<(i32, String)> {
+        #[cfg(unix)]
+        if let RunError::NotRunnable(e) = self {
+            return Some((e.exit_code(), e.to_string()));
+        }
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cur {
+            #[cfg(target_os = "linux")]
+            if let Some(crate::vm::agent::AgentError::NotRunnable { exit, message }) =
+                e.downcast_ref()
+            {
+                let what = if *exit == crate::exec::resolve::EXIT_NOT_FOUND {
+                    "command not found in the sandbox"
+                } else {
+                    "cannot be executed in the sandbox"
+                };
+                let program = crate::text::printable(program);
+                return Some((*exit, format!("{program}: {what} (tier vm: {message})")));
+            }
+            cur = e.source();
+        }
+        None
+    }
 }
 
 /// Resolves the choice to a tier that is available, or fails.
@@ -606,7 +637,7 @@ pub fn execute(
             sink,
             opts.vm.as_deref(),
         )
-        .map_err(|e| RunError::Tier(e.to_string())),
+        .map_err(RunError::from),
         Tier::None
         | Tier::Landlock
         | Tier::Bwrap

@@ -118,7 +118,9 @@ error_codes! {
     /// The command could not be started (program not found, not executable,
     /// the uid switch failed). Terminal for that exec id.
     ExecFailed = 6,
-    /// A frame names an exec id that is not running.
+    /// A frame names an exec id that is not running (stdin or a kill for an
+    /// exec that has just ended is dropped instead: the host could not know,
+    /// and the exec's terminal frame is on its way).
     UnknownId = 7,
     /// The request is refused by the agent's session policy.
     PolicyDenied = 8,
@@ -136,6 +138,13 @@ error_codes! {
     Unsupported = 13,
     /// The peer broke stdin flow control (more than `STDIN_WINDOW` bytes unacknowledged).
     FlowControl = 14,
+    /// The command's program is not there (not in its `PATH`, or no such
+    /// file). Terminal for that exec id; the host exits 127, as a shell.
+    CommandNotFound = 15,
+    /// The command's program is there but cannot be executed (no execute
+    /// permission, a directory, a `noexec` mount, an unknown format).
+    /// Terminal for that exec id; the host exits 126, as a shell.
+    CommandNotExecutable = 16,
 }
 
 impl Serialize for ErrorCode {

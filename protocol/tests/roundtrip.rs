@@ -223,6 +223,8 @@ fn error_codes_are_stable() {
         (ErrorCode::Timeout, 12),
         (ErrorCode::Unsupported, 13),
         (ErrorCode::FlowControl, 14),
+        (ErrorCode::CommandNotFound, 15),
+        (ErrorCode::CommandNotExecutable, 16),
     ];
     assert_eq!(ErrorCode::ALL.len(), expected.len());
     for (code, n) in expected {

@@ -78,6 +78,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         TierChoice::Named(t) => Some(t),
         TierChoice::Auto => None,
     };
+    let a_program = a.argv.first().cloned().unwrap_or_default();
     let opts = RunOptions {
         tier,
         policy: a.policy,
@@ -91,8 +92,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
     let started = std::time::SystemTime::now();
     let clock = std::time::Instant::now();
+    let program = a_program.to_string_lossy().into_owned();
     let res = crate::run::execute(opts, result_file.as_ref());
-    let not_runnable = not_runnable(&res);
+    let not_runnable = not_runnable(&res, &program);
     // A result file hull refused to use is not written either.
     let refused = matches!(&res, Err(crate::run::RunError::ResultFile(_)));
     let Some(file) = result_file.filter(|_| !refused) else {
@@ -152,18 +154,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
 
 /// Not there or not executable: the shell's 127 and 126, with hull's
 /// message (printed here), not hull's own failure.
-#[cfg(unix)]
-fn not_runnable(res: &Result<crate::run::RunOutcome, crate::run::RunError>) -> Option<i32> {
-    match res {
-        Err(crate::run::RunError::NotRunnable(e)) => {
-            eprintln!("hull: {e}");
-            Some(e.exit_code())
-        }
-        _ => None,
-    }
-}
-
-#[cfg(not(unix))]
-fn not_runnable(_: &Result<crate::run::RunOutcome, crate::run::RunError>) -> Option<i32> {
-    None
+fn not_runnable(
+    res: &Result<crate::run::RunOutcome, crate::run::RunError>,
+    program: &str,
+) -> Option<i32> {
+    let (code, message) = res.as_ref().err()?.not_runnable(program)?;
+    eprintln!("hull: {message}");
+    Some(code)
 }

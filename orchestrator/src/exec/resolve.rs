@@ -148,8 +148,9 @@ pub fn check(
     let mut refused = None;
     for dir in path.split(':') {
         // An empty entry is the working directory, as execvp has it.
-        let dir = if dir.is_empty() { cwd } else { Path::new(dir) };
-        let at = dir.join(argv0);
+        // An empty entry, and a relative one, are the working directory's
+        // (execvp resolves them from there, not from where hull started).
+        let at = cwd.join(dir).join(argv0);
         match probe(view, &at) {
             Found::Runnable => return Ok(()),
             Found::Refused(why) => {

@@ -82,6 +82,9 @@ pub enum AgentError {
     Peer { code: ErrorCode, message: String },
     #[error("tier vm: the command could not run in the guest: {code}: {message}")]
     ExecFailed { code: ErrorCode, message: String },
+    /// The program is not there (127) or not executable (126) in the guest.
+    #[error("{message} (tier vm)")]
+    NotRunnable { exit: i32, message: String },
     #[error("tier vm: container setup failed in the guest: {code}: {message}")]
     ConfigureFailed { code: ErrorCode, message: String },
     #[error("tier vm: {what} got no answer from the guest within {secs}s")]
@@ -591,14 +594,19 @@ impl AgentSession {
                         (_, hull_protocol::ExitStatus::Signal(s)) => ExitStatus::Signal(s),
                     });
                 }
-                // Stdin sent after the exec ended on the guest's side: the
-                // agent answers it before the exec's own terminal frame,
-                // which follows.
+                // Not there, or not executable: the shell's 127 and 126.
                 Message::Error {
-                    code: ErrorCode::UnknownId,
-                    ..
+                    code: code @ (ErrorCode::CommandNotFound | ErrorCode::CommandNotExecutable),
+                    message,
                 } => {
-                    tracing::debug!("tier vm: exec {id} ended before our stdin reached it");
+                    return Err(AgentError::NotRunnable {
+                        exit: if code == ErrorCode::CommandNotFound {
+                            127
+                        } else {
+                            126
+                        },
+                        message: crate::vm::proc::guest_text(&message),
+                    });
                 }
                 Message::Error { code, message } => {
                     return Err(AgentError::ExecFailed {
@@ -890,25 +898,29 @@ mod tests {
         assert!(sink.finished);
     }
 
-    /// The agent answers stdin that reached an exec after it ended (and
-    /// before its terminal frame) with UnknownId: the run ends with the
-    /// exec's own frame, not that answer.
+    /// The guest's "not there" and "not executable" are the shell's 127
+    /// and 126.
     #[test]
-    fn stdin_after_the_end_is_not_the_exec_s_result() {
-        let (mut s, t) = pair(|mut c| {
-            let (id, _) = c.recv().unwrap();
-            c.send(
-                &Message::error(ErrorCode::UnknownId, "no exec with id 1 is running"),
-                id,
-            )
-            .unwrap();
-            c.send(&Message::Exit(hull_protocol::ExitStatus::Code(4)), id)
-                .unwrap();
-        });
-        let mut sink = Collect::default();
-        let st = s.exec(&cmd(), &mut sink, ExecOptions::default()).unwrap();
-        t.join().unwrap();
-        assert_eq!(st, ExitStatus::Code(4));
+    fn a_program_the_guest_cannot_find_or_run_is_127_or_126() {
+        for (code, exit) in [
+            (ErrorCode::CommandNotFound, 127),
+            (ErrorCode::CommandNotExecutable, 126),
+        ] {
+            let (mut s, t) = pair(move |mut c| {
+                let (id, _) = c.recv().unwrap();
+                c.send(&Message::error(code, "cannot run \"x\""), id)
+                    .unwrap();
+            });
+            let mut sink = Collect::default();
+            let e = s
+                .exec(&cmd(), &mut sink, ExecOptions::default())
+                .unwrap_err();
+            t.join().unwrap();
+            assert!(
+                matches!(&e, AgentError::NotRunnable { exit: x, .. } if *x == exit),
+                "{e:?}"
+            );
+        }
     }
 
     /// What a hostile guest puts in an error reaches the user escaped and
