@@ -130,6 +130,36 @@ fn other_instance_is_invisible(t: &str) {
         it.next().expect("spill").to_string(),
     );
     std::fs::write(format!("{bspill}/out.txt"), "b-spill").expect("host writes B's spill");
+    // What the host holds of B's tmp and spill, names and contents.
+    let b_dir = Path::new(&bspill)
+        .parent()
+        .expect("B's instance dir")
+        .to_path_buf();
+    let held = || -> Vec<(String, Vec<u8>)> {
+        let mut all = Vec::new();
+        let mut stack = vec![b_dir.join("tmp"), b_dir.join("spill")];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p.clone());
+                }
+                all.push((
+                    p.display().to_string(),
+                    std::fs::read(&p).unwrap_or_default(),
+                ));
+            }
+        }
+        all.sort();
+        all
+    };
+    let before = held();
+    assert!(
+        before
+            .iter()
+            .any(|(p, c)| p.ends_with("/spill/out.txt") && c == b"b-spill"),
+        "{before:?}"
+    );
     // Instance A tries everything on B's dirs, by their real paths.
     let o = w.run(t, &[], &format!("cat '{btmp}/secret'"));
     assert!(failed(&o), "{}", show(&o));
@@ -144,12 +174,10 @@ fn other_instance_is_invisible(t: &str) {
         ),
     );
     assert!(failed(&o), "{}", show(&o));
+    // Nothing of B's changed, and nothing new appeared there.
+    assert_eq!(held(), before, "{}", show(&o));
     let _ = b.kill();
     let _ = b.wait();
-    assert_eq!(
-        std::fs::read_to_string(format!("{bspill}/out.txt")).expect("b spill"),
-        "b-spill"
-    );
 }
 
 /// A writable home: the shell startup files that do not exist stay
