@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --tier3
 cargo build --release --locked -p hull -p hull-agent
 HULL=target/release/hull
-export HULL_AGENT_BIN="$PWD/target/release/hull-agent"
+export HULL_AGENT="$PWD/target/release/hull-agent"
 
 $HULL probe
 $HULL image build

@@ -19,6 +19,7 @@ pub mod result_file;
 pub mod run;
 pub mod runtime;
 pub mod sandbox_user;
+pub mod settings;
 pub mod text;
 pub mod tier;
 pub mod vm;

@@ -84,12 +84,9 @@ pub const LOGS_DIR: &str = "logs";
 /// the current directory), else `std::env::temp_dir()/hull-runs`. Does not
 /// create it; [`Instance::create`] does, and checks it is private.
 pub fn runs_root() -> PathBuf {
-    match std::env::var_os(RUNS_DIR_ENV) {
-        Some(v) if !v.is_empty() => {
-            let p = PathBuf::from(v);
-            std::path::absolute(&p).unwrap_or(p)
-        }
-        _ => std::env::temp_dir().join("hull-runs"),
+    match &crate::settings::get().runs_dir {
+        Some(p) => std::path::absolute(p).unwrap_or_else(|_| p.clone()),
+        None => std::env::temp_dir().join("hull-runs"),
     }
 }
 

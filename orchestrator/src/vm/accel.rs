@@ -63,7 +63,7 @@ pub fn probe_accel_with(
 }
 
 fn forced() -> Option<AccelChoice> {
-    let v = std::env::var("HULL_VM_ACCEL").ok()?;
+    let v = crate::settings::get().vm_accel.clone()?;
     let accel = match v.as_str() {
         "tcg" => Accel::Tcg,
         "kvm" => Accel::Kvm,
@@ -102,8 +102,8 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// The kernel to probe KVM with: `HULL_VM_KERNEL`, else the newest built
 /// image's `vmlinux` under `<cache>/images/*/`.
 pub fn default_probe_kernel() -> Option<PathBuf> {
-    if let Some(k) = std::env::var_os("HULL_VM_KERNEL") {
-        return Some(PathBuf::from(k));
+    if let Some(k) = &crate::settings::get().vm_kernel {
+        return Some(k.clone());
     }
     let dir = cache_dir()?.join("images");
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;

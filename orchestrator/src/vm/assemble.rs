@@ -54,10 +54,9 @@ pub fn restore_deadlines(accel: Accel) -> (Duration, Duration) {
 /// Boot and setup deadlines for an accelerator (TCG is 10-20x slower).
 pub fn deadlines(accel: Accel) -> (Duration, Duration) {
     let scale = |secs: u64| {
-        let env = std::env::var("HULL_VM_BOOT_TIMEOUT")
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok());
-        Duration::from_secs(env.unwrap_or(secs))
+        crate::settings::get()
+            .vm_boot_timeout
+            .unwrap_or(Duration::from_secs(secs))
     };
     match accel {
         Accel::Tcg => (scale(300), scale(300)),
@@ -205,8 +204,7 @@ pub fn find_image() -> Result<PathBuf, AssembleError> {
             .iter()
             .all(|f| d.join(f).is_file())
     };
-    if let Some(d) = std::env::var_os("HULL_VM_IMAGE") {
-        let d = PathBuf::from(d);
+    if let Some(d) = crate::settings::get().vm_image.clone() {
         if complete(&d) {
             return Ok(d);
         }
@@ -267,10 +265,7 @@ pub fn cleanup_stale_instance(
 /// `HULL_VM_SNAPSHOT=off` boots every run (benchmarks of the boot path).
 #[cfg(target_os = "linux")]
 fn snapshot_wanted() -> bool {
-    !matches!(
-        std::env::var("HULL_VM_SNAPSHOT").as_deref(),
-        Ok("off" | "0" | "no")
-    )
+    !crate::settings::get().vm_snapshot_off
 }
 
 /// A VM that runs, and the plan its shares were started for (the

@@ -350,8 +350,8 @@ pub fn dir_usage(dir: &Path) -> u64 {
 /// The agent binary hull uses by default: `$HULL_AGENT`, else `hull-agent` next to
 /// the running `hull`.
 pub fn default_agent_path() -> Result<PathBuf, ImageError> {
-    if let Some(p) = std::env::var_os("HULL_AGENT").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(p));
+    if let Some(p) = &crate::settings::get().agent {
+        return Ok(p.clone());
     }
     let exe = std::env::current_exe().map_err(ImageError::io(
         Path::new("/proc/self/exe"),

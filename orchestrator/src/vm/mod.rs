@@ -60,8 +60,8 @@ pub use crate::policy::lower::vm::{GUEST_GID, GUEST_UID};
 /// Where the VMs of `hull vm up` keep their state: `$HULL_VMS_DIR`, else
 /// `hull-vms` beside the runs root.
 pub fn supervisor_root() -> std::path::PathBuf {
-    if let Some(d) = std::env::var_os("HULL_VMS_DIR") {
-        return std::path::PathBuf::from(d);
+    if let Some(d) = &crate::settings::get().vms_dir {
+        return d.clone();
     }
     let runs = crate::runtime::runs_root();
     runs.parent()

@@ -496,9 +496,8 @@ fn ask_version(qemu: &Path) -> Option<String> {
 /// Finds the QEMU binary for `arch`: `HULL_QEMU` if set, else `PATH`,
 /// else the usual install locations. Returns an absolute path.
 pub fn find_qemu(arch: Arch) -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("HULL_QEMU") {
-        let p = PathBuf::from(p);
-        return p.is_absolute().then_some(p);
+    if let Some(p) = &crate::settings::get().qemu {
+        return p.is_absolute().then(|| p.clone());
     }
     let name = arch.qemu_binary();
     let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")

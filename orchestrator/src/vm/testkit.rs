@@ -196,10 +196,11 @@ pub fn script_output(console: &Path) -> String {
     rest[..end].replace('\r', "")
 }
 
-/// The guest agent binary (`HULL_AGENT_BIN`, else the workspace's
+/// The guest agent binary (`HULL_AGENT`, else the workspace's
 /// `target/debug/hull-agent`), checked to be the real agent.
 pub fn agent_binary() -> PathBuf {
-    let p = std::env::var_os("HULL_AGENT_BIN")
+    let p = std::env::var_os("HULL_AGENT")
+        .filter(|p| !p.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/hull-agent")
@@ -211,7 +212,7 @@ pub fn agent_binary() -> PathBuf {
         .unwrap_or_default();
     if !help.contains("serve") {
         panic!(
-            "{} is not the guest agent (build it: cargo build -p hull-agent, or set HULL_AGENT_BIN); {HOW}",
+            "{} is not the guest agent (build it: cargo build -p hull-agent, or set HULL_AGENT); {HOW}",
             p.display()
         );
     }

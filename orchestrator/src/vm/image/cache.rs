@@ -63,8 +63,8 @@ impl Cache {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
-        if let Some(p) = env("HULL_IMAGE_CACHE") {
-            return Ok(Cache::at(p));
+        if let Some(p) = &crate::settings::get().image_cache {
+            return Ok(Cache::at(p.clone()));
         }
         if let Some(p) = env("XDG_CACHE_HOME") {
             return Ok(Cache::at(p.join("hull").join("images")));

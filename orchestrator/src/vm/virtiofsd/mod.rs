@@ -144,9 +144,8 @@ impl VirtiofsdSpec {
 /// Finds virtiofsd: `HULL_VIRTIOFSD`, `PATH`, `/usr/libexec/virtiofsd`,
 /// `/usr/lib/qemu/virtiofsd`, `~/.cargo/bin/virtiofsd`. Absolute path.
 pub fn find_virtiofsd() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("HULL_VIRTIOFSD") {
-        let p = PathBuf::from(p);
-        return p.is_absolute().then_some(p);
+    if let Some(p) = &crate::settings::get().virtiofsd {
+        return p.is_absolute().then(|| p.clone());
     }
     let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect())
