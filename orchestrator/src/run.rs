@@ -78,11 +78,48 @@ pub enum RunError {
         source: crate::policy::lower::plan::PlanError,
     },
     #[error("instance: {0}")]
-    Instance(String),
+    Instance(#[from] crate::runtime::InstanceError),
+    #[error("instance: --instance: {0}")]
+    InstanceId(#[from] crate::runtime::BadInstanceId),
+    #[error("instance: the spill: {0}")]
+    Spill(#[from] crate::runtime::SpillError),
     #[error("{0}")]
     Tier(String),
     #[error(transparent)]
     Vm(#[from] crate::tier::vm::VmTierError),
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Bwrap(#[from] crate::tier::bwrap::BwrapError),
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Landlock(#[from] crate::tier::landlock::LandlockError),
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Identity(#[from] crate::tier::identity::IdentityError),
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Launch(#[from] crate::tier::launch::LaunchError),
+    #[cfg(target_os = "linux")]
+    #[error("tier {tier}: {source}")]
+    Placeholders {
+        tier: Tier,
+        #[source]
+        source: crate::runtime::placeholder::PlaceholderError,
+    },
+    /// A step of setting the sandbox up failed on the host.
+    #[error("tier {tier}: {what}: {source}")]
+    Setup {
+        tier: Tier,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[cfg(target_os = "linux")]
+    #[error("tier landlock: the run needs a cgroup v2 of its own, so that its whole process tree can be ended for certain: {source}. Run hull as root, or inside a cgroup delegated to you (systemd-run --user --scope -p Delegate=yes hull ...), or use --tier bwrap")]
+    Cgroup {
+        #[source]
+        source: crate::exec::cgroup::CgroupError,
+    },
     #[error("the command could not be run: {0}")]
     Exec(#[from] crate::exec::ExecError),
     #[error("tier {0} cannot run on this OS")]
@@ -306,7 +343,7 @@ pub fn run_process_tier(
             c
         }
         Tier::Bwrap => {
-            let masks = launch::create_masks(run_dir).map_err(|e| RunError::Tier(e.to_string()))?;
+            let masks = launch::create_masks(run_dir)?;
             let plan = crate::policy::lower::bwrap::lower(policy, &RealFs, &masks, &spec.cwd)
                 .map_err(|source| RunError::Lower { tier, source })?;
             let wanted: Vec<crate::runtime::placeholder::Wanted> = plan
@@ -320,21 +357,24 @@ pub fn run_process_tier(
                 .collect();
             let runs_root = run_dir.parent().unwrap_or(run_dir);
             placeholders = crate::runtime::placeholder::hold(&wanted, runs_root)
-                .map_err(|e| RunError::Tier(format!("tier bwrap: {e}")))?;
-            let mut prepared = crate::tier::bwrap::command(&plan, &spec.argv)
-                .map_err(|e| RunError::Tier(e.to_string()))?;
+                .map_err(|source| RunError::Placeholders { tier, source })?;
+            let mut prepared = crate::tier::bwrap::command(&plan, &spec.argv)?;
             // Every connect goes to the broker: a read-only bind does not
             // stop one to a host service's socket under it.
             let filter = crate::tier::seccomp::build_connect_broker()
                 .map(|p| crate::tier::seccomp::Raw::new(&p))
-                .map_err(|e| RunError::Tier(format!("tier bwrap: {e}")))?;
+                .map_err(crate::tier::bwrap::BwrapError::from)?;
             let (b, handoff) = crate::tier::broker::Broker::with_handoff(
                 crate::tier::broker::Handler::Connect(crate::tier::broker::Workers::new(
                     crate::tier::identity::hull_is_root(),
                 )),
                 filter,
             )
-            .map_err(|e| RunError::Tier(format!("tier bwrap: starting the connect broker: {e}")))?;
+            .map_err(|source| RunError::Setup {
+                tier,
+                what: "starting the connect broker".into(),
+                source,
+            })?;
             broker = Some(b);
             last_step = Some(handoff);
             if crate::tier::identity::hull_is_root() {
@@ -350,8 +390,7 @@ pub fn run_process_tier(
                         own: s.writable || s.path.starts_with(run_dir),
                     })
                     .collect();
-                let switch = crate::tier::identity::Switch::prepare("bwrap", &grants)
-                    .map_err(|e| RunError::Tier(e.to_string()))?;
+                let switch = crate::tier::identity::Switch::prepare("bwrap", &grants)?;
                 install_switch(&mut prepared.command, switch);
             }
             for fd in &prepared.keep {
@@ -360,8 +399,7 @@ pub fn run_process_tier(
             keep_alive.extend(prepared.keep);
             let status = prepared.status;
             started_check = Some(Box::new(move |exit| {
-                crate::tier::bwrap::check_started(status, exit)
-                    .map_err(|e| RunError::Tier(e.to_string()))
+                crate::tier::bwrap::check_started(status, exit).map_err(RunError::from)
             }));
             containment = crate::exec::process::Containment::PidNamespace;
             prepared.command
@@ -388,8 +426,10 @@ pub fn run_process_tier(
                         c.around.clone(),
                         std::sync::Arc::clone(pool),
                     )
-                    .map_err(|e| {
-                        RunError::Tier(format!("tier landlock: opening {}: {e}", c.dir.display()))
+                    .map_err(|source| RunError::Setup {
+                        tier,
+                        what: format!("opening {}", c.dir.display()),
+                        source,
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -411,18 +451,24 @@ pub fn run_process_tier(
                     SocketFlags::CLOEXEC,
                     None,
                 )
-                .map_err(|e| RunError::Tier(format!("tier landlock: the broker's socket: {e}")))?;
+                .map_err(|e| RunError::Setup {
+                    tier,
+                    what: "the broker's socket".into(),
+                    source: e.into(),
+                })?;
                 let handler = crate::tier::broker::Handler::Landlock {
                     watch: crate::tier::broker::Scope::visible(policy),
                     metadata: metadata_broker.then(|| crate::tier::broker::Scope::of(policy)),
                     workers: crate::tier::broker::Workers::new(!metadata_broker),
                     creates,
                 };
-                broker = Some(
-                    crate::tier::broker::Broker::start(ours, handler).map_err(|e| {
-                        RunError::Tier(format!("tier landlock: starting the broker: {e}"))
-                    })?,
-                );
+                broker = Some(crate::tier::broker::Broker::start(ours, handler).map_err(
+                    |source| RunError::Setup {
+                        tier,
+                        what: "starting the broker".into(),
+                        source,
+                    },
+                )?);
                 let raw = std::os::fd::AsRawFd::as_raw_fd(&theirs);
                 setup.keep_fds.push(raw);
                 keep_alive.push(theirs);
@@ -435,8 +481,7 @@ pub fn run_process_tier(
                 Some(broker_fd),
                 metadata_broker,
                 spare_sets,
-            )
-            .map_err(|e| RunError::Tier(e.to_string()))?;
+            )?;
             setup
                 .keep_fds
                 .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
@@ -444,8 +489,7 @@ pub fn run_process_tier(
             keep_alive.push(prepared.exe);
             let err_r = prepared.error_r;
             started_check = Some(Box::new(move |_| {
-                crate::tier::landlock::check_started(err_r)
-                    .map_err(|e| RunError::Tier(e.to_string()))
+                crate::tier::landlock::check_started(err_r).map_err(RunError::from)
             }));
             let mut c = prepared.command;
             // The tree in a cgroup of its own: ended by cgroup.kill, which
@@ -455,14 +499,8 @@ pub fn run_process_tier(
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let cgroup = crate::exec::cgroup::RunCgroup::create(&id).map_err(|e| {
-                RunError::Tier(format!(
-                    "tier landlock: the run needs a cgroup v2 of its own, so that its whole \
-                     process tree can be ended for certain: {e}. Run hull as root, or inside \
-                     a cgroup delegated to you (systemd-run --user --scope -p Delegate=yes \
-                     hull ...), or use --tier bwrap"
-                ))
-            })?;
+            let cgroup = crate::exec::cgroup::RunCgroup::create(&id)
+                .map_err(|source| RunError::Cgroup { source })?;
             install_cgroup_move(&mut c, cgroup.procs_fd());
             containment = crate::exec::process::Containment::Cgroup(cgroup);
             c.current_dir(&spec.cwd);
@@ -480,8 +518,7 @@ pub fn run_process_tier(
                     })
                     .collect();
                 let switch = crate::tier::identity::Switch::prepare("landlock", &grants)
-                    .and_then(|s| s.with_cwd(&spec.cwd))
-                    .map_err(|e| RunError::Tier(e.to_string()))?;
+                    .and_then(|s| s.with_cwd(&spec.cwd))?;
                 install_switch(&mut c, switch);
             }
             c
@@ -597,14 +634,9 @@ pub fn execute(
     let instance = match &opts.instance {
         Some(id) => id
             .parse::<crate::runtime::InstanceId>()
-            .map_err(|e| RunError::Instance(e.to_string()))
-            .and_then(|id| {
-                crate::runtime::Instance::join(&runs, id)
-                    .map_err(|e| RunError::Instance(e.to_string()))
-            }),
-        None => {
-            crate::runtime::Instance::create(&runs).map_err(|e| RunError::Instance(e.to_string()))
-        }
+            .map_err(RunError::from)
+            .and_then(|id| Ok(crate::runtime::Instance::join(&runs, id)?)),
+        None => Ok(crate::runtime::Instance::create(&runs)?),
     }?;
     // Opportunistic cleanup of dead instances (at most every few minutes).
     if let Err(e) = crate::runtime::gc_if_due(instance.runs_root()) {
@@ -627,8 +659,7 @@ pub fn execute(
     let mut spill_sink = opts
         .spill
         .map(|threshold| crate::runtime::spill::SpillSink::stdio(instance.spill(), threshold))
-        .transpose()
-        .map_err(|e| RunError::Instance(e.to_string()))?;
+        .transpose()?;
     let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
     let started = std::time::SystemTime::now();
     let result = match tier {
