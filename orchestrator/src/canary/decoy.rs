@@ -242,15 +242,17 @@ impl Decoy {
         v[slot(tier)].as_ref().map_or(0, |v| v.child.id())
     }
 
-    /// What happened to `tier`'s victim, if anything.
-    pub fn victim_touched(&self, tier: Tier) -> Option<String> {
+    /// What happened to a victim, if anything (each run starts with both
+    /// afresh, so either one touched is this run's doing).
+    pub fn victim_touched(&self) -> Option<String> {
         let mut v = self.victims.lock().unwrap_or_else(|e| e.into_inner());
-        let v = v[slot(tier)].as_mut()?;
-        if matches!(v.child.try_wait(), Ok(Some(_))) {
-            return Some("a host process was killed".into());
-        }
-        let now = nofile_limit(v.child.id())?;
-        (now != v.nofile).then(|| format!("a host process's limit is now: {now}"))
+        v.iter_mut().flatten().find_map(|v| {
+            if matches!(v.child.try_wait(), Ok(Some(_))) {
+                return Some("a host process was killed".into());
+            }
+            let now = nofile_limit(v.child.id())?;
+            (now != v.nofile).then(|| format!("a host process's limit is now: {now}"))
+        })
     }
 
     /// Reads the host setting `locked` ([`SYSCTL`] or [`DEVICE`]) as it
@@ -447,87 +449,62 @@ impl Drop for Shm {
 /// own) reached the host's vsock space.
 #[cfg(target_os = "linux")]
 mod vsock {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::{AsRawFd, OwnedFd};
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
 
-    pub fn listen(arrivals: &Arc<AtomicUsize>) -> Option<u32> {
-        // SAFETY: socket(2) with constant arguments; the result is checked
-        // and owned at once.
-        let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: fd is a fresh descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+
+    fn socket(flags: SocketFlags) -> Option<OwnedFd> {
+        rustix::net::socket_with(AddressFamily::VSOCK, SocketType::STREAM, flags, None).ok()
+    }
+
+    /// A vsock address (rustix has none for this family).
+    fn addr(cid: u32, port: u32) -> libc::sockaddr_vm {
         // SAFETY: sockaddr_vm is plain data; all-zero is a valid value.
-        let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-        addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
-        addr.svm_cid = libc::VMADDR_CID_ANY;
-        addr.svm_port = libc::VMADDR_PORT_ANY;
-        let mut len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
-        let p = &mut addr as *mut libc::sockaddr_vm as *mut libc::sockaddr;
-        // SAFETY: p and len describe `addr`, which outlives the calls.
-        let ok = unsafe {
+        let mut a: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+        a.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+        a.svm_cid = cid;
+        a.svm_port = port;
+        a
+    }
+
+    const ADDR_LEN: libc::socklen_t = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+
+    pub fn listen(arrivals: &Arc<AtomicUsize>) -> Option<u32> {
+        let fd = socket(SocketFlags::CLOEXEC)?;
+        let mut a = addr(libc::VMADDR_CID_ANY, libc::VMADDR_PORT_ANY);
+        let mut len = ADDR_LEN;
+        let p = &mut a as *mut libc::sockaddr_vm as *mut libc::sockaddr;
+        // SAFETY: p and len describe `a`, which outlives the calls.
+        let bound = unsafe {
             libc::bind(fd.as_raw_fd(), p, len) == 0
-                && libc::listen(fd.as_raw_fd(), 8) == 0
                 && libc::getsockname(fd.as_raw_fd(), p, &mut len) == 0
         };
-        if !ok {
+        if !bound || rustix::net::listen(&fd, 8).is_err() {
             return None;
         }
         // Reachable from here at all (a host without vsock_loopback or a
         // VM device has a vsock space nothing can connect within)?
-        if !reachable(addr.svm_port) {
+        if !reachable(a.svm_port) {
             return None;
         }
         super::count(arrivals, move || {
-            // SAFETY: accept(2) on our listener; a new descriptor is closed
-            // at once by OwnedFd.
-            let c = unsafe {
-                libc::accept4(
-                    fd.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC,
-                )
-            };
-            if c < 0 {
-                return false;
-            }
-            // SAFETY: c is a fresh descriptor nothing else owns.
-            drop(unsafe { OwnedFd::from_raw_fd(c) });
-            true
+            rustix::net::accept_with(&fd, SocketFlags::CLOEXEC).is_ok()
         });
-        Some(addr.svm_port)
+        Some(a.svm_port)
     }
 
     /// Whether a connection to `port` on this host's own CID (1) is
     /// accepted by the kernel before the listener's thread runs.
     fn reachable(port: u32) -> bool {
-        // SAFETY: as in `listen`.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_VSOCK,
-                libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                0,
-            )
-        };
-        if fd < 0 {
+        let Some(fd) = socket(SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) else {
             return false;
-        }
-        // SAFETY: fd is a fresh descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: as in `listen`.
-        let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-        addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
-        addr.svm_cid = libc::VMADDR_CID_LOCAL;
-        addr.svm_port = port;
-        let len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
-        let p = &addr as *const libc::sockaddr_vm as *const libc::sockaddr;
-        // SAFETY: p and len describe `addr`.
-        let r = unsafe { libc::connect(fd.as_raw_fd(), p, len) };
-        if r == 0 {
+        };
+        let a = addr(libc::VMADDR_CID_LOCAL, port);
+        let p = &a as *const libc::sockaddr_vm as *const libc::sockaddr;
+        // SAFETY: p and ADDR_LEN describe `a`.
+        if unsafe { libc::connect(fd.as_raw_fd(), p, ADDR_LEN) } == 0 {
             return true;
         }
         if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINPROGRESS) {
@@ -540,19 +517,7 @@ mod vsock {
         };
         // SAFETY: one pollfd, a 500 ms limit.
         let n = unsafe { libc::poll(&mut pfd, 1, 500) };
-        let mut err: libc::c_int = 0;
-        let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: SO_ERROR into an int of the given size.
-        let got = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_ERROR,
-                (&mut err as *mut libc::c_int).cast(),
-                &mut l,
-            )
-        };
-        n == 1 && got == 0 && err == 0
+        n == 1 && matches!(rustix::net::sockopt::socket_error(&fd), Ok(Ok(())))
     }
 }
 

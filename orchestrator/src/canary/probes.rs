@@ -113,6 +113,11 @@ fn said(o: &Output, marker: &str, what: &str) -> Option<String> {
         .then(|| what.to_string())
 }
 
+/// Whether a host listener's counter saw anything since the reset.
+fn arrived(n: &std::sync::atomic::AtomicUsize, what: &str) -> Option<String> {
+    (n.swap(0, Ordering::AcqRel) > 0).then(|| what.to_string())
+}
+
 fn exists(p: &Path) -> Option<String> {
     std::fs::symlink_metadata(p)
         .is_ok()
@@ -422,10 +427,7 @@ pub fn probes() -> Vec<Probe> {
             "signal_host_process",
             "host processes",
             |d, t| format!("kill -TERM {}", d.victim_pid(t)),
-            |d, _| {
-                d.victim_touched(Tier::None)
-                    .or_else(|| d.victim_touched(Tier::Landlock))
-            },
+            |d, _| d.victim_touched(),
         ),
         Probe::attack(
             "prlimit_host_process",
@@ -437,10 +439,7 @@ pub fn probes() -> Vec<Probe> {
                     d.victim_pid(t)
                 )
             },
-            |d, _| {
-                d.victim_touched(Tier::None)
-                    .or_else(|| d.victim_touched(Tier::Landlock))
-            },
+            |d, _| d.victim_touched(),
         ),
         Probe::attack(
             "host_process_environ",
@@ -496,8 +495,10 @@ pub fn probes() -> Vec<Probe> {
                 )
             },
             |d, _| {
-                (d.unix_arrivals.swap(0, Ordering::AcqRel) > 0)
-                    .then(|| "the host's unix socket received from the command".into())
+                arrived(
+                    &d.unix_arrivals,
+                    "the host's unix socket received from the command",
+                )
             },
         ),
         Probe::attack(
@@ -509,10 +510,7 @@ pub fn probes() -> Vec<Probe> {
                     d.listener_port
                 )
             },
-            |d, _| {
-                (d.connections.swap(0, Ordering::AcqRel) > 0)
-                    .then(|| "the host's listener accepted a connection".into())
-            },
+            |d, _| arrived(&d.connections, "the host's listener accepted a connection"),
         ),
         Probe {
             unavailable: |_, t| {
@@ -558,8 +556,10 @@ pub fn probes() -> Vec<Probe> {
                 )
                 },
                 |d, _| {
-                    (d.vsock_arrivals.swap(0, Ordering::AcqRel) > 0)
-                        .then(|| "the host's vsock listener accepted a connection".into())
+                    arrived(
+                        &d.vsock_arrivals,
+                        "the host's vsock listener accepted a connection",
+                    )
                 },
             )
         },

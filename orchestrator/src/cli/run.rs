@@ -78,7 +78,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         TierChoice::Named(t) => Some(t),
         TierChoice::Auto => None,
     };
-    let a_program = a.argv.first().cloned().unwrap_or_default();
+    let program = a
+        .argv
+        .first()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let opts = RunOptions {
         tier,
         policy: a.policy,
@@ -92,73 +96,83 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
     let started = std::time::SystemTime::now();
     let clock = std::time::Instant::now();
-    let program = a_program.to_string_lossy().into_owned();
     let res = crate::run::execute(opts, result_file.as_ref());
-    let not_runnable = not_runnable(&res, &program);
+    // Not there or not executable: the shell's 127 and 126, with hull's
+    // one line, not hull's own failure.
+    let not_runnable = res.as_ref().err().and_then(|e| e.not_runnable(&program));
+    if let Some((_, message)) = &not_runnable {
+        eprintln!("hull: {message}");
+    }
     // A result file hull refused to use is not written either.
     let refused = matches!(&res, Err(crate::run::RunError::ResultFile(_)));
-    let Some(file) = result_file.filter(|_| !refused) else {
-        return match not_runnable {
-            Some(code) => Ok(code),
-            None => Ok(res?.status.exit_code()),
-        };
+    let written = match result_file.filter(|_| !refused) {
+        Some(file) => {
+            let started = started
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let doc = result_doc(&res, not_runnable.as_ref(), named, started, clock.elapsed());
+            Some(file.write(&doc))
+        }
+        None => None,
     };
-    use crate::result_file::{Outcome, RunResult};
-    let started = started
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
-    let seconds = clock.elapsed().as_secs_f64();
-    let doc = match &res {
-        Ok(o) => RunResult {
-            version: 1,
-            exit_code: o.status.exit_code(),
-            outcome: o.status.into(),
-            tier: Some(o.tier),
-            instance: Some(o.instance.clone()),
-            spill: Some(o.spill.clone()),
-            started,
-            seconds,
-        },
-        Err(e) => RunResult {
-            version: 1,
-            exit_code: not_runnable.unwrap_or(crate::EXIT_HULL_FAILED),
-            outcome: match not_runnable {
-                Some(_) => Outcome::NotRunnable {
-                    message: e.to_string(),
-                },
-                None => Outcome::HullError {
-                    message: super::error_text(e),
-                },
-            },
-            tier: named,
-            instance: None,
-            spill: None,
-            started,
-            seconds,
-        },
-    };
-    let written = file.write(&doc);
     let code = match not_runnable {
-        Some(code) => code,
+        Some((code, _)) => code,
         None => res?.status.exit_code(),
     };
     // The harness reads the file, not the exit code: without it the run's
     // result is unknown to it.
-    written.map_err(|e| {
-        anyhow::Error::from(e).context(format!(
+    if let Some(Err(e)) = written {
+        return Err(anyhow::Error::from(e).context(format!(
             "the command's exit code was {code}, but its result file could not be written"
-        ))
-    })?;
+        )));
+    }
     Ok(code)
 }
 
-/// Not there or not executable: the shell's 127 and 126, with hull's
-/// message (printed here), not hull's own failure.
-fn not_runnable(
+/// The `--json-result` document of a run that ended as `res`.
+fn result_doc(
     res: &Result<crate::run::RunOutcome, crate::run::RunError>,
-    program: &str,
-) -> Option<i32> {
-    let (code, message) = res.as_ref().err()?.not_runnable(program)?;
-    eprintln!("hull: {message}");
-    Some(code)
+    not_runnable: Option<&(i32, String)>,
+    named: Option<crate::tier::Tier>,
+    started: f64,
+    took: std::time::Duration,
+) -> crate::result_file::RunResult {
+    use crate::result_file::{Outcome, RunResult};
+    let (exit_code, outcome, tier, instance, spill) = match (res, not_runnable) {
+        (Ok(o), _) => (
+            o.status.exit_code(),
+            o.status.into(),
+            Some(o.tier),
+            Some(o.instance.clone()),
+            Some(o.spill.clone()),
+        ),
+        (Err(_), Some((code, message))) => (
+            *code,
+            Outcome::NotRunnable {
+                message: message.clone(),
+            },
+            named,
+            None,
+            None,
+        ),
+        (Err(e), None) => (
+            crate::EXIT_HULL_FAILED,
+            Outcome::HullError {
+                message: super::error_text(e),
+            },
+            named,
+            None,
+            None,
+        ),
+    };
+    RunResult {
+        version: 1,
+        exit_code,
+        outcome,
+        tier,
+        instance,
+        spill,
+        started,
+        seconds: took.as_secs_f64(),
+    }
 }

@@ -62,8 +62,6 @@ pub use instance::{FinishOutcome, Instance, InstanceError};
 pub use read::{ReadAnswer, ReadError, ReadRequest, ReadScope, READ_MAX_BYTES};
 pub use spill::{PassThrough, SpillError, SpillSink, DEFAULT_SPILL_BYTES};
 
-/// Environment variable that overrides where run dirs live (tests set it).
-pub const RUNS_DIR_ENV: &str = "HULL_RUNS_DIR";
 /// Environment variable naming the instance (set for commands; read by `hull read`).
 pub const INSTANCE_ENV: &str = "HULL_INSTANCE";
 /// Environment variable with the instance's spill dir, set for commands.
