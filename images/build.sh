@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # hull guest image recipe: builds a prepared tier-3 guest from Debian packages only.
 #
-#   build.sh OUT_DIR AGENT_BIN
+#   build.sh OUT_DIR AGENT_DISK
+#
+# AGENT_DISK is the read-only ext4 holding hull-agent that hull attaches to every VM
+# (hull's vm/image/agent_disk.rs makes it). The image does not contain the agent: the
+# prepare boot attaches the disk as /dev/vdb, as every later boot does, to check that
+# the container starts with it.
 #
 # OUT_DIR must not hold an earlier build; `hull image build` passes `<id>.partial-<pid>`
 # (with this recipe in recipe/ and the log in build.log) and renames it to `<id>` when
@@ -39,9 +44,9 @@ die() {
 }
 trap 'rc=$?; [ $rc -eq 0 ] || printf "@@error step %d failed (exit %d) at line %d: %s\n" "$step_no" "$rc" "$LINENO" "$BASH_COMMAND"' ERR
 
-[ $# -eq 2 ] || die "usage: build.sh OUT_DIR AGENT_BIN"
+[ $# -eq 2 ] || die "usage: build.sh OUT_DIR AGENT_DISK"
 OUT=$1
-AGENT=$2
+AGENT_DISK=$2
 RECIPE=$(cd "$(dirname "$0")" && pwd)
 SUITE=bookworm
 # shellcheck source=apt-mirror.sh
@@ -60,7 +65,7 @@ POOL_SIZE=8GiB
 info mirror "$MIRROR"
 info security_mirror "$SECURITY"
 [ "$(id -u)" -eq 0 ] || die "the image build needs root: mmdebstrap's root mode and mkfs.ext4 -d keep file ownership only as root"
-[ -x "$AGENT" ] || die "agent binary $AGENT is missing or not executable"
+[ -f "$AGENT_DISK" ] || die "agent disk $AGENT_DISK is missing"
 for t in mmdebstrap qemu-system-x86_64 mkfs.ext4 e2fsck zstd cpio dpkg-deb chroot xz timeout; do
   command -v "$t" >/dev/null || die "missing tool: $t"
 done
@@ -153,8 +158,7 @@ install -m 0755 "$RECIPE/initrd/init" "$IRD/init"
 step "container image (mmdebstrap)"
 IMPORT="$WORK/import"
 mkdir -p "$IMPORT"
-install -m 0755 "$AGENT" "$WORK/hull-agent"
-HULL_AGENT_BIN="$WORK/hull-agent" mmdebstrap --variant=minbase --mode=root \
+mmdebstrap --variant=minbase --mode=root \
   --include="$(read_list "$RECIPE/packages/container.list")" \
   "${dpkg_slim[@]}" \
   --customize-hook="$RECIPE/hooks/container-customize" \
@@ -173,7 +177,6 @@ install -m 0755 "$RECIPE/guest/hull-init" "$ROOT/sbin/hull-init"
 install -d -m 0755 "$ROOT/usr/lib/hull" "$ROOT/opt/hull"
 install -m 0755 "$RECIPE/guest/hull-prepare" "$ROOT/usr/lib/hull/hull-prepare"
 sed "s/@POOL_SIZE@/$POOL_SIZE/" "$RECIPE/guest/preseed.yaml" >"$ROOT/usr/lib/hull/preseed.yaml"
-install -m 0755 "$WORK/hull-agent" "$ROOT/opt/hull/hull-agent"
 # Incus maps container ids through root's subordinate ranges; guest uid/gid 1000 (what
 # the host's virtiofsd translates the host user to) is delegated for raw.idmap.
 printf 'root:1000000:1000000000\nroot:1000:1\n' >"$ROOT/etc/subuid"
@@ -205,6 +208,8 @@ timeout --kill-after=10 "$PREPARE_TIMEOUT" qemu-system-x86_64 "${accel_args[@]}"
   -serial "file:$console" \
   -drive "file=$OUT/disk.raw,format=raw,if=none,id=root,cache=unsafe,discard=unmap" \
   -device virtio-blk-pci,drive=root \
+  -drive "file=$AGENT_DISK,format=raw,if=none,id=agent,readonly=on" \
+  -device virtio-blk-pci,drive=agent \
   -drive "file=$WORK/import.ext4,format=raw,if=none,id=import,readonly=on" \
   -device virtio-blk-pci,drive=import \
   -device virtio-rng-pci >&2 || {

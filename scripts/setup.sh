@@ -23,6 +23,26 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 say() { printf '==> %s\n' "$*" >&2; }
 
+# Up front: what this script needs (root for apt-get) and what the kernel
+# gives the tiers, before minutes of installing.
+if [ -n "$SUDO" ] && ! command -v sudo >/dev/null; then
+  echo "setup.sh: installs packages with apt-get: run it as root, or install sudo" >&2
+  exit 1
+fi
+command -v apt-get >/dev/null || {
+  echo "setup.sh: needs a Debian or Ubuntu host (apt-get); install bubblewrap and the Rust toolchain by hand elsewhere" >&2
+  exit 1
+}
+kver=$(uname -r)
+kmaj=${kver%%.*}
+kmin=${kver#*.}
+kmin=${kmin%%[!0-9]*}
+if [ "$kmaj" -lt 6 ] || { [ "$kmaj" -eq 6 ] && [ "$kmin" -lt 12 ]; }; then
+  say "note: kernel $kver is older than 6.12 (Landlock ABI 6, which scopes signals and abstract sockets): the landlock tier will be unavailable here (hull probe says why); bwrap and tier 3 work"
+elif [ -r /sys/kernel/security/lsm ] && ! grep -qw landlock /sys/kernel/security/lsm; then
+  say "note: Landlock is not in this kernel's active LSMs ($(cat /sys/kernel/security/lsm)): the landlock tier will be unavailable; bwrap and tier 3 work"
+fi
+
 apt_updated=0
 apt_install() {
   if [ "$apt_updated" -eq 0 ]; then

@@ -16,6 +16,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use hull_protocol::error_chain;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -166,17 +167,6 @@ impl Transport for UnixTransport {
         }
         Ok(RawResponse { status, body })
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Instance and device names this client puts into paths and bodies.

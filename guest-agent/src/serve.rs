@@ -545,14 +545,4 @@ impl Session<'_> {
     }
 }
 
-/// `a: b: c` from an error and its sources (Display only, never Debug).
-pub fn error_chain(e: &(dyn StdError + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+pub use hull_protocol::error_chain;

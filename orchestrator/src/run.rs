@@ -83,8 +83,10 @@ pub enum RunError {
     InstanceId(#[from] crate::runtime::BadInstanceId),
     #[error("instance: the spill: {0}")]
     Spill(#[from] crate::runtime::SpillError),
-    #[error("{0}")]
-    Tier(String),
+    #[error(transparent)]
+    Seatbelt(#[from] crate::tier::seatbelt::SeatbeltError),
+    #[error(transparent)]
+    Windows(#[from] crate::tier::windows::WinError),
     #[error(transparent)]
     Vm(#[from] crate::tier::vm::VmTierError),
     #[cfg(target_os = "linux")]
@@ -598,12 +600,9 @@ pub fn run_process_tier(
                 .envs(spec.env.iter().cloned());
             c
         }
-        Tier::Seatbelt => crate::tier::seatbelt::launch(policy, spec)
-            .map_err(|e| RunError::Tier(e.to_string()))?,
-        Tier::AppContainer => crate::tier::windows::launch_appcontainer(policy, spec)
-            .map_err(|e| RunError::Tier(e.to_string()))?,
-        Tier::Restricted => crate::tier::windows::launch_restricted(policy, spec)
-            .map_err(|e| RunError::Tier(e.to_string()))?,
+        Tier::Seatbelt => crate::tier::seatbelt::launch(policy, spec)?,
+        Tier::AppContainer => crate::tier::windows::launch_appcontainer(policy, spec)?,
+        Tier::Restricted => crate::tier::windows::launch_restricted(policy, spec)?,
         Tier::Landlock | Tier::Bwrap | Tier::Vm => return Err(RunError::WrongOs(tier)),
     };
     let _ = &mut cmd;

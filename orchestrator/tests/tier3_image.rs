@@ -1,13 +1,13 @@
 //! Boots the built tier-3 image for real (QEMU, TCG here) with a hand-written
 //! command line that follows the guest contract (images/README.md): two virtiofsd
 //! (project read-write, spill `--readonly`, host user translated to guest uid 1000),
-//! the virtio-serial agent port on a unix socket, a qcow2 overlay over the base disk.
+//! the virtio-serial agent port on a unix socket, a qcow2 overlay over the base disk,
+//! and the agent disk read-only after it.
 //! Then, as the host, it configures the container and runs commands in it through
 //! the outer and inner agents, and checks the boundary both ways.
 //!
-//! Needs a built image: `hull image build`, and `HULL_AGENT` pointing at the
-//! agent it was built with (default: the `hull-agent` beside this test's
-//! build, as `hull image build` of the same build takes). Built with the
+//! Needs a built image: `hull image build`; the agent is `HULL_AGENT` (default:
+//! the `hull-agent` beside this test's build), on the disk hull makes for it. Built with the
 //! `tier3` feature only (the machine declares it has QEMU, virtiofsd and the
 //! image): `cargo nextest run -p hull --features tier3 --test tier3_image`.
 
@@ -173,8 +173,11 @@ fn text(b: &[u8]) -> String {
 #[test]
 fn boot_configure_and_run_in_the_container() {
     let cache = Cache::default_location().unwrap();
-    let img = image::find(&cache, &agent_path()).unwrap_or_else(|e| panic!("{e}"));
+    let img = image::find(&cache).unwrap_or_else(|e| panic!("{e}"));
     let _hold = img.lock_shared(&cache).unwrap();
+    let agent = image::GuestImage::with_agent(&img.dir, &agent_path())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .agent;
     let tmp = tempfile::Builder::new()
         .prefix("hull-t3-")
         .tempdir()
@@ -243,9 +246,15 @@ fn boot_configure_and_run_in_the_container() {
             "file={},format=qcow2,if=none,id=root",
             overlay.display()
         ))
+        .args(["-device", "virtio-blk-pci,drive=root"])
+        .arg("-drive")
+        .arg(format!(
+            "file={},format=raw,if=none,id=agent,readonly=on",
+            agent.path.display()
+        ))
         .args([
             "-device",
-            "virtio-blk-pci,drive=root",
+            "virtio-blk-pci,drive=agent",
             "-device",
             "virtio-rng-pci",
         ])

@@ -552,6 +552,86 @@ fn batch_output_stays_out_of_the_project() {
     );
 }
 
+/// A new hull-agent build reuses the Debian image: the run makes the new
+/// agent's disk and snapshot beside the image (no image build, the cache
+/// holds the same images), the container's init is that agent, read-only,
+/// and the run works; the disk and snapshot are removed afterwards.
+#[test]
+fn a_new_agent_reuses_the_image_and_gets_a_snapshot_of_its_own() {
+    use hull::vm::image::{self, Cache};
+    use sha2::{Digest, Sha256};
+    let w = world();
+    let cache = Cache::default_location().unwrap();
+    let img = image::find(&cache).unwrap_or_else(|e| panic!("{e}"));
+    let ids = |c: &Cache| -> Vec<String> {
+        let mut v: Vec<String> = c
+            .entries()
+            .unwrap()
+            .into_iter()
+            .filter_map(|e| match e {
+                image::Entry::Built(b) => Some(b.id),
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = ids(&cache);
+    // The same program with bytes after its end: another agent to hull.
+    let mut bytes = std::fs::read(agent_path()).unwrap();
+    bytes.extend_from_slice(format!("hull-test-agent-{}", std::process::id()).as_bytes());
+    let sha: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let agent = w.root.path().join("hull-agent");
+    std::fs::write(&agent, &bytes).unwrap();
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let disk = img.dir.join(format!("agent-{}.ext4", &sha[..16]));
+    let snap = img.dir.join(format!("snapshot-{}", &sha[..16]));
+    assert!(!disk.exists() && !snap.exists(), "left from an earlier run");
+    let cleanup = || {
+        let _ = std::fs::remove_dir_all(&snap);
+        let _ = std::fs::remove_file(snap.with_file_name(format!("snapshot-{}.lock", &sha[..16])));
+        let _ = std::fs::remove_file(&disk);
+    };
+
+    let out = w
+        .cmd(&[
+            "run",
+            "--tier3",
+            "--timeout",
+            RUN_TIMEOUT,
+            "--",
+            "sh",
+            "-c",
+            "sha256sum /opt/hull/hull-agent; id -u; \
+             (echo x > /opt/hull/hull-agent) 2>/dev/null && echo AGENT-WRITTEN; \
+             (touch /opt/hull/new) 2>/dev/null && echo AGENT-DIR-WRITTEN; echo done",
+        ])
+        .env("HULL_AGENT", &agent)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    let made_disk = disk.is_file();
+    let made_snap = snap.join("manifest.json").is_file();
+    cleanup();
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout,
+        format!("{sha}  /opt/hull/hull-agent\n1000\ndone\n"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("preparing the image's snapshot"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("building image"), "{stderr}");
+    assert!(made_disk, "no agent disk {}", disk.display());
+    assert!(made_snap, "no snapshot {}", snap.display());
+    assert_eq!(ids(&cache), before, "the image cache changed");
+}
+
 /// An image file changed after the build (here the initrd, one byte, same
 /// size) is refused before any VM starts, with the file named; the
 /// untouched image still serves runs.
@@ -560,7 +640,7 @@ fn a_changed_image_file_is_refused() {
     use hull::vm::image::{self, Cache};
     let w = world();
     let cache = Cache::default_location().unwrap();
-    let img = image::find(&cache, &agent_path()).unwrap_or_else(|e| panic!("{e}"));
+    let img = image::find(&cache).unwrap_or_else(|e| panic!("{e}"));
     // A second cache with a copy of the image's manifest, kernel and initrd
     // (the check stops at the first file that differs; the disk is not
     // reached, so an empty stand-in will do).

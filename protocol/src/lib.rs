@@ -46,6 +46,7 @@
 mod bytes;
 pub mod client;
 mod decode;
+mod error_text;
 mod frame;
 pub mod limits;
 mod message;
@@ -55,6 +56,7 @@ mod version;
 pub use bytes::Bytes;
 pub use client::{ConnError, Connection, FrameReader, FrameWriter};
 pub use decode::{DecodeError, Decoder, BUFFER_CAPACITY};
+pub use error_text::{error_chain, error_chain_with};
 pub use frame::{encode, encode_into, EncodeError, Header, Kind, HEADER_LEN, MAGIC, MAX_PAYLOAD};
 pub use message::{ErrorCode, Exec, ExitStatus, Frame, Hello, Message, Role};
 pub use setup::{ConfigureSpec, Configured, ContainerSpec, Share};

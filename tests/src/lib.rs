@@ -349,6 +349,19 @@ impl<'a> Tree<'a> {
         )
     }
 
+    /// The live processes whose command line holds `marker`, once there is
+    /// one or after 10 s (a control: the process to be killed runs).
+    pub fn appears(&self, marker: &str) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = self.now(marker);
+            if !found.is_empty() || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The live processes whose command line holds `marker`, once none is
     /// left or after 10 s: host pids, or on tier 3 the lines a command in
     /// the VM's container printed.

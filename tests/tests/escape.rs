@@ -437,9 +437,8 @@ fn setsid_grandchild_dies_on_timeout(t: &str) {
     extra.extend(["--timeout", "5s"]);
     let mut c = started(w.cmd(t, &extra, &script));
     // The control: both escaped the session and run.
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(!tree.now(&a).is_empty(), "{a} does not run");
-    assert!(!tree.now(&b).is_empty(), "{b} does not run");
+    assert!(!tree.appears(&a).is_empty(), "{a} does not run");
+    assert!(!tree.appears(&b).is_empty(), "{b} does not run");
     let st = c.wait().expect("wait");
     assert_eq!(st.code(), Some(124));
     let left = tree.left(&marker);
@@ -489,8 +488,7 @@ fn a_process_with_an_exited_main_thread_dies_with_the_run(t: &str) {
         .status()
         .expect("sh");
     assert!(control.success());
-    std::thread::sleep(Duration::from_millis(300));
-    let survived = !zombie_leaders(&marker).is_empty();
+    let survived = eventually(|| !zombie_leaders(&marker).is_empty());
     kill_left(&marker);
     assert!(
         survived,
@@ -508,12 +506,12 @@ fn a_process_with_an_exited_main_thread_dies_with_the_run(t: &str) {
         "hull waited {:?}",
         started.elapsed()
     );
-    std::thread::sleep(Duration::from_millis(300));
     let left = if t == "vm" {
         // In the container: the thread that runs on holds the marker in
         // its command line (the leader's is gone).
         tree.left(&marker)
     } else {
+        eventually(|| zombie_leaders(&marker).is_empty());
         zombie_leaders(&marker)
             .iter()
             .map(|p| p.to_string())
@@ -609,13 +607,22 @@ fn zombie_leaders(marker: &str) -> Vec<i32> {
     out
 }
 
+/// Whether `cond` holds within 10 s (polled every 50 ms).
+fn eventually(cond: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
 /// The processes whose command line holds `marker`, once none is left or
 /// after 10 s.
 fn left_after_10s(marker: &str) -> Vec<i32> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !pids_with(marker).is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually(|| pids_with(marker).is_empty());
     pids_with(marker)
 }
 
@@ -644,15 +651,13 @@ fn interrupt_kills_the_tree(t: &str) {
         ),
     ));
     // The control: the marked process runs.
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(!tree.now(&marker).is_empty(), "{marker} does not run");
+    assert!(!tree.appears(&marker).is_empty(), "{marker} does not run");
     // SAFETY: sending SIGINT to the hull child we spawned.
     unsafe {
         libc::kill(c.id() as i32, libc::SIGINT);
     }
     let st = c.wait().expect("wait");
     assert_eq!(st.code(), Some(130));
-    std::thread::sleep(Duration::from_millis(200));
     let left = tree.left(&marker);
     assert!(left.is_empty(), "left running: {left:?}");
     drop(tree);

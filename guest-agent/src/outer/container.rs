@@ -17,12 +17,13 @@ use crate::mounts;
 
 use super::kernel::{drop_caches, reseed_crng, set_cgroup_limits, set_clock};
 use super::{
-    lock, Backend, SetupError, CONNECT_TIMEOUT, CREATE_TIMEOUT_S, CTL_DEVICE, CTL_IN_CONTAINER,
-    INNER_SOCKET, SHARE_DEVICE_PREFIX, START_TIMEOUT_S,
+    lock, Backend, SetupError, AGENT_DEVICE, AGENT_DIR, CONNECT_TIMEOUT, CREATE_TIMEOUT_S,
+    CTL_DEVICE, CTL_IN_CONTAINER, INNER_SOCKET, SHARE_DEVICE_PREFIX, START_TIMEOUT_S,
 };
 
 /// The disk devices: one per share at its host path (read-only shares with
-/// `readonly=true`), and the control directory.
+/// `readonly=true`), the control directory, and the agent's directory
+/// read-only (the base container has it too: the inner agent is its init).
 pub fn container_devices(spec: &ConfigureSpec, ctl_dir: &Path) -> Devices {
     let disk = |source: &str, path: &str, readonly: bool| {
         let mut d = std::collections::BTreeMap::new();
@@ -45,6 +46,7 @@ pub fn container_devices(spec: &ConfigureSpec, ctl_dir: &Path) -> Devices {
         CTL_DEVICE.to_owned(),
         disk(&ctl_dir.to_string_lossy(), CTL_IN_CONTAINER, false),
     );
+    devs.insert(AGENT_DEVICE.to_owned(), disk(AGENT_DIR, AGENT_DIR, true));
     devs
 }
 
@@ -432,7 +434,13 @@ mod tests {
         assert_eq!(s["path"], "/tmp/hull-runs/x/spill");
         assert_eq!(d["hull-ctl"]["source"], "/run/hull/ctl/hull-run");
         assert_eq!(d["hull-ctl"]["path"], CTL_IN_CONTAINER);
-        assert_eq!(d.len(), 3);
+        let a = &d["hull-agent"];
+        assert_eq!(
+            (a["source"].as_str(), a["path"].as_str()),
+            (AGENT_DIR, AGENT_DIR)
+        );
+        assert_eq!(a["readonly"], "true");
+        assert_eq!(d.len(), 4);
         for n in d.keys() {
             assert!(incus::check_name("device", n).is_ok(), "{n}");
         }

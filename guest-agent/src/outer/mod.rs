@@ -41,8 +41,12 @@ pub const CTL_ROOT: &str = "/run/hull/ctl";
 pub const CTL_IN_CONTAINER: &str = "/run/hull";
 /// The inner agent's socket name in the control directory.
 pub const INNER_SOCKET: &str = "inner.sock";
+/// The agent disk's mount point in the guest and in the container (the
+/// container's init, the inner agent, runs from it).
+pub const AGENT_DIR: &str = "/opt/hull";
 /// Device names.
 const CTL_DEVICE: &str = "hull-ctl";
+const AGENT_DEVICE: &str = "hull-agent";
 const SHARE_DEVICE_PREFIX: &str = "hull-share-";
 /// Most exec ids relayed at once (the inner agent caps concurrency lower).
 const MAX_RUNNING: usize = 1024;

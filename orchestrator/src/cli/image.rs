@@ -14,7 +14,8 @@ pub enum ImageCommand {
     Build(BuildArgs),
     /// List cached images and unfinished builds.
     List,
-    /// Show the paths and manifest of an image (default: the one the agent builds).
+    /// Show the paths and manifest of an image (default: this recipe's) and
+    /// the agent disk a run would attach.
     Show {
         /// Image id or unique prefix.
         id: Option<String>,
@@ -30,8 +31,8 @@ pub enum ImageCommand {
 
 #[derive(Debug, Args)]
 pub struct AgentArg {
-    /// The hull-agent binary (Linux x86-64) to put in the guest
-    /// [default: $HULL_AGENT, else hull-agent next to hull].
+    /// The hull-agent binary (Linux x86-64) the guest runs, from a disk of
+    /// its own beside the image [default: $HULL_AGENT, else hull-agent next to hull].
     #[arg(long, value_name = "PATH")]
     pub agent: Option<PathBuf>,
 }
@@ -127,21 +128,23 @@ fn build_cmd(cache: &Cache, a: BuildArgs) -> anyhow::Result<i32> {
         eprintln!("  {:>7.1} s  {}", s.seconds, s.name);
     }
     print_paths(&img);
+    let guest = image::GuestImage::with_agent(&img.dir, &a.agent.path()?)?;
+    println!("agent     {}", guest.agent.path.display());
     if !a.no_snapshot {
-        snapshot_step(&img)?;
+        snapshot_step(&guest)?;
     }
     Ok(0)
 }
 
 /// Prepares (or finds) the snapshot `hull run --tier3` restores.
 #[cfg(target_os = "linux")]
-fn snapshot_step(img: &BuiltImage) -> anyhow::Result<()> {
+fn snapshot_step(img: &image::GuestImage) -> anyhow::Result<()> {
     use crate::vm::machine::Tools;
     use crate::vm::snapshot;
     let tools = Tools::find()?;
     let accel = crate::vm::accel::probe_accel().accel;
     let t0 = std::time::Instant::now();
-    let hold = snapshot::ensure_for(&img.dir, &tools, accel, &mut |step| {
+    let hold = snapshot::ensure_for(img, &tools, accel, &mut |step| {
         eprintln!("snapshot: {step} ({:.0} s)", t0.elapsed().as_secs_f64())
     })
     .context("prepare the tier-3 snapshot")?;
@@ -161,7 +164,7 @@ fn snapshot_step(img: &BuiltImage) -> anyhow::Result<()> {
 
 /// Off Linux there is no tier-3 VM to snapshot: asking for one is an error.
 #[cfg(not(target_os = "linux"))]
-fn snapshot_step(_img: &BuiltImage) -> anyhow::Result<()> {
+fn snapshot_step(_img: &image::GuestImage) -> anyhow::Result<()> {
     anyhow::bail!(
         "tier vm snapshots need a Linux host (QEMU with virtiofsd); build with --no-snapshot here"
     )
@@ -180,10 +183,7 @@ fn print_paths(img: &BuiltImage) {
 }
 
 fn list(cache: &Cache) -> anyhow::Result<i32> {
-    let current = image::default_agent_path()
-        .ok()
-        .and_then(|p| image::read_agent(&p).ok())
-        .map(|a| image::recipe::image_id(&a));
+    let current = Some(image::recipe::image_id());
     let entries = cache.entries()?;
     if entries.is_empty() {
         println!("no images in {}", cache.root().display());
@@ -249,9 +249,16 @@ fn show(cache: &Cache, id: Option<String>, agent: &AgentArg) -> anyhow::Result<i
             let (_, dir) = image::resolve(cache, &q)?;
             BuiltImage::open(&dir)?
         }
-        None => image::find(cache, &agent.path()?)?,
+        None => image::find(cache)?,
     };
     print_paths(&img);
+    let guest = image::GuestImage::looking_at(&img.dir, &agent.path()?)?;
+    let made = if guest.agent.path.is_file() {
+        "made"
+    } else {
+        "not made yet: the first run makes it"
+    };
+    println!("agent     {} ({made})", guest.agent.path.display());
     println!(
         "{}",
         serde_json::to_string_pretty(&img.manifest).context("encode the manifest")?

@@ -194,17 +194,7 @@ pub fn print_error(e: &anyhow::Error) {
 
 /// An error and the causes its own text does not already name.
 pub fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut msg = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        // Many errors name their source in their own text already.
-        let text = c.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(&format!("\n  caused by: {text}"));
-        }
-        cause = c.source();
-    }
-    msg
+    hull_protocol::error_chain_with(e, "\n  caused by: ")
 }
 
 fn init_tracing(verbose: u8, quiet: bool) {

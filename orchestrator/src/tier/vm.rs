@@ -136,8 +136,8 @@ impl OutputSink for StdioSink {
 #[cfg(target_os = "linux")]
 pub use crate::vm::assemble::{cleanup_stale_instance, start_vm, Started};
 pub use crate::vm::assemble::{
-    configure_spec, deadlines, find_image, now_ns, restore_deadlines, share_specs, vm_cpus,
-    vm_memory_mib,
+    configure_spec, deadlines, find_image, find_image_with, now_ns, restore_deadlines, share_specs,
+    vm_cpus, vm_memory_mib,
 };
 
 #[cfg(target_os = "linux")]
@@ -184,12 +184,15 @@ mod imp {
         } else {
             "QEMU without -sandbox (seccomp not built in)"
         };
-        match find_image() {
+        match find_image_with(false) {
             Ok(img) => {
-                let snap = match BootImage::from_dir(&img) {
+                let snap = match BootImage::from_image(&img) {
+                    _ if !img.agent.path.is_file() => "no snapshot yet for this hull-agent (the \
+                         first run makes its disk and snapshot)"
+                        .to_string(),
                     Ok(boot) => {
-                        let g = snapshot::geometry_for(&img, &boot, &tools, choice.accel);
-                        match snapshot::open(&img, &g) {
+                        let g = snapshot::geometry(&img, &boot, &tools, choice.accel);
+                        match snapshot::open(&img.dir, &g) {
                             Some(s) => format!(
                                 "snapshot ready ({} MiB of state)",
                                 s.manifest.state_bytes >> 20
@@ -210,7 +213,7 @@ mod imp {
                             "accelerator {} ({}); {sandbox}; image {}; {snap}",
                             choice.accel,
                             choice.reason,
-                            img.display()
+                            img.dir.display()
                         ),
                         Vec::new(),
                     )
@@ -293,7 +296,7 @@ mod imp {
         irq: Arc<AtomicI32>,
     ) -> Result<ExitStatus, VmTierError> {
         let tools = Tools::find()?;
-        let image_dir = find_image()?;
+        let image = find_image()?;
         let accel = crate::vm::accel::probe_accel().accel;
         // Per hull process: several runs may share one instance (--instance).
         let run_name = format!("vm-{}", std::process::id());
@@ -316,7 +319,7 @@ mod imp {
         let start = StartOptions {
             plan,
             tools: &tools,
-            image_dir: &image_dir,
+            image: &image,
             accel,
             vm_name: format!("hull-{instance_id}"),
             dir: &dir,

@@ -11,6 +11,7 @@ use hull_protocol::{ConfigureSpec, ContainerSpec, Share as ProtoShare};
 
 use crate::policy::lower::vm::{self as lower_vm, VmPlan};
 use crate::policy::Protection;
+use crate::vm::image::GuestImage;
 use crate::vm::qemu::Accel;
 use crate::vm::virtiofsd::{HostMask, MaskKind, SandboxMode, ViewBind, VirtiofsdSpec};
 #[cfg(target_os = "linux")]
@@ -25,6 +26,9 @@ pub enum AssembleError {
         "tier vm: no guest image found (looked in {looked}); build it with `hull image build`"
     )]
     NoImage { looked: String },
+    /// The agent binary or its disk (the message names the path).
+    #[error(transparent)]
+    Agent(crate::vm::image::ImageError),
     #[error("tier vm: path {0} is not UTF-8; the guest agent needs UTF-8 paths")]
     NotUtf8(PathBuf),
     #[error("tier vm: the container request is invalid: {0}")]
@@ -196,39 +200,46 @@ pub fn configure_spec(
 }
 
 /// The guest image to boot: `HULL_VM_IMAGE` (one image dir), else the image
-/// `hull image build` made for this recipe and this hull-agent binary (an
-/// image of another recipe or agent is never used: rebuild it).
-pub fn find_image() -> Result<PathBuf, AssembleError> {
+/// `hull image build` made for this recipe (an image of another recipe is
+/// never used: rebuild it), with the disk of this hull's agent (made in the
+/// image directory when missing: under a second).
+pub fn find_image() -> Result<GuestImage, AssembleError> {
+    find_image_with(true)
+}
+
+/// [`find_image`]; `make_agent_disk: false` only looks (`hull probe`).
+pub fn find_image_with(make_agent_disk: bool) -> Result<GuestImage, AssembleError> {
     let complete = |d: &Path| {
         ["vmlinux", "initrd.cpio", "disk.raw"]
             .iter()
             .all(|f| d.join(f).is_file())
     };
-    if let Some(d) = crate::settings::get().vm_image.clone() {
-        if complete(&d) {
-            return Ok(d);
+    let dir = match crate::settings::get().vm_image.clone() {
+        Some(d) if complete(&d) => d,
+        Some(d) => {
+            return Err(AssembleError::NoImage {
+                looked: format!("HULL_VM_IMAGE={}", d.display()),
+            })
         }
-        return Err(AssembleError::NoImage {
-            looked: format!("HULL_VM_IMAGE={}", d.display()),
-        });
+        None => {
+            let cache = crate::vm::image::Cache::default_location().map_err(|e| {
+                AssembleError::NoImage {
+                    looked: format!("the image cache ({e})"),
+                }
+            })?;
+            crate::vm::image::find(&cache)
+                .map_err(|e| AssembleError::NoImage {
+                    looked: format!("{} ({e})", cache.root().display()),
+                })?
+                .dir
+        }
+    };
+    let agent = crate::vm::image::default_agent_path().map_err(AssembleError::Agent)?;
+    match make_agent_disk {
+        true => GuestImage::with_agent(&dir, &agent),
+        false => GuestImage::looking_at(&dir, &agent),
     }
-    let cache =
-        crate::vm::image::Cache::default_location().map_err(|e| AssembleError::NoImage {
-            looked: format!("the image cache ({e})"),
-        })?;
-    let agent = crate::vm::image::default_agent_path().map_err(|e| AssembleError::NoImage {
-        looked: format!("the hull-agent binary ({e})"),
-    })?;
-    match crate::vm::image::find(&cache, &agent) {
-        Ok(img) => Ok(img.dir.clone()),
-        Err(e) => Err(AssembleError::NoImage {
-            looked: format!(
-                "{} for agent {} ({e})",
-                cache.root().display(),
-                agent.display()
-            ),
-        }),
-    }
+    .map_err(AssembleError::Agent)
 }
 
 /// Nanoseconds since the Unix epoch (the guest sets its clock from it).
@@ -289,17 +300,17 @@ pub struct Started {
 pub fn start_vm(
     plan: &VmPlan,
     tools: &Tools,
-    image_dir: &Path,
+    guest: &GuestImage,
     accel: Accel,
     vm_name: String,
     dir: &Path,
     log_dir: &Path,
 ) -> Result<Started, AssembleError> {
-    let image = BootImage::from_dir(image_dir)?;
+    let image = BootImage::from_image(guest)?;
     let run_as = qemu_user()?;
     let geometry = snapshot::Geometry {
         memory_mib: snapshot::memory_for(plan),
-        ..snapshot::geometry_for(image_dir, &image, tools, accel)
+        ..snapshot::geometry(guest, &image, tools, accel)
     };
     let use_snapshot = match snapshot_wanted() {
         false => None,
@@ -319,7 +330,7 @@ pub fn start_vm(
                 snapshot::SNAPSHOT_MEMORY_MIB => String::new(),
                 m => format!(" for {m} MiB VMs (the policy's memory limit)"),
             };
-            let hold = snapshot::ensure(image_dir, &image, &g, tools, &mut |step| {
+            let hold = snapshot::ensure(&guest.dir, &image, &g, tools, &mut |step| {
                 eprintln!("hull: tier vm: preparing the image's snapshot{size} (once): {step}")
             })?;
             let slotted = snapshot::slotted(plan, g.slots);

@@ -4,7 +4,9 @@
 //! An image is a directory `<cache>/<id>/` holding `vmlinux` (the kernel ELF, booted
 //! through its PVH entry), `initrd.cpio`, `disk.raw` (the prepared root disk, read
 //! only: boot it through a per-VM qcow2 overlay) and `manifest.json` (written last).
-//! The id hashes the embedded recipe and the agent binary ([`recipe`]).
+//! The id hashes the embedded recipe alone ([`recipe`]); the guest agent comes
+//! on a disk of its own, `agent-<hash>.ext4` in the same directory
+//! ([`agent_disk`]), so a new agent never rebuilds the image.
 //!
 //! Protects against: using an image built from other inputs (the id), a half-built
 //! image (only complete directories carry a manifest; see [`cache`]), removing an
@@ -13,6 +15,7 @@
 //! Does not protect the cache from another local user with write access to it, and
 //! does not verify the Debian packages beyond what apt and mmdebstrap verify.
 
+pub mod agent_disk;
 pub mod build;
 pub mod cache;
 pub mod digest;
@@ -28,7 +31,7 @@ use serde::{Deserialize, Serialize};
 pub use cache::{Cache, Entry};
 
 /// `manifest.json` format version.
-pub const MANIFEST_FORMAT: u32 = 2;
+pub const MANIFEST_FORMAT: u32 = 3;
 /// Name of the virtio-serial port the outer agent serves on.
 pub const AGENT_PORT: &str = "agent.0";
 /// Kernel command line for a normal boot (the root disk must be the first virtio-blk).
@@ -67,8 +70,14 @@ pub enum ImageError {
     AgentMissing { path: PathBuf },
     #[error("{path} is not a Linux x86-64 executable ({why}); the guest agent runs inside the Linux guest")]
     AgentNotLinux { path: PathBuf, why: String },
-    #[error("tier-3 image {id} is not built (for agent {agent}); run `hull image build`")]
-    NotBuilt { id: String, agent: PathBuf },
+    #[error("tier-3 image {id} is not built; run `hull image build`")]
+    NotBuilt { id: String },
+    #[error("cannot make the guest agent's disk {path}: `{cmd}` failed: {why}")]
+    AgentDisk {
+        path: PathBuf,
+        cmd: String,
+        why: String,
+    },
     #[error("{dir}: not a usable image: {reason}")]
     Invalid { dir: PathBuf, reason: String },
     #[error(
@@ -118,18 +127,6 @@ pub enum ImageError {
     },
 }
 
-/// `a: b: c` from an error and its sources.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 impl ImageError {
     pub(crate) fn io(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> ImageError {
         let path = path.to_path_buf();
@@ -172,6 +169,7 @@ impl GuestContract {
             min_memory_mib: MIN_MEMORY_MIB,
             devices: vec![
                 "virtio-blk-pci: the root disk, a qcow2 overlay over disk.raw (first virtio-blk = /dev/vda)".into(),
+                "virtio-blk-pci, read-only: the agent disk agent-<sha256>.ext4 (second virtio-blk = /dev/vdb, mounted at /opt/hull)".into(),
                 "virtio-rng-pci: seeds the guest CRNG (incusd blocks on getrandom without it)".into(),
                 "virtio-serial-pci + virtserialport name=agent.0: the agent channel".into(),
                 "vhost-user-fs-pci per share, tag = Share.tag (shared memory backend)".into(),
@@ -194,9 +192,8 @@ pub struct StepTiming {
 pub struct Manifest {
     pub format: u32,
     pub id: String,
-    /// Full sha256 of recipe and agent (the id is its prefix).
+    /// Full sha256 of the recipe (the id is its prefix).
     pub hash: String,
-    pub agent_sha256: String,
     pub created_unix: u64,
     pub kernel: String,
     pub initrd: String,
@@ -405,17 +402,48 @@ fn check_linux_x86_64_elf(b: &[u8]) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The built image for `agent`, or [`ImageError::NotBuilt`].
-pub fn find(cache: &Cache, agent: &Path) -> Result<BuiltImage, ImageError> {
-    let id = recipe::image_id(&read_agent(agent)?);
+/// The built image of this recipe, or [`ImageError::NotBuilt`].
+pub fn find(cache: &Cache) -> Result<BuiltImage, ImageError> {
+    let id = recipe::image_id();
     cache.check_private()?;
     match BuiltImage::open(&cache.image_dir(&id)) {
         Ok(img) => Ok(img),
-        Err(ImageError::Invalid { .. }) => Err(ImageError::NotBuilt {
-            id,
-            agent: agent.to_path_buf(),
-        }),
+        Err(ImageError::Invalid { .. }) => Err(ImageError::NotBuilt { id }),
         Err(e) => Err(e),
+    }
+}
+
+/// What a VM boots: an image directory and the agent's disk for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestImage {
+    pub dir: PathBuf,
+    pub agent: agent_disk::AgentDisk,
+}
+
+impl GuestImage {
+    /// The image in `dir` with the disk of the agent at `agent` (made
+    /// there when missing).
+    pub fn with_agent(dir: &Path, agent: &Path) -> Result<GuestImage, ImageError> {
+        Ok(GuestImage {
+            dir: dir.to_path_buf(),
+            agent: agent_disk::ensure(dir, agent)?,
+        })
+    }
+
+    /// [`GuestImage::with_agent`] without making the disk (it may be missing).
+    pub fn looking_at(dir: &Path, agent: &Path) -> Result<GuestImage, ImageError> {
+        Ok(GuestImage {
+            dir: dir.to_path_buf(),
+            agent: agent_disk::locate_only(dir, agent)?,
+        })
+    }
+
+    /// The image's id (its directory's name).
+    pub fn id(&self) -> String {
+        self.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 }
 
@@ -488,7 +516,6 @@ mod tests {
             format: MANIFEST_FORMAT,
             id: id.into(),
             hash: format!("{id}{}", "0".repeat(48)),
-            agent_sha256: "a".repeat(64),
             created_unix: 1,
             kernel: "vmlinux".into(),
             initrd: "initrd.cpio".into(),
@@ -614,8 +641,19 @@ mod tests {
             prep.contains(&format!("--run-as {GUEST_UID}:{GUEST_GID}")),
             "inner run-as"
         );
+        let dir = agent_disk::GUEST_DIR;
+        assert!(
+            init.contains(&format!("/dev/vdb {dir}"))
+                && init.contains(&format!("{dir}/{}", agent_disk::FILE)),
+            "hull-init mounts the agent disk"
+        );
+        assert!(
+            prep.contains(&format!("source={dir} path={dir} readonly=true")),
+            "hull-base gets the agent directory read-only"
+        );
         let build = text("build.sh");
         assert!(build.contains(&format!("root:{GUEST_UID}:1")));
+        assert!(!build.contains("hull-agent\""), "the image holds no agent");
         assert!(KERNEL_CMDLINE.contains("root=/dev/vda"));
     }
 }

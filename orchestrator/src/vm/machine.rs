@@ -23,6 +23,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::agent::{AgentError, AgentSession};
+use super::image::{agent_disk, GuestImage};
 use super::proc::{self, Supervised};
 use super::qemu::{
     Accel, Arch, ArgvError, Disk, DiskFormat, FsShare, Incoming, MachineConfig, MemBackend,
@@ -30,8 +31,8 @@ use super::qemu::{
 use super::qmp::{Qmp, QmpError};
 use super::virtiofsd::{Virtiofsd, VirtiofsdError, VirtiofsdSpec};
 
-/// The files a VM boots from. [`BootImage::from_dir`] reads a built image
-/// directory (`vmlinux`, `initrd.cpio`, `disk.raw`).
+/// The files a VM boots from. [`BootImage::from_image`] reads a built image
+/// directory (`vmlinux`, `initrd.cpio`, `disk.raw`) and its agent disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootImage {
     pub kernel: PathBuf,
@@ -43,8 +44,10 @@ pub struct BootImage {
 
 impl BootImage {
     /// A built guest image: the root disk is attached copy-on-write
-    /// (`snapshot=on`), so no run changes the image.
-    pub fn from_dir(dir: &Path) -> Result<BootImage, MachineError> {
+    /// (`snapshot=on`), so no run changes the image, and the agent disk
+    /// read-only after it (`/dev/vdb`).
+    pub fn from_image(img: &GuestImage) -> Result<BootImage, MachineError> {
+        let dir = &img.dir;
         let need = |name: &str| -> Result<PathBuf, MachineError> {
             let p = dir.join(name);
             if p.is_file() {
@@ -60,12 +63,20 @@ impl BootImage {
         Ok(BootImage {
             kernel: need("vmlinux")?,
             initrd: Some(need("initrd.cpio")?),
-            disks: vec![Disk {
-                path: need("disk.raw")?,
-                format: DiskFormat::Raw,
-                readonly: false,
-                snapshot: true,
-            }],
+            disks: vec![
+                Disk {
+                    path: need("disk.raw")?,
+                    format: DiskFormat::Raw,
+                    readonly: false,
+                    snapshot: true,
+                },
+                Disk {
+                    path: need(&agent_disk::file_name(&img.agent.sha256))?,
+                    format: DiskFormat::Raw,
+                    readonly: true,
+                    snapshot: false,
+                },
+            ],
             cmdline: "root=/dev/vda quiet".into(),
         })
     }

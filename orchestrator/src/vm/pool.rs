@@ -30,6 +30,7 @@ use serde::Serialize;
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
 use crate::policy::lower::vm as lower_vm;
 use crate::vm::agent::ExecOptions;
+use crate::vm::image::GuestImage;
 use crate::vm::machine::Tools;
 use crate::vm::session::{StartOptions, VmSession};
 
@@ -96,8 +97,18 @@ impl JobReport {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
+    #[error("hull batch: the project: {0}")]
+    Project(#[source] Box<crate::run::RunError>),
+    #[error("hull batch: the policy: {0}")]
+    Policy(#[from] crate::policy::PolicyError),
+    #[error("hull batch: cannot start a pool worker: {0}")]
+    Worker(#[source] io::Error),
     #[error("hull batch: {0}")]
-    Setup(String),
+    Machine(#[from] crate::vm::machine::MachineError),
+    #[error("hull batch: {0}")]
+    Image(#[from] crate::vm::assemble::AssembleError),
+    #[error("hull batch: {0}")]
+    Snapshot(#[from] crate::vm::snapshot::SnapshotError),
     #[error("hull batch: {path}: cannot {what}: {source}")]
     Io {
         path: PathBuf,
@@ -174,12 +185,32 @@ struct Ctx {
     runs: PathBuf,
     policy_file: crate::policy::PolicyFile,
     tools: Tools,
-    image_dir: PathBuf,
+    image: GuestImage,
     accel: crate::vm::qemu::Accel,
     queue: Mutex<VecDeque<Job>>,
     irq: Arc<AtomicI32>,
     /// The output directory, held open.
     out: crate::vm::batch_out::OutDir,
+}
+
+/// Why one job did not run (it is reported; the batch goes on).
+#[derive(Debug, thiserror::Error)]
+enum JobError {
+    #[error("instance: {0}")]
+    Instance(#[from] crate::runtime::InstanceError),
+    #[error(transparent)]
+    Policy(#[from] crate::run::PrepareError),
+    #[error(transparent)]
+    Lower(#[from] lower_vm::VmLowerError),
+    #[error("{path}: cannot {what}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Session(#[from] crate::vm::session::SessionError),
 }
 
 /// A restored VM waiting for a job, with its own instance.
@@ -190,32 +221,34 @@ struct Warm {
     restore_s: f64,
 }
 
-fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, String> {
+fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, JobError> {
     let t0 = Instant::now();
-    let instance = crate::runtime::Instance::create(&ctx.runs).map_err(|e| e.to_string())?;
+    let instance = crate::runtime::Instance::create(&ctx.runs)?;
     let vars = instance.vars(&ctx.project, &crate::run::home_dir());
-    let (pol, _) =
-        crate::run::resolve_policy(&ctx.policy_file, &vars).map_err(|e| e.to_string())?;
+    let (pol, _) = crate::run::resolve_policy(&ctx.policy_file, &vars)?;
     let env = crate::run::command_env(&pol, &[], instance.child_env());
-    let plan = lower_vm::lower(&pol, &crate::policy::RealFs).map_err(|e| e.to_string())?;
+    let plan = lower_vm::lower(&pol, &crate::policy::RealFs)?;
     let run_name = format!("vm-{}-{worker}", std::process::id());
     let dir = instance.dir().join(&run_name);
     let log_dir = instance
         .dir()
         .join(crate::runtime::LOGS_DIR)
         .join(&run_name);
-    fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    fs::create_dir_all(&dir).map_err(|source| JobError::Io {
+        path: dir.clone(),
+        what: "create",
+        source,
+    })?;
     let start = StartOptions {
         plan: &plan,
         tools: &ctx.tools,
-        image_dir: &ctx.image_dir,
+        image: &ctx.image,
         accel: ctx.accel,
         vm_name: format!("hull-{}", instance.id()),
         dir: &dir,
         log_dir: &log_dir,
     };
-    let session = VmSession::start(start, &|| ctx.irq.load(Ordering::SeqCst) != 0)
-        .map_err(|e| e.to_string())?;
+    let session = VmSession::start(start, &|| ctx.irq.load(Ordering::SeqCst) != 0)?;
     Ok(Warm {
         instance,
         session,
@@ -253,21 +286,20 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
         stderr: stderr.clone(),
         truncated: 0,
     };
-    let result = (|| -> Result<ExitStatus, String> {
-        w.session
-            .configure(lower_vm::RUN_CONTAINER, &|| {
-                ctx.irq.load(Ordering::SeqCst) != 0
-            })
-            .map_err(|e| e.to_string())?;
+    let create = |name: &str, path: &PathBuf| {
+        ctx.out.create(name).map_err(|source| JobError::Io {
+            path: path.clone(),
+            what: "create",
+            source,
+        })
+    };
+    let result = (|| -> Result<ExitStatus, JobError> {
+        w.session.configure(lower_vm::RUN_CONTAINER, &|| {
+            ctx.irq.load(Ordering::SeqCst) != 0
+        })?;
         let mut sink = FileSink {
-            out: ctx
-                .out
-                .create(&out_name)
-                .map_err(|e| format!("{}: {e}", stdout.display()))?,
-            err: ctx
-                .out
-                .create(&err_name)
-                .map_err(|e| format!("{}: {e}", stderr.display()))?,
+            out: create(&out_name, &stdout)?,
+            err: create(&err_name, &stderr)?,
             max: ctx.o.max_output,
             written: [0, 0],
             cut: 0,
@@ -285,7 +317,7 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
         let r = w.session.exec(&spec, &mut sink, opts);
         let _ = sink.finish();
         report.truncated = sink.cut;
-        r.map_err(|e| e.to_string())
+        Ok(r?)
     })();
     let Warm {
         instance, session, ..
@@ -302,7 +334,7 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
             report.status = s;
             report.exit_code = c;
         }
-        Err(e) => report.status = format!("error: {e}"),
+        Err(e) => report.status = format!("error: {}", hull_protocol::error_chain(&e)),
     }
     report.job_s = t0.elapsed().as_secs_f64();
     report
@@ -340,7 +372,7 @@ fn worker(ctx: Arc<Ctx>, n: usize, tx: mpsc::Sender<JobReport>) {
             Err(e) => JobReport {
                 line: job.line,
                 command: job.command.clone(),
-                status: format!("error: {e}"),
+                status: format!("error: {}", hull_protocol::error_chain(&e)),
                 exit_code: None,
                 job_s: 0.0,
                 restore_s: 0.0,
@@ -368,15 +400,13 @@ pub fn run_batch(
     let started = std::time::SystemTime::now();
     let runs = crate::runtime::runs_root();
     let project = crate::run::project_path(&o.project, &runs)
-        .map_err(|e| BatchError::Setup(e.to_string()))?;
-    let policy_file =
-        crate::policy::profiles::load(&o.policy).map_err(|e| BatchError::Setup(e.to_string()))?;
+        .map_err(|e| BatchError::Project(Box::new(e)))?;
+    let policy_file = crate::policy::profiles::load(&o.policy)?;
     // The writable roots every job shares (each job's own tmp goes with it).
     let shared_roots: Vec<PathBuf> = {
         let none = runs.join("-");
         let vars = crate::run::vars_for(project.clone(), none.clone(), none, runs.clone());
-        crate::policy::resolve(&policy_file, &vars)
-            .map_err(|e| BatchError::Setup(e.to_string()))?
+        crate::policy::resolve(&policy_file, &vars)?
             .writable_roots()
             .map(|g| g.path.clone())
             .collect()
@@ -389,7 +419,7 @@ pub fn run_batch(
         runs,
         policy_file,
         tools: host.tools,
-        image_dir: host.image_dir,
+        image: host.image,
         accel: host.accel,
         queue: Mutex::new(jobs.into()),
         irq,
@@ -402,7 +432,7 @@ pub fn run_batch(
         let h = std::thread::Builder::new()
             .name(format!("pool-{n}"))
             .spawn(move || worker(ctx, n, tx))
-            .map_err(|e| BatchError::Setup(format!("cannot start a pool worker: {e}")))?;
+            .map_err(BatchError::Worker)?;
         handles.push(h);
     }
     drop(tx);
@@ -435,7 +465,7 @@ pub fn run_batch(
 #[derive(Debug)]
 pub struct Host {
     tools: Tools,
-    image_dir: PathBuf,
+    image: GuestImage,
     accel: crate::vm::qemu::Accel,
     /// Bytes of the snapshot's saved guest memory (what one idle VM holds).
     pub state_bytes: u64,
@@ -443,16 +473,14 @@ pub struct Host {
 
 impl Host {
     pub fn prepare(progress: &mut dyn FnMut(&str)) -> Result<Host, BatchError> {
-        let setup = |e: &dyn std::fmt::Display| BatchError::Setup(e.to_string());
-        let tools = Tools::find().map_err(|e| setup(&e))?;
-        let image_dir = crate::vm::assemble::find_image().map_err(|e| setup(&e))?;
+        let tools = Tools::find()?;
+        let image = crate::vm::assemble::find_image()?;
         let accel = crate::vm::accel::probe_accel().accel;
-        let hold = crate::vm::snapshot::ensure_for(&image_dir, &tools, accel, progress)
-            .map_err(|e| setup(&e))?;
+        let hold = crate::vm::snapshot::ensure_for(&image, &tools, accel, progress)?;
         Ok(Host {
             state_bytes: hold.snapshot.manifest.state_bytes,
             tools,
-            image_dir,
+            image,
             accel,
         })
     }

@@ -28,6 +28,7 @@ use crate::exec::{CommandSpec, ExitStatus, OutputSink};
 use crate::policy::lower::vm::VmPlan;
 use crate::vm::agent::{AgentError, AgentSession, ExecOptions, RawSession};
 use crate::vm::assemble::{configure_spec, now_ns, start_vm, AssembleError, Started};
+use crate::vm::image::GuestImage;
 use crate::vm::machine::{Fault, Machine, MachineError, Tools};
 use crate::vm::qemu::Accel;
 use crate::vm::snapshot::SnapshotUse;
@@ -68,7 +69,7 @@ pub enum SessionError {
 pub struct StartOptions<'a> {
     pub plan: &'a VmPlan,
     pub tools: &'a Tools,
-    pub image_dir: &'a Path,
+    pub image: &'a GuestImage,
     pub accel: Accel,
     /// QEMU's `-name`.
     pub vm_name: String,
@@ -101,13 +102,7 @@ impl VmSession {
             hold,
             deadlines: (boot_deadline, setup_deadline),
         } = start_vm(
-            o.plan,
-            o.tools,
-            o.image_dir,
-            o.accel,
-            o.vm_name,
-            o.dir,
-            o.log_dir,
+            o.plan, o.tools, o.image, o.accel, o.vm_name, o.dir, o.log_dir,
         )?;
         let agent = match machine.connect_agent_until(boot_deadline, cancelled) {
             Ok(a) => a,

@@ -1,11 +1,12 @@
 //! Prepared VM snapshots: tier 3 without booting on the hot path.
 //!
-//! Once per image (and per QEMU, accelerator and VM size), [`ensure`] boots the
+//! Once per image and agent (and per QEMU, accelerator and VM size), [`ensure`] boots the
 //! guest with [`SLOTS`] virtiofs devices that serve an empty read-only
 //! directory and are never mounted, asks the outer agent to start the
 //! pristine run container with no shares (`Configure { prepare: true }`),
 //! closes the session, and saves the VM with QMP (`migrate` to a file with
-//! the mapped-ram capability). What it writes, in `<image>/snapshot/`:
+//! the mapped-ram capability). What it writes, in `<image>/snapshot-<agent>/`
+//! (`<agent>`: the first 16 hex digits of the agent's sha256):
 //! `disk.qcow2` (the root disk as it was at that moment, a qcow2 over the
 //! image's `disk.raw`), `state.mig` (memory and devices) and
 //! `manifest.json` (the [`Geometry`] it was made for, written last).
@@ -20,13 +21,13 @@
 //! command.
 //!
 //! A plan whose memory limit needs a bigger VM than the default snapshot's
-//! gets a snapshot of its own size ([`memory_for`]: `snapshot-<MiB>m/`,
+//! gets a snapshot of its own size ([`memory_for`]: `snapshot-<agent>-<MiB>m/`,
 //! rounded up to a whole GiB), built once like the default one, so no
 //! policy's limit forces a boot.
 //!
 //! Protects against: a snapshot of other inputs being restored (the
-//! geometry names image, QEMU version, accelerator, memory, vCPUs, slots and
-//! kernel command line; any change rebuilds), a half-written snapshot being
+//! geometry names image, agent, QEMU version, accelerator, memory, vCPUs,
+//! slots and kernel command line; any change rebuilds), a half-written snapshot being
 //! used (built in `<dir>.partial-<pid>/`, renamed into place after the
 //! manifest; an exclusive lock serialises builders, a shared lock is held by
 //! each restore so nothing replaces it under a run), state crossing runs (a
@@ -45,6 +46,7 @@ use serde::{Deserialize, Serialize};
 
 use hull_protocol::{ConfigureSpec, ContainerSpec};
 
+use super::image::{agent_disk, GuestImage};
 use super::machine::{BootImage, Machine, MachineError, MachineSpec, Tools};
 use super::qemu::{Accel, Disk, DiskFormat, Incoming};
 use super::virtiofsd::{SandboxMode, VirtiofsdSpec};
@@ -53,7 +55,7 @@ use crate::policy::lower::vm::{self as lower_vm, VmPlan, GUEST_SHARE_ROOT};
 /// virtiofs devices every snapshot has; a plan with more shares boots cold.
 pub const SLOTS: usize = 8;
 /// `manifest.json` format of a snapshot.
-pub const SNAPSHOT_FORMAT: u32 = 1;
+pub const SNAPSHOT_FORMAT: u32 = 2;
 /// VM memory of the default snapshot: the default policy's 4 GiB container
 /// limit plus the guest's own needs. RAM is a memfd the host backs only as
 /// it is touched.
@@ -81,6 +83,10 @@ pub fn slot_tag(i: usize) -> String {
 pub struct Geometry {
     pub format: u32,
     pub image_id: String,
+    /// sha256 of the agent on the agent disk (the guest runs it from there).
+    pub agent_sha256: String,
+    /// Which agent disk file (its stamp): the guest's cached view is of it.
+    pub agent_disk: String,
     pub qemu_version: String,
     pub accel: String,
     pub memory_mib: u32,
@@ -151,30 +157,23 @@ fn io_err(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> Snapshot
     move |source| SnapshotError::Io { path, what, source }
 }
 
-/// The geometry a snapshot of `image` needs on this host.
-pub fn geometry(image_id: &str, image: &BootImage, tools: &Tools, accel: Accel) -> Geometry {
+/// The geometry a snapshot of `image` (booted as `boot`) needs on this host.
+pub fn geometry(image: &GuestImage, boot: &BootImage, tools: &Tools, accel: Accel) -> Geometry {
     let host = std::thread::available_parallelism()
         .map(|n| n.get() as u32)
         .unwrap_or(1);
     Geometry {
         format: SNAPSHOT_FORMAT,
-        image_id: image_id.to_owned(),
+        image_id: image.id(),
+        agent_sha256: image.agent.sha256.clone(),
+        agent_disk: image.agent.stamp.clone(),
         qemu_version: tools.qemu_version.clone(),
         accel: accel.name().to_owned(),
         memory_mib: SNAPSHOT_MEMORY_MIB,
         cpus: host.clamp(1, 2),
         slots: SLOTS,
-        cmdline: format!("{} {SNAPSHOT_CMDLINE_EXTRA}", image.cmdline),
+        cmdline: format!("{} {SNAPSHOT_CMDLINE_EXTRA}", boot.cmdline),
     }
-}
-
-/// [`geometry`] for the image in `image_dir` (its id is the directory name).
-pub fn geometry_for(image_dir: &Path, image: &BootImage, tools: &Tools, accel: Accel) -> Geometry {
-    let id = image_dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    geometry(&id, image, tools, accel)
 }
 
 /// The VM memory of the snapshot `plan` restores from: the default
@@ -276,22 +275,24 @@ pub fn slot_specs(slotted: &VmPlan, dir: &Path, empty: &Path, slots: usize) -> V
     specs
 }
 
-/// The name of the snapshot directory for VMs of `memory_mib`.
-fn dir_name(memory_mib: u32) -> String {
-    if memory_mib == SNAPSHOT_MEMORY_MIB {
-        "snapshot".into()
+/// The name of the snapshot directory for `g`: its agent, and its VM size
+/// when that is not the default one.
+fn dir_name(g: &Geometry) -> String {
+    let agent = &g.agent_sha256[..16.min(g.agent_sha256.len())];
+    if g.memory_mib == SNAPSHOT_MEMORY_MIB {
+        format!("snapshot-{agent}")
     } else {
-        format!("snapshot-{memory_mib}m")
+        format!("snapshot-{agent}-{}m", g.memory_mib)
     }
 }
 
-/// The directory of an image's snapshot for VMs of `memory_mib`.
-pub fn dir_of(image_dir: &Path, memory_mib: u32) -> PathBuf {
-    image_dir.join(dir_name(memory_mib))
+/// The directory of an image's snapshot for `g`.
+pub fn dir_of(image_dir: &Path, g: &Geometry) -> PathBuf {
+    image_dir.join(dir_name(g))
 }
 
-fn lock_path(image_dir: &Path, memory_mib: u32) -> PathBuf {
-    image_dir.join(format!("{}.lock", dir_name(memory_mib)))
+fn lock_path(image_dir: &Path, g: &Geometry) -> PathBuf {
+    image_dir.join(format!("{}.lock", dir_name(g)))
 }
 
 /// A hold on a snapshot: while it lives the snapshot is not replaced.
@@ -301,8 +302,8 @@ pub struct SnapshotUse {
     pub snapshot: Snapshot,
 }
 
-fn open_lock(image_dir: &Path, memory_mib: u32) -> Result<fs::File, SnapshotError> {
-    let p = lock_path(image_dir, memory_mib);
+fn open_lock(image_dir: &Path, g: &Geometry) -> Result<fs::File, SnapshotError> {
+    let p = lock_path(image_dir, g);
     fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -314,7 +315,7 @@ fn open_lock(image_dir: &Path, memory_mib: u32) -> Result<fs::File, SnapshotErro
 
 /// The complete snapshot in `image_dir` made for `g`, if there is one.
 pub fn open(image_dir: &Path, g: &Geometry) -> Option<Snapshot> {
-    let dir = dir_of(image_dir, g.memory_mib);
+    let dir = dir_of(image_dir, g);
     let text = fs::read(dir.join(MANIFEST)).ok()?;
     if text.len() > 1 << 20 {
         return None;
@@ -342,8 +343,8 @@ pub fn ensure(
     tools: &Tools,
     progress: &mut dyn FnMut(&str),
 ) -> Result<SnapshotUse, SnapshotError> {
-    let lock = open_lock(image_dir, g.memory_mib)?;
-    let lp = lock_path(image_dir, g.memory_mib);
+    let lock = open_lock(image_dir, g)?;
+    let lp = lock_path(image_dir, g);
     lock.lock_shared()
         .map_err(io_err(&lp, "lock the snapshot"))?;
     if let Some(s) = open(image_dir, g) {
@@ -356,13 +357,14 @@ pub fn ensure(
     lock.lock().map_err(io_err(&lp, "lock the snapshot"))?;
     if open(image_dir, g).is_none() {
         build(image_dir, image, g, tools, progress)?;
+        prune_old_agents(image_dir, &g.agent_sha256);
     }
     // Downgrade: other runs may restore it now.
     lock.unlock().map_err(io_err(&lp, "unlock the snapshot"))?;
     lock.lock_shared()
         .map_err(io_err(&lp, "lock the snapshot"))?;
     let snapshot = open(image_dir, g).ok_or_else(|| SnapshotError::Io {
-        path: dir_of(image_dir, g.memory_mib),
+        path: dir_of(image_dir, g),
         what: "open the snapshot just built",
         source: io::Error::other("it is missing or does not match"),
     })?;
@@ -372,20 +374,90 @@ pub fn ensure(
     })
 }
 
+/// Agents whose disk and snapshots an image keeps (the newest by the
+/// disk's time, and always the one in use): a debug and a release build
+/// used in turn each keep theirs, older builds' go.
+pub const KEEP_AGENTS: usize = 3;
+
+/// Removes the agent disks and snapshots of all but the [`KEEP_AGENTS`]
+/// newest agents (never `current`'s). A snapshot a run holds (its lock is
+/// taken) keeps its agent. Best effort: what cannot go now goes next time.
+pub fn prune_old_agents(image_dir: &Path, current: &str) {
+    let current = agent_disk::file_name(current);
+    let disks = agent_disk::list(image_dir);
+    let current = image_dir.join(current);
+    let keep: Vec<PathBuf> = std::iter::once(current.clone())
+        .chain(disks.iter().map(|d| d.0.clone()).filter(|d| *d != current))
+        .take(KEEP_AGENTS)
+        .collect();
+    for (disk, _) in disks {
+        if keep.contains(&disk) {
+            continue;
+        }
+        let Some(short) = disk
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("agent-"))
+            .and_then(|n| n.strip_suffix(".ext4"))
+        else {
+            continue;
+        };
+        let prefix = format!("snapshot-{short}");
+        let snaps: Vec<PathBuf> = fs::read_dir(image_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_dir()
+                    && p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n == prefix || n.starts_with(&format!("{prefix}-")))
+            })
+            .collect();
+        // Take every snapshot's lock before removing anything of this agent.
+        let mut held = Vec::new();
+        let free = snaps.iter().all(|d| {
+            let lock = d.with_file_name(format!(
+                "{}.lock",
+                d.file_name().unwrap_or_default().to_string_lossy()
+            ));
+            match fs::File::open(&lock) {
+                Ok(f) if f.try_lock().is_ok() => {
+                    held.push((f, lock));
+                    true
+                }
+                Ok(_) => false,
+                Err(_) => true,
+            }
+        });
+        if !free {
+            continue;
+        }
+        for d in &snaps {
+            let _ = fs::remove_dir_all(d);
+        }
+        for (_f, lock) in &held {
+            let _ = fs::remove_file(lock);
+        }
+        let _ = fs::remove_file(&disk);
+    }
+}
+
 /// [`ensure`] for the image in `image_dir` on this host (its geometry from
 /// `tools` and `accel`): what `hull image build` and `hull batch` call.
 pub fn ensure_for(
-    image_dir: &Path,
+    image: &GuestImage,
     tools: &Tools,
     accel: Accel,
     progress: &mut dyn FnMut(&str),
 ) -> Result<SnapshotUse, SnapshotError> {
-    let image = BootImage::from_dir(image_dir).map_err(|source| SnapshotError::Machine {
+    let boot = BootImage::from_image(image).map_err(|source| SnapshotError::Machine {
         step: "preparing the snapshot: opening the image",
         source,
     })?;
-    let g = geometry_for(image_dir, &image, tools, accel);
-    ensure(image_dir, &image, &g, tools, progress)
+    let g = geometry(image, &boot, tools, accel);
+    ensure(&image.dir, &boot, &g, tools, progress)
 }
 
 /// Finds `qemu-img` next to QEMU, else on PATH.
@@ -453,12 +525,17 @@ fn machine_spec(
 ) -> MachineSpec {
     let mut image = image.clone();
     image.cmdline = g.cmdline.clone();
-    image.disks = vec![Disk {
+    // The root disk becomes the snapshot's overlay; the agent disk stays.
+    let root = Disk {
         path: disk.to_path_buf(),
         format: DiskFormat::Qcow2,
         readonly: false,
         snapshot: restore,
-    }];
+    };
+    match image.disks.first_mut() {
+        Some(d) => *d = root,
+        None => image.disks.push(root),
+    }
     MachineSpec {
         name,
         dir: dir.to_path_buf(),
@@ -489,8 +566,8 @@ fn build(
     tools: &Tools,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), SnapshotError> {
-    let final_dir = dir_of(image_dir, g.memory_mib);
-    let partial = format!("{}.partial-", dir_name(g.memory_mib));
+    let final_dir = dir_of(image_dir, g);
+    let partial = format!("{}.partial-", dir_name(g));
     // We hold this size's lock exclusively: every partial of this size is a
     // dead builder's (another size's builder holds another lock).
     if let Ok(rd) = fs::read_dir(image_dir) {
@@ -765,6 +842,8 @@ mod tests {
         Geometry {
             format: SNAPSHOT_FORMAT,
             image_id: "0123456789abcdef".into(),
+            agent_sha256: "a1".repeat(32),
+            agent_disk: "12-34".into(),
             qemu_version: "10.0.2".into(),
             accel: "tcg".into(),
             memory_mib: SNAPSHOT_MEMORY_MIB,
@@ -968,9 +1047,13 @@ mod tests {
         g.memory_mib = memory_for(&p);
         assert_eq!(fits(&p, &g), Ok(()));
         let img = Path::new("/img");
-        assert_eq!(dir_of(img, SNAPSHOT_MEMORY_MIB), img.join("snapshot"));
-        assert_eq!(dir_of(img, 9216), img.join("snapshot-9216m"));
-        assert_ne!(lock_path(img, 9216), lock_path(img, SNAPSHOT_MEMORY_MIB));
+        let small = geo();
+        assert_eq!(dir_of(img, &small), img.join("snapshot-a1a1a1a1a1a1a1a1"));
+        assert_eq!(dir_of(img, &g), img.join("snapshot-a1a1a1a1a1a1a1a1-9216m"));
+        assert_ne!(lock_path(img, &g), lock_path(img, &small));
+        let mut other_agent = geo();
+        other_agent.agent_sha256 = "b2".repeat(32);
+        assert_ne!(dir_of(img, &other_agent), dir_of(img, &small));
     }
 
     #[test]
@@ -979,7 +1062,7 @@ mod tests {
         let img = t.path();
         let g = geo();
         assert!(open(img, &g).is_none(), "nothing there yet");
-        let d = dir_of(img, g.memory_mib);
+        let d = dir_of(img, &g);
         fs::create_dir_all(&d).unwrap();
         fs::write(d.join(DISK), b"q").unwrap();
         let m = SnapshotManifest {
@@ -999,6 +1082,8 @@ mod tests {
             |g: &mut Geometry| g.accel = "kvm".into(),
             |g: &mut Geometry| g.cpus = 1,
             |g: &mut Geometry| g.image_id = "fedcba9876543210".into(),
+            |g: &mut Geometry| g.agent_sha256 = "b2".repeat(32),
+            |g: &mut Geometry| g.agent_disk = "12-35".into(),
             |g: &mut Geometry| g.cmdline.push_str(" x"),
             |g: &mut Geometry| g.memory_mib += 1024,
         ] {

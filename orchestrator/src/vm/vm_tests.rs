@@ -270,8 +270,21 @@ fn missing_kernel_is_named() {
     s.log_dir = t.path().to_path_buf();
     let e = Machine::start(&s, &tools).unwrap_err().to_string();
     assert!(e.contains("longer than"), "{e}");
-    let e = BootImage::from_dir(t.path()).unwrap_err().to_string();
+    let guest = super::image::GuestImage {
+        dir: t.path().to_path_buf(),
+        agent: super::image::agent_disk::AgentDisk {
+            path: t.path().join("agent-0123456789abcdef.ext4"),
+            sha256: "0123456789abcdef".repeat(4),
+            stamp: String::new(),
+        },
+    };
+    let e = BootImage::from_image(&guest).unwrap_err().to_string();
     assert!(e.contains("vmlinux missing"), "{e}");
+    for f in ["vmlinux", "initrd.cpio", "disk.raw"] {
+        fs::write(t.path().join(f), b"x").unwrap();
+    }
+    let e = BootImage::from_image(&guest).unwrap_err().to_string();
+    assert!(e.contains("agent-0123456789abcdef.ext4 missing"), "{e}");
 }
 
 /// The host-side agent session against the real `hull-agent serve` in a

@@ -2,7 +2,7 @@
 //! the agent over Hyper-V sockets, the shares over Plan 9.
 //!
 //! Why the Host Compute Service (HCS, `computecore.dll`) and not the Hyper-V
-//! PowerShell module (see `docs/architecture-native.md` for the long form):
+//! PowerShell module (see `docs/architecture.md, "macOS and Windows"` for the long form):
 //! HCS boots a Linux kernel and initrd directly (`LinuxKernelDirect`, as WSL2
 //! and Linux containers on Windows do), so the same `vmlinux`/initrd the QEMU
 //! backend boots is used, with no UEFI firmware or boot loader in the image;

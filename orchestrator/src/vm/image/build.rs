@@ -29,7 +29,9 @@ const MAX_INFO: usize = 256;
 /// What to build.
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
-    /// The `hull-agent` binary to put in the guest and the container.
+    /// The `hull-agent` binary the build's smoke test starts the container
+    /// with (on its own disk, kept in the image directory for later runs;
+    /// the image itself does not hold an agent).
     pub agent: PathBuf,
     /// Rebuild even when a complete image with this id exists.
     pub force: bool,
@@ -157,14 +159,15 @@ pub fn missing_tools_error(missing: &[(&str, &str)]) -> ImageError {
     ImageError::MissingTools { list, install }
 }
 
-/// Build the image for `opts.agent` unless it is cached; returns it.
+/// Build the image of this recipe unless it is cached; returns it.
 pub fn build(
     cache: &Cache,
     opts: &BuildOptions,
     on: &mut dyn FnMut(BuildEvent),
 ) -> Result<BuiltImage, ImageError> {
-    let agent = super::read_agent(&opts.agent)?;
-    let id = recipe::image_id(&agent);
+    // Refuse a missing or foreign agent before minutes of work.
+    super::read_agent(&opts.agent)?;
+    let id = recipe::image_id();
     let final_dir = cache.image_dir(&id);
     cache.check_private()?;
     if !opts.force {
@@ -208,7 +211,8 @@ pub fn build(
     });
 
     let started = Instant::now();
-    let run = run_script(&dir, &recipe_dir, &opts.agent, &lock, log, on)?;
+    let agent = super::agent_disk::ensure(&dir, &opts.agent)?;
+    let run = run_script(&dir, &recipe_dir, &agent.path, &lock, log, on)?;
     if !run.success {
         return Err(ImageError::BuildFailed {
             step: run.last_step.unwrap_or_else(|| "start".into()),
@@ -229,8 +233,7 @@ pub fn build(
     let manifest = Manifest {
         format: MANIFEST_FORMAT,
         id: id.clone(),
-        hash: recipe::image_hash(&agent),
-        agent_sha256: recipe::agent_hash(&agent),
+        hash: recipe::image_hash(),
         created_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -324,7 +327,7 @@ struct ScriptRun {
 fn run_script(
     dir: &Path,
     recipe_dir: &Path,
-    agent: &Path,
+    agent_disk: &Path,
     lock: &File,
     mut log: File,
     on: &mut dyn FnMut(BuildEvent),
@@ -341,7 +344,7 @@ fn run_script(
     let mut child = Command::new("bash")
         .arg(&script)
         .arg(dir)
-        .arg(agent)
+        .arg(agent_disk)
         .env("PATH", sbin_path())
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::piped())

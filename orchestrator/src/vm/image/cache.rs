@@ -150,7 +150,7 @@ impl Cache {
                     Err(e) => out.push(Entry::Broken {
                         id: name,
                         dir,
-                        reason: super::error_chain(&e),
+                        reason: hull_protocol::error_chain(&e),
                     }),
                 }
             } else if let Some(id) = partial_id(&name) {

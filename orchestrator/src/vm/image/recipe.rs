@@ -1,10 +1,10 @@
 //! The guest image recipe (`images/` in the repository), embedded in the `hull`
-//! binary, and the image id: a hash of every recipe file and of the agent binary.
+//! binary, and the image id: a hash of every recipe file.
 //!
 //! Embedding means an installed `hull` builds exactly the recipe it was compiled
 //! with, and the id cannot drift from the files that are run. A changed recipe file
-//! or agent gives a new id, so the cache never serves an image built from other
-//! inputs. What the id does not cover: the Debian mirror's state at build time
+//! gives a new id, so the cache never serves an image built from other inputs.
+//! The guest agent is not part of the image (see [`super::agent_disk`]). What the id does not cover: the Debian mirror's state at build time
 //! (package versions are recorded in the manifest instead).
 
 use std::io;
@@ -47,13 +47,13 @@ pub const FILES: &[RecipeFile] = recipe! {
 };
 
 /// Bumped when the meaning of the id changes (hash layout, cache layout).
-const ID_DOMAIN: &[u8] = b"hull-image-id-v1\0";
+const ID_DOMAIN: &[u8] = b"hull-image-id-v2\0";
 
 /// Hex characters of the sha256 used as the image id (64 bits).
 pub const ID_LEN: usize = 16;
 
-/// The full sha256 (hex) of the recipe files and the agent bytes.
-pub fn image_hash(agent: &[u8]) -> String {
+/// The full sha256 (hex) of the recipe files.
+pub fn image_hash() -> String {
     let mut h = Sha256::new();
     h.update(ID_DOMAIN);
     for f in FILES {
@@ -62,20 +62,12 @@ pub fn image_hash(agent: &[u8]) -> String {
         h.update((f.bytes.len() as u64).to_le_bytes());
         h.update(f.bytes);
     }
-    h.update(b"agent\0");
-    h.update((agent.len() as u64).to_le_bytes());
-    h.update(agent);
     hex(&h.finalize())
 }
 
-/// The sha256 (hex) of the agent binary alone, for the manifest.
-pub fn agent_hash(agent: &[u8]) -> String {
-    hex(&Sha256::digest(agent))
-}
-
-/// The id of the image `agent` builds: the first [`ID_LEN`] hex digits of [`image_hash`].
-pub fn image_id(agent: &[u8]) -> String {
-    let mut h = image_hash(agent);
+/// The id of the image this recipe builds: the first [`ID_LEN`] hex digits of [`image_hash`].
+pub fn image_id() -> String {
+    let mut h = image_hash();
     h.truncate(ID_LEN);
     h
 }
@@ -150,14 +142,12 @@ mod tests {
     }
 
     #[test]
-    fn id_changes_with_the_agent_and_is_stable() {
-        let a = image_id(b"agent one");
+    fn the_id_is_a_stable_prefix_of_the_recipe_hash() {
+        let a = image_id();
         assert_eq!(a.len(), ID_LEN);
-        assert_eq!(a, image_id(b"agent one"));
-        assert_ne!(a, image_id(b"agent two"));
-        // Length-prefixing: moving bytes between fields cannot collide.
-        assert_ne!(image_hash(b""), image_hash(b"\0"));
-        assert!(image_hash(b"agent one").starts_with(&a));
+        assert_eq!(a, image_id());
+        assert!(image_hash().starts_with(&a));
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
     }
 
     #[test]

@@ -130,8 +130,7 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
     }
     let term = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-        signal_hook::flag::register(sig, term.clone())
-            .map_err(|e| SupervisorError::Other(format!("signal handler: {e}")))?;
+        signal_hook::flag::register(sig, term.clone()).map_err(SupervisorError::Signals)?;
     }
     let me = std::process::id();
     let mut state = VmState {
@@ -191,20 +190,18 @@ fn boot(
 ) -> Result<(Machine, crate::vm::agent::RawSession), SupervisorError> {
     let runs = crate::runtime::runs_root();
     let project = crate::run::project_path(&o.project, &runs)
-        .map_err(|e| SupervisorError::Other(e.to_string()))?;
+        .map_err(|e| SupervisorError::Project(Box::new(e)))?;
     state.project = project.clone();
     for d in [&state.tmp, &state.spill] {
         fs::create_dir_all(d).map_err(io_err("create", d))?;
     }
     let pf = crate::policy::profiles::load(&o.policy)?;
     let vars = crate::run::vars_for(project, state.tmp.clone(), state.spill.clone(), runs);
-    let (policy, _) = crate::run::resolve_policy(&pf, &vars)
-        .map_err(|e| SupervisorError::Other(e.to_string()))?;
+    let (policy, _) = crate::run::resolve_policy(&pf, &vars)?;
     let plan = lower_vm::lower(&policy, &crate::policy::RealFs)?;
     state.shares = fingerprint(&plan);
     let tools = Tools::find()?;
-    let image_dir =
-        crate::vm::assemble::find_image().map_err(|e| SupervisorError::Other(e.to_string()))?;
+    let image = crate::vm::assemble::find_image()?;
     let accel = crate::vm::accel::probe_accel().accel;
     state.accel = accel.name().into();
     let mdir = dir.join("m");
@@ -213,7 +210,7 @@ fn boot(
     let start = crate::vm::session::StartOptions {
         plan: &plan,
         tools: &tools,
-        image_dir: &image_dir,
+        image: &image,
         accel,
         vm_name: format!("hull-vm-{}", o.name),
         dir: &mdir,

@@ -119,6 +119,16 @@ pub enum SupervisorError {
         #[source]
         source: AgentError,
     },
+    #[error("hull vm: the project: {0}")]
+    Project(#[source] Box<crate::run::RunError>),
+    #[error(transparent)]
+    Prepare(#[from] crate::run::PrepareError),
+    #[error(transparent)]
+    Image(#[from] crate::vm::assemble::AssembleError),
+    #[error("hull vm: cannot encode the VM's state file")]
+    EncodeState(#[source] serde_json::Error),
+    #[error("hull vm: cannot install the signal handlers")]
+    Signals(#[source] io::Error),
     #[error("hull vm: {0}")]
     Other(String),
 }
@@ -272,7 +282,7 @@ fn read_state(dir: &Path) -> Option<VmState> {
 fn write_state(dir: &Path, s: &VmState) -> Result<(), SupervisorError> {
     let p = dir.join("vm.json");
     let tmp = dir.join("vm.json.tmp");
-    let text = serde_json::to_vec_pretty(s).map_err(|e| SupervisorError::Other(e.to_string()))?;
+    let text = serde_json::to_vec_pretty(s).map_err(SupervisorError::EncodeState)?;
     fs::write(&tmp, text).map_err(io_err("write", &tmp))?;
     fs::rename(&tmp, &p).map_err(io_err("write", &p))
 }
