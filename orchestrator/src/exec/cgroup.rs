@@ -95,6 +95,20 @@ impl RunCgroup {
         }
     }
 
+    /// Kills every process in the cgroup and waits until none is left
+    /// (they die at once; polled every 200 µs); false after `limit`.
+    pub fn kill_and_wait(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        self.kill();
+        while !self.is_empty() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+
     /// Whether no process is left in it.
     pub fn is_empty(&self) -> bool {
         std::fs::read_to_string(self.dir.join("cgroup.events"))

@@ -33,10 +33,15 @@ pub enum Containment {
 
 impl Containment {
     /// Ends every process of the tree but the direct child's own wait.
+    /// A cgroup's tree is gone once the cgroup is empty (no `/proc` sweep:
+    /// nothing of the tree can leave it); one that does not empty within
+    /// 2 s gets the sweep as well.
     fn end_tree(&self, main: i32) {
         #[cfg(target_os = "linux")]
         if let Containment::Cgroup(cg) = self {
-            cg.kill();
+            if cg.kill_and_wait(Duration::from_secs(2)) {
+                return;
+            }
         }
         kill_descendants(main);
     }

@@ -21,9 +21,22 @@
 //! reaches into `.hull`): a command can write into a spare early. That gives
 //! it nothing the writable directory does not already give: a spare's
 //! contents only ever land at a name the broker allowed. It cannot move,
-//! link or remove a spare (the pool directory has no rule). The pool is
-//! removed after the run, and a pool no run holds (its hull was killed) by
-//! the next run on that project.
+//! link or remove a spare (the pool directory has no rule).
+//!
+//! In a project that has a `.hull` directory (hull makes none it leaves
+//! behind: when it makes one for the pool, both go after the run), a pool
+//! outlives its run and the next run on that project adopts it
+//! (making 320 inodes and removing them again cost 5-200 ms a run on ext4,
+//! whose inode allocator slows down as recently freed inodes pile up). On
+//! adoption every spare is checked against the pool's seal: the coarse
+//! clock time hull wrote once it had made the spares, before any command
+//! ran. A spare whose ctime is not before the seal was changed since
+//! (written, chmod, an xattr or ACL set, an entry made inside it: each
+//! moves the ctime, which no process can set back) and is replaced, as is
+//! one of the wrong type, owner, mode, size or link count; recycled
+//! spares are removed. A pool with no valid seal, or sealed for another
+//! owner, is removed whole. Pools are locked (`flock`) while a run holds
+//! them, so concurrent runs each take their own.
 
 use std::collections::HashSet;
 use std::os::fd::AsRawFd;
@@ -47,6 +60,8 @@ pub const DIRS: u32 = 64;
 
 /// Prefix of a pool's directory name inside `.hull`.
 const PREFIX: &str = "spares-";
+/// The seal's file in a pool directory.
+const SEAL: &str = "seal";
 /// Prefix of a pool's name before it is locked.
 const MAKING: &str = "making-spares-";
 /// Age after which an unlocked pool being made is taken as abandoned.
@@ -96,15 +111,17 @@ pub struct SpareError {
     pub source: std::io::Error,
 }
 
-/// One run's pool in a writable root's `.hull`; removed on drop.
+/// One run's pool in a writable root's `.hull`: kept for the next run when
+/// the `.hull` was there before (see the module comment), else removed on
+/// drop with the `.hull` hull made for it.
 #[derive(Debug)]
 pub struct Pool {
     set: SpareSet,
     dir: OwnedFd,
-    /// The `.hull` it is in, and its name there: removed through these,
-    /// so a `.hull` replaced meanwhile does not redirect the removal.
-    parent: OwnedFd,
-    name: String,
+    /// The `.hull` it is in and its name there, when it goes with the run:
+    /// removed through these, so a `.hull` replaced meanwhile does not
+    /// redirect the removal.
+    remove: Option<(OwnedFd, String)>,
     owner: Option<(u32, u32)>,
     next_file: AtomicU32,
     next_dir: AtomicU32,
@@ -118,19 +135,22 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Makes the pool `<hull_dir>/spares-<run_id>` with `files` files and
-    /// `dirs` directories, owned by `owner` when given (hull is root: the
+    /// Takes a pool in `hull_dir` with `files` files and `dirs`
+    /// directories, owned by `owner` when given (hull is root: the
     /// writable root's owner, whom the command's idmapped mount shows as
-    /// the sandbox user). `hull_dir` must be a real directory (a symlink
-    /// is refused). The pool is locked (`flock` on its directory) while it
-    /// exists, made under a temporary name and renamed once locked; pools
-    /// nobody holds locked (their hull was killed) are removed first.
+    /// the sandbox user): an idle one, checked and topped up, else a new
+    /// `<hull_dir>/spares-<run_id>`. `hull_dir` must be a real directory (a
+    /// symlink is refused). The pool is locked (`flock` on its directory)
+    /// while a run holds it; a new one is made under a temporary name and
+    /// renamed once locked. Pools that cannot be adopted (no valid seal:
+    /// their maker was killed) are removed.
     pub fn create(
         hull_dir: &Path,
         run_id: &str,
         owner: Option<(u32, u32)>,
         files: u32,
         dirs: u32,
+        keep: bool,
     ) -> Result<Pool, SpareError> {
         let name = format!("{PREFIX}{run_id}");
         let path = hull_dir.join(&name);
@@ -139,7 +159,26 @@ impl Pool {
             source,
         };
         let parent = open_dir_nofollow(rustix::fs::CWD, hull_dir).map_err(err)?;
-        sweep(&parent);
+        let chunks = std::thread::available_parallelism()
+            .map_or(1, |n| n.get() as u32)
+            .clamp(1, 4);
+        let want = Seal {
+            time: (0, 0),
+            owner: owner_or_self(owner),
+            files,
+            dirs,
+            chunks,
+        };
+        if let Some((dir, name)) = keep.then(|| adopt(&parent, &want)).flatten() {
+            let path = hull_dir.join(&name);
+            let err = |source: std::io::Error| SpareError {
+                path: path.clone(),
+                source,
+            };
+            let pool = Pool::new(dir, path.clone(), owner, &want, None).map_err(err)?;
+            pool.fill().map_err(err)?;
+            return Ok(pool);
+        }
         let making = format!("{MAKING}{run_id}");
         mkdirat(&parent, making.as_str(), Mode::from_raw_mode(0o700)).map_err(|e| err(e.into()))?;
         let dir = open_dir_nofollow(&parent, Path::new(&making)).map_err(err)?;
@@ -153,33 +192,49 @@ impl Pool {
             rustix::fs::RenameFlags::NOREPLACE,
         )
         .map_err(|e| err(e.into()))?;
-        let dev = rustix::fs::fstat(&dir).map_err(|e| err(e.into()))?.st_dev;
-        let pool = Pool {
+        let remove = match keep {
+            true => None,
+            false => Some((parent, name)),
+        };
+        let pool = Pool::new(dir, path.clone(), owner, &want, remove).map_err(err)?;
+        pool.fill().map_err(err)?;
+        Ok(pool)
+    }
+
+    fn new(
+        dir: OwnedFd,
+        path: PathBuf,
+        owner: Option<(u32, u32)>,
+        want: &Seal,
+        remove: Option<(OwnedFd, String)>,
+    ) -> std::io::Result<Pool> {
+        let dev = rustix::fs::fstat(&dir)?.st_dev;
+        Ok(Pool {
             dir,
-            parent,
-            name,
+            remove,
             dev,
             handed: Mutex::default(),
             recycled: Mutex::default(),
             next_recycled: AtomicU32::new(0),
             set: SpareSet {
-                dir: path.clone(),
-                files,
-                dirs,
-                chunks: std::thread::available_parallelism()
-                    .map_or(1, |n| n.get() as u32)
-                    .clamp(1, 4),
+                dir: path,
+                files: want.files,
+                dirs: want.dirs,
+                chunks: want.chunks,
             },
             owner,
             next_file: AtomicU32::new(0),
             next_dir: AtomicU32::new(0),
-        };
-        pool.fill().map_err(err)?;
-        Ok(pool)
+        })
     }
 
-    /// Makes every spare, one thread per chunk.
+    /// Makes every spare that is missing, replaces every one changed since
+    /// the seal (one thread per chunk), removes recycled ones, and seals
+    /// the pool anew; then checks the spares it kept once more against the
+    /// old seal (one changed while this ran fails the pool: fail closed).
     fn fill(&self) -> std::io::Result<()> {
+        let old = read_seal(&self.dir);
+        remove_recycled(&self.dir);
         let own = |fd: &OwnedFd| -> std::io::Result<()> {
             if let Some((u, g)) = self.owner {
                 fchown(
@@ -192,38 +247,102 @@ impl Pool {
         };
         own(&self.dir)?;
         let chunks = self.set.chunks.max(1);
-        let chunk = |k: u32| -> std::io::Result<()> {
+        let want = Seal {
+            time: (0, 0),
+            owner: owner_or_self(self.owner),
+            files: self.set.files,
+            dirs: self.set.dirs,
+            chunks,
+        };
+        let check = |dir: &OwnedFd, name: &str, is_dir: bool| match &old {
+            Some(seal) => spare_intact(dir, name, is_dir, seal, &want, self.dev),
+            None => Presence::Missing,
+        };
+        // Pass 1: each chunk's spares, kept when intact, else made anew.
+        let ctime = |fd: &OwnedFd| -> std::io::Result<Time> {
+            let st = rustix::fs::fstat(fd)?;
+            Ok(ctime_of(&st))
+        };
+        let chunk = |k: u32| -> std::io::Result<(Vec<(String, bool)>, Time)> {
             let name = format!("c{k}");
-            mkdirat(&self.dir, name.as_str(), Mode::from_raw_mode(0o700))?;
+            match mkdirat(&self.dir, name.as_str(), Mode::from_raw_mode(0o700)) {
+                Err(rustix::io::Errno::EXIST) => {}
+                r => r?,
+            }
             let dir = open_dir_nofollow(&self.dir, Path::new(&name))?;
             own(&dir)?;
-            for i in (k..self.set.files).step_by(chunks as usize) {
-                let fd = openat(
-                    &dir,
-                    format!("f{i}"),
-                    OFlags::CREATE
-                        | OFlags::EXCL
-                        | OFlags::WRONLY
-                        | OFlags::NOFOLLOW
-                        | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(0o600),
-                )?;
-                own(&fd)?;
+            let mut kept = Vec::new();
+            let mut newest = (0, 0);
+            let files = (k..self.set.files)
+                .step_by(chunks as usize)
+                .map(|i| (format!("f{i}"), false));
+            let dirs = (k..self.set.dirs)
+                .step_by(chunks as usize)
+                .map(|i| (format!("d{i}"), true));
+            for (name, is_dir) in files.chain(dirs) {
+                match check(&dir, &name, is_dir) {
+                    Presence::Intact => {
+                        kept.push((format!("c{k}/{name}"), is_dir));
+                        continue;
+                    }
+                    Presence::Changed => remove_entry(&dir, &name)?,
+                    Presence::Missing => {}
+                }
+                let made = if is_dir {
+                    mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o700))?;
+                    let fd = open_dir_nofollow(&dir, Path::new(&name))?;
+                    own(&fd)?;
+                    fd
+                } else {
+                    let fd = openat(
+                        &dir,
+                        name.as_str(),
+                        OFlags::CREATE
+                            | OFlags::EXCL
+                            | OFlags::WRONLY
+                            | OFlags::NOFOLLOW
+                            | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(0o600),
+                    )?;
+                    own(&fd)?;
+                    fd
+                };
+                newest = newest.max(ctime(&made)?);
             }
-            for i in (k..self.set.dirs).step_by(chunks as usize) {
-                let name = format!("d{i}");
-                mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o700))?;
-                own(&open_dir_nofollow(&dir, Path::new(&name))?)?;
-            }
-            Ok(())
+            Ok((kept, newest))
         };
-        std::thread::scope(|s| {
+        let (kept, newest) = std::thread::scope(|s| {
             let made: Vec<_> = (0..chunks).map(|k| s.spawn(move || chunk(k))).collect();
-            made.into_iter().try_for_each(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(std::io::Error::other("a spare maker panicked")))
-            })
-        })
+            made.into_iter()
+                .try_fold((Vec::new(), (0, 0)), |(mut all, newest), h| {
+                    let (kept, n) = h
+                        .join()
+                        .unwrap_or_else(|_| Err(std::io::Error::other("a spare maker panicked")))?;
+                    all.extend(kept);
+                    Ok::<_, std::io::Error>((all, newest.max(n)))
+                })
+        })?;
+        if self.remove.is_some() {
+            return Ok(()); // goes with the run: never adopted, no seal
+        }
+        // The seal must be newer than every spare made (same clock tick:
+        // they would count as changed next time): a tick is a few ms.
+        for _ in 0..40 {
+            if write_seal(&self.dir, &want)? > newest {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+        // Pass 2: a spare kept in pass 1 and changed before the new seal
+        // would pass as sealed; its ctime is past the old seal then.
+        for (name, is_dir) in &kept {
+            if check(&self.dir, name, *is_dir) != Presence::Intact {
+                return Err(std::io::Error::other(format!(
+                    "the spare {name} changed while hull checked the pool"
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn set(&self) -> &SpareSet {
@@ -332,13 +451,234 @@ fn take(next: &AtomicU32, total: u32) -> Option<u32> {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        if let Err(e) = crate::runtime::remove_tree(&beneath(&self.parent, &self.name)) {
+        let Some((parent, name)) = &self.remove else {
+            return;
+        };
+        if let Err(e) = crate::runtime::remove_tree(&beneath(parent, name)) {
             tracing::warn!(
                 "tier landlock: could not remove the spare entries {}: {e}",
                 self.set.dir.display()
             );
         }
     }
+}
+
+/// An inode's ctime: seconds and nanoseconds.
+type Time = (i64, u64);
+
+fn ctime_of(st: &rustix::fs::Stat) -> Time {
+    (st.st_ctime, st.st_ctime_nsec)
+}
+
+/// What a pool was sealed for, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seal {
+    /// The seal file's ctime (seconds, nanoseconds): written once the
+    /// spares were made, before any command ran. A spare changed later
+    /// has a ctime at or after it, whatever the filesystem's granularity.
+    time: Time,
+    owner: (u32, u32),
+    files: u32,
+    dirs: u32,
+    chunks: u32,
+}
+
+impl Seal {
+    fn text(&self) -> String {
+        format!(
+            "hull-spares 1 {} {} {} {} {}\n",
+            self.owner.0, self.owner.1, self.files, self.dirs, self.chunks
+        )
+    }
+
+    fn parse(text: &str) -> Option<Seal> {
+        let f: Vec<&str> = text.trim_end().split(' ').collect();
+        let [tag, "1", u, g, files, dirs, chunks] = f[..] else {
+            return None;
+        };
+        (tag == "hull-spares").then_some(())?;
+        Some(Seal {
+            time: (0, 0),
+            owner: (u.parse().ok()?, g.parse().ok()?),
+            files: files.parse().ok()?,
+            dirs: dirs.parse().ok()?,
+            chunks: chunks.parse().ok()?,
+        })
+    }
+
+    /// Whether a pool sealed so serves a run that wants `want`.
+    fn fits(&self, want: &Seal) -> bool {
+        (self.owner, self.files, self.dirs, self.chunks)
+            == (want.owner, want.files, want.dirs, want.chunks)
+    }
+}
+
+/// The owner spares get: `owner`, else hull's own ids.
+fn owner_or_self(owner: Option<(u32, u32)>) -> (u32, u32) {
+    owner.unwrap_or_else(|| {
+        (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        )
+    })
+}
+
+/// The pool's seal: what it was made for, and as its time the seal file's
+/// own ctime (the filesystem's clock and granularity, as the spares').
+fn read_seal(dir: &OwnedFd) -> Option<Seal> {
+    use std::io::Read;
+    let fd = openat(
+        dir,
+        SEAL,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return None;
+    }
+    let mut text = String::new();
+    std::fs::File::from(fd)
+        .take(256)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(Seal {
+        time: ctime_of(&st),
+        ..Seal::parse(&text)?
+    })
+}
+
+/// Seals the pool now: a new file renamed over the old seal (never
+/// opening one that is there); its ctime is the seal's time.
+fn write_seal(dir: &OwnedFd, want: &Seal) -> std::io::Result<Time> {
+    use std::io::Write;
+    let tmp = format!("{SEAL}.{}", std::process::id());
+    let _ = rustix::fs::unlinkat(dir, tmp.as_str(), rustix::fs::AtFlags::empty());
+    let fd = openat(
+        dir,
+        tmp.as_str(),
+        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    std::fs::File::from(fd).write_all(want.text().as_bytes())?;
+    rustix::fs::renameat(dir, tmp.as_str(), dir, SEAL)?;
+    let st = rustix::fs::statat(dir, SEAL, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(ctime_of(&st))
+}
+
+/// What a spare of an adopted pool is.
+#[derive(Debug, PartialEq, Eq)]
+enum Presence {
+    Missing,
+    /// As hull made it before the seal: kept.
+    Intact,
+    /// Something else is there: replaced.
+    Changed,
+}
+
+/// Whether spare `name` in `dir` is exactly what hull made before `seal`:
+/// the type, owner and mode it was made with, empty, one link, on the
+/// pool's filesystem, and its ctime before the seal (any write, chmod,
+/// chown, xattr, ACL or entry made inside since moves the ctime).
+fn spare_intact(
+    dir: &OwnedFd,
+    name: &str,
+    is_dir: bool,
+    seal: &Seal,
+    want: &Seal,
+    dev: u64,
+) -> Presence {
+    let st = match rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NOENT) => return Presence::Missing,
+        Err(_) => return Presence::Changed,
+    };
+    let (ty, mode, links) = match is_dir {
+        false => (rustix::fs::FileType::RegularFile, 0o600, 1),
+        true => (rustix::fs::FileType::Directory, 0o700, 2),
+    };
+    let before_seal = ctime_of(&st) < seal.time;
+    let pristine = rustix::fs::FileType::from_raw_mode(st.st_mode) == ty
+        && st.st_mode & 0o7777 == mode
+        && (st.st_uid, st.st_gid) == want.owner
+        && st.st_nlink == links
+        && (is_dir || st.st_size == 0)
+        && st.st_dev == dev
+        && before_seal;
+    if pristine {
+        Presence::Intact
+    } else {
+        Presence::Changed
+    }
+}
+
+/// Removes entry `name` of `dir` (a tree for a directory), never following
+/// a link.
+fn remove_entry(dir: &OwnedFd, name: &str) -> std::io::Result<()> {
+    match rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty()) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
+            crate::runtime::remove_tree(&beneath(dir, name))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes the recycled spares (`r<n>`) a run left in the pool.
+fn remove_recycled(dir: &OwnedFd) {
+    let Ok(entries) = std::fs::read_dir(beneath(dir, ".")) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let b = name.as_bytes();
+        if b.len() > 1 && b[0] == b'r' && b[1..].iter().all(u8::is_ascii_digit) {
+            let _ = rustix::fs::unlinkat(dir, &name, rustix::fs::AtFlags::empty());
+        }
+    }
+}
+
+/// An idle pool in `hull_dir` sealed for what `want` needs, locked: its
+/// directory and name. Idle pools that cannot serve (no seal, another
+/// owner or size) are removed; those being made are left their grace.
+fn adopt(hull_dir: &OwnedFd, want: &Seal) -> Option<(OwnedFd, String)> {
+    let entries = std::fs::read_dir(beneath(hull_dir, ".")).ok()?;
+    let mut found = None;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let making = name.as_bytes().starts_with(MAKING.as_bytes());
+        if !making && !name.as_bytes().starts_with(PREFIX.as_bytes()) {
+            continue;
+        }
+        let Ok(st) = rustix::fs::statat(hull_dir, &name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        else {
+            continue;
+        };
+        let modified = std::time::UNIX_EPOCH
+            + std::time::Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
+        let young = modified.elapsed().map_or(true, |age| age < MAKING_GRACE);
+        let is_dir =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+        if !is_dir || (making && young) {
+            continue;
+        }
+        let Ok(dir) = open_dir_nofollow(hull_dir, Path::new(&name)) else {
+            continue;
+        };
+        if rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            continue; // a run holds it
+        }
+        let usable = !making && read_seal(&dir).is_some_and(|s| s.fits(want));
+        match (usable, &found) {
+            (true, None) => found = Some((dir, name.to_string_lossy().into_owned())),
+            (true, Some(_)) => {} // idle, kept for another run
+            (false, _) => {
+                let _ = crate::runtime::remove_tree(&beneath(hull_dir, &name));
+            }
+        }
+    }
+    found
 }
 
 /// The pools of one run, and the split directories each serves.
@@ -427,7 +767,10 @@ fn make_pool(
         return Err(format!("{} is not hidden by the policy", hull.display()));
     }
     let root_meta = std::fs::metadata(root).map_err(|e| format!("{}: {e}", root.display()))?;
-    if std::fs::symlink_metadata(&hull).is_err() {
+    // A pool stays for the next run only in a `.hull` the project has: one
+    // hull makes goes after the run, with the pool.
+    let keep = std::fs::symlink_metadata(&hull).is_ok();
+    if !keep {
         let wanted = [crate::runtime::placeholder::Wanted {
             path: hull.clone(),
             root: root.to_path_buf(),
@@ -457,7 +800,7 @@ fn make_pool(
             root.display()
         ));
     }
-    Pool::create(&hull, &run.id, owner, FILES, DIRS)
+    Pool::create(&hull, &run.id, owner, FILES, DIRS, keep)
         .map(Arc::new)
         .map_err(|e| e.to_string())
 }
@@ -471,39 +814,6 @@ fn open_dir_nofollow(at: impl AsFd, path: &Path) -> std::io::Result<OwnedFd> {
     )?)
 }
 
-/// Removes the pools in `hull_dir` no run holds (locked): left by a hull
-/// that was killed. One being made is given `MAKING_GRACE` to lock itself.
-fn sweep(hull_dir: &OwnedFd) {
-    let Ok(entries) = std::fs::read_dir(beneath(hull_dir, ".")) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let making = name.as_bytes().starts_with(MAKING.as_bytes());
-        if !making && !name.as_bytes().starts_with(PREFIX.as_bytes()) {
-            continue;
-        }
-        let Ok(st) = rustix::fs::statat(hull_dir, &name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-        else {
-            continue;
-        };
-        let modified = std::time::UNIX_EPOCH
-            + std::time::Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
-        let young = modified.elapsed().map_or(true, |age| age < MAKING_GRACE);
-        let is_dir =
-            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
-        if !is_dir || (making && young) {
-            continue;
-        }
-        let Ok(dir) = open_dir_nofollow(hull_dir, Path::new(&name)) else {
-            continue;
-        };
-        if rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
-            let _ = crate::runtime::remove_tree(&beneath(hull_dir, &name));
-        }
-    }
-}
-
 /// `name` in the directory `dir` is open on, as a path that goes through
 /// that descriptor (`/proc/self/fd/N/name`), not through its path.
 fn beneath(dir: &OwnedFd, name: impl AsRef<std::ffi::OsStr>) -> PathBuf {
@@ -515,16 +825,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pool_is_made_handed_out_once_each_and_removed() {
+    fn a_pool_is_made_handed_out_once_each_and_kept_for_the_next_run() {
         let d = tempfile::tempdir().unwrap();
         let hull = d.path().join(".hull");
         std::fs::create_dir(&hull).unwrap();
+        // Left by a hull killed while making it: no seal.
         std::fs::create_dir(hull.join("spares-old")).unwrap();
         std::fs::write(hull.join("spares-old/f0"), "").unwrap();
-        let live = Pool::create(&hull, "live", None, 1, 1).unwrap();
+        let live = Pool::create(&hull, "live", None, 1, 1, true).unwrap();
         std::fs::create_dir(hull.join("making-spares-new")).unwrap();
-        let pool = Pool::create(&hull, "r1", None, 3, 2).unwrap();
-        assert!(!hull.join("spares-old").exists(), "an unheld pool is swept");
+        let pool = Pool::create(&hull, "r1", None, 3, 2, true).unwrap();
+        assert!(
+            !hull.join("spares-old").exists(),
+            "an unsealed pool is swept"
+        );
         assert!(hull.join("spares-live").exists(), "a held pool is kept");
         assert!(
             hull.join("making-spares-new").exists(),
@@ -532,6 +846,7 @@ mod tests {
         );
         drop(live);
         let set = pool.set().clone();
+        assert_eq!(set.dir, hull.join("spares-r1"));
         let paths: Vec<_> = set.paths().collect();
         assert_eq!(paths.len(), 5);
         for (p, is_dir) in &paths {
@@ -545,8 +860,82 @@ mod tests {
         assert_eq!(pool.take_dir(), Some(set.dir_name(1)));
         assert_eq!(pool.take_dir(), None);
         drop(pool);
-        assert!(!set.dir.exists(), "removed after the run");
-        assert!(hull.exists());
+        assert!(set.dir.exists(), "kept after the run");
+        // The next run adopts it: the same spares, nothing made again.
+        let inodes = |set: &SpareSet| -> Vec<u64> {
+            use std::os::unix::fs::MetadataExt;
+            set.paths()
+                .map(|(p, _)| std::fs::symlink_metadata(p).unwrap().ino())
+                .collect()
+        };
+        let before = inodes(&set);
+        let again = Pool::create(&hull, "r2", None, 3, 2, true).unwrap();
+        assert_eq!(again.set().dir, set.dir, "adopted");
+        assert_eq!(inodes(again.set()), before, "nothing made again");
+        // A second concurrent run gets a pool of its own.
+        let other = Pool::create(&hull, "r3", None, 3, 2, true).unwrap();
+        assert_eq!(other.set().dir, hull.join("spares-r3"));
+    }
+
+    /// What a command can do to a spare before it is used (write into it,
+    /// chmod it, set an xattr, make an entry inside a spare directory) is
+    /// undone before the next run: those spares are made anew, empty; the
+    /// untouched ones are kept. A spare taken and recycled is removed.
+    #[test]
+    fn spares_changed_after_the_seal_are_made_anew() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let hull = d.path().join(".hull");
+        std::fs::create_dir(&hull).unwrap();
+        let pool = Pool::create(&hull, "r1", None, 4, 3, true).unwrap();
+        let set = pool.set().clone();
+        let path = |name: String| set.dir.join(name);
+        // Made anew: born after the changes (an inode number may be reused).
+        let born = |p: &Path| std::fs::symlink_metadata(p).unwrap().created().unwrap();
+        let ino = |p: &Path| std::fs::symlink_metadata(p).unwrap().ino();
+        let (f0, f1, f2, f3) = (
+            path(set.file_name(0)),
+            path(set.file_name(1)),
+            path(set.file_name(2)),
+            path(set.file_name(3)),
+        );
+        let (d0, d1, d2) = (
+            path(set.dir_name(0)),
+            path(set.dir_name(1)),
+            path(set.dir_name(2)),
+        );
+        let kept = [ino(&f3), ino(&d2)];
+
+        // The command's changes, after the seal (a tick later at most).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&f0, b"planted").unwrap();
+        std::fs::set_permissions(&f1, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::set_permissions(&f1, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(d0.join("planted"), b"x").unwrap();
+        std::fs::remove_file(d0.join("planted")).unwrap();
+        std::fs::set_permissions(&d1, std::fs::Permissions::from_mode(0o2770)).unwrap();
+        std::fs::set_permissions(&d1, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::remove_file(&f2).unwrap();
+        std::fs::write(set.dir.join("r0"), b"recycled").unwrap();
+        let changes_done = std::time::SystemTime::now();
+        // Inode times come from the coarse clock: a tick or two behind.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        drop(pool);
+        let again = Pool::create(&hull, "r2", None, 4, 3, true).unwrap();
+        assert_eq!(again.set().dir, set.dir, "adopted");
+        assert_eq!([ino(&f3), ino(&d2)], kept, "untouched spares are kept");
+        for p in [&f0, &f1, &d0, &d1] {
+            assert!(born(p) > changes_done, "{} was not made anew", p.display());
+        }
+        assert!(f2.exists(), "a missing spare is made");
+        assert_eq!(std::fs::read(&f0).unwrap(), b"");
+        assert_eq!(std::fs::read_dir(&d0).unwrap().count(), 0);
+        assert!(!set.dir.join("r0").exists(), "recycled spares are removed");
+        for (p, is_dir) in again.set().paths() {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            assert_eq!(m.is_dir(), is_dir);
+            assert_eq!(m.mode() & 0o7777, if is_dir { 0o700 } else { 0o600 });
+        }
     }
 
     #[test]
@@ -555,7 +944,7 @@ mod tests {
         let elsewhere = d.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, d.path().join(".hull")).unwrap();
-        let e = Pool::create(&d.path().join(".hull"), "r", None, 1, 1).unwrap_err();
+        let e = Pool::create(&d.path().join(".hull"), "r", None, 1, 1, true).unwrap_err();
         assert!(e.to_string().contains(".hull"), "{e}");
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     }

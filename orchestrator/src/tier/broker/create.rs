@@ -717,7 +717,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let hull = d.path().join(".hull");
         std::fs::create_dir(&hull).unwrap();
-        let pool = Arc::new(Pool::create(&hull, "t", None, 1, 1).unwrap());
+        let pool = Arc::new(Pool::create(&hull, "t", None, 1, 1, false).unwrap());
         let p = d.path();
         let split = Split::open(
             p,
