@@ -691,6 +691,62 @@ fn a_stdout_file_gets_the_output_after_what_it_held(t: &str) {
     );
 }
 
+/// A project with its own `.hull` keeps landlock's spare pool for the next
+/// run. A command that writes into every spare it can reach (files
+/// appended to, an entry made in each directory) gets that far (the
+/// attack's control: the spares are reachable by path and writable), and
+/// the next run's new file and directory, which are spares of that pool,
+/// come to it empty: the changed spares were made anew.
+#[cfg(feature = "landlock")]
+#[test]
+fn a_spare_written_by_one_run_reaches_no_later_run() {
+    require_tier("landlock");
+    let w = World::new();
+    w.git_init();
+    std::fs::create_dir(w.project.join(".hull")).expect("mkdir .hull");
+    let plant = "n=0; for f in .hull/spares-*/c*/*; do \
+                 if [ -d \"$f\" ]; then echo planted > \"$f/inside\" && n=$((n+1)); \
+                 else echo planted >> \"$f\" && n=$((n+1)); fi; done 2>/dev/null; echo $n";
+    let o = w.run("landlock", &[], plant);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let planted: u32 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("a count");
+    assert!(
+        planted >= 300,
+        "control: only {planted} spares were written"
+    );
+    let pools = || {
+        std::fs::read_dir(w.project.join(".hull"))
+            .expect(".hull")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("spares-"))
+            .count()
+    };
+    assert_eq!(pools(), 1, "the pool is kept");
+    let o = w.run(
+        "landlock",
+        &[],
+        "echo mine >> new.txt && mkdir newdir && cat new.txt && ls -A newdir && echo end",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "mine\nend\n",
+        "{}",
+        show(&o)
+    );
+    assert_eq!(w.read(&w.project.join("new.txt")), "mine\n");
+    assert_eq!(
+        std::fs::read_dir(w.project.join("newdir"))
+            .expect("newdir")
+            .count(),
+        0
+    );
+    assert_eq!(pools(), 1, "the next run adopted the pool");
+}
+
 /// The landlock tier run by an ordinary user: the command is that user and
 /// owns the user's files everywhere, and Landlock does not mediate
 /// metadata, so hull's broker must refuse changes outside the writable
