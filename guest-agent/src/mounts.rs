@@ -150,27 +150,7 @@ fn is_read_only(path: &Path) -> std::io::Result<bool> {
     Ok(st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
 }
 
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = u32::from(b[i + 1] - b'0') * 64
-                + u32::from(b[i + 2] - b'0') * 8
-                + u32::from(b[i + 3] - b'0');
-            out.push(u8::try_from(v).unwrap_or(b'?'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+use hull_protocol::mountinfo::unescape;
 
 /// Mount one share as planned.
 pub fn mount(p: &MountPlan) -> Result<(), MountError> {

@@ -50,6 +50,7 @@ mod error_text;
 mod frame;
 pub mod limits;
 mod message;
+pub mod mountinfo;
 pub mod setup;
 mod version;
 

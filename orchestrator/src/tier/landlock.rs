@@ -422,42 +422,12 @@ fn set_rlimits(plan: &ExecPlan) {
     }
 }
 
-/// Drops every capability for good: bounding set, ambient set, securebits
-/// that stop uid 0 from regaining them at exec, then the current sets.
+/// Drops every capability for good ([`crate::tier::launch::drop_all_caps_raw`]:
+/// bounding set, ambient set, the securebits that stop uid 0 from regaining
+/// them at exec, the current sets), then checks nothing effective or
+/// permitted is left.
 pub fn drop_capabilities() -> std::io::Result<()> {
-    use rustix::thread::{CapabilitySet, CapabilitySets};
-    for cap in 0..=63 {
-        // SAFETY: prctl(PR_CAPBSET_DROP, n) takes integers only; EINVAL for
-        // numbers past the kernel's last capability is expected.
-        unsafe {
-            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-        }
-    }
-    // SAFETY: integer-only prctl calls.
-    unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
-        );
-        // SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP(_LOCKED)
-        // | SECBIT_KEEP_CAPS_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE(_LOCKED).
-        // Fails with EPERM without CAP_SETPCAP (non-root): then there is
-        // nothing to regain anyway.
-        libc::prctl(libc::PR_SET_SECUREBITS, 0x3f | 0xc0, 0, 0, 0);
-    }
-    rustix::thread::set_capabilities(
-        None,
-        CapabilitySets {
-            effective: CapabilitySet::empty(),
-            permitted: CapabilitySet::empty(),
-            inheritable: CapabilitySet::empty(),
-        },
-    )
-    .map_err(std::io::Error::from)?;
-    // Verify: nothing effective or permitted is left.
+    crate::tier::launch::drop_all_caps_raw()?;
     let now = rustix::thread::capabilities(None).map_err(std::io::Error::from)?;
     if !now.effective.is_empty() || !now.permitted.is_empty() {
         return Err(std::io::Error::other(

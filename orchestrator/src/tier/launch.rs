@@ -199,6 +199,9 @@ pub fn drop_all_caps_raw() -> std::io::Result<()> {
             0,
             0,
         );
+        // SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_KEEP_CAPS_LOCKED,
+        // SECBIT_NO_CAP_AMBIENT_RAISE and their locks (0xff). EPERM without
+        // CAP_SETPCAP (not root): then there is nothing to regain anyway.
         libc::prctl(libc::PR_SET_SECUREBITS, 0xff, 0, 0, 0);
         let mut hdr = CapHeader {
             version: LINUX_CAPABILITY_VERSION_3,
