@@ -226,11 +226,12 @@ pub enum InjectError {
     NotReadOnly { tag: String, path: PathBuf },
     #[error("share {tag}: {path} was to be noexec in the container (a `read` grant) but is not")]
     NotNoExec { tag: String, path: PathBuf },
-    #[error("share {tag}: the command's user cannot be let through to {path}: {why}")]
+    #[error("share {tag}: the command's user cannot be let through to {path}")]
     Reach {
         tag: String,
         path: PathBuf,
-        why: String,
+        #[source]
+        source: ReachError,
     },
     #[error("the mount thread failed: {0}")]
     Thread(String),
@@ -328,10 +329,10 @@ pub fn reach(pid: u32, root: (u32, u32), shares: &[Share]) -> Result<(), InjectE
         .collect();
     in_mount_ns(pid, move || {
         for (tag, path, noexec) in &targets {
-            as_fs_ids(root, || make_reachable(path)).map_err(|why| InjectError::Reach {
+            as_fs_ids(root, || make_reachable(path)).map_err(|source| InjectError::Reach {
                 tag: tag.clone(),
                 path: path.clone(),
-                why,
+                source,
             })?;
             let attach_err = |source: std::io::Error| InjectError::Attach {
                 tag: tag.clone(),
@@ -362,22 +363,59 @@ const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
 /// host directory, where the host's modes rule) ends the walk unchanged.
 /// Walked from `/` with `O_NOFOLLOW`: a link on the way fails the setup
 /// instead of redirecting the change. Run as container root.
-pub fn make_reachable(target: &Path) -> Result<(), String> {
+pub fn make_reachable(target: &Path) -> Result<(), ReachError> {
     use rustix::fs::{open, Mode, OFlags};
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let root = open("/", flags, Mode::empty()).map_err(|e| format!("/: {e}"))?;
+    let root = open("/", flags, Mode::empty()).map_err(ReachError::at("open", Path::new("/")))?;
     reachable_below(root, target)
 }
 
+/// Why a directory on the way to a share could not be let through.
+#[derive(Debug, thiserror::Error)]
+pub enum ReachError {
+    #[error("{} is not a plain absolute path", .0.display())]
+    NotPlain(PathBuf),
+    #[error("cannot open {} (a link or no directory on the way is refused)", .path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot {what} {}", .path.display())]
+    Dir {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ReachError {
+    fn at(what: &'static str, path: &Path) -> impl FnOnce(rustix::io::Errno) -> ReachError {
+        let path = path.to_path_buf();
+        move |e| match what {
+            "open" => ReachError::Open {
+                path,
+                source: e.into(),
+            },
+            _ => ReachError::Dir {
+                what,
+                path,
+                source: e.into(),
+            },
+        }
+    }
+}
+
 /// [`make_reachable`] with `root` as `/`.
-fn reachable_below(root: std::os::fd::OwnedFd, target: &Path) -> Result<(), String> {
+fn reachable_below(root: std::os::fd::OwnedFd, target: &Path) -> Result<(), ReachError> {
     use rustix::fs::{fchmod, fstat, fstatfs, openat, Mode, OFlags};
     let mut names = Vec::new();
     for c in target.components() {
         match c {
             Component::RootDir => {}
             Component::Normal(n) => names.push(n),
-            _ => return Err(format!("{} is not a plain absolute path", target.display())),
+            _ => return Err(ReachError::NotPlain(target.to_path_buf())),
         }
     }
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -385,21 +423,17 @@ fn reachable_below(root: std::os::fd::OwnedFd, target: &Path) -> Result<(), Stri
     let mut at = PathBuf::from("/");
     for name in names.iter().take(names.len().saturating_sub(1)) {
         at.push(name);
-        let next = openat(&dir, *name, flags, Mode::empty()).map_err(|e| {
-            format!(
-                "{}: {e} (a link or no directory on the way is refused)",
-                at.display()
-            )
-        })?;
-        let fs = fstatfs(&next).map_err(|e| format!("{}: {e}", at.display()))?;
+        let next =
+            openat(&dir, *name, flags, Mode::empty()).map_err(ReachError::at("open", &at))?;
+        let fs = fstatfs(&next).map_err(ReachError::at("statfs", &at))?;
         if fs.f_type as u64 == FUSE_SUPER_MAGIC {
             return Ok(());
         }
-        let st = fstat(&next).map_err(|e| format!("{}: {e}", at.display()))?;
+        let st = fstat(&next).map_err(ReachError::at("stat", &at))?;
         let mode = st.st_mode & 0o7777;
         if mode & 0o001 == 0 {
             fchmod(&next, Mode::from_raw_mode(mode | 0o001))
-                .map_err(|e| format!("chmod o+x {}: {e}", at.display()))?;
+                .map_err(ReachError::at("chmod o+x", &at))?;
         }
         dir = next;
     }
@@ -436,10 +470,10 @@ fn attach(
         source,
     };
     as_fs_ids(root, || std::fs::create_dir_all(&b.target)).map_err(err)?;
-    as_fs_ids(root, || make_reachable(&b.target)).map_err(|why| InjectError::Reach {
+    as_fs_ids(root, || make_reachable(&b.target)).map_err(|source| InjectError::Reach {
         tag: b.tag.clone(),
         path: b.target.clone(),
-        why,
+        source,
     })?;
     move_mount(
         tree,
@@ -559,7 +593,7 @@ mod tests {
         set(&d.path().join("elsewhere"), 0o700);
         std::os::unix::fs::symlink(d.path().join("elsewhere"), d.path().join("home")).unwrap();
         let e = reachable_below(root(), Path::new("/home/u/proj")).unwrap_err();
-        assert!(e.contains("/home"), "{e}");
+        assert!(e.to_string().contains("/home"), "{e}");
         assert_eq!(mode(&d.path().join("elsewhere")), 0o700);
         assert!(reachable_below(root(), Path::new("/a/../etc")).is_err());
     }

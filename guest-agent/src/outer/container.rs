@@ -217,9 +217,9 @@ impl<T: incus::Transport> IncusBackend<T> {
         if nics.iter().any(|n| n != "lo") {
             return Err(verr(format!("network interfaces besides lo: {nics:?}")));
         }
-        set_cgroup_limits(pid, spec).map_err(|why| SetupError::Verify {
+        set_cgroup_limits(pid, spec).map_err(|source| SetupError::Limits {
             name: name.clone(),
-            why,
+            source,
         })?;
         let binds: Vec<mounts::Bind> = spec
             .shares
@@ -379,9 +379,9 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
             self.incus.call(&req, START_TIMEOUT_S).map_err(start_err)?;
         }
         let pid = self.verify_running(&name, root)?;
-        set_cgroup_limits(pid, spec).map_err(|why| SetupError::Verify {
+        set_cgroup_limits(pid, spec).map_err(|source| SetupError::Limits {
             name: name.clone(),
-            why,
+            source,
         })?;
         // Incus made the mount points; the way to them must let the
         // command's user through (the container's /root is 0700).

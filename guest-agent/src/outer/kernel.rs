@@ -68,24 +68,47 @@ pub fn cgroup_limits(spec: &ConfigureSpec) -> Vec<(&'static str, String)> {
     v
 }
 
+/// Why the container's limits could not be set.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    #[error("cannot read /proc/{pid}/cgroup")]
+    Read {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("container init {pid} is not in a cgroup v2 hierarchy")]
+    NotV2 { pid: u32 },
+    #[error("container init {pid} is in cgroup {cgroup}, not an Incus payload")]
+    NotPayload { pid: u32, cgroup: String },
+    #[error("cannot write {value} to {path}")]
+    Write {
+        path: std::path::PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Writes [`cgroup_limits`] into the cgroup of container init `pid` (the
 /// container's delegated root: with `nsdelegate`, container root cannot
 /// change these files of its own namespace root).
-pub(super) fn set_cgroup_limits(pid: u32, spec: &ConfigureSpec) -> Result<(), String> {
+pub(super) fn set_cgroup_limits(pid: u32, spec: &ConfigureSpec) -> Result<(), LimitError> {
     let limits = cgroup_limits(spec);
     if limits.is_empty() {
         return Ok(());
     }
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .map_err(|e| format!("cannot read /proc/{pid}/cgroup: {e}"))?;
+        .map_err(|source| LimitError::Read { pid, source })?;
     let rel = text
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
-        .ok_or_else(|| format!("container init {pid} is not in a cgroup v2 hierarchy"))?;
+        .ok_or(LimitError::NotV2 { pid })?;
     if !rel.starts_with("/lxc.payload.") || rel.contains("..") {
-        return Err(format!(
-            "container init {pid} is in cgroup {rel}, not an Incus payload"
-        ));
+        return Err(LimitError::NotPayload {
+            pid,
+            cgroup: rel.to_string(),
+        });
     }
     let dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
     for (file, value) in limits {
@@ -93,8 +116,13 @@ pub(super) fn set_cgroup_limits(pid: u32, spec: &ConfigureSpec) -> Result<(), St
         if file == "memory.swap.max" && !p.exists() {
             continue;
         }
-        std::fs::write(&p, &value)
-            .map_err(|e| format!("cannot write {value} to {}: {e}", p.display()))?;
+        if let Err(source) = std::fs::write(&p, &value) {
+            return Err(LimitError::Write {
+                path: p,
+                value,
+                source,
+            });
+        }
     }
     Ok(())
 }

@@ -119,6 +119,12 @@ pub enum SetupError {
     },
     #[error("step verify: container {name}: {why}")]
     Verify { name: String, why: String },
+    #[error("step limits: container {name}")]
+    Limits {
+        name: String,
+        #[source]
+        source: kernel::LimitError,
+    },
     #[error("step connect: the inner agent did not answer on {path} within {secs} s: {last}")]
     Connect {
         path: PathBuf,
