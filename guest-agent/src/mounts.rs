@@ -366,7 +366,7 @@ const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
 pub fn make_reachable(target: &Path) -> Result<(), ReachError> {
     use rustix::fs::{open, Mode, OFlags};
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let root = open("/", flags, Mode::empty()).map_err(ReachError::at("open", Path::new("/")))?;
+    let root = open("/", flags, Mode::empty()).map_err(ReachError::open(Path::new("/")))?;
     reachable_below(root, target)
 }
 
@@ -391,18 +391,20 @@ pub enum ReachError {
 }
 
 impl ReachError {
+    fn open(path: &Path) -> impl FnOnce(rustix::io::Errno) -> ReachError {
+        let path = path.to_path_buf();
+        move |e| ReachError::Open {
+            path,
+            source: e.into(),
+        }
+    }
+
     fn at(what: &'static str, path: &Path) -> impl FnOnce(rustix::io::Errno) -> ReachError {
         let path = path.to_path_buf();
-        move |e| match what {
-            "open" => ReachError::Open {
-                path,
-                source: e.into(),
-            },
-            _ => ReachError::Dir {
-                what,
-                path,
-                source: e.into(),
-            },
+        move |e| ReachError::Dir {
+            what,
+            path,
+            source: e.into(),
         }
     }
 }
@@ -423,8 +425,7 @@ fn reachable_below(root: std::os::fd::OwnedFd, target: &Path) -> Result<(), Reac
     let mut at = PathBuf::from("/");
     for name in names.iter().take(names.len().saturating_sub(1)) {
         at.push(name);
-        let next =
-            openat(&dir, *name, flags, Mode::empty()).map_err(ReachError::at("open", &at))?;
+        let next = openat(&dir, *name, flags, Mode::empty()).map_err(ReachError::open(&at))?;
         let fs = fstatfs(&next).map_err(ReachError::at("statfs", &at))?;
         if fs.f_type as u64 == FUSE_SUPER_MAGIC {
             return Ok(());

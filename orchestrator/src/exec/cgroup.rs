@@ -119,14 +119,7 @@ impl RunCgroup {
 
 impl Drop for RunCgroup {
     fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            self.kill();
-            if self.is_empty() || Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.kill_and_wait(Duration::from_secs(5));
         if let Err(e) = std::fs::remove_dir(&self.dir) {
             tracing::warn!("cannot remove the run's cgroup {}: {e}", self.dir.display());
         }

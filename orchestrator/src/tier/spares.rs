@@ -176,7 +176,7 @@ impl Pool {
                 source,
             };
             let pool = Pool::new(dir, path.clone(), owner, &want, None).map_err(err)?;
-            pool.fill().map_err(err)?;
+            pool.fill(&want).map_err(err)?;
             return Ok(pool);
         }
         let making = format!("{MAKING}{run_id}");
@@ -197,7 +197,7 @@ impl Pool {
             false => Some((parent, name)),
         };
         let pool = Pool::new(dir, path.clone(), owner, &want, remove).map_err(err)?;
-        pool.fill().map_err(err)?;
+        pool.fill(&want).map_err(err)?;
         Ok(pool)
     }
 
@@ -232,7 +232,7 @@ impl Pool {
     /// the seal (one thread per chunk), removes recycled ones, and seals
     /// the pool anew; then checks the spares it kept once more against the
     /// old seal (one changed while this ran fails the pool: fail closed).
-    fn fill(&self) -> std::io::Result<()> {
+    fn fill(&self, want: &Seal) -> std::io::Result<()> {
         let old = read_seal(&self.dir);
         remove_recycled(&self.dir);
         let own = |fd: &OwnedFd| -> std::io::Result<()> {
@@ -247,15 +247,8 @@ impl Pool {
         };
         own(&self.dir)?;
         let chunks = self.set.chunks.max(1);
-        let want = Seal {
-            time: (0, 0),
-            owner: owner_or_self(self.owner),
-            files: self.set.files,
-            dirs: self.set.dirs,
-            chunks,
-        };
         let check = |dir: &OwnedFd, name: &str, is_dir: bool| match &old {
-            Some(seal) => spare_intact(dir, name, is_dir, seal, &want, self.dev),
+            Some(seal) => spare_intact(dir, name, is_dir, seal, want, self.dev),
             None => Presence::Missing,
         };
         // Pass 1: each chunk's spares, kept when intact, else made anew.
@@ -328,7 +321,7 @@ impl Pool {
         // The seal must be newer than every spare made (same clock tick:
         // they would count as changed next time): a tick is a few ms.
         for _ in 0..40 {
-            if write_seal(&self.dir, &want)? > newest {
+            if write_seal(&self.dir, want)? > newest {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_micros(500));

@@ -53,13 +53,6 @@ pub struct AgentDisk {
     pub stamp: String,
 }
 
-impl AgentDisk {
-    /// The first 16 hex digits of the agent's hash (names disks and snapshots).
-    pub fn short(&self) -> &str {
-        &self.sha256[..16]
-    }
-}
-
 /// The disk file name for an agent of hash `sha256`.
 pub fn file_name(sha256: &str) -> String {
     format!("agent-{}.ext4", &sha256[..16.min(sha256.len())])
