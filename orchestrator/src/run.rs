@@ -342,7 +342,7 @@ pub fn run_process_tier(
             setup.drop_caps = true;
             let mut c = crate::tier::none::command(&spec.argv);
             c.current_dir(&spec.cwd);
-            c
+            c.into()
         }
         Tier::Bwrap => {
             let masks = launch::create_masks(run_dir)?;
@@ -404,7 +404,7 @@ pub fn run_process_tier(
                 crate::tier::bwrap::check_started(status, exit).map_err(RunError::from)
             }));
             containment = crate::exec::process::Containment::PidNamespace;
-            prepared.command
+            prepared.command.into()
         }
         Tier::Landlock => {
             let plan = crate::policy::lower::landlock::lower(policy, &RealFs)
@@ -493,17 +493,22 @@ pub fn run_process_tier(
             started_check = Some(Box::new(move |_| {
                 crate::tier::landlock::check_started(err_r).map_err(RunError::from)
             }));
-            let mut c = prepared.command;
             // The tree in a cgroup of its own: ended by cgroup.kill, which
-            // a process changing its pid in a loop cannot outrun. Moved in
-            // before the switch to the sandbox user (registered first).
+            // a process changing its pid in a loop cannot outrun. The
+            // helper is born inside it (see exec::spawn).
             let id = run_dir
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let cgroup = crate::exec::cgroup::RunCgroup::create(&id)
                 .map_err(|source| RunError::Cgroup { source })?;
-            install_cgroup_move(&mut c, cgroup.procs_fd());
+            let mut c = crate::exec::spawn::CgroupCommand::new(&prepared.argv[0], &cgroup)
+                .map_err(|source| RunError::Setup {
+                    tier,
+                    what: format!("opening the run's cgroup {}", cgroup.dir().display()),
+                    source,
+                })?;
+            c.args(&prepared.argv[1..]);
             containment = crate::exec::process::Containment::Cgroup(cgroup);
             c.current_dir(&spec.cwd);
             if crate::tier::identity::hull_is_root() {
@@ -523,13 +528,13 @@ pub fn run_process_tier(
                     .and_then(|s| s.with_cwd(&spec.cwd))?;
                 install_switch(&mut c, switch);
             }
-            c
+            crate::exec::process::Launch::IntoCgroup(c)
         }
         Tier::Vm | Tier::Seatbelt | Tier::Restricted | Tier::AppContainer => {
             return Err(RunError::WrongOs(tier))
         }
     };
-    launch::set_env(&mut cmd, &spec.env);
+    cmd.set_env(&spec.env);
     setup.install(&mut cmd);
     if let Some(step) = last_step {
         step.install(&mut cmd);
@@ -550,33 +555,17 @@ pub fn run_process_tier(
     Ok(status)
 }
 
-/// Moves the child into the run's cgroup before exec (a write of `0` to
-/// its `cgroup.procs`); a failure fails the spawn.
-#[cfg(target_os = "linux")]
-fn install_cgroup_move(cmd: &mut std::process::Command, procs: std::os::fd::RawFd) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: one write(2) of a static byte to a descriptor opened before
-    // the fork: async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::write(procs, b"0".as_ptr().cast(), 1) == 1 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-}
-
 /// Runs the switch to the sandbox user in the child before exec; the
 /// switch (and the user namespaces it holds) lives as long as the command.
 #[cfg(target_os = "linux")]
-fn install_switch(cmd: &mut std::process::Command, switch: crate::tier::identity::Switch) {
-    use std::os::unix::process::CommandExt;
+fn install_switch(
+    cmd: &mut impl crate::exec::spawn::PreExec,
+    switch: crate::tier::identity::Switch,
+) {
     // SAFETY: `apply_in_child` makes raw, async-signal-safe system calls
     // only, on memory prepared before the fork.
     unsafe {
-        cmd.pre_exec(move || switch.apply_in_child());
+        cmd.pre_exec_step(Box::new(move || switch.apply_in_child()));
     }
 }
 

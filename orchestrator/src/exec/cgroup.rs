@@ -4,15 +4,16 @@
 //! a loop can outrun.
 //!
 //! The cgroup is made below hull's own (`/proc/self/cgroup`, the `0::`
-//! line), in the cgroup2 mount `/proc/self/mountinfo` names; the child
-//! moves itself into it between fork and exec by writing `0` to its
-//! `cgroup.procs`, so everything the command starts is born inside. The
+//! line), in the cgroup2 mount `/proc/self/mountinfo` names; the child is
+//! started inside it (`clone3(CLONE_INTO_CGROUP)`, see [`super::spawn`]),
+//! so everything the command starts is born inside. The
 //! command cannot leave it: the landlock tier grants no write under
 //! `/sys`, and the sandbox user (when hull is root) owns nothing there.
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,8 @@ pub enum CgroupError {
 #[derive(Debug)]
 pub struct RunCgroup {
     dir: PathBuf,
+    /// The directory itself, for `clone3(CLONE_INTO_CGROUP)`.
+    dir_fd: File,
     procs: File,
 }
 
@@ -72,17 +75,33 @@ impl RunCgroup {
                     source,
                 })
             })?;
-        Ok(RunCgroup { dir, procs })
+        let dir_fd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(&dir)
+            .map_err(|source| {
+                fail(CgroupError::Create {
+                    path: dir.clone(),
+                    source,
+                })
+            })?;
+        Ok(RunCgroup { dir, dir_fd, procs })
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    /// The descriptor a child writes `0` to, between fork and exec, to
+    /// The cgroup's directory, which a child is cloned into
+    /// (close-on-exec).
+    pub fn dir_fd(&self) -> BorrowedFd<'_> {
+        self.dir_fd.as_fd()
+    }
+
+    /// The `cgroup.procs` a forked child writes `0` to, before exec, to
     /// move itself in (close-on-exec).
-    pub fn procs_fd(&self) -> RawFd {
-        self.procs.as_raw_fd()
+    pub fn procs_fd(&self) -> BorrowedFd<'_> {
+        self.procs.as_fd()
     }
 
     /// Kills every process in the cgroup.

@@ -16,6 +16,8 @@ pub mod portable;
 pub mod process;
 #[cfg(unix)]
 pub mod resolve;
+#[cfg(target_os = "linux")]
+pub mod spawn;
 #[cfg(unix)]
 pub mod terminal;
 

@@ -8,8 +8,9 @@
 //! round, until none is left. Process tiers run one command per hull process,
 //! so "descendants of hull" is exactly the command's tree.
 
+use std::fs::File;
 use std::io::Read;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,111 @@ impl Containment {
     }
 }
 
+/// How the command is started: by std, or (landlock) born inside its
+/// run's cgroup by hull's own spawn.
+#[derive(Debug)]
+pub enum Launch {
+    Std(Command),
+    #[cfg(target_os = "linux")]
+    IntoCgroup(super::spawn::CgroupCommand),
+}
+
+impl From<Command> for Launch {
+    fn from(c: Command) -> Launch {
+        Launch::Std(c)
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl super::spawn::PreExec for Launch {
+    unsafe fn pre_exec_step(&mut self, step: super::spawn::Step) {
+        // SAFETY: the caller upholds the contract; passed on unchanged.
+        unsafe {
+            match self {
+                Launch::Std(c) => c.pre_exec_step(step),
+                Launch::IntoCgroup(c) => c.pre_exec_step(step),
+            }
+        }
+    }
+}
+
+impl Launch {
+    /// The command's whole environment: exactly `env`, nothing inherited.
+    pub fn set_env(&mut self, env: &[(String, String)]) {
+        match self {
+            Launch::Std(c) => {
+                c.env_clear();
+                c.envs(env.iter().map(|(k, v)| (k, v)));
+            }
+            #[cfg(target_os = "linux")]
+            Launch::IntoCgroup(c) => {
+                c.env(env);
+            }
+        }
+    }
+
+    fn program(&self) -> String {
+        match self {
+            Launch::Std(c) => c.get_program().to_string_lossy().into_owned(),
+            #[cfg(target_os = "linux")]
+            Launch::IntoCgroup(c) => c.program().to_string_lossy().into_owned(),
+        }
+    }
+
+    /// Starts it with the streams marked piped as pipes to hull.
+    fn spawn(self, stdin: bool, stdout: bool, stderr: bool) -> std::io::Result<Started> {
+        let stdio = |piped: bool| {
+            if piped {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            }
+        };
+        match self {
+            Launch::Std(mut c) => {
+                c.stdin(stdio(stdin));
+                c.stdout(stdio(stdout));
+                c.stderr(stdio(stderr));
+                let mut child = c.spawn()?;
+                let file = |fd: Option<std::os::fd::OwnedFd>| fd.map(File::from);
+                Ok(Started {
+                    pid: child.id() as i32,
+                    stdin: file(child.stdin.take().map(Into::into)),
+                    stdout: file(child.stdout.take().map(Into::into)),
+                    stderr: file(child.stderr.take().map(Into::into)),
+                    wait: Box::new(move || child.wait()),
+                })
+            }
+            #[cfg(target_os = "linux")]
+            Launch::IntoCgroup(c) => {
+                let s = c.spawn(super::spawn::Piped {
+                    stdin,
+                    stdout,
+                    stderr,
+                })?;
+                let pid = s.pid;
+                Ok(Started {
+                    pid,
+                    stdin: s.stdin,
+                    stdout: s.stdout,
+                    stderr: s.stderr,
+                    wait: Box::new(move || super::spawn::wait(pid)),
+                })
+            }
+        }
+    }
+}
+
+/// A started command: its pid, hull's ends of its piped streams, and how
+/// to wait for it.
+struct Started {
+    pid: i32,
+    stdin: Option<File>,
+    stdout: Option<File>,
+    stderr: Option<File>,
+    wait: Box<dyn FnOnce() -> std::io::Result<std::process::ExitStatus> + Send>,
+}
+
 enum Event {
     Exited(std::io::Result<std::process::ExitStatus>),
     Signal(i32),
@@ -71,25 +177,21 @@ enum Stream {
 /// pipes otherwise (a regular file or directory could be reopened through
 /// `/proc/self/fd`: see [`super::fds`]); stdin likewise.
 pub fn run(
-    mut cmd: Command,
+    cmd: impl Into<Launch>,
     timeout: Option<Duration>,
     sink: Option<&mut dyn OutputSink>,
     containment: Containment,
     close_after_spawn: Vec<std::os::fd::OwnedFd>,
 ) -> Result<ExitStatus, ExecError> {
     become_subreaper();
-    let program = cmd.get_program().to_string_lossy().into_owned();
+    let cmd = cmd.into();
+    let program = cmd.program();
     let relay = |fd| Inheritable::of(fd) == Inheritable::No;
-    let stdio = |piped: bool| {
-        if piped {
-            Stdio::piped()
-        } else {
-            Stdio::inherit()
-        }
-    };
-    cmd.stdin(stdio(relay(0)));
-    cmd.stdout(stdio(sink.is_some() || relay(1)));
-    cmd.stderr(stdio(sink.is_some() || relay(2)));
+    let (pipe_in, pipe_out, pipe_err) = (
+        relay(0),
+        sink.is_some() || relay(1),
+        sink.is_some() || relay(2),
+    );
     let (tx, rx) = mpsc::channel::<Event>();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -111,34 +213,41 @@ pub fn run(
     // Put back when run returns, after the tree is gone (declared before
     // anything that could keep a process of the tree alive).
     let _terminal = super::terminal::save();
-    let mut child: Child = cmd.spawn().map_err(|source| ExecError::Spawn {
-        program: program.clone(),
-        source,
-    })?;
-    tracing::debug!(pid = child.id(), "spawned");
+    let child = cmd
+        .spawn(pipe_in, pipe_out, pipe_err)
+        .map_err(|source| ExecError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+    tracing::debug!(pid = child.pid, "spawned");
     // The child has its copies; ours must go so pipes see EOF.
     drop(close_after_spawn);
-    if let Some(mut input) = child.stdin.take() {
+    let Started {
+        pid: main_pid,
+        stdin,
+        stdout,
+        stderr,
+        wait,
+    } = child;
+    if let Some(mut input) = stdin {
         // Ends at EOF, or with EPIPE once the command's tree is gone.
         std::thread::spawn(move || {
             let _ = std::io::copy(&mut std::io::stdin().lock(), &mut input);
         });
     }
-    let main_pid = child.id() as i32;
     let mut open_streams = 0;
-    if let Some(out) = child.stdout.take() {
+    if let Some(out) = stdout {
         open_streams += 1;
         pump(out, Stream::Stdout, tx.clone());
     }
-    if let Some(err) = child.stderr.take() {
+    if let Some(err) = stderr {
         open_streams += 1;
         pump(err, Stream::Stderr, tx.clone());
     }
     {
         let tx = tx.clone();
         std::thread::spawn(move || {
-            let r = child.wait();
-            let _ = tx.send(Event::Exited(r));
+            let _ = tx.send(Event::Exited(wait()));
         });
     }
     drop(tx);

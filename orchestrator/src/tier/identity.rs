@@ -356,11 +356,17 @@ impl Switch {
             }
         }
         let Ids { uid, gid } = self.user;
-        // SAFETY: integer-only credential calls.
+        // Raw system calls, not glibc's wrappers: those change every thread
+        // glibc believes the process has and wait for each, and a child
+        // started by clone3 (exec::spawn) inherits the parent's list of
+        // threads that are not there: it would wait forever. The child has
+        // one thread, so the kernel's per-thread change is the process's.
+        // SAFETY: integer-only credential calls (setgroups with a null list
+        // of length 0).
         unsafe {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setresgid(gid, gid, gid) != 0
-                || libc::setresuid(uid, uid, uid) != 0
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
             {
                 return Err(std::io::Error::last_os_error());
             }

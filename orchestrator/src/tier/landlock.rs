@@ -131,7 +131,8 @@ fn verdict(abi: i32) -> Result<String, LandlockError> {
 /// command was executed with every restriction in place.
 #[derive(Debug)]
 pub struct Prepared {
-    pub command: Command,
+    /// The helper (through `exe`) and its arguments.
+    pub argv: Vec<OsString>,
     pub error_w: std::os::fd::OwnedFd,
     pub error_r: std::os::fd::OwnedFd,
     /// hull's executable, which `command` runs: open until it is spawned.
@@ -186,19 +187,18 @@ pub fn command(
     let (error_r, error_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| LandlockError::Caps(e.into()))?;
     // Executed before the exec closes the (close-on-exec) descriptor.
-    let mut cmd = Command::new(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&exe)
-    ));
-    cmd.arg("__landlock-exec")
-        .arg("--plan")
-        .arg(json)
-        .arg("--error-fd")
-        .arg(std::os::fd::AsRawFd::as_raw_fd(&error_w).to_string())
-        .arg("--");
-    cmd.args(argv);
+    let mut helper: Vec<OsString> = vec![
+        format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&exe)).into(),
+        "__landlock-exec".into(),
+        "--plan".into(),
+        json.into(),
+        "--error-fd".into(),
+        std::os::fd::AsRawFd::as_raw_fd(&error_w).to_string().into(),
+        "--".into(),
+    ];
+    helper.extend(argv.iter().cloned());
     Ok(Prepared {
-        command: cmd,
+        argv: helper,
         error_w,
         error_r,
         exe,

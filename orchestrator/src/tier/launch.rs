@@ -4,10 +4,9 @@
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use crate::exec::spawn::PreExec;
 use crate::policy::lower::bwrap::Masks;
 use crate::policy::Limits;
 
@@ -111,8 +110,8 @@ impl ChildSetup {
         }
     }
 
-    /// Installs the settings as a pre-exec hook on `cmd`.
-    pub fn install(self, cmd: &mut Command) {
+    /// Installs the settings as a pre-exec step on `cmd`.
+    pub fn install(self, cmd: &mut impl PreExec) {
         let keep = self.keep_fds;
         let memory = self.memory;
         let pids = self.pids;
@@ -122,7 +121,7 @@ impl ChildSetup {
         // only async-signal-safe syscalls (fcntl, setrlimit, setsid, prctl)
         // on plain integers; it allocates nothing.
         unsafe {
-            cmd.pre_exec(move || {
+            cmd.pre_exec_step(Box::new(move || {
                 // Only the descriptors passed on purpose survive the exec.
                 crate::exec::fds::cloexec_from(3)?;
                 for fd in &keep {
@@ -164,7 +163,7 @@ impl ChildSetup {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
-            });
+            }));
         }
     }
 }
@@ -217,14 +216,6 @@ pub fn drop_all_caps_raw() -> std::io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The environment of the command: exactly `env`, nothing inherited.
-pub fn set_env(cmd: &mut Command, env: &[(String, String)]) {
-    cmd.env_clear();
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
 }
 
 /// An fd number as an argument.

@@ -225,14 +225,13 @@ impl Broker {
 impl Handoff {
     /// Registers the child's step on `cmd`. The child's end of the socket
     /// closes at the exec (close-on-exec), the parent's when `cmd` drops.
-    pub fn install(self, cmd: &mut std::process::Command) {
+    pub fn install(self, cmd: &mut impl crate::exec::spawn::PreExec) {
         use std::os::fd::AsFd;
-        use std::os::unix::process::CommandExt;
         let Handoff { sock, filter } = self;
         // SAFETY: prctl, seccomp, sendmsg and close: raw, async-signal-safe
         // system calls on memory prepared before the fork.
         unsafe {
-            cmd.pre_exec(move || {
+            cmd.pre_exec_step(Box::new(move || {
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -243,7 +242,7 @@ impl Handoff {
                 let sent = send_listener(sock.as_fd(), BorrowedFd::borrow_raw(listener));
                 libc::close(listener);
                 sent
-            });
+            }));
         }
     }
 }
