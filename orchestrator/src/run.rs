@@ -126,6 +126,9 @@ pub enum RunError {
     Exec(#[from] crate::exec::ExecError),
     #[error("tier {0} cannot run on this OS")]
     WrongOs(Tier),
+    /// Not a source: the one message is the cause.
+    #[error("{0}. Nothing was run")]
+    Net(crate::tier::NetUnsupported),
     #[error(transparent)]
     ResultFile(#[from] crate::result_file::ResultFileError),
     /// The program is not there (127) or cannot be executed (126).
@@ -619,6 +622,9 @@ pub fn execute(
     let runs = crate::runtime::runs_root();
     let project = project_path(&opts.project, &runs)?;
     let pf = policy::profiles::load(&opts.policy)?;
+    // A network part the tier cannot enforce as written refuses the run
+    // before anything is made.
+    tier.network(&pf.net_policy()?).map_err(RunError::Net)?;
     let instance = match &opts.instance {
         Some(id) => id
             .parse::<crate::runtime::InstanceId>()

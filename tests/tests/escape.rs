@@ -1930,6 +1930,49 @@ fn output_is_byte_exact(t: &str) {
     );
 }
 
+/// A policy asking for the network allow list, which no tier enforces yet,
+/// refuses the run before anything starts (exit 125, one line naming the
+/// tier and what is missing): the command does not run and no instance is
+/// made. The same policy with `mode = "none"` runs the command.
+fn an_allowlist_is_refused_until_the_proxy_exists(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let marker = w.project.join("ran");
+    let policy = |mode: &str| {
+        let pol = w.root.path().join(format!("net-{mode}.toml"));
+        let net = if mode == "allowlist" {
+            "[net]\nmode = \"allowlist\"\nallow = [\"pkgs.example\"]\n"
+        } else {
+            "[net]\nmode = \"none\"\n"
+        };
+        std::fs::write(
+            &pol,
+            format!(
+                "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\"]\n\
+                 read_write = [\"${{PROJECT}}\"]\n{net}"
+            ),
+        )
+        .expect("write policy");
+        pol.to_string_lossy().into_owned()
+    };
+    let instances = || std::fs::read_dir(&w.runs).map(|d| d.count()).unwrap_or(0);
+    let before = instances();
+    let o = w.run(t, &["--policy", &policy("allowlist")], "touch ran");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        err.contains(&format!("tier {t}")) && err.contains("allowlist") && err.contains("proxy"),
+        "{}",
+        show(&o)
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {}", show(&o));
+    assert!(!marker.exists(), "the command ran");
+    assert_eq!(instances(), before, "an instance was made");
+    let o = w.run(t, &["--policy", &policy("none")], "touch ran");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(marker.exists(), "the control run did not run the command");
+}
+
 /// The matrix: the common cases on every tier compiled in, then the cases
 /// each tier has so far (issue 20 lands tier by tier; a case is listed for a
 /// tier once that tier refuses it).
@@ -1968,6 +2011,7 @@ matrix!(
         exit_codes_and_signals,
         the_json_result_says_how_the_run_ended,
         a_missing_or_unrunnable_program_exits_127_or_126,
+        an_allowlist_is_refused_until_the_proxy_exists,
         streams_are_live_and_stdin_passes,
         output_is_byte_exact,
         new_files_belong_to_the_caller,

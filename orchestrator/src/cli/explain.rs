@@ -108,7 +108,30 @@ fn render_policy(p: &Policy) -> String {
             x.reason.as_str()
         ));
     }
-    s.push_str(&format!("  network    {:?}\n", p.net));
+    let n = &p.net;
+    s.push_str(&format!("  network    {}\n", n.mode.as_str()));
+    if n.mode == policy::NetMode::Allowlist {
+        let list = |v: &[policy::net::HostPattern]| {
+            if v.is_empty() {
+                "(none)".to_string()
+            } else {
+                v.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        };
+        s.push_str(&format!("    allow    {}\n", list(&n.allow)));
+        s.push_str(&format!("    deny     {}\n", list(&n.deny)));
+        let ports: Vec<String> = n.ports.iter().map(u16::to_string).collect();
+        s.push_str(&format!("    ports    {}\n", ports.join(" ")));
+        for (name, ip) in &n.hosts {
+            s.push_str(&format!("    host     {name} = {ip}\n"));
+        }
+        for net in &n.allow_private {
+            s.push_str(&format!("    private  {net}\n"));
+        }
+    }
     let l = &p.limits;
     s.push_str(&format!(
         "  limits     wall_time={:?} memory={:?} pids={:?} cpus={:?}\n",
@@ -175,6 +198,13 @@ pub fn explain_tier(t: Tier, p: &Policy) -> serde_json::Value {
             .map(|s| s.lines().map(str::to_string).collect())
             .map_err(|e| e.to_string()),
     };
+    let lines = lines.map(|mut l| {
+        l.push(match t.network(&p.net) {
+            Ok(how) => format!("network: {how}"),
+            Err(e) => format!("network: a run is refused: {e}"),
+        });
+        l
+    });
     match lines {
         Ok(l) => json!({"tier": t.name(), "lines": l}),
         Err(e) => {

@@ -9,6 +9,8 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::policy::net::{HostPattern, NetMode, NetPolicy, DEFAULT_PORTS};
 use toml::Spanned;
 
 /// A parse or validation error, located in its file.
@@ -68,8 +70,24 @@ pub struct FsSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetSection {
+    /// `"none"` (the default) or `"allowlist"`.
     #[serde(default)]
     pub mode: Option<Spanned<String>>,
+    /// Host names (`*.NAME` for subdomains) or IP literals.
+    #[serde(default)]
+    pub allow: Vec<Spanned<String>>,
+    /// Checked before `allow`.
+    #[serde(default)]
+    pub deny: Vec<Spanned<String>>,
+    /// Destination ports; `[443, 80]` when absent.
+    #[serde(default)]
+    pub ports: Option<Vec<Spanned<i64>>>,
+    /// Names hull resolves to fixed addresses.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, Spanned<String>>,
+    /// Private ranges (CIDR, or one address) that may be reached.
+    #[serde(default)]
+    pub allow_private: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -128,18 +146,7 @@ impl PolicyFile {
                 ),
             ));
         }
-        if let Some(mode) = &pf.net.mode {
-            if mode.get_ref() != "none" {
-                return Err(pf.error_at(
-                    mode.span(),
-                    "net.mode",
-                    format!(
-                        "unknown mode {:?}; supported: \"none\" (allowlists are not implemented yet)",
-                        mode.get_ref()
-                    ),
-                ));
-            }
-        }
+        pf.net_policy()?;
         for (k, v) in &pf.env.set {
             if !valid_env_name(k) {
                 return Err(pf.error_at(
@@ -180,6 +187,128 @@ impl PolicyFile {
             key: key.to_string(),
             message,
         }
+    }
+
+    /// The `[net]` section, checked: every bad entry is an error at its
+    /// line.
+    pub fn net_policy(&self) -> Result<NetPolicy, PolicyError> {
+        let n = &self.net;
+        let mode = match &n.mode {
+            None => NetMode::None,
+            Some(m) => match m.get_ref().as_str() {
+                "none" => NetMode::None,
+                "allowlist" => NetMode::Allowlist,
+                other => {
+                    return Err(self.error_at(
+                        m.span(),
+                        "net.mode",
+                        format!("unknown mode {other:?}; supported: \"none\", \"allowlist\""),
+                    ))
+                }
+            },
+        };
+        let patterns = |key: &str, list: &[Spanned<String>]| {
+            list.iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    HostPattern::parse(e.get_ref()).map_err(|why| {
+                        self.error_at(
+                            e.span(),
+                            &format!("{key}[{i}]"),
+                            format!("{:?} {why}", e.get_ref()),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let allow = patterns("net.allow", &n.allow)?;
+        let deny = patterns("net.deny", &n.deny)?;
+        let ports = match &n.ports {
+            None => DEFAULT_PORTS.to_vec(),
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    u16::try_from(*p.get_ref())
+                        .ok()
+                        .filter(|&p| p != 0)
+                        .ok_or_else(|| {
+                            self.error_at(
+                                p.span(),
+                                &format!("net.ports[{i}]"),
+                                format!("{} is not a port (1-65535)", p.get_ref()),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        let mut hosts = BTreeMap::new();
+        for (name, addr) in &n.hosts {
+            let key = format!("net.hosts.{name}");
+            let normal = crate::policy::net::normalise_name(name)
+                .map_err(|why| self.error_at(addr.span(), &key, format!("{name:?} {why}")))?;
+            let ip = addr.get_ref().parse::<std::net::IpAddr>().map_err(|_| {
+                self.error_at(
+                    addr.span(),
+                    &key,
+                    format!("{:?} is not an IP address", addr.get_ref()),
+                )
+            })?;
+            if hosts.insert(normal.clone(), ip).is_some() {
+                return Err(self.error_at(
+                    addr.span(),
+                    &key,
+                    format!(
+                        "{normal} is given twice (names are compared in lower case, IDNA form)"
+                    ),
+                ));
+            }
+        }
+        let allow_private = n
+            .allow_private
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let t = e.get_ref();
+                t.parse::<ipnet::IpNet>()
+                    .or_else(|_| t.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        self.error_at(
+                            e.span(),
+                            &format!("net.allow_private[{i}]"),
+                            format!("{t:?} is not an address range (CIDR, as 10.20.0.0/16) or an address"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if mode == NetMode::None {
+            // Entries with mode none would be ignored: a policy that reads
+            // as "these hosts" must not quietly mean "no network".
+            let given = [
+                ("net.allow", n.allow.first().map(|e| e.span())),
+                ("net.deny", n.deny.first().map(|e| e.span())),
+                (
+                    "net.allow_private",
+                    n.allow_private.first().map(|e| e.span()),
+                ),
+                ("net.hosts", n.hosts.values().next().map(|e| e.span())),
+            ];
+            if let Some((key, Some(span))) = given.into_iter().find(|(_, s)| s.is_some()) {
+                return Err(self.error_at(
+                    span,
+                    key,
+                    "is set but net.mode is \"none\" (the default): set mode = \"allowlist\", or remove it".into(),
+                ));
+            }
+        }
+        Ok(NetPolicy {
+            mode,
+            allow,
+            deny,
+            ports,
+            hosts,
+            allow_private,
+        })
     }
 
     /// Every path entry with its key, in file order: `(key, index, value)`.
@@ -228,6 +357,46 @@ mod tests {
         assert_eq!(e.file, "p.toml");
         assert_eq!(e.line, 4, "{e}");
         assert_eq!(e.key, "write", "{e}");
+    }
+
+    #[test]
+    fn the_net_section_is_checked_entry_by_entry() {
+        let ok = "version = 1\n[net]\nmode = \"allowlist\"\nallow = [\"Pkgs.Example\", \"*.cdn.example\"]\ndeny = [\"x.pkgs.example\"]\nports = [443]\nhosts = { \"pkgs.test\" = \"127.0.0.1\" }\nallow_private = [\"10.20.0.0/16\", \"127.0.0.1\"]\n";
+        let n = PolicyFile::parse("p.toml", ok)
+            .unwrap()
+            .net_policy()
+            .unwrap();
+        assert_eq!(n.mode, NetMode::Allowlist);
+        assert_eq!(n.allow[0], HostPattern::Exact("pkgs.example".into()));
+        assert_eq!(n.allow[1], HostPattern::Subdomains("cdn.example".into()));
+        assert_eq!(n.ports, vec![443]);
+        assert_eq!(n.hosts["pkgs.test"].to_string(), "127.0.0.1");
+        assert_eq!(n.allow_private[1].to_string(), "127.0.0.1/32");
+        // The default: no network, ports 443 and 80 should it be opened.
+        let n = PolicyFile::parse("p.toml", "version = 1\n")
+            .unwrap()
+            .net_policy()
+            .unwrap();
+        assert_eq!((n.mode, n.ports), (NetMode::None, DEFAULT_PORTS.to_vec()));
+        for (body, line, key) in [
+            ("mode = \"open\"", 3, "net.mode"),
+            ("mode = \"allowlist\"\nallow = [\"a.example\",\n \"*\"]", 5, "net.allow[1]"),
+            ("mode = \"allowlist\"\nallow = [\"a*.example\"]", 4, "net.allow[0]"),
+            ("mode = \"allowlist\"\ndeny = [\"pkgs.example.\"]", 4, "net.deny[0]"),
+            ("mode = \"allowlist\"\nports = [443, 0]", 4, "net.ports[1]"),
+            ("mode = \"allowlist\"\nports = [65536]", 4, "net.ports[0]"),
+            ("mode = \"allowlist\"\nallow_private = [\"10.0.0.0/33\"]", 4, "net.allow_private[0]"),
+            ("mode = \"allowlist\"\nhosts = { \"a.test\" = \"1.2.3\" }", 4, "net.hosts.a.test"),
+            ("mode = \"allowlist\"\nhosts = { \"127.1\" = \"1.2.3.4\" }", 4, "net.hosts.127.1"),
+            ("mode = \"allowlist\"\nhosts = { \"A.test\" = \"1.2.3.4\", \"a.test\" = \"1.2.3.5\" }", 4, "net.hosts.a.test"),
+            // Entries under mode none would be ignored: an error instead.
+            ("allow = [\"a.example\"]", 3, "net.allow"),
+            ("mode = \"none\"\nallow_private = [\"10.0.0.0/8\"]", 4, "net.allow_private"),
+        ] {
+            let text = format!("version = 1\n[net]\n{body}\n");
+            let e = PolicyFile::parse("p.toml", &text).unwrap_err();
+            assert_eq!((e.line, e.key.as_str()), (line, key), "{body}: {e}");
+        }
     }
 
     #[test]

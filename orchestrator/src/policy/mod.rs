@@ -17,6 +17,7 @@ pub mod file;
 pub mod git;
 pub mod hostfs;
 pub mod lower;
+pub mod net;
 pub mod profiles;
 pub mod resolve;
 
@@ -28,6 +29,7 @@ use serde::Serialize;
 
 pub use file::{PolicyError, PolicyFile};
 pub use hostfs::{HostFs, NodeKind, RealFs};
+pub use net::{NetMode, NetPolicy};
 pub use resolve::{resolve, ResolveError, Vars};
 
 /// How a path may be used. Ordered from least to most access.
@@ -122,16 +124,6 @@ pub struct Protect {
     pub reason: ProtectReason,
 }
 
-/// Network access of the command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum NetMode {
-    /// No network at all: only loopback inside the sandbox's own namespace
-    /// (bwrap, VM) or no IP sockets at all (landlock).
-    #[default]
-    None,
-}
-
 /// Resource limits. `None` means the tier's default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub struct Limits {
@@ -173,7 +165,7 @@ pub struct Policy {
     pub name: String,
     pub grants: Vec<Grant>,
     pub protects: Vec<Protect>,
-    pub net: NetMode,
+    pub net: NetPolicy,
     pub limits: Limits,
     pub env: EnvPolicy,
     /// The variables it was resolved with (project, tmp, spill, home, runs).

@@ -11,8 +11,7 @@ use serde::Serialize;
 
 use super::file::{PolicyError, PolicyFile};
 use super::{
-    Access, EnvPolicy, Grant, GrantOrigin, Limits, NetMode, Policy, Protect, ProtectReason,
-    Protection,
+    Access, EnvPolicy, Grant, GrantOrigin, Limits, Policy, Protect, ProtectReason, Protection,
 };
 
 /// Names protected inside every writable root (besides the instance tmp).
@@ -143,7 +142,7 @@ pub fn resolve(pf: &PolicyFile, vars: &Vars) -> Result<Policy, ResolveError> {
         name: pf.source.name.clone(),
         grants,
         protects,
-        net: NetMode::None,
+        net: pf.net_policy()?,
         limits,
         env,
         vars: vars.clone(),

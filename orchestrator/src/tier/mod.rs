@@ -211,6 +211,43 @@ pub fn probe_all() -> Vec<probe::Probe> {
     Tier::ALL.into_iter().map(probe).collect()
 }
 
+/// A policy's network part that a tier cannot enforce as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetUnsupported {
+    #[error("tier {tier}: net.mode = \"allowlist\" needs hull's network proxy, which this build of hull does not have yet; use net.mode = \"none\" (no network) until then")]
+    NoProxy { tier: Tier },
+}
+
+impl Tier {
+    /// How this tier enforces the policy's network part, in one line, or
+    /// why it cannot. Shown by `hull policy explain`; a run refuses on the
+    /// error.
+    pub fn network(self, net: &crate::policy::NetPolicy) -> Result<&'static str, NetUnsupported> {
+        use crate::policy::NetMode;
+        match (net.mode, self) {
+            (NetMode::None, Tier::None) => Ok("unrestricted: tier none isolates nothing"),
+            (NetMode::None, Tier::Landlock) => {
+                Ok("none: IP sockets refused by seccomp (unix sockets as the file grants allow)")
+            }
+            (NetMode::None, Tier::Bwrap) => {
+                Ok("none: a network namespace of its own with only loopback")
+            }
+            (NetMode::None, Tier::Seatbelt) => Ok("none: (deny network*) in the profile"),
+            (NetMode::None, Tier::AppContainer) => {
+                Ok("none: no network capability (internetClient) granted")
+            }
+            (NetMode::None, Tier::Restricted) => {
+                Ok("not controlled: a restricted token has no network control (see docs/tiers.md)")
+            }
+            (NetMode::None, Tier::Vm) => Ok("none: the VM has no network device"),
+            (NetMode::Allowlist, Tier::None) => {
+                Ok("unrestricted: tier none isolates nothing (the allow list is not applied)")
+            }
+            (NetMode::Allowlist, tier) => Err(NetUnsupported::NoProxy { tier }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +271,20 @@ mod tests {
             serde_json::to_string(&Tier::AppContainer).expect("serialize"),
             "\"appcontainer\""
         );
+    }
+
+    #[test]
+    fn an_allowlist_is_refused_until_the_proxy_exists() {
+        use crate::policy::{NetMode, NetPolicy};
+        let none = NetPolicy::default();
+        let allow = NetPolicy {
+            mode: NetMode::Allowlist,
+            ..NetPolicy::default()
+        };
+        for t in Tier::ALL {
+            assert!(t.network(&none).is_ok(), "{t}");
+            assert_eq!(t.network(&allow).is_ok(), t == Tier::None, "{t}");
+        }
     }
 
     #[test]
