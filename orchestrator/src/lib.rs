@@ -13,6 +13,8 @@ pub mod canary;
 pub mod cli;
 pub mod exec;
 pub mod mountinfo;
+#[cfg(unix)]
+pub mod net;
 pub mod os;
 pub mod policy;
 pub mod result_file;

@@ -1,0 +1,420 @@
+//! hull's egress proxy: HTTP `CONNECT` for TLS and absolute-URI plain HTTP,
+//! to the names the policy allows and nothing else.
+//!
+//! For each request: the policy's check of the name and port (deny, allow,
+//! ports); for `CONNECT`, a `200` and then the ClientHello, whose server
+//! name must be the `CONNECT` host before anything is connected; then hull
+//! resolves the name itself (or takes it from `hosts`), refuses addresses
+//! that reach inside unless `allow_private` covers them, and connects to the
+//! address it checked: no second resolution. A refusal before the tunnel is
+//! a `403` with `X-Hull-Refused`; after the `200` (a ClientHello naming
+//! another host) the connection is closed. Every decision is an
+//! [`audit::Entry`](super::audit::Entry).
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::audit::{Audit, Entry};
+use super::sni::{self, Hello};
+use crate::policy::net::{normalise_name, Host, NetPolicy, Refusal};
+
+/// How long the command may take to send its ClientHello, and hull to
+/// connect to a destination.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Why a request did not reach its destination.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("{0}")]
+    BadRequest(&'static str),
+    #[error("the Host header {header:?} is not the request's host {host:?}")]
+    HostMismatch { header: String, host: String },
+    #[error("the TLS ClientHello names {sni:?}, not the CONNECT host {host}")]
+    SniMismatch { sni: String, host: Host },
+    #[error("the TLS ClientHello: {0}")]
+    Hello(#[source] sni::SniError),
+    #[error("no ClientHello within {HELLO_TIMEOUT:?}")]
+    HelloTimeout,
+    #[error("cannot resolve {host}: {source}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{host} resolves to no address")]
+    NoAddress { host: String },
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the upstream exchange failed: {0}")]
+    Upstream(#[source] hyper::Error),
+    #[error("the tunnel failed: {0}")]
+    Tunnel(#[source] std::io::Error),
+}
+
+impl ProxyError {
+    /// A refusal by policy (403) rather than a failure to reach (502).
+    fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::Refused(_)
+                | ProxyError::HostMismatch { .. }
+                | ProxyError::SniMismatch { .. }
+                | ProxyError::Hello(_)
+        )
+    }
+}
+
+/// What every connection of the proxy shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub policy: NetPolicy,
+    pub audit: Audit,
+}
+
+/// Serves one client connection (HTTP/1.1, with upgrades for `CONNECT`).
+pub async fn serve_connection<S>(io: S, shared: Arc<Shared>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| handle(req, Arc::clone(&shared)));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .max_buf_size(64 * 1024)
+        .serve_connection(TokioIo::new(io), svc)
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        tracing::debug!("proxy connection: {e}");
+    }
+}
+
+async fn handle(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Body>, Infallible> {
+    let started = Instant::now();
+    if req.method() == Method::CONNECT {
+        return Ok(connect(req, shared, started));
+    }
+    Ok(plain(req, shared, started).await)
+}
+
+/// The host and port of a `host:port` authority (brackets kept off IPv6).
+fn split_authority(a: &hyper::http::uri::Authority, default: Option<u16>) -> Option<(String, u16)> {
+    let port = a.port_u16().or(default)?;
+    Some((a.host().to_string(), port))
+}
+
+fn refusal_response(e: &ProxyError) -> Response<Body> {
+    let status = if e.is_refusal() {
+        StatusCode::FORBIDDEN
+    } else if matches!(e, ProxyError::BadRequest(_)) {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    let text = format!("hull: {e}\n");
+    let mut r = Response::new(full(text.clone()));
+    *r.status_mut() = status;
+    let header = text.trim().replace(['\r', '\n'], " ");
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&header) {
+        r.headers_mut().insert("x-hull-refused", v);
+    }
+    r
+}
+
+fn full(text: impl Into<Bytes>) -> Body {
+    Full::new(text.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// `CONNECT host:port`: checked, answered `200`, then the ClientHello is
+/// read and checked before hull connects.
+fn connect(req: Request<Incoming>, shared: Arc<Shared>, started: Instant) -> Response<Body> {
+    let Some((raw_host, port)) = req.uri().authority().and_then(|a| split_authority(a, None))
+    else {
+        let e = ProxyError::BadRequest("CONNECT needs host:port");
+        shared
+            .audit
+            .record(&Entry::new("connect", "", 0).refused(&e));
+        return refusal_response(&e);
+    };
+    let entry = Entry::new("connect", &raw_host, port);
+    let host = match shared.policy.check_request(&raw_host, port) {
+        Ok(h) => h,
+        Err(r) => {
+            let e = ProxyError::from(r);
+            shared
+                .audit
+                .record(&entry.refused(&e).took(started.elapsed()));
+            return refusal_response(&e);
+        }
+    };
+    tokio::spawn(async move {
+        let mut entry = entry;
+        let r = match hyper::upgrade::on(req).await {
+            Ok(up) => tunnel(TokioIo::new(up), &host, port, &shared, &mut entry).await,
+            Err(e) => Err(ProxyError::Upstream(e)),
+        };
+        let entry = match r {
+            Ok(()) => {
+                entry.allowed = true;
+                entry.reason = "tunnel closed".into();
+                entry
+            }
+            Err(e) if entry.allowed => {
+                entry.reason = e.to_string();
+                entry
+            }
+            Err(e) => entry.refused(&e),
+        };
+        shared.audit.record(&entry.took(started.elapsed()));
+    });
+    Response::new(full(Bytes::new()))
+}
+
+async fn tunnel<S>(
+    mut client: S,
+    host: &Host,
+    port: u16,
+    shared: &Shared,
+    entry: &mut Entry,
+) -> Result<(), ProxyError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut client))
+        .await
+        .map_err(|_| ProxyError::HelloTimeout)??;
+    let (bytes, name) = hello;
+    match (host, name) {
+        (Host::Name(want), Some(sni)) => {
+            if normalise_name(&sni).ok().as_ref() != Some(want) {
+                return Err(ProxyError::SniMismatch {
+                    sni,
+                    host: host.clone(),
+                });
+            }
+        }
+        // An address listed as itself: clients send no name for it.
+        (Host::Ip(_), None) => {}
+        (Host::Ip(_), Some(sni)) => {
+            return Err(ProxyError::SniMismatch {
+                sni,
+                host: host.clone(),
+            })
+        }
+        (Host::Name(_), None) => return Err(ProxyError::Hello(sni::SniError::NoName)),
+    }
+    let (mut upstream, addr) = connect_checked(&shared.policy, host, port).await?;
+    entry.addr = Some(addr);
+    entry.allowed = true;
+    upstream
+        .write_all(&bytes)
+        .await
+        .map_err(ProxyError::Tunnel)?;
+    let (sent, received) = tokio::io::copy_bidirectional(&mut client, &mut upstream)
+        .await
+        .map_err(ProxyError::Tunnel)?;
+    entry.sent = sent + bytes.len() as u64;
+    entry.received = received;
+    Ok(())
+}
+
+/// Reads the ClientHello's records: the bytes and the server name (none
+/// when the hello has no SNI extension).
+async fn read_hello<S: AsyncRead + Unpin>(
+    client: &mut S,
+) -> Result<(Vec<u8>, Option<String>), ProxyError> {
+    let mut buf = Vec::with_capacity(2048);
+    loop {
+        match sni::server_name(&buf) {
+            Ok(Hello::Name(n)) => return Ok((buf, Some(n))),
+            Err(sni::SniError::NoName) => return Ok((buf, None)),
+            Err(e) => return Err(ProxyError::Hello(e)),
+            Ok(Hello::Incomplete(more)) => {
+                let start = buf.len();
+                buf.resize(start + more, 0);
+                client
+                    .read_exact(&mut buf[start..])
+                    .await
+                    .map_err(ProxyError::Tunnel)?;
+            }
+        }
+    }
+}
+
+/// Resolves `host` (or takes its fixed address), keeps the addresses the
+/// policy allows, and connects to the first that answers: the address
+/// checked is the address connected to.
+async fn connect_checked(
+    policy: &NetPolicy,
+    host: &Host,
+    port: u16,
+) -> Result<(TcpStream, SocketAddr), ProxyError> {
+    let addrs: Vec<IpAddr> = match policy.fixed_address(host) {
+        Some(a) => vec![a],
+        None => {
+            let name = host.to_string();
+            let found = tokio::net::lookup_host((name.as_str(), port))
+                .await
+                .map_err(|source| ProxyError::Resolve {
+                    host: name.clone(),
+                    source,
+                })?;
+            found.map(|s| s.ip()).collect()
+        }
+    };
+    let mut first_error: Option<ProxyError> = None;
+    for ip in addrs {
+        if let Err(r) = policy.check_address(ip) {
+            first_error.get_or_insert(ProxyError::Refused(r));
+            continue;
+        }
+        let addr = SocketAddr::new(ip, port);
+        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => return Ok((s, addr)),
+            Ok(Err(source)) => {
+                first_error.get_or_insert(ProxyError::Connect { addr, source });
+            }
+            Err(_) => {
+                first_error.get_or_insert(ProxyError::Connect {
+                    addr,
+                    source: std::io::ErrorKind::TimedOut.into(),
+                });
+            }
+        }
+    }
+    Err(first_error.unwrap_or(ProxyError::NoAddress {
+        host: host.to_string(),
+    }))
+}
+
+/// Hop-by-hop headers, not passed on (RFC 9110 7.6.1), and the proxy's own.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// An absolute-URI plain HTTP request: the URI's host is checked, a Host
+/// header that disagrees is refused, and the request goes on in origin
+/// form over a connection to the checked address.
+async fn plain(
+    mut req: Request<Incoming>,
+    shared: Arc<Shared>,
+    started: Instant,
+) -> Response<Body> {
+    let uri = req.uri().clone();
+    let authority = match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(a)) => a.clone(),
+        _ => {
+            let e = ProxyError::BadRequest(
+                "hull's proxy takes CONNECT host:port, or plain HTTP with an absolute http:// URI",
+            );
+            shared.audit.record(
+                &Entry::new("http", &uri.to_string(), 0)
+                    .refused(&e)
+                    .took(started.elapsed()),
+            );
+            return refusal_response(&e);
+        }
+    };
+    let Some((raw_host, port)) = split_authority(&authority, Some(80)) else {
+        return refusal_response(&ProxyError::BadRequest("no host"));
+    };
+    let mut entry = Entry::new("http", &raw_host, port);
+    let r = async {
+        let host = shared.policy.check_request(&raw_host, port)?;
+        if let Some(h) = req.headers().get(hyper::header::HOST) {
+            let text = h.to_str().unwrap_or("").to_string();
+            let agrees = text
+                .parse::<hyper::http::uri::Authority>()
+                .ok()
+                .and_then(|a| split_authority(&a, Some(80)))
+                .and_then(|(h, p)| {
+                    let same_host = crate::policy::net::parse_host(&h).ok()? == host;
+                    Some(same_host && p == port)
+                })
+                .unwrap_or(false);
+            if !agrees {
+                return Err(ProxyError::HostMismatch {
+                    header: text,
+                    host: authority.to_string(),
+                });
+            }
+        }
+        let (stream, addr) = connect_checked(&shared.policy, &host, port).await?;
+        Ok((stream, addr))
+    }
+    .await;
+    let (stream, addr) = match r {
+        Ok(x) => x,
+        Err(e) => {
+            let resp = refusal_response(&e);
+            shared
+                .audit
+                .record(&entry.refused(&e).took(started.elapsed()));
+            return resp;
+        }
+    };
+    entry.addr = Some(addr);
+    entry.allowed = true;
+    for h in HOP_BY_HOP {
+        req.headers_mut().remove(h);
+    }
+    let origin_form = uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    if let Ok(u) = origin_form.parse() {
+        *req.uri_mut() = u;
+    }
+    let result = async {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(ProxyError::Upstream)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("upstream connection: {e}");
+            }
+        });
+        sender.send_request(req).await.map_err(ProxyError::Upstream)
+    }
+    .await;
+    match result {
+        Ok(resp) => {
+            entry.reason = format!("HTTP {}", resp.status().as_u16());
+            shared.audit.record(&entry.took(started.elapsed()));
+            resp.map(|b| b.boxed())
+        }
+        Err(e) => {
+            entry.reason = e.to_string();
+            shared.audit.record(&entry.took(started.elapsed()));
+            refusal_response(&e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
