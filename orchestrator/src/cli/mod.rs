@@ -6,6 +6,8 @@ pub mod canary;
 pub mod docs;
 pub mod explain;
 pub mod image;
+#[cfg(unix)]
+pub mod net;
 pub mod probe;
 pub mod read;
 pub mod run;
@@ -75,6 +77,11 @@ pub enum Command {
     /// (the Windows trampoline used by `--tier appcontainer|restricted`).
     #[command(name = "__windows-exec", hide = true)]
     WindowsExec(WindowsExecArgs),
+    /// Internal: the policy's egress proxy on its own (serves until stdin
+    /// closes).
+    #[cfg(unix)]
+    #[command(name = "__net-proxy", hide = true)]
+    NetProxy(net::NetProxyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -158,6 +165,8 @@ pub fn main() -> i32 {
         Command::WindowsExec(a) => {
             crate::tier::windows::exec_main(&a.spec, &a.argv).map_err(anyhow::Error::from)
         }
+        #[cfg(unix)]
+        Command::NetProxy(a) => net::net_proxy(a),
     };
     match result {
         Ok(code) => code,

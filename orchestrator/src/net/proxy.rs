@@ -228,9 +228,12 @@ where
         .write_all(&bytes)
         .await
         .map_err(ProxyError::Tunnel)?;
-    let (sent, received) = tokio::io::copy_bidirectional(&mut client, &mut upstream)
-        .await
-        .map_err(ProxyError::Tunnel)?;
+    // 64 KiB a side (tokio's default is 8 KiB): a quarter of the system
+    // calls on a download (measured in benches/net_proxy.py).
+    let (sent, received) =
+        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, 64 << 10, 64 << 10)
+            .await
+            .map_err(ProxyError::Tunnel)?;
     entry.sent = sent + bytes.len() as u64;
     entry.received = received;
     Ok(())

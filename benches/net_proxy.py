@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""hull's egress proxy against a direct connection, on loopback, paired in
+one run: time to first byte of a small GET (median of N pairs, curl's
+time_starttransfer) and the throughput of a large download (median of R
+pairs), for plain HTTP (absolute URI) and HTTPS (CONNECT; the origin has a
+self-signed certificate made for the run with openssl, curl -k).
+
+The proxy is `hull __net-proxy` with a policy allowing one name, fixed to
+127.0.0.1 by `hosts` and `allow_private`.
+
+Usage: benches/net_proxy.py [--rounds N] [--big-mib M] [--big-rounds R] [--hull PATH]
+"""
+import argparse, http.server, os, random, socketserver, ssl, statistics, subprocess, sys, tempfile, threading
+
+CHUNK = b"x" * (1 << 20)
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    big = 256
+
+    def do_GET(self):
+        if self.path == "/small":
+            body = b"hello, small\n"
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        n = self.big
+        self.send_response(200)
+        self.send_header("content-length", str(n * len(CHUNK)))
+        self.end_headers()
+        for _ in range(n):
+            self.wfile.write(CHUNK)
+
+    def log_message(self, *a):
+        pass
+
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+def serve(tls_dir=None):
+    s = Server(("127.0.0.1", 0), Handler)
+    if tls_dir:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(os.path.join(tls_dir, "cert.pem"), os.path.join(tls_dir, "key.pem"))
+        s.socket = ctx.wrap_socket(s.socket, server_side=True)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    return s.server_address[1]
+
+def curl(args, metric):
+    r = subprocess.run(["curl", "-sS", "-k", "--noproxy", "", "-o", "/dev/null", "-w", f"%{{{metric}}}"] + args,
+                       capture_output=True, text=True, env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()})
+    if r.returncode != 0:
+        sys.exit(f"curl failed: {' '.join(args)}: {r.stderr}")
+    return float(r.stdout)
+
+def paired(name, direct, proxied, rounds, metric, unit, scale):
+    d, p = [], []
+    for _ in range(2):
+        curl(direct, metric); curl(proxied, metric)
+    for _ in range(rounds):
+        if random.random() < 0.5:
+            d.append(curl(direct, metric)); p.append(curl(proxied, metric))
+        else:
+            p.append(curl(proxied, metric)); d.append(curl(direct, metric))
+    md, mp = statistics.median(d) * scale, statistics.median(p) * scale
+    print(f"{name:28} direct {md:9.2f} {unit} | proxy {mp:9.2f} {unit} | "
+          f"difference {mp - md:+9.2f} {unit} | ratio {mp / md:5.2f}  (n={rounds} pairs)")
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--big-mib", type=int, default=256)
+    ap.add_argument("--big-rounds", type=int, default=5)
+    ap.add_argument("--hull", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "hull"))
+    a = ap.parse_args()
+    Handler.big = a.big_mib
+    tmp = tempfile.mkdtemp(prefix="hull-net-bench-")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=origin.test", "-addext", "subjectAltName=DNS:origin.test",
+                    "-keyout", f"{tmp}/key.pem", "-out", f"{tmp}/cert.pem"], check=True, capture_output=True)
+    plain, tls = serve(), serve(tmp)
+    pol = os.path.join(tmp, "net.toml")
+    with open(pol, "w") as f:
+        f.write('version = 1\n[net]\nmode = "allowlist"\nallow = ["origin.test"]\n'
+                f'ports = [{plain}, {tls}]\nhosts = {{ "origin.test" = "127.0.0.1" }}\n'
+                'allow_private = ["127.0.0.1/32"]\n')
+    proxy = subprocess.Popen([os.path.abspath(a.hull), "__net-proxy", "--policy", pol],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = proxy.stdout.readline().split()
+    if not line or line[0] != "listening":
+        sys.exit(f"the proxy did not start: {line}")
+    px = ["-x", f"http://{line[1]}", "--resolve", f"origin.test:{tls}:127.0.0.1"]
+    print(f"hull {os.path.abspath(a.hull)}, proxy {line[1]}, origin :{plain} (http) :{tls} (https)\n")
+    paired("http GET, time to first byte", [f"http://127.0.0.1:{plain}/small"],
+           px + [f"http://origin.test:{plain}/small"], a.rounds, "time_starttransfer", "ms", 1000)
+    paired("https GET, time to first byte", ["--resolve", f"origin.test:{tls}:127.0.0.1", f"https://origin.test:{tls}/small"],
+           px + [f"https://origin.test:{tls}/small"], a.rounds, "time_starttransfer", "ms", 1000)
+    paired(f"http {a.big_mib} MiB download", [f"http://127.0.0.1:{plain}/big"],
+           px + [f"http://origin.test:{plain}/big"], a.big_rounds, "speed_download", "MiB/s", 1 / (1 << 20))
+    paired(f"https {a.big_mib} MiB download", ["--resolve", f"origin.test:{tls}:127.0.0.1", f"https://origin.test:{tls}/big"],
+           px + [f"https://origin.test:{tls}/big"], a.big_rounds, "speed_download", "MiB/s", 1 / (1 << 20))
+    proxy.stdin.close()
+    proxy.wait(timeout=10)
+
+if __name__ == "__main__":
+    main()
