@@ -338,6 +338,11 @@ pub fn run_process_tier(
     type Check = Box<dyn FnOnce(&crate::exec::ExitStatus) -> Result<(), RunError>>;
     let mut started_check: Option<Check> = None;
     let mut containment = crate::exec::process::Containment::None;
+    // The policy's egress proxy (net.mode = "allowlist"), up until the
+    // command and its tree are gone; and what the command's environment
+    // gains for it.
+    let mut proxy: Option<crate::net::Proxy> = None;
+    let mut extra_env: Vec<(String, String)> = Vec::new();
     let mut cmd = match tier {
         Tier::None => {
             eprintln!("{}", crate::tier::none::WARNING);
@@ -363,7 +368,15 @@ pub fn run_process_tier(
             let runs_root = run_dir.parent().unwrap_or(run_dir);
             placeholders = crate::runtime::placeholder::hold(&wanted, runs_root)
                 .map_err(|source| RunError::Placeholders { tier, source })?;
-            let mut prepared = crate::tier::bwrap::command(&plan, &spec.argv)?;
+            let relay = if policy.net.mode == crate::policy::NetMode::Allowlist {
+                let (p, relay) = start_proxy(tier, policy)?;
+                proxy = Some(p);
+                extra_env = crate::net::relay::proxy_env();
+                Some(relay)
+            } else {
+                None
+            };
+            let mut prepared = crate::tier::bwrap::command(&plan, &spec.argv, relay)?;
             // Every connect goes to the broker: a read-only bind does not
             // stop one to a host service's socket under it.
             let filter = crate::tier::seccomp::build_connect_broker()
@@ -537,7 +550,19 @@ pub fn run_process_tier(
             return Err(RunError::WrongOs(tier))
         }
     };
-    cmd.set_env(&spec.env);
+    if extra_env.is_empty() {
+        cmd.set_env(&spec.env);
+    } else {
+        let mut env: Vec<(String, String)> = spec
+            .env
+            .iter()
+            .filter(|(k, _)| !k.eq_ignore_ascii_case("no_proxy"))
+            .filter(|(k, _)| !extra_env.iter().any(|(x, _)| x == k))
+            .cloned()
+            .collect();
+        env.extend(extra_env);
+        cmd.set_env(&env);
+    }
     setup.install(&mut cmd);
     if let Some(step) = last_step {
         step.install(&mut cmd);
@@ -545,6 +570,16 @@ pub fn run_process_tier(
     tracing::debug!(%tier, "command built");
     let status = crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive)?;
     tracing::debug!(?status, "command ended");
+    if let Some(p) = proxy.take() {
+        let refused = p.audit().refused();
+        drop(p);
+        for (host, n) in refused {
+            eprintln!(
+                "hull: tier {tier}: network: refused {host} ({n} time{})",
+                if n == 1 { "" } else { "s" }
+            );
+        }
+    }
     drop(broker);
     drop(pools);
     for problem in placeholders.release() {
@@ -556,6 +591,43 @@ pub fn run_process_tier(
         check(&status)?;
     }
     Ok(status)
+}
+
+/// Starts the policy's proxy on a unix socket in the instance's tmp (a
+/// writable mount in the sandbox, so the connect broker lets the relay
+/// reach it), auditing into the spill, and returns the relay for bwrap.
+#[cfg(target_os = "linux")]
+fn start_proxy(
+    tier: Tier,
+    policy: &Policy,
+) -> Result<(crate::net::Proxy, crate::tier::bwrap::Relay), RunError> {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = |what: String| move |source: std::io::Error| RunError::Setup { tier, what, source };
+    let socket = policy.vars.tmp.join(".hull-proxy.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = std::os::unix::net::UnixListener::bind(&socket)
+        .map_err(setup(format!("the proxy's socket {}", socket.display())))?;
+    // The sandbox user connects to it when hull is root.
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
+        .map_err(setup(format!("the proxy's socket {}", socket.display())))?;
+    let audit_path = policy.vars.spill.join(crate::net::audit::FILE);
+    let audit = crate::net::Audit::to_file(&audit_path)
+        .map_err(setup(format!("the network audit {}", audit_path.display())))?;
+    let proxy = crate::net::Proxy::start(
+        crate::net::Listener::Unix(listener),
+        crate::net::Shared {
+            policy: policy.net.clone(),
+            audit,
+        },
+    )
+    .map_err(setup("starting the proxy".into()))?;
+    let exe = rustix::fs::open(
+        "/proc/self/exe",
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| setup("opening hull's executable for the relay".into())(e.into()))?;
+    Ok((proxy, crate::tier::bwrap::Relay { exe, socket }))
 }
 
 /// Runs the switch to the sandbox user in the child before exec; the

@@ -1930,8 +1930,8 @@ fn output_is_byte_exact(t: &str) {
     );
 }
 
-/// A policy asking for the network allow list, which no tier enforces yet,
-/// refuses the run before anything starts (exit 125, one line naming the
+/// A policy asking for the network allow list, which only bwrap enforces
+/// yet, refuses the run on the other tiers before anything starts (exit 125, one line naming the
 /// tier and what is missing): the command does not run and no instance is
 /// made. The same policy with `mode = "none"` runs the command.
 fn an_allowlist_is_refused_until_the_proxy_exists(t: &str) {
@@ -1973,6 +1973,135 @@ fn an_allowlist_is_refused_until_the_proxy_exists(t: &str) {
     assert!(marker.exists(), "the control run did not run the command");
 }
 
+/// A loopback HTTP server standing in for a registry: answers every
+/// request with `hello` and reports each request's first line.
+fn origin() -> (u16, std::sync::mpsc::Receiver<String>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut buf = vec![0u8; 16 * 1024];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let _ = tx.send(text.lines().next().unwrap_or("").to_string());
+            let _ = s.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
+            );
+        }
+    });
+    (port, rx)
+}
+
+/// `net.mode = "allowlist"` on a tier with the proxy: an allowed name is
+/// reached through `HTTP_PROXY` (python's urllib), a name not allowed gets
+/// a 403 from hull and the server sees nothing, a direct connection that
+/// ignores the proxy fails at once and the server sees nothing, a DNS
+/// lookup fails within a second; the audit in the spill has both
+/// decisions and hull names the refused host on stderr. The control under
+/// tier none shows the direct connection lands.
+fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let (port, seen) = origin();
+    let pol = w.root.path().join("net.toml");
+    std::fs::write(
+        &pol,
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
+             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
+             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+             allow_private = [\"127.0.0.1/32\"]\n"
+        ),
+    )
+    .expect("write policy");
+    let pol = pol.to_string_lossy().into_owned();
+    std::fs::write(
+        w.project.join("net.py"),
+        format!(
+            "import socket, sys, time, urllib.request, urllib.error\n\
+             what = sys.argv[1]\n\
+             if what in ('all', 'allowed'):\n\
+             \x20   print('allowed', urllib.request.urlopen('http://pkgs.test:{port}/simple/').read().decode(), flush=True)\n\
+             if what == 'all':\n\
+             \x20   try:\n\
+             \x20       urllib.request.urlopen('http://other.test:{port}/x'); print('other reached')\n\
+             \x20   except urllib.error.HTTPError as e:\n\
+             \x20       print('other', e.code, e.headers.get('X-Hull-Refused') is not None, flush=True)\n\
+             t = time.time()\n\
+             try:\n\
+             \x20   socket.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'GET /direct HTTP/1.0\\r\\n\\r\\n'); print('direct connected', flush=True)\n\
+             except OSError as e:\n\
+             \x20   print('direct refused', time.time() - t < 1.0, flush=True)\n\
+             if what == 'all':\n\
+             \x20   t = time.time()\n\
+             \x20   try:\n\
+             \x20       socket.getaddrinfo('pkgs.test', 443); print('dns answered')\n\
+             \x20   except OSError:\n\
+             \x20       print('dns failed', time.time() - t < 1.0, flush=True)\n"
+        ),
+    )
+    .expect("write net.py");
+    let drain = || seen.try_iter().collect::<Vec<_>>();
+    // Control: without a sandbox the direct connection lands.
+    let c = w.run("none", &[], "python3 net.py direct");
+    assert!(
+        String::from_utf8_lossy(&c.stdout).contains("direct connected"),
+        "control: {}",
+        show(&c)
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(drain(), vec!["GET /direct HTTP/1.0".to_string()], "control");
+
+    let o = w.run(t, &["--policy", &pol], "python3 net.py all");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    for want in [
+        "allowed hello",
+        "other 403 True",
+        "direct refused True",
+        "dns failed True",
+    ] {
+        assert!(out.contains(want), "{want}: {}", show(&o));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        drain(),
+        vec!["GET /simple/ HTTP/1.1".to_string()],
+        "what the server saw: {}",
+        show(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("network: refused other.test:{port} (1 time)")),
+        "{}",
+        show(&o)
+    );
+    let audits: Vec<String> = std::fs::read_dir(&w.runs)
+        .expect("runs")
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("spill/net-audit.jsonl")).ok())
+        .collect();
+    assert_eq!(audits.len(), 1, "{audits:?}");
+    let lines: Vec<&str> = audits[0].lines().collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\"host\":\"pkgs.test\"") && l.contains("\"allowed\":true")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\"host\":\"other.test\"") && l.contains("\"allowed\":false")),
+        "{lines:?}"
+    );
+}
+
 /// The matrix: the common cases on every tier compiled in, then the cases
 /// each tier has so far (issue 20 lands tier by tier; a case is listed for a
 /// tier once that tier refuses it).
@@ -2011,7 +2140,6 @@ matrix!(
         exit_codes_and_signals,
         the_json_result_says_how_the_run_ended,
         a_missing_or_unrunnable_program_exits_127_or_126,
-        an_allowlist_is_refused_until_the_proxy_exists,
         streams_are_live_and_stdin_passes,
         output_is_byte_exact,
         new_files_belong_to_the_caller,
@@ -2031,8 +2159,10 @@ matrix!(
         inotify_in_the_grants_follows_the_command_uid,
         the_tree_lives_in_a_cgroup_of_its_own,
         terminal_settings_are_restored,
+        an_allowlist_is_refused_until_the_proxy_exists,
     ],
     bwrap: [
+        only_allowed_names_are_reached_through_the_proxy,
         the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,
@@ -2045,5 +2175,6 @@ matrix!(
         the_canary_reports_no_leak,
         a_host_program_for_a_newer_glibc_is_refused_by_name,
         read_grant_is_not_executable,
+        an_allowlist_is_refused_until_the_proxy_exists,
     ],
 );

@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod proxy;
+pub mod relay;
 pub mod sni;
 
 use std::sync::Arc;

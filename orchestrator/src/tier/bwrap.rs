@@ -144,8 +144,26 @@ fn verdict(text: &str, exit: &crate::exec::ExitStatus) -> Result<(), BwrapError>
     }
 }
 
+/// The network relay put in front of the command (`net.mode =
+/// "allowlist"`): hull's executable, bound read-only into the sandbox at
+/// [`RELAY_PATH`], started as `__net-relay` with the proxy's socket.
+#[derive(Debug)]
+pub struct Relay {
+    /// `/proc/self/exe`, opened O_PATH.
+    pub exe: OwnedFd,
+    /// The proxy's unix socket, as the sandbox sees it.
+    pub socket: std::path::PathBuf,
+}
+
+/// Where hull's executable is bound for the relay (on bwrap's tmpfs root).
+pub const RELAY_PATH: &str = "/.hull-net-relay";
+
 /// Builds the bwrap command for a lowered plan.
-pub fn command(plan: &BwrapPlan, argv: &[OsString]) -> Result<Prepared, BwrapError> {
+pub fn command(
+    plan: &BwrapPlan,
+    argv: &[OsString],
+    relay: Option<Relay>,
+) -> Result<Prepared, BwrapError> {
     let bin = binary().ok_or(BwrapError::Missing)?;
     let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Bwrap)?;
     let fd =
@@ -154,15 +172,37 @@ pub fn command(plan: &BwrapPlan, argv: &[OsString]) -> Result<Prepared, BwrapErr
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| BwrapError::SeccompFd(e.into()))?;
     let mut cmd = Command::new(bin);
-    cmd.args(&plan.args);
+    // The relay's binary is bound before the root becomes read-only (the
+    // mount point is made on bwrap's tmpfs root).
+    let remount = plan
+        .args
+        .windows(2)
+        .rposition(|w| w[0] == "--remount-ro" && w[1] == "/")
+        .unwrap_or(plan.args.len());
+    cmd.args(&plan.args[..remount]);
+    if let Some(r) = &relay {
+        cmd.arg("--ro-bind-fd")
+            .arg(r.exe.as_raw_fd().to_string())
+            .arg(RELAY_PATH);
+    }
+    cmd.args(&plan.args[remount..]);
     cmd.arg("--seccomp").arg(fd.as_raw_fd().to_string());
     cmd.arg("--json-status-fd")
         .arg(status_w.as_raw_fd().to_string());
-    cmd.arg("--");
+    let mut keep = vec![fd, status_w];
+    if let Some(r) = relay {
+        cmd.arg("--");
+        cmd.args([RELAY_PATH, "__net-relay", "--socket"]);
+        cmd.arg(&r.socket);
+        cmd.arg("--");
+        keep.push(r.exe);
+    } else {
+        cmd.arg("--");
+    }
     cmd.args(argv);
     Ok(Prepared {
         command: cmd,
-        keep: vec![fd, status_w],
+        keep,
         status: status_r,
     })
 }

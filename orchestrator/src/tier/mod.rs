@@ -243,6 +243,9 @@ impl Tier {
             (NetMode::Allowlist, Tier::None) => {
                 Ok("unrestricted: tier none isolates nothing (the allow list is not applied)")
             }
+            (NetMode::Allowlist, Tier::Bwrap) => Ok(
+                "allowlist: only through hull's proxy (HTTP(S)_PROXY=http://127.0.0.1:3128, a relay on the sandbox's own loopback to the proxy's socket); nothing else is reachable",
+            ),
             (NetMode::Allowlist, tier) => Err(NetUnsupported::NoProxy { tier }),
         }
     }
@@ -283,7 +286,11 @@ mod tests {
         };
         for t in Tier::ALL {
             assert!(t.network(&none).is_ok(), "{t}");
-            assert_eq!(t.network(&allow).is_ok(), t == Tier::None, "{t}");
+            assert_eq!(
+                t.network(&allow).is_ok(),
+                matches!(t, Tier::None | Tier::Bwrap),
+                "{t}"
+            );
         }
     }
 
