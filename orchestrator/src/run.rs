@@ -342,6 +342,7 @@ pub fn run_process_tier(
     // command and its tree are gone; and what the command's environment
     // gains for it.
     let mut proxy: Option<crate::net::Proxy> = None;
+    let mut proxy_socket: Option<PathBuf> = None;
     let mut extra_env: Vec<(String, String)> = Vec::new();
     let mut cmd = match tier {
         Tier::None => {
@@ -371,6 +372,7 @@ pub fn run_process_tier(
             let relay = if policy.net.mode == crate::policy::NetMode::Allowlist {
                 let (p, relay) = start_proxy(tier, policy)?;
                 proxy = Some(p);
+                proxy_socket = Some(relay.host_path.clone());
                 extra_env = crate::net::relay::proxy_env();
                 Some(relay)
             } else {
@@ -573,6 +575,9 @@ pub fn run_process_tier(
     if let Some(p) = proxy.take() {
         let refused = p.audit().refused();
         drop(p);
+        if let Some(socket) = &proxy_socket {
+            let _ = std::fs::remove_file(socket);
+        }
         for (host, n) in refused {
             eprintln!(
                 "hull: tier {tier}: network: refused {host} ({n} time{})",
@@ -593,23 +598,55 @@ pub fn run_process_tier(
     Ok(status)
 }
 
-/// Starts the policy's proxy on a unix socket in the instance's tmp (a
-/// writable mount in the sandbox, so the connect broker lets the relay
-/// reach it), auditing into the spill, and returns the relay for bwrap.
+/// Starts the policy's proxy on a unix socket in the instance's tmp (where
+/// bwrap, as the sandbox user when hull is root, can reach it), auditing
+/// into the spill, and returns the relay for bwrap, which binds the socket
+/// at a short fixed path: the command may remove or replace the name in
+/// its tmp, never the bound socket.
 #[cfg(target_os = "linux")]
 fn start_proxy(
     tier: Tier,
     policy: &Policy,
 ) -> Result<(crate::net::Proxy, crate::tier::bwrap::Relay), RunError> {
-    use std::os::unix::fs::PermissionsExt;
+    use rustix::fs::{open, openat, Mode, OFlags};
     let setup = |what: String| move |source: std::io::Error| RunError::Setup { tier, what, source };
-    let socket = policy.vars.tmp.join(".hull-proxy.sock");
-    let _ = std::fs::remove_file(&socket);
-    let listener = std::os::unix::net::UnixListener::bind(&socket)
-        .map_err(setup(format!("the proxy's socket {}", socket.display())))?;
+    // A name of this run's own: runs that join one instance share its
+    // directory, and each must reach its own policy's proxy.
+    let name = format!(
+        ".hull-proxy-{}.sock",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let tmp = &policy.vars.tmp;
+    let host_path = tmp.join(&name);
+    let what = || format!("the proxy's socket {}", host_path.display());
+    let dir = open(
+        tmp,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| setup(what())(e.into()))?;
+    // Bound through the directory's descriptor: the tmp's own path may
+    // be longer than a socket address takes (108 bytes).
+    let short = format!(
+        "/proc/self/fd/{}/{name}",
+        std::os::fd::AsRawFd::as_raw_fd(&dir)
+    );
+    let listener = std::os::unix::net::UnixListener::bind(&short).map_err(setup(what()))?;
     // The sandbox user connects to it when hull is root.
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
-        .map_err(setup(format!("the proxy's socket {}", socket.display())))?;
+    rustix::fs::chmodat(
+        &dir,
+        name.as_str(),
+        Mode::from_raw_mode(0o666),
+        rustix::fs::AtFlags::empty(),
+    )
+    .map_err(|e| setup(what())(e.into()))?;
+    let socket = openat(
+        &dir,
+        name.as_str(),
+        OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| setup(what())(e.into()))?;
     let audit_path = policy.vars.spill.join(crate::net::audit::FILE);
     let audit = crate::net::Audit::to_file(&audit_path)
         .map_err(setup(format!("the network audit {}", audit_path.display())))?;
@@ -621,13 +658,20 @@ fn start_proxy(
         },
     )
     .map_err(setup("starting the proxy".into()))?;
-    let exe = rustix::fs::open(
+    let exe = open(
         "/proc/self/exe",
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
     )
     .map_err(|e| setup("opening hull's executable for the relay".into())(e.into()))?;
-    Ok((proxy, crate::tier::bwrap::Relay { exe, socket }))
+    Ok((
+        proxy,
+        crate::tier::bwrap::Relay {
+            exe,
+            socket,
+            host_path,
+        },
+    ))
 }
 
 /// Runs the switch to the sandbox user in the child before exec; the

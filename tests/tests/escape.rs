@@ -2100,6 +2100,17 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
             .any(|l| l.contains("\"host\":\"other.test\"") && l.contains("\"allowed\":false")),
         "{lines:?}"
     );
+    // The proxy's socket went with the run.
+    let left: Vec<_> = std::fs::read_dir(&w.runs)
+        .expect("runs")
+        .flatten()
+        .filter_map(|e| std::fs::read_dir(e.path().join("tmp")).ok())
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".hull-proxy"))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// The matrix: the common cases on every tier compiled in, then the cases

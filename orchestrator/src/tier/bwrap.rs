@@ -146,17 +146,23 @@ fn verdict(text: &str, exit: &crate::exec::ExitStatus) -> Result<(), BwrapError>
 
 /// The network relay put in front of the command (`net.mode =
 /// "allowlist"`): hull's executable, bound read-only into the sandbox at
-/// [`RELAY_PATH`], started as `__net-relay` with the proxy's socket.
+/// [`RELAY_PATH`], started as `__net-relay`, and the proxy's socket bound
+/// at [`PROXY_SOCKET`] (read-write: a connect needs it; a mount point
+/// cannot be removed or replaced from inside).
 #[derive(Debug)]
 pub struct Relay {
     /// `/proc/self/exe`, opened O_PATH.
     pub exe: OwnedFd,
-    /// The proxy's unix socket, as the sandbox sees it.
-    pub socket: std::path::PathBuf,
+    /// The proxy's unix socket, opened O_PATH.
+    pub socket: OwnedFd,
+    /// Where that socket is on the host (removed after the run).
+    pub host_path: std::path::PathBuf,
 }
 
 /// Where hull's executable is bound for the relay (on bwrap's tmpfs root).
 pub const RELAY_PATH: &str = "/.hull-net-relay";
+/// Where the proxy's socket is bound.
+pub const PROXY_SOCKET: &str = "/.hull-proxy.sock";
 
 /// Builds the bwrap command for a lowered plan.
 pub fn command(
@@ -184,6 +190,9 @@ pub fn command(
         cmd.arg("--ro-bind-fd")
             .arg(r.exe.as_raw_fd().to_string())
             .arg(RELAY_PATH);
+        cmd.arg("--bind-fd")
+            .arg(r.socket.as_raw_fd().to_string())
+            .arg(PROXY_SOCKET);
     }
     cmd.args(&plan.args[remount..]);
     cmd.arg("--seccomp").arg(fd.as_raw_fd().to_string());
@@ -192,10 +201,9 @@ pub fn command(
     let mut keep = vec![fd, status_w];
     if let Some(r) = relay {
         cmd.arg("--");
-        cmd.args([RELAY_PATH, "__net-relay", "--socket"]);
-        cmd.arg(&r.socket);
-        cmd.arg("--");
+        cmd.args([RELAY_PATH, "__net-relay", "--socket", PROXY_SOCKET, "--"]);
         keep.push(r.exe);
+        keep.push(r.socket);
     } else {
         cmd.arg("--");
     }
