@@ -65,6 +65,8 @@ if [ "$want_test" -eq 1 ]; then
   command -v chromium >/dev/null || need_pkgs+=(chromium)
   # `hull man`'s page is rendered by man in a test.
   command -v man >/dev/null || need_pkgs+=(man-db)
+  # Real clients through the network proxy in the tests.
+  command -v curl >/dev/null || need_pkgs+=(curl)
 fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)

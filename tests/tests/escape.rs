@@ -2113,6 +2113,125 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// A static file server on loopback (`python3 -m http.server`) serving
+/// `dir`, killed when dropped.
+struct StaticServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl StaticServer {
+    fn start(dir: &Path) -> StaticServer {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-u",
+                "-m",
+                "http.server",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+            ])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read the server's first line");
+        // "Serving HTTP on 127.0.0.1 port 41234 (http://127.0.0.1:41234/) ..."
+        let port = line
+            .split_whitespace()
+            .skip_while(|w| *w != "port")
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        StaticServer { child, port }
+    }
+}
+
+impl Drop for StaticServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Real clients through the proxy: `git clone` over HTTP and curl from an
+/// allowed name on a loopback server; the same clone from a name not
+/// allowed fails with the proxy's 403 and clones nothing.
+fn git_and_curl_fetch_through_the_proxy(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let served = w.root.path().join("served");
+    std::fs::create_dir(&served).expect("mkdir");
+    let git = |args: &[&str], dir: &Path| {
+        let o = std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@t")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@t")
+            .output()
+            .expect("git");
+        assert!(o.status.success(), "git {args:?}: {}", show(&o));
+    };
+    let work = w.root.path().join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    std::fs::write(work.join("README"), "hello from git\n").expect("write");
+    git(&["init", "-q", "-b", "trunk"], &work);
+    git(&["add", "README"], &work);
+    git(&["commit", "-qm", "one"], &work);
+    git(
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            ".",
+            served.join("repo.git").to_str().expect("utf8"),
+        ],
+        &work,
+    );
+    git(&["update-server-info"], &served.join("repo.git"));
+    let server = StaticServer::start(&served);
+    let port = server.port;
+    let pol = w.root.path().join("net.toml");
+    std::fs::write(
+        &pol,
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
+             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
+             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+             allow_private = [\"127.0.0.1/32\"]\n"
+        ),
+    )
+    .expect("write policy");
+    let o = w.run(
+        t,
+        &["--policy", pol.to_str().expect("utf8")],
+        &format!(
+            "git clone -q http://pkgs.test:{port}/repo.git cloned && cat cloned/README && \
+             curl -sS http://pkgs.test:{port}/repo.git/HEAD && \
+             if git clone -q http://other.test:{port}/repo.git other 2>err.txt; then echo other cloned; \
+             else grep -o 'returned error: 403' err.txt; fi; ls -d other 2>/dev/null; true"
+        ),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        out,
+        "hello from git\nref: refs/heads/trunk\nreturned error: 403\n",
+        "{}",
+        show(&o)
+    );
+    assert!(w.project.join("cloned/.git").is_dir());
+    assert!(!w.project.join("other").exists());
+}
+
 /// The matrix: the common cases on every tier compiled in, then the cases
 /// each tier has so far (issue 20 lands tier by tier; a case is listed for a
 /// tier once that tier refuses it).
@@ -2174,6 +2293,7 @@ matrix!(
     ],
     bwrap: [
         only_allowed_names_are_reached_through_the_proxy,
+        git_and_curl_fetch_through_the_proxy,
         the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,
