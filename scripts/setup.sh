@@ -67,6 +67,8 @@ if [ "$want_test" -eq 1 ]; then
   command -v man >/dev/null || need_pkgs+=(man-db)
   # Real clients through the network proxy in the tests.
   command -v curl >/dev/null || need_pkgs+=(curl)
+  python3 -m pip --version >/dev/null 2>&1 || need_pkgs+=(python3-pip)
+  command -v npm >/dev/null || need_pkgs+=(npm)
 fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)

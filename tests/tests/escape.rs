@@ -2232,6 +2232,161 @@ fn git_and_curl_fetch_through_the_proxy(t: &str) {
     assert!(!w.project.join("other").exists());
 }
 
+/// `pip download` from a loopback simple index and `npm install` of a
+/// tarball URL, through the proxy to an allowed name; the same pip download
+/// from a name not allowed fetches nothing.
+fn pip_and_npm_fetch_through_the_proxy(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let served = w.root.path().join("served");
+    // A wheel, its simple-index page, and an npm tarball, made on the host.
+    let make = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import os, sys, tarfile, io, zipfile\n\
+             d = sys.argv[1]\n\
+             os.makedirs(d + '/simple/leftpad'); os.makedirs(d + '/files')\n\
+             w = 'leftpad-1.0-py3-none-any.whl'\n\
+             with zipfile.ZipFile(d + '/files/' + w, 'w') as z:\n\
+             \x20   z.writestr('leftpad/__init__.py', 'def pad(s): return \" \" + s\\n')\n\
+             \x20   z.writestr('leftpad-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: leftpad\\nVersion: 1.0\\n')\n\
+             \x20   z.writestr('leftpad-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nGenerator: hand\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+             \x20   z.writestr('leftpad-1.0.dist-info/RECORD', '')\n\
+             open(d + '/simple/leftpad/index.html', 'w').write('<a href=\"../../files/%s\">%s</a>' % (w, w))\n\
+             with tarfile.open(d + '/files/left-pad-1.0.0.tgz', 'w:gz') as t:\n\
+             \x20   for name, text in [('package/package.json', '{\"name\": \"left-pad\", \"version\": \"1.0.0\"}'), ('package/index.js', 'module.exports = 1;')]:\n\
+             \x20       b = text.encode(); i = tarfile.TarInfo(name); i.size = len(b); t.addfile(i, io.BytesIO(b))\n",
+        )
+        .arg(&served)
+        .output()
+        .expect("python3");
+    assert!(make.status.success(), "{}", show(&make));
+    let server = StaticServer::start(&served);
+    let port = server.port;
+    let pol = w.root.path().join("net.toml");
+    std::fs::write(
+        &pol,
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
+             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
+             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+             allow_private = [\"127.0.0.1/32\"]\n"
+        ),
+    )
+    .expect("write policy");
+    let pip = |host: &str, dir: &str| {
+        format!(
+            "python3 -m pip download --no-deps --no-cache-dir --disable-pip-version-check -q \
+             --retries 0 --timeout 5 -d {dir} --trusted-host {host} --index-url http://{host}:{port}/simple/ leftpad"
+        )
+    };
+    let o = w.run(
+        t,
+        &["--policy", pol.to_str().expect("utf8")],
+        &format!(
+            "{} && ls dl && npm install --no-audit --no-fund --no-save --no-update-notifier \
+             --cache \"$TMPDIR/npm\" --prefix np http://pkgs.test:{port}/files/left-pad-1.0.0.tgz \
+             >/dev/null && ls np/node_modules && {} 2>/dev/null; ls other 2>/dev/null; true",
+            pip("pkgs.test", "dl"),
+            pip("other.test", "other")
+        ),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        out,
+        "leftpad-1.0-py3-none-any.whl\nleft-pad\n",
+        "{}",
+        show(&o)
+    );
+    assert!(
+        w.project
+            .join("np/node_modules/left-pad/package.json")
+            .is_file(),
+        "{}",
+        show(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("network: refused other.test:{port}")),
+        "{}",
+        show(&o)
+    );
+}
+
+/// `cargo fetch` from a loopback sparse registry through the proxy to an
+/// allowed name: the index and the crate arrive, checksum verified.
+fn cargo_fetches_from_a_sparse_registry_through_the_proxy(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let served = w.root.path().join("served");
+    let mut make = std::process::Command::new("python3");
+    make.arg("-c").arg(
+            "import hashlib, io, json, os, sys, tarfile\n\
+             d, port = sys.argv[1], sys.argv[2]\n\
+             os.makedirs(d + '/index/lp/ad'); os.makedirs(d + '/crates')\n\
+             buf = io.BytesIO()\n\
+             with tarfile.open(fileobj=buf, mode='w:gz') as t:\n\
+             \x20   for name, text in [('lpad-1.0.0/Cargo.toml', '[package]\\nname = \"lpad\"\\nversion = \"1.0.0\"\\nedition = \"2021\"\\n'), ('lpad-1.0.0/src/lib.rs', 'pub fn pad() {}\\n')]:\n\
+             \x20       b = text.encode(); i = tarfile.TarInfo(name); i.size = len(b); t.addfile(i, io.BytesIO(b))\n\
+             crate = buf.getvalue()\n\
+             open(d + '/crates/lpad-1.0.0.crate', 'wb').write(crate)\n\
+             entry = {'name': 'lpad', 'vers': '1.0.0', 'deps': [], 'cksum': hashlib.sha256(crate).hexdigest(), 'features': {}, 'yanked': False}\n\
+             open(d + '/index/lp/ad/lpad', 'w').write(json.dumps(entry) + '\\n')\n\
+             open(d + '/index/config.json', 'w').write(json.dumps({'dl': 'http://pkgs.test:%s/crates/{crate}-{version}.crate' % port}))\n",
+        );
+    // The server's port goes into the index: start it first, on an empty
+    // directory the files are then made in.
+    std::fs::create_dir(&served).expect("mkdir");
+    let server = StaticServer::start(&served);
+    let port = server.port;
+    let made = { make }
+        .arg(&served)
+        .arg(port.to_string())
+        .output()
+        .expect("python3");
+    assert!(made.status.success(), "{}", show(&made));
+    std::fs::create_dir_all(w.project.join("src")).expect("mkdir");
+    std::fs::create_dir_all(w.project.join(".cargo")).expect("mkdir");
+    std::fs::write(
+        w.project.join("Cargo.toml"),
+        "[package]\nname = \"app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n\
+         [dependencies]\nlpad = { version = \"1\", registry = \"loop\" }\n",
+    )
+    .expect("write");
+    std::fs::write(w.project.join("src/main.rs"), "fn main() {}\n").expect("write");
+    std::fs::write(
+        w.project.join(".cargo/config.toml"),
+        format!("[registries.loop]\nindex = \"sparse+http://pkgs.test:{port}/index/\"\n"),
+    )
+    .expect("write");
+    let (rustup, cargo) = hull_tests::host_rust();
+    let bin = cargo.join("bin");
+    let pol = w.root.path().join("net.toml");
+    std::fs::write(
+        &pol,
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\", {rustup:?}, {bin:?}]\n\
+             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
+             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\" }}\n\
+             allow_private = [\"127.0.0.1/32\"]\n\
+             [env]\npass = [\"RUSTUP_TOOLCHAIN\"]\n[env.set]\nRUSTUP_HOME = {rustup:?}\n\
+             CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n",
+            bin.display()
+        ),
+    )
+    .expect("write policy");
+    let o = w.run(
+        t,
+        &["--policy", pol.to_str().expect("utf8"), "--timeout", "120s"],
+        "cargo fetch -q && ls \"$CARGO_HOME\"/registry/cache/*/",
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(out, "lpad-1.0.0.crate\n", "{}", show(&o));
+    assert!(w.project.join("Cargo.lock").is_file(), "{}", show(&o));
+}
+
 /// The matrix: the common cases on every tier compiled in, then the cases
 /// each tier has so far (issue 20 lands tier by tier; a case is listed for a
 /// tier once that tier refuses it).
@@ -2294,6 +2449,8 @@ matrix!(
     bwrap: [
         only_allowed_names_are_reached_through_the_proxy,
         git_and_curl_fetch_through_the_proxy,
+        pip_and_npm_fetch_through_the_proxy,
+        cargo_fetches_from_a_sparse_registry_through_the_proxy,
         the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,
