@@ -8,7 +8,11 @@ self-signed certificate made for the run with openssl, curl -k).
 The proxy is `hull __net-proxy` with a policy allowing one name, fixed to
 127.0.0.1 by `hosts` and `allow_private`.
 
-Usage: benches/net_proxy.py [--rounds N] [--big-mib M] [--big-rounds R] [--hull PATH]
+With --tier bwrap the proxied side is curl run inside `hull run --tier
+bwrap` with the same policy (through the relay on the sandbox's loopback and
+the proxy's socket; curl's own timings, not hull's start-up).
+
+Usage: benches/net_proxy.py [--rounds N] [--big-mib M] [--big-rounds R] [--hull PATH] [--tier bwrap]
 """
 import argparse, http.server, os, random, socketserver, ssl, statistics, subprocess, sys, tempfile, threading
 
@@ -48,8 +52,12 @@ def serve(tls_dir=None):
     threading.Thread(target=s.serve_forever, daemon=True).start()
     return s.server_address[1]
 
+WRAP = []
+
 def curl(args, metric):
-    r = subprocess.run(["curl", "-sS", "-k", "--noproxy", "", "-o", "/dev/null", "-w", f"%{{{metric}}}"] + args,
+    wrap = WRAP if args and args[0] == "@sandbox" else []
+    args = args[1:] if wrap else args
+    r = subprocess.run(wrap + ["curl", "-sS", "-k", "-o", "/dev/null", "-w", f"%{{{metric}}}"] + args,
                        capture_output=True, text=True, env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()})
     if r.returncode != 0:
         sys.exit(f"curl failed: {' '.join(args)}: {r.stderr}")
@@ -74,6 +82,7 @@ def main():
     ap.add_argument("--big-mib", type=int, default=256)
     ap.add_argument("--big-rounds", type=int, default=5)
     ap.add_argument("--hull", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "hull"))
+    ap.add_argument("--tier", choices=["bwrap"], default=None)
     a = ap.parse_args()
     Handler.big = a.big_mib
     tmp = tempfile.mkdtemp(prefix="hull-net-bench-")
@@ -83,16 +92,22 @@ def main():
     plain, tls = serve(), serve(tmp)
     pol = os.path.join(tmp, "net.toml")
     with open(pol, "w") as f:
-        f.write('version = 1\n[net]\nmode = "allowlist"\nallow = ["origin.test"]\n'
+        f.write('version = 1\n[fs]\nread_exec = ["/usr", "/bin", "/lib", "/lib64", "/etc"]\n'
+                'read_write = ["${PROJECT}"]\n[net]\nmode = "allowlist"\nallow = ["origin.test"]\n'
                 f'ports = [{plain}, {tls}]\nhosts = {{ "origin.test" = "127.0.0.1" }}\n'
                 'allow_private = ["127.0.0.1/32"]\n')
+    if a.tier:
+        project = os.path.join(tmp, "project")
+        os.mkdir(project)
+        WRAP.extend([os.path.abspath(a.hull), "-q", "run", "--tier", a.tier, "--policy", pol,
+                     "--project", project, "--timeout", "120s", "--"])
     proxy = subprocess.Popen([os.path.abspath(a.hull), "__net-proxy", "--policy", pol],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = proxy.stdout.readline().split()
     if not line or line[0] != "listening":
         sys.exit(f"the proxy did not start: {line}")
-    px = ["-x", f"http://{line[1]}", "--resolve", f"origin.test:{tls}:127.0.0.1"]
-    print(f"hull {os.path.abspath(a.hull)}, proxy {line[1]}, origin :{plain} (http) :{tls} (https)\n")
+    px = ["@sandbox"] if a.tier else ["-x", f"http://{line[1]}", "--resolve", f"origin.test:{tls}:127.0.0.1"]
+    print(f"hull {os.path.abspath(a.hull)}, proxied: {'curl in hull run --tier ' + a.tier if a.tier else 'proxy ' + line[1]}, origin :{plain} (http) :{tls} (https)\n")
     paired("http GET, time to first byte", [f"http://127.0.0.1:{plain}/small"],
            px + [f"http://origin.test:{plain}/small"], a.rounds, "time_starttransfer", "ms", 1000)
     paired("https GET, time to first byte", ["--resolve", f"origin.test:{tls}:127.0.0.1", f"https://origin.test:{tls}/small"],
