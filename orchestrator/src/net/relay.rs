@@ -74,7 +74,11 @@ pub fn run(listen: SocketAddr, socket: PathBuf, argv: &[OsString]) -> Result<i32
 
 fn accept_loop(l: TcpListener, socket: &Path) {
     for conn in l.incoming() {
-        let Ok(conn) = conn else { continue };
+        let Ok(conn) = conn else {
+            // EMFILE and the like: wait a moment instead of spinning.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            continue;
+        };
         let socket = socket.to_path_buf();
         std::thread::spawn(move || {
             if let Err(e) = carry(conn, &socket) {
