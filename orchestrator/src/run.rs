@@ -369,10 +369,12 @@ pub fn run_process_tier(
             let runs_root = run_dir.parent().unwrap_or(run_dir);
             placeholders = crate::runtime::placeholder::hold(&wanted, runs_root)
                 .map_err(|source| RunError::Placeholders { tier, source })?;
+            let mut relay_exe: Option<PathBuf> = None;
             let relay = if policy.net.mode == crate::policy::NetMode::Allowlist {
                 let (p, relay) = start_proxy(tier, policy)?;
                 proxy = Some(p);
                 proxy_socket = Some(relay.host_path.clone());
+                relay_exe = Some(relay.exe.clone());
                 extra_env = crate::net::relay::proxy_env();
                 Some(relay)
             } else {
@@ -400,7 +402,7 @@ pub fn run_process_tier(
             if crate::tier::identity::hull_is_root() {
                 // Registered before ChildSetup's hook: the change of
                 // credentials clears PDEATHSIG, which ChildSetup sets.
-                let grants: Vec<crate::tier::identity::Grant> = plan
+                let mut grants: Vec<crate::tier::identity::Grant> = plan
                     .sources
                     .iter()
                     .map(|s| crate::tier::identity::Grant {
@@ -410,6 +412,13 @@ pub fn run_process_tier(
                         own: s.writable || s.path.starts_with(run_dir),
                     })
                     .collect();
+                // bwrap binds hull's executable for the relay as the
+                // sandbox user: its path must be searchable for it.
+                grants.extend(relay_exe.take().map(|path| crate::tier::identity::Grant {
+                    path,
+                    writable: false,
+                    own: false,
+                }));
                 let switch = crate::tier::identity::Switch::prepare("bwrap", &grants)?;
                 install_switch(&mut prepared.command, switch);
             }
@@ -608,7 +617,7 @@ fn start_proxy(
     tier: Tier,
     policy: &Policy,
 ) -> Result<(crate::net::Proxy, crate::tier::bwrap::Relay), RunError> {
-    use rustix::fs::{open, openat, Mode, OFlags};
+    use rustix::fs::{open, Mode, OFlags};
     let setup = |what: String| move |source: std::io::Error| RunError::Setup { tier, what, source };
     // A name of this run's own: runs that join one instance share its
     // directory, and each must reach its own policy's proxy.
@@ -640,13 +649,6 @@ fn start_proxy(
         rustix::fs::AtFlags::empty(),
     )
     .map_err(|e| setup(what())(e.into()))?;
-    let socket = openat(
-        &dir,
-        name.as_str(),
-        OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-    )
-    .map_err(|e| setup(what())(e.into()))?;
     let audit_path = policy.vars.spill.join(crate::net::audit::FILE);
     let audit = crate::net::Audit::to_file(&audit_path)
         .map_err(setup(format!("the network audit {}", audit_path.display())))?;
@@ -658,20 +660,10 @@ fn start_proxy(
         },
     )
     .map_err(setup("starting the proxy".into()))?;
-    let exe = open(
-        "/proc/self/exe",
-        OFlags::PATH | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| setup("opening hull's executable for the relay".into())(e.into()))?;
-    Ok((
-        proxy,
-        crate::tier::bwrap::Relay {
-            exe,
-            socket,
-            host_path,
-        },
-    ))
+    let exe = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .map_err(setup("finding hull's executable for the relay".into()))?;
+    Ok((proxy, crate::tier::bwrap::Relay { exe, host_path }))
 }
 
 /// Runs the switch to the sandbox user in the child before exec; the

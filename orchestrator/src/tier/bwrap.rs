@@ -148,14 +148,15 @@ fn verdict(text: &str, exit: &crate::exec::ExitStatus) -> Result<(), BwrapError>
 /// "allowlist"`): hull's executable, bound read-only into the sandbox at
 /// [`RELAY_PATH`], started as `__net-relay`, and the proxy's socket bound
 /// at [`PROXY_SOCKET`] (read-write: a connect needs it; a mount point
-/// cannot be removed or replaced from inside).
+/// cannot be removed or replaced from inside). Both are bound by path:
+/// bwrap resolves a source as the sandbox user when hull is root, which a
+/// descriptor's path under a 0700 directory defeats, so hull's executable
+/// is also one of the sandbox-user switch's grants.
 #[derive(Debug)]
 pub struct Relay {
-    /// `/proc/self/exe`, opened O_PATH.
-    pub exe: OwnedFd,
-    /// The proxy's unix socket, opened O_PATH.
-    pub socket: OwnedFd,
-    /// Where that socket is on the host (removed after the run).
+    /// hull's executable.
+    pub exe: std::path::PathBuf,
+    /// Where the proxy's socket is on the host (removed after the run).
     pub host_path: std::path::PathBuf,
 }
 
@@ -187,23 +188,17 @@ pub fn command(
         .unwrap_or(plan.args.len());
     cmd.args(&plan.args[..remount]);
     if let Some(r) = &relay {
-        cmd.arg("--ro-bind-fd")
-            .arg(r.exe.as_raw_fd().to_string())
-            .arg(RELAY_PATH);
-        cmd.arg("--bind-fd")
-            .arg(r.socket.as_raw_fd().to_string())
-            .arg(PROXY_SOCKET);
+        cmd.arg("--ro-bind").arg(&r.exe).arg(RELAY_PATH);
+        cmd.arg("--bind").arg(&r.host_path).arg(PROXY_SOCKET);
     }
     cmd.args(&plan.args[remount..]);
     cmd.arg("--seccomp").arg(fd.as_raw_fd().to_string());
     cmd.arg("--json-status-fd")
         .arg(status_w.as_raw_fd().to_string());
-    let mut keep = vec![fd, status_w];
-    if let Some(r) = relay {
+    let keep = vec![fd, status_w];
+    if relay.is_some() {
         cmd.arg("--");
         cmd.args([RELAY_PATH, "__net-relay", "--socket", PROXY_SOCKET, "--"]);
-        keep.push(r.exe);
-        keep.push(r.socket);
     } else {
         cmd.arg("--");
     }
