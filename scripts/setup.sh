@@ -69,6 +69,7 @@ if [ "$want_test" -eq 1 ]; then
   command -v curl >/dev/null || need_pkgs+=(curl)
   python3 -m pip --version >/dev/null 2>&1 || need_pkgs+=(python3-pip)
   command -v npm >/dev/null || need_pkgs+=(npm)
+  command -v openssl >/dev/null || need_pkgs+=(openssl)
 fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)

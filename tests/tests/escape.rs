@@ -2387,6 +2387,118 @@ fn cargo_fetches_from_a_sparse_registry_through_the_proxy(t: &str) {
     assert!(w.project.join("Cargo.lock").is_file(), "{}", show(&o));
 }
 
+/// HTTPS through `CONNECT`: curl verifies a loopback TLS server's
+/// certificate for the allowed name through the proxy (the tunnel carries
+/// the handshake untouched); a ClientHello naming another host inside a
+/// `CONNECT` to the allowed one gets no tunnel.
+fn https_goes_through_connect_with_its_own_name(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let tls = w.root.path().join("tls");
+    std::fs::create_dir(&tls).expect("mkdir");
+    std::fs::write(tls.join("hello.txt"), "hello over tls\n").expect("write");
+    let cert = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=pkgs.test",
+        ])
+        .args([
+            "-addext",
+            "subjectAltName=DNS:pkgs.test",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "cert.pem",
+        ])
+        .current_dir(&tls)
+        .output()
+        .expect("openssl (scripts/setup.sh --test installs it)");
+    assert!(cert.status.success(), "{}", show(&cert));
+    std::fs::copy(tls.join("cert.pem"), w.project.join("cert.pem")).expect("copy");
+    let mut server = std::process::Command::new("python3")
+        .arg("-uc")
+        .arg(
+            "import http.server, ssl, functools\n\
+             h = functools.partial(http.server.SimpleHTTPRequestHandler, directory='.')\n\
+             s = http.server.HTTPServer(('127.0.0.1', 0), h)\n\
+             c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain('cert.pem', 'key.pem')\n\
+             s.socket = c.wrap_socket(s.socket, server_side=True)\n\
+             print(s.server_address[1], flush=True)\n\
+             s.serve_forever()\n",
+        )
+        .current_dir(&tls)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3");
+    let port: u16 = {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(server.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("port");
+        line.trim().parse().expect("a port")
+    };
+    let pol = w.root.path().join("net.toml");
+    std::fs::write(
+        &pol,
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
+             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
+             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\" }}\n\
+             allow_private = [\"127.0.0.1/32\"]\n"
+        ),
+    )
+    .expect("write policy");
+    std::fs::write(
+        w.project.join("sni.py"),
+        format!(
+            "import socket, ssl\n\
+             s = socket.create_connection(('127.0.0.1', 3128))\n\
+             s.sendall(b'CONNECT pkgs.test:{port} HTTP/1.1\\r\\nHost: pkgs.test:{port}\\r\\n\\r\\n')\n\
+             print(s.recv(100).split(b'\\r\\n')[0].decode(), flush=True)\n\
+             c = ssl.create_default_context(); c.check_hostname = False; c.verify_mode = ssl.CERT_NONE\n\
+             try:\n\
+             \x20   c.wrap_socket(s, server_hostname='other.test'); print('tunnel to other.test')\n\
+             except (OSError, ssl.SSLError):\n\
+             \x20   print('no tunnel for other.test')\n"
+        ),
+    )
+    .expect("write sni.py");
+    let o = w.run(
+        t,
+        &["--policy", pol.to_str().expect("utf8")],
+        &format!("curl -sS --cacert cert.pem https://pkgs.test:{port}/hello.txt && python3 sni.py"),
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "hello over tls\nHTTP/1.1 200 OK\nno tunnel for other.test\n",
+        "{}",
+        show(&o)
+    );
+    let audits: Vec<String> = std::fs::read_dir(&w.runs)
+        .expect("runs")
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("spill/net-audit.jsonl")).ok())
+        .collect();
+    assert!(
+        audits
+            .iter()
+            .any(|a| a.contains("names \\\"other.test\\\", not the CONNECT host")),
+        "{audits:?}"
+    );
+}
+
 /// The matrix: the common cases on every tier compiled in, then the cases
 /// each tier has so far (issue 20 lands tier by tier; a case is listed for a
 /// tier once that tier refuses it).
@@ -2451,6 +2563,7 @@ matrix!(
         git_and_curl_fetch_through_the_proxy,
         pip_and_npm_fetch_through_the_proxy,
         cargo_fetches_from_a_sparse_registry_through_the_proxy,
+        https_goes_through_connect_with_its_own_name,
         the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,
