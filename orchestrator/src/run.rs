@@ -582,16 +582,13 @@ pub fn run_process_tier(
     let status = crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive)?;
     tracing::debug!(?status, "command ended");
     if let Some(p) = proxy.take() {
-        let refused = p.audit().refused();
+        let refused = p.audit().refused_lines();
         drop(p);
         if let Some(socket) = &proxy_socket {
             let _ = std::fs::remove_file(socket);
         }
-        for (host, n) in refused {
-            eprintln!(
-                "hull: tier {tier}: network: refused {host} ({n} time{})",
-                if n == 1 { "" } else { "s" }
-            );
+        for line in refused {
+            eprintln!("hull: tier {tier}: {line}");
         }
     }
     drop(broker);

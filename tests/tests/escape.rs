@@ -1973,6 +1973,35 @@ fn an_allowlist_is_refused_until_the_proxy_exists(t: &str) {
     assert!(marker.exists(), "the control run did not run the command");
 }
 
+/// A policy file for the network cases: the system read+exec (and the
+/// quoted paths in `more_read_exec`, each after ", "), the project
+/// writable, `pkgs.test` allowed on `port`, `pkgs.test` and `other.test`
+/// fixed to 127.0.0.1 (reachable through `allow_private`), then `tail`.
+/// Returns its path.
+fn allowlist_policy(w: &World, port: u16, more_read_exec: &str, tail: &str) -> String {
+    let pol = w.root.path().join("net.toml");
+    std::fs::write(
+        &pol,
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"{more_read_exec}]\n\
+             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
+             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+             allow_private = [\"127.0.0.1/32\"]\n{tail}"
+        ),
+    )
+    .expect("write policy");
+    pol.to_string_lossy().into_owned()
+}
+
+/// The network audits in the spills of `w`'s instances.
+fn net_audits(w: &World) -> Vec<String> {
+    std::fs::read_dir(&w.runs)
+        .expect("runs")
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("spill/net-audit.jsonl")).ok())
+        .collect()
+}
+
 /// A loopback HTTP server standing in for a registry: answers every
 /// request with `hello` and reports each request's first line.
 fn origin() -> (u16, std::sync::mpsc::Receiver<String>) {
@@ -2007,18 +2036,7 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
     require_tier(t);
     let w = World::new();
     let (port, seen) = origin();
-    let pol = w.root.path().join("net.toml");
-    std::fs::write(
-        &pol,
-        format!(
-            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
-             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
-             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
-             allow_private = [\"127.0.0.1/32\"]\n"
-        ),
-    )
-    .expect("write policy");
-    let pol = pol.to_string_lossy().into_owned();
+    let pol = allowlist_policy(&w, port, "", "");
     std::fs::write(
         w.project.join("net.py"),
         format!(
@@ -2080,11 +2098,7 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
         "{}",
         show(&o)
     );
-    let audits: Vec<String> = std::fs::read_dir(&w.runs)
-        .expect("runs")
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("spill/net-audit.jsonl")).ok())
-        .collect();
+    let audits = net_audits(&w);
     assert_eq!(audits.len(), 1, "{audits:?}");
     let lines: Vec<&str> = audits[0].lines().collect();
     assert_eq!(lines.len(), 2, "{lines:?}");
@@ -2199,20 +2213,10 @@ fn git_and_curl_fetch_through_the_proxy(t: &str) {
     git(&["update-server-info"], &served.join("repo.git"));
     let server = StaticServer::start(&served);
     let port = server.port;
-    let pol = w.root.path().join("net.toml");
-    std::fs::write(
-        &pol,
-        format!(
-            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
-             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
-             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
-             allow_private = [\"127.0.0.1/32\"]\n"
-        ),
-    )
-    .expect("write policy");
+    let pol = allowlist_policy(&w, port, "", "");
     let o = w.run(
         t,
-        &["--policy", pol.to_str().expect("utf8")],
+        &["--policy", &pol],
         &format!(
             "git clone -q http://pkgs.test:{port}/repo.git cloned && cat cloned/README && \
              curl -sS http://pkgs.test:{port}/repo.git/HEAD && \
@@ -2263,17 +2267,7 @@ fn pip_and_npm_fetch_through_the_proxy(t: &str) {
     assert!(make.status.success(), "{}", show(&make));
     let server = StaticServer::start(&served);
     let port = server.port;
-    let pol = w.root.path().join("net.toml");
-    std::fs::write(
-        &pol,
-        format!(
-            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
-             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
-             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
-             allow_private = [\"127.0.0.1/32\"]\n"
-        ),
-    )
-    .expect("write policy");
+    let pol = allowlist_policy(&w, port, "", "");
     let pip = |host: &str, dir: &str| {
         format!(
             "python3 -m pip download --no-deps --no-cache-dir --disable-pip-version-check -q \
@@ -2282,7 +2276,7 @@ fn pip_and_npm_fetch_through_the_proxy(t: &str) {
     };
     let o = w.run(
         t,
-        &["--policy", pol.to_str().expect("utf8")],
+        &["--policy", &pol],
         &format!(
             "{} && ls dl && npm install --no-audit --no-fund --no-save --no-update-notifier \
              --cache \"$TMPDIR/npm\" --prefix np http://pkgs.test:{port}/files/left-pad-1.0.0.tgz \
@@ -2362,23 +2356,19 @@ fn cargo_fetches_from_a_sparse_registry_through_the_proxy(t: &str) {
     .expect("write");
     let (rustup, cargo) = hull_tests::host_rust();
     let bin = cargo.join("bin");
-    let pol = w.root.path().join("net.toml");
-    std::fs::write(
-        &pol,
-        format!(
-            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\", {rustup:?}, {bin:?}]\n\
-             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
-             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\" }}\n\
-             allow_private = [\"127.0.0.1/32\"]\n\
-             [env]\npass = [\"RUSTUP_TOOLCHAIN\"]\n[env.set]\nRUSTUP_HOME = {rustup:?}\n\
+    let pol = allowlist_policy(
+        &w,
+        port,
+        &format!(", {rustup:?}, {bin:?}"),
+        &format!(
+            "[env]\npass = [\"RUSTUP_TOOLCHAIN\"]\n[env.set]\nRUSTUP_HOME = {rustup:?}\n\
              CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n",
             bin.display()
         ),
-    )
-    .expect("write policy");
+    );
     let o = w.run(
         t,
-        &["--policy", pol.to_str().expect("utf8"), "--timeout", "120s"],
+        &["--policy", &pol, "--timeout", "120s"],
         "cargo fetch -q && ls \"$CARGO_HOME\"/registry/cache/*/",
     );
     let out = String::from_utf8_lossy(&o.stdout);
@@ -2446,17 +2436,7 @@ fn https_goes_through_connect_with_its_own_name(t: &str) {
             .expect("port");
         line.trim().parse().expect("a port")
     };
-    let pol = w.root.path().join("net.toml");
-    std::fs::write(
-        &pol,
-        format!(
-            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
-             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
-             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\" }}\n\
-             allow_private = [\"127.0.0.1/32\"]\n"
-        ),
-    )
-    .expect("write policy");
+    let pol = allowlist_policy(&w, port, "", "");
     std::fs::write(
         w.project.join("sni.py"),
         format!(
@@ -2474,7 +2454,7 @@ fn https_goes_through_connect_with_its_own_name(t: &str) {
     .expect("write sni.py");
     let o = w.run(
         t,
-        &["--policy", pol.to_str().expect("utf8")],
+        &["--policy", &pol],
         &format!("curl -sS --cacert cert.pem https://pkgs.test:{port}/hello.txt && python3 sni.py"),
     );
     let _ = server.kill();
@@ -2486,11 +2466,7 @@ fn https_goes_through_connect_with_its_own_name(t: &str) {
         "{}",
         show(&o)
     );
-    let audits: Vec<String> = std::fs::read_dir(&w.runs)
-        .expect("runs")
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("spill/net-audit.jsonl")).ok())
-        .collect();
+    let audits = net_audits(&w);
     assert!(
         audits
             .iter()

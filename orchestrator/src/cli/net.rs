@@ -65,13 +65,10 @@ pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
         }
     });
     let _ = ended.recv();
-    let refused = proxy.audit().refused();
+    let refused = proxy.audit().refused_lines();
     drop(proxy);
-    for (host, n) in refused {
-        eprintln!(
-            "hull: network: refused {host} ({n} time{})",
-            if n == 1 { "" } else { "s" }
-        );
+    for line in refused {
+        eprintln!("hull: {line}");
     }
     Ok(0)
 }

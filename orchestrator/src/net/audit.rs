@@ -113,6 +113,20 @@ impl Audit {
         }
     }
 
+    /// One line per refused `host:port`, by name: `network: refused
+    /// HOST:PORT (N times)`, for the caller to prefix and print.
+    pub fn refused_lines(&self) -> Vec<String> {
+        self.refused()
+            .into_iter()
+            .map(|(host, n)| {
+                format!(
+                    "network: refused {host} ({n} time{})",
+                    if n == 1 { "" } else { "s" }
+                )
+            })
+            .collect()
+    }
+
     /// Refused `host:port`s with their counts, by name.
     pub fn refused(&self) -> Vec<(String, u64)> {
         self.refused
