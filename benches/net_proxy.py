@@ -8,11 +8,11 @@ self-signed certificate made for the run with openssl, curl -k).
 The proxy is `hull __net-proxy` with a policy allowing one name, fixed to
 127.0.0.1 by `hosts` and `allow_private`.
 
-With --tier bwrap the proxied side is curl run inside `hull run --tier
-bwrap` with the same policy (through the relay on the sandbox's loopback and
-the proxy's socket; curl's own timings, not hull's start-up).
+With --tier bwrap (or landlock) the proxied side is curl run inside `hull
+run --tier bwrap` with the same policy (to the proxy's listener in the
+command's network namespace; curl's own timings, not hull's start-up).
 
-Usage: benches/net_proxy.py [--rounds N] [--big-mib M] [--big-rounds R] [--hull PATH] [--tier bwrap]
+Usage: benches/net_proxy.py [--rounds N] [--big-mib M] [--big-rounds R] [--hull PATH] [--tier bwrap|landlock]
 """
 import argparse, http.server, os, random, socketserver, ssl, statistics, subprocess, sys, tempfile, threading
 
@@ -82,7 +82,7 @@ def main():
     ap.add_argument("--big-mib", type=int, default=256)
     ap.add_argument("--big-rounds", type=int, default=5)
     ap.add_argument("--hull", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "hull"))
-    ap.add_argument("--tier", choices=["bwrap"], default=None)
+    ap.add_argument("--tier", choices=["bwrap", "landlock"], default=None)
     a = ap.parse_args()
     Handler.big = a.big_mib
     tmp = tempfile.mkdtemp(prefix="hull-net-bench-")

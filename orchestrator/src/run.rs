@@ -342,7 +342,6 @@ pub fn run_process_tier(
     // command and its tree are gone; and what the command's environment
     // gains for it.
     let mut proxy: Option<crate::net::Proxy> = None;
-    let mut proxy_socket: Option<PathBuf> = None;
     let mut extra_env: Vec<(String, String)> = Vec::new();
     let mut cmd = match tier {
         Tier::None => {
@@ -369,18 +368,23 @@ pub fn run_process_tier(
             let runs_root = run_dir.parent().unwrap_or(run_dir);
             placeholders = crate::runtime::placeholder::hold(&wanted, runs_root)
                 .map_err(|source| RunError::Placeholders { tier, source })?;
-            let mut relay_exe: Option<PathBuf> = None;
-            let relay = if policy.net.mode == crate::policy::NetMode::Allowlist {
-                let (p, relay) = start_proxy(tier, policy)?;
+            // The allow list: the network namespace bwrap keeps is one hull
+            // makes for the command, where the proxy's listener is the only
+            // thing listening.
+            let net_handoff = if policy.net.mode == crate::policy::NetMode::Allowlist {
+                let (handoff, p) = start_netns_proxy(tier, policy)?;
                 proxy = Some(p);
-                proxy_socket = Some(relay.host_path.clone());
-                relay_exe = Some(relay.exe.clone());
-                extra_env = crate::net::relay::proxy_env();
-                Some(relay)
+                extra_env = crate::net::proxy_env();
+                Some(handoff)
             } else {
                 None
             };
-            let mut prepared = crate::tier::bwrap::command(&plan, &spec.argv, relay)?;
+            let mut prepared =
+                crate::tier::bwrap::command(&plan, &spec.argv, net_handoff.is_some())?;
+            if let Some(h) = net_handoff {
+                // First: as root it needs CAP_SYS_ADMIN, before the switch.
+                h.install(&mut prepared.command);
+            }
             // Every connect goes to the broker: a read-only bind does not
             // stop one to a host service's socket under it.
             let filter = crate::tier::seccomp::build_connect_broker()
@@ -402,7 +406,7 @@ pub fn run_process_tier(
             if crate::tier::identity::hull_is_root() {
                 // Registered before ChildSetup's hook: the change of
                 // credentials clears PDEATHSIG, which ChildSetup sets.
-                let mut grants: Vec<crate::tier::identity::Grant> = plan
+                let grants: Vec<crate::tier::identity::Grant> = plan
                     .sources
                     .iter()
                     .map(|s| crate::tier::identity::Grant {
@@ -412,13 +416,6 @@ pub fn run_process_tier(
                         own: s.writable || s.path.starts_with(run_dir),
                     })
                     .collect();
-                // bwrap binds hull's executable for the relay as the
-                // sandbox user: its path must be searchable for it.
-                grants.extend(relay_exe.take().map(|path| crate::tier::identity::Grant {
-                    path,
-                    writable: false,
-                    own: false,
-                }));
                 let switch = crate::tier::identity::Switch::prepare("bwrap", &grants)?;
                 install_switch(&mut prepared.command, switch);
             }
@@ -473,18 +470,12 @@ pub fn run_process_tier(
             // xattrs, allowed inside the writable roots only.
             let metadata_broker = !crate::tier::identity::hull_is_root();
             let broker_fd = {
-                use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
-                let (ours, theirs) = socketpair(
-                    AddressFamily::UNIX,
-                    SocketType::SEQPACKET,
-                    SocketFlags::CLOEXEC,
-                    None,
-                )
-                .map_err(|e| RunError::Setup {
-                    tier,
-                    what: "the broker's socket".into(),
-                    source: e.into(),
-                })?;
+                let (ours, theirs) =
+                    crate::exec::fds::descriptor_pair().map_err(|source| RunError::Setup {
+                        tier,
+                        what: "the broker's socket".into(),
+                        source,
+                    })?;
                 let handler = crate::tier::broker::Handler::Landlock {
                     watch: crate::tier::broker::Scope::visible(policy),
                     metadata: metadata_broker.then(|| crate::tier::broker::Scope::of(policy)),
@@ -503,6 +494,18 @@ pub fn run_process_tier(
                 keep_alive.push(theirs);
                 raw
             };
+            // The allow list: a network namespace of the command's own,
+            // where the proxy's listener is the only thing listening.
+            let mut net_handoff = None;
+            let proxy_port = if policy.net.mode == crate::policy::NetMode::Allowlist {
+                let (handoff, p) = start_netns_proxy(tier, policy)?;
+                proxy = Some(p);
+                extra_env = crate::net::proxy_env();
+                net_handoff = Some(handoff);
+                Some(crate::net::netns::PORT)
+            } else {
+                None
+            };
             let prepared = crate::tier::landlock::command(
                 &plan,
                 &policy.limits,
@@ -510,6 +513,7 @@ pub fn run_process_tier(
                 Some(broker_fd),
                 metadata_broker,
                 spare_sets,
+                proxy_port,
             )?;
             setup
                 .keep_fds
@@ -536,6 +540,10 @@ pub fn run_process_tier(
                     source,
                 })?;
             c.args(&prepared.argv[1..]);
+            if let Some(h) = net_handoff {
+                // First: as root it needs CAP_SYS_ADMIN, before the switch.
+                h.install(&mut c);
+            }
             containment = crate::exec::process::Containment::Cgroup(cgroup);
             c.current_dir(&spec.cwd);
             if crate::tier::identity::hull_is_root() {
@@ -584,9 +592,6 @@ pub fn run_process_tier(
     if let Some(p) = proxy.take() {
         let refused = p.audit().refused_lines();
         drop(p);
-        if let Some(socket) = &proxy_socket {
-            let _ = std::fs::remove_file(socket);
-        }
         for line in refused {
             eprintln!("hull: tier {tier}: {line}");
         }
@@ -604,63 +609,43 @@ pub fn run_process_tier(
     Ok(status)
 }
 
-/// Starts the policy's proxy on a unix socket in the instance's tmp (where
-/// bwrap, as the sandbox user when hull is root, can reach it), auditing
-/// into the spill, and returns the relay for bwrap, which binds the socket
-/// at a short fixed path: the command may remove or replace the name in
-/// its tmp, never the bound socket.
+/// Starts the policy's proxy for a command in a network namespace of its
+/// own: the handoff makes the namespace and the listener in the child
+/// (install it before the sandbox-user switch), the proxy accepts on it.
+#[cfg(target_os = "linux")]
+fn start_netns_proxy(
+    tier: Tier,
+    policy: &Policy,
+) -> Result<(crate::net::netns::Handoff, crate::net::Proxy), RunError> {
+    let (handoff, arrival) = crate::net::netns::prepare(!crate::tier::identity::hull_is_root())
+        .map_err(|source| RunError::Setup {
+            tier,
+            what: "the socket for the proxy's listener".into(),
+            source,
+        })?;
+    let proxy = start_proxy(tier, policy, crate::net::Listener::Handed(arrival))?;
+    Ok((handoff, proxy))
+}
+
+/// Starts the policy's proxy on `listener`, auditing into the spill.
 #[cfg(target_os = "linux")]
 fn start_proxy(
     tier: Tier,
     policy: &Policy,
-) -> Result<(crate::net::Proxy, crate::tier::bwrap::Relay), RunError> {
-    use rustix::fs::{open, Mode, OFlags};
+    listener: crate::net::Listener,
+) -> Result<crate::net::Proxy, RunError> {
     let setup = |what: String| move |source: std::io::Error| RunError::Setup { tier, what, source };
-    // A name of this run's own: runs that join one instance share its
-    // directory, and each must reach its own policy's proxy.
-    let name = format!(
-        ".hull-proxy-{}.sock",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    );
-    let tmp = &policy.vars.tmp;
-    let host_path = tmp.join(&name);
-    let what = || format!("the proxy's socket {}", host_path.display());
-    let dir = open(
-        tmp,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| setup(what())(e.into()))?;
-    // Bound through the directory's descriptor: the tmp's own path may
-    // be longer than a socket address takes (108 bytes).
-    let short = format!(
-        "/proc/self/fd/{}/{name}",
-        std::os::fd::AsRawFd::as_raw_fd(&dir)
-    );
-    let listener = std::os::unix::net::UnixListener::bind(&short).map_err(setup(what()))?;
-    // The sandbox user connects to it when hull is root.
-    rustix::fs::chmodat(
-        &dir,
-        name.as_str(),
-        Mode::from_raw_mode(0o666),
-        rustix::fs::AtFlags::empty(),
-    )
-    .map_err(|e| setup(what())(e.into()))?;
     let audit_path = policy.vars.spill.join(crate::net::audit::FILE);
     let audit = crate::net::Audit::to_file(&audit_path)
         .map_err(setup(format!("the network audit {}", audit_path.display())))?;
-    let proxy = crate::net::Proxy::start(
-        crate::net::Listener::Unix(listener),
+    crate::net::Proxy::start(
+        listener,
         crate::net::Shared {
             policy: policy.net.clone(),
             audit,
         },
     )
-    .map_err(setup("starting the proxy".into()))?;
-    let exe = std::env::current_exe()
-        .and_then(|p| p.canonicalize())
-        .map_err(setup("finding hull's executable for the relay".into()))?;
-    Ok((proxy, crate::tier::bwrap::Relay { exe, host_path }))
+    .map_err(setup("starting the proxy".into()))
 }
 
 /// Runs the switch to the sandbox user in the child before exec; the

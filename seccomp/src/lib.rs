@@ -32,10 +32,15 @@ pub enum Profile {
     /// allowlist (unix, inet and inet6 for the sandbox's own loopback,
     /// netlink route).
     Bwrap,
-    /// landlock: no namespaces, so IP sockets are refused here; unix sockets
-    /// only when Landlock itself mediates connecting to them.
+    /// landlock: IP sockets are refused here unless the command has a
+    /// network namespace of its own (`inet`: the policy's allow list, where
+    /// only hull's proxy listens, on its loopback); unix sockets only when
+    /// Landlock itself mediates connecting to them.
     Landlock {
         allow_unix_sockets: bool,
+        /// inet and inet6 sockets, and netlink route, allowed: the command
+        /// is in a network namespace of its own.
+        inet: bool,
         /// The metadata calls go to hull's broker ([`build_broker`]); the
         /// calls it cannot decode are refused here.
         broker: bool,
@@ -336,14 +341,20 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
         }
     }
     if let Profile::Landlock {
-        allow_unix_sockets, ..
+        allow_unix_sockets,
+        inet,
+        ..
     } = profile
     {
-        let mut socket_rules = vec![rule(vec![cond(
-            0,
-            SeccompCmpOp::Ne,
-            libc::AF_UNIX as u64,
-        )?])?];
+        let mut socket_rules = if inet {
+            socket_family_rules(BWRAP_SOCKET_FAMILIES)?
+        } else {
+            vec![rule(vec![cond(
+                0,
+                SeccompCmpOp::Ne,
+                libc::AF_UNIX as u64,
+            )?])?]
+        };
         if !allow_unix_sockets {
             socket_rules.push(rule(vec![cond(
                 0,
@@ -681,10 +692,12 @@ mod tests {
             Profile::Bwrap,
             Profile::Landlock {
                 allow_unix_sockets: true,
+                inet: false,
                 broker: true,
             },
             Profile::Landlock {
                 allow_unix_sockets: false,
+                inet: true,
                 broker: false,
             },
         ] {
@@ -805,6 +818,7 @@ mod tests {
         let raw = Raw::new(
             &build(Profile::Landlock {
                 allow_unix_sockets: false,
+                inet: false,
                 broker: false,
             })
             .unwrap(),
@@ -860,6 +874,66 @@ mod tests {
         }
     }
 
+    /// IP sockets on landlock for real: refused without a network namespace
+    /// of the command's own, allowed with one (`inet`), where families
+    /// outside unix, inet, inet6 and netlink route stay refused.
+    #[test]
+    fn landlock_ip_sockets_follow_the_network_namespace() {
+        for inet in [false, true] {
+            let raw = Raw::new(
+                &build(Profile::Landlock {
+                    allow_unix_sockets: true,
+                    inet,
+                    broker: false,
+                })
+                .unwrap(),
+            );
+            std::thread::spawn(move || {
+                // SAFETY: prctl with integer arguments.
+                let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+                assert_eq!(r, 0);
+                assert!(raw.apply_in_child(), "{}", std::io::Error::last_os_error());
+                let open = |family, ty, proto| {
+                    // SAFETY: socket with integer arguments; closed at once.
+                    let r = unsafe { libc::socket(family, ty, proto) };
+                    let e = std::io::Error::last_os_error().raw_os_error();
+                    if r >= 0 {
+                        // SAFETY: the descriptor just made.
+                        unsafe { libc::close(r) };
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                };
+                for (family, ty) in [
+                    (libc::AF_INET, libc::SOCK_STREAM),
+                    (libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC),
+                    (libc::AF_INET, libc::SOCK_DGRAM),
+                ] {
+                    let got = open(family, ty, 0);
+                    if inet {
+                        assert_eq!(got, Ok(()), "inet {family} {ty}");
+                    } else {
+                        assert_eq!(got, Err(Some(libc::EPERM)), "no inet {family} {ty}");
+                    }
+                }
+                assert_eq!(open(libc::AF_UNIX, libc::SOCK_STREAM, 0), Ok(()));
+                assert_eq!(
+                    open(libc::AF_PACKET, libc::SOCK_DGRAM, 0),
+                    Err(Some(libc::EPERM)),
+                    "packet, inet {inet}"
+                );
+                assert_eq!(
+                    open(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_AUDIT),
+                    Err(Some(libc::EPERM)),
+                    "netlink audit, inet {inet}"
+                );
+            })
+            .join()
+            .unwrap();
+        }
+    }
+
     /// Unix datagram sockets for real: refused by socket(2) and
     /// socketpair(2) on bwrap, by socketpair(2) on landlock (which refuses
     /// every unix socket(2) there); stream and seqpacket pairs still work.
@@ -869,6 +943,7 @@ mod tests {
             Profile::Bwrap,
             Profile::Landlock {
                 allow_unix_sockets: false,
+                inet: false,
                 broker: false,
             },
         ] {

@@ -5,7 +5,7 @@
 //! an allowed write succeeds AND lands).
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -758,24 +758,10 @@ fn a_spare_written_by_one_run_reaches_no_later_run() {
 fn landlock_as_a_user_changes_no_metadata_outside() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     require_tier("landlock");
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "this test runs hull as the user nobody and needs root to do so"
-    );
-    // A world the user owns, and a copy of hull the user can execute (the
-    // checkout may be in a 0700 directory).
-    let top = tempfile::Builder::new()
-        .prefix("hull-user-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let hull = top.path().join("hull");
-    std::fs::copy(hull_tests::hull_bin(), &hull).expect("copy hull");
-    let u = top.path().join("u");
-    let (project, outside, ro) = (u.join("project"), u.join("outside"), u.join("ro"));
-    for d in [&project.join("sub"), &outside, &ro, &u.join("runs")] {
+    let w = AsNobody::new();
+    let (u, project) = (&w.u, &w.project);
+    let (outside, ro) = (u.join("outside"), u.join("ro"));
+    for d in [&project.join("sub"), &outside, &ro] {
         std::fs::create_dir_all(d).expect("mkdir");
     }
     let key = outside.join("key");
@@ -791,15 +777,10 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
         set(&granted, 0o600);
         set(&inside, 0o600);
         let _ = std::fs::remove_file(project.join("sub/lnk"));
-        std::process::Command::new("chown")
-            .args(["-R", "nobody:nogroup"])
-            .arg(&u)
-            .status()
-            .expect("chown");
-        std::fs::set_permissions(&u, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        w.give_to_nobody();
         std::fs::metadata(&key).expect("key").mtime()
     };
-    let pol = top.path().join("p.toml");
+    let pol = w.top.path().join("p.toml");
     std::fs::write(
         &pol,
         hull_policy_default().replace("read = [", &format!("read = [\"{}\", ", ro.display())),
@@ -816,46 +797,7 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
         k = key.display(),
         g = granted.display()
     );
-    // A cgroup delegated to the user, as systemd gives one: the landlock
-    // tier puts the run's tree in a cgroup below the caller's own.
-    let cg = cgroup2_mount().join(format!("hull-test-user-{}", std::process::id()));
-    std::fs::create_dir(&cg).expect("mkdir the delegated cgroup");
-    for f in [
-        "",
-        "cgroup.procs",
-        "cgroup.subtree_control",
-        "cgroup.threads",
-    ] {
-        std::process::Command::new("chown")
-            .args(["nobody:nogroup"])
-            .arg(cg.join(f))
-            .status()
-            .expect("chown");
-    }
-    let enter = format!("echo $$ > '{}/cgroup.procs' && exec \"$@\"", cg.display());
-    let run_script = |tier: &str, script: &str| {
-        std::process::Command::new("sh")
-            .args(["-c", &enter, "sh", "setpriv"])
-            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-            .arg(&hull)
-            .args([
-                "run",
-                "--tier",
-                tier,
-                "--timeout",
-                hull_tests::RUN_TIMEOUT,
-                "--policy",
-            ])
-            .arg(&pol)
-            .args(["--", "sh", "-c", script])
-            .current_dir(&project)
-            .env("HOME", &u)
-            .env("HULL_RUNS_DIR", u.join("runs"))
-            .env_remove("HULL_INSTANCE")
-            .stdin(Stdio::null())
-            .output()
-            .expect("setpriv hull")
-    };
+    let run_script = |tier: &str, script: &str| w.run(tier, &pol, script);
     let run = |tier: &str| run_script(tier, &script);
     let mode = |p: &std::path::Path| std::fs::metadata(p).expect("stat").mode() & 0o7777;
     let mtime = reset();
@@ -894,7 +836,7 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "x\n");
-    let nobody = std::fs::metadata(&u).expect("stat").uid();
+    let nobody = std::fs::metadata(u).expect("stat").uid();
     for f in ["t2.txt", "made", "made/f", "lnk"] {
         let m = std::fs::symlink_metadata(project.join(f)).expect(f);
         assert_eq!(m.uid(), nobody, "{f}");
@@ -902,7 +844,175 @@ fn landlock_as_a_user_changes_no_metadata_outside() {
     assert_eq!(mode(&project.join("t2.txt")), 0o600);
     assert!(!project.join("top.txt").exists());
     assert!(std::fs::symlink_metadata(project.join(".hull")).is_err());
-    std::fs::remove_dir(&cg).expect("rmdir the delegated cgroup");
+}
+
+/// The allow list when hull is not root, on landlock and bwrap: the
+/// command's network namespace is made inside a user namespace of its own;
+/// an allowed name is reached through the proxy, a name not allowed gets
+/// the proxy's 403, a direct connection fails and the server sees only the
+/// allowed request. The control under tier none, as the same user, shows
+/// the direct connection lands.
+#[cfg(all(feature = "landlock", feature = "bwrap"))]
+#[test]
+#[ignore = "needs root: runs hull as the user nobody"]
+fn the_allow_list_as_a_user() {
+    use std::os::unix::fs::PermissionsExt;
+    require_tier("landlock");
+    require_tier("bwrap");
+    let w = AsNobody::new();
+    let (port, seen) = origin();
+    let pol = w.top.path().join("net.toml");
+    std::fs::write(&pol, allowlist_policy_text(port, "", "")).expect("policy");
+    std::fs::set_permissions(&pol, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let script = format!(
+        "curl -sS http://pkgs.test:{port}/a; \
+         curl -s -o /dev/null -w ' %{{http_code}} ' http://other.test:{port}/b; \
+         curl -sS --noproxy '*' http://127.0.0.1:{port}/c 2>/dev/null || echo direct-refused"
+    );
+    let drain = || {
+        std::thread::sleep(Duration::from_millis(200));
+        seen.try_iter().collect::<Vec<_>>()
+    };
+    let control = w.run("none", &pol, &script);
+    assert!(
+        String::from_utf8_lossy(&control.stdout).ends_with("hello"),
+        "control: {}",
+        show(&control)
+    );
+    assert!(
+        drain().contains(&"GET /c HTTP/1.1".to_string()),
+        "control: the direct request did not land"
+    );
+    for tier in ["landlock", "bwrap"] {
+        let o = w.run(tier, &pol, &script);
+        assert_eq!(o.status.code(), Some(0), "{tier}: {}", show(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "hello 403 direct-refused\n",
+            "{tier}: {}",
+            show(&o)
+        );
+        assert_eq!(
+            drain(),
+            vec!["GET /a HTTP/1.1".to_string()],
+            "{tier}: what the server saw: {}",
+            show(&o)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr)
+                .contains(&format!("network: refused other.test:{port} (1 time)")),
+            "{tier}: {}",
+            show(&o)
+        );
+    }
+}
+
+/// A world the user nobody owns, for running hull as that user (the test
+/// itself runs as root): a copy of hull it can execute (the checkout may be
+/// in a 0700 directory), `u` (its home, 0700) with `project` and `runs`,
+/// and a cgroup delegated to it, as systemd gives one (the landlock tier
+/// puts the run's tree in a cgroup below the caller's own), removed on drop.
+struct AsNobody {
+    top: tempfile::TempDir,
+    hull: PathBuf,
+    u: PathBuf,
+    project: PathBuf,
+    cg: PathBuf,
+}
+
+impl AsNobody {
+    fn new() -> AsNobody {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(
+            euid, 0,
+            "this test runs hull as the user nobody and needs root to do so"
+        );
+        let top = tempfile::Builder::new()
+            .prefix("hull-user-")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let hull = top.path().join("hull");
+        std::fs::copy(hull_tests::hull_bin(), &hull).expect("copy hull");
+        let u = top.path().join("u");
+        let project = u.join("project");
+        for d in [&project, &u.join("runs")] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        let cg = cgroup2_mount().join(format!("hull-test-user-{}", std::process::id()));
+        std::fs::create_dir(&cg).expect("mkdir the delegated cgroup");
+        for f in [
+            "",
+            "cgroup.procs",
+            "cgroup.subtree_control",
+            "cgroup.threads",
+        ] {
+            std::process::Command::new("chown")
+                .args(["nobody:nogroup"])
+                .arg(cg.join(f))
+                .status()
+                .expect("chown");
+        }
+        let w = AsNobody {
+            top,
+            hull,
+            u,
+            project,
+            cg,
+        };
+        w.give_to_nobody();
+        w
+    }
+
+    /// Makes everything under `u` the user's again, `u` itself 0700.
+    fn give_to_nobody(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        std::process::Command::new("chown")
+            .args(["-R", "nobody:nogroup"])
+            .arg(&self.u)
+            .status()
+            .expect("chown");
+        std::fs::set_permissions(&self.u, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    }
+
+    /// `hull run --tier TIER --policy POLICY -- sh -c SCRIPT` as nobody,
+    /// in its project, inside its cgroup.
+    fn run(&self, tier: &str, policy: &Path, script: &str) -> std::process::Output {
+        let enter = format!(
+            "echo $$ > '{}/cgroup.procs' && exec \"$@\"",
+            self.cg.display()
+        );
+        std::process::Command::new("sh")
+            .args(["-c", &enter, "sh", "setpriv"])
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(&self.hull)
+            .args([
+                "run",
+                "--tier",
+                tier,
+                "--timeout",
+                hull_tests::RUN_TIMEOUT,
+                "--policy",
+            ])
+            .arg(policy)
+            .args(["--", "sh", "-c", script])
+            .current_dir(&self.project)
+            .env("HOME", &self.u)
+            .env("HULL_RUNS_DIR", self.u.join("runs"))
+            .env_remove("HULL_INSTANCE")
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv hull")
+    }
+}
+
+impl Drop for AsNobody {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.cg);
+    }
 }
 
 /// The cgroup2 hierarchy's mount point.
@@ -1930,8 +2040,8 @@ fn output_is_byte_exact(t: &str) {
     );
 }
 
-/// A policy asking for the network allow list, which only bwrap enforces
-/// yet, refuses the run on the other tiers before anything starts (exit 125, one line naming the
+/// A policy asking for the network allow list, which tier 3 does not
+/// enforce yet, refuses the run there before anything starts (exit 125, one line naming the
 /// tier and what is missing): the command does not run and no instance is
 /// made. The same policy with `mode = "none"` runs the command.
 fn an_allowlist_is_refused_until_the_proxy_exists(t: &str) {
@@ -1980,17 +2090,18 @@ fn an_allowlist_is_refused_until_the_proxy_exists(t: &str) {
 /// Returns its path.
 fn allowlist_policy(w: &World, port: u16, more_read_exec: &str, tail: &str) -> String {
     let pol = w.root.path().join("net.toml");
-    std::fs::write(
-        &pol,
-        format!(
+    std::fs::write(&pol, allowlist_policy_text(port, more_read_exec, tail)).expect("write policy");
+    pol.to_string_lossy().into_owned()
+}
+
+/// The text of [`allowlist_policy`].
+fn allowlist_policy_text(port: u16, more_read_exec: &str, tail: &str) -> String {
+    format!(
             "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"{more_read_exec}]\n\
              read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
              ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
              allow_private = [\"127.0.0.1/32\"]\n{tail}"
-        ),
     )
-    .expect("write policy");
-    pol.to_string_lossy().into_owned()
 }
 
 /// The network audits in the spills of `w`'s instances.
@@ -2030,8 +2141,9 @@ fn origin() -> (u16, std::sync::mpsc::Receiver<String>) {
 /// a 403 from hull and the server sees nothing, a direct connection that
 /// ignores the proxy fails at once and the server sees nothing, a DNS
 /// lookup fails within a second; the audit in the spill has both
-/// decisions and hull names the refused host on stderr. The control under
-/// tier none shows the direct connection lands.
+/// decisions and hull names the refused host on stderr; the command's
+/// network has no interface but loopback. The control under tier none
+/// shows the direct connection lands.
 fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -2059,7 +2171,8 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
              \x20   try:\n\
              \x20       socket.getaddrinfo('pkgs.test', 443); print('dns answered')\n\
              \x20   except OSError:\n\
-             \x20       print('dns failed', time.time() - t < 1.0, flush=True)\n"
+             \x20       print('dns failed', time.time() - t < 1.0, flush=True)\n\
+             \x20   print('interfaces', [n for _, n in socket.if_nameindex()], flush=True)\n"
         ),
     )
     .expect("write net.py");
@@ -2082,6 +2195,7 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
         "other 403 True",
         "direct refused True",
         "dns failed True",
+        "interfaces ['lo']",
     ] {
         assert!(out.contains(want), "{want}: {}", show(&o));
     }
@@ -2114,17 +2228,6 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
             .any(|l| l.contains("\"host\":\"other.test\"") && l.contains("\"allowed\":false")),
         "{lines:?}"
     );
-    // The proxy's socket went with the run.
-    let left: Vec<_> = std::fs::read_dir(&w.runs)
-        .expect("runs")
-        .flatten()
-        .filter_map(|e| std::fs::read_dir(e.path().join("tmp")).ok())
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(".hull-proxy"))
-        .map(|e| e.path())
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
 }
 
 /// A static file server on loopback (`python3 -m http.server`) serving
@@ -2532,7 +2635,11 @@ matrix!(
         inotify_in_the_grants_follows_the_command_uid,
         the_tree_lives_in_a_cgroup_of_its_own,
         terminal_settings_are_restored,
-        an_allowlist_is_refused_until_the_proxy_exists,
+        only_allowed_names_are_reached_through_the_proxy,
+        git_and_curl_fetch_through_the_proxy,
+        pip_and_npm_fetch_through_the_proxy,
+        cargo_fetches_from_a_sparse_registry_through_the_proxy,
+        https_goes_through_connect_with_its_own_name,
     ],
     bwrap: [
         only_allowed_names_are_reached_through_the_proxy,

@@ -82,11 +82,6 @@ pub enum Command {
     #[cfg(unix)]
     #[command(name = "__net-proxy", hide = true)]
     NetProxy(net::NetProxyArgs),
-    /// Internal: inside a sandbox, relay its loopback to the proxy's socket
-    /// and run the command.
-    #[cfg(unix)]
-    #[command(name = "__net-relay", hide = true)]
-    NetRelay(net::NetRelayArgs),
 }
 
 #[derive(Debug, Args)]
@@ -172,8 +167,6 @@ pub fn main() -> i32 {
         }
         #[cfg(unix)]
         Command::NetProxy(a) => net::net_proxy(a),
-        #[cfg(unix)]
-        Command::NetRelay(a) => net::net_relay(a),
     };
     match result {
         Ok(code) => code,

@@ -72,19 +72,3 @@ pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
     }
     Ok(0)
 }
-
-#[derive(Debug, Args)]
-pub struct NetRelayArgs {
-    /// The proxy's unix socket.
-    #[arg(long)]
-    pub socket: PathBuf,
-    /// Where to listen in the sandbox.
-    #[arg(long, default_value = crate::net::relay::LISTEN)]
-    pub listen: SocketAddr,
-    #[arg(last = true, required = true)]
-    pub argv: Vec<std::ffi::OsString>,
-}
-
-pub fn net_relay(a: NetRelayArgs) -> anyhow::Result<i32> {
-    Ok(crate::net::relay::run(a.listen, a.socket, &a.argv)?)
-}

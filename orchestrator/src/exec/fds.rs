@@ -107,6 +107,88 @@ fn is_dev_null(st: &libc::stat) -> bool {
     null.rdev() == rdev
 }
 
+/// A connected pair of close-on-exec unix seqpacket sockets: one end for
+/// hull, one for a child, to pass a descriptor over ([`send_fd`]).
+#[cfg(target_os = "linux")]
+pub fn descriptor_pair() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+    Ok(socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
+/// Sends `fd` over the unix socket `sock`, with one byte of data.
+/// Async-signal-safe (a raw sendmsg on a stack buffer): usable between
+/// fork and exec.
+#[cfg(target_os = "linux")]
+pub fn send_fd(
+    sock: std::os::fd::BorrowedFd<'_>,
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let fds = [fd];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    anc.push(SendAncillaryMessage::ScmRights(&fds));
+    let byte = [b'L'];
+    sendmsg(
+        sock,
+        &[io::IoSlice::new(&byte)],
+        &mut anc,
+        SendFlags::empty(),
+    )?;
+    Ok(())
+}
+
+/// Waits for a descriptor sent over `sock` ([`send_fd`]); None when the
+/// other side closed without sending one.
+#[cfg(target_os = "linux")]
+pub fn receive_fd(sock: std::os::fd::BorrowedFd<'_>) -> Option<std::os::fd::OwnedFd> {
+    loop {
+        match receive_fd_with(sock, rustix::net::RecvFlags::empty()) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r.ok().flatten(),
+        }
+    }
+}
+
+/// [`receive_fd`] without waiting: `WouldBlock` when nothing was sent yet.
+#[cfg(target_os = "linux")]
+pub fn try_receive_fd(
+    sock: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<Option<std::os::fd::OwnedFd>> {
+    receive_fd_with(sock, rustix::net::RecvFlags::DONTWAIT)
+}
+
+#[cfg(target_os = "linux")]
+fn receive_fd_with(
+    sock: std::os::fd::BorrowedFd<'_>,
+    flags: rustix::net::RecvFlags,
+) -> io::Result<Option<std::os::fd::OwnedFd>> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    recvmsg(
+        sock,
+        &mut [io::IoSliceMut::new(&mut byte)],
+        &mut anc,
+        RecvFlags::CMSG_CLOEXEC | flags,
+    )?;
+    let mut out = None;
+    for msg in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = msg {
+            for fd in fds {
+                out.get_or_insert(fd);
+            }
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,8 +2,9 @@
 //! the length of a run, and its audit.
 
 pub mod audit;
+#[cfg(target_os = "linux")]
+pub mod netns;
 pub mod proxy;
-pub mod relay;
 pub mod sni;
 
 use std::sync::Arc;
@@ -11,12 +12,32 @@ use std::sync::Arc;
 pub use audit::Audit;
 pub use proxy::Shared;
 
+/// Where the proxy listens inside a sandbox with a network namespace of its
+/// own ([`netns`]), and what `HTTP_PROXY` says.
+pub const LISTEN: &str = "127.0.0.1:3128";
+
+/// The variables that point the command's clients at the proxy; `NO_PROXY`
+/// is removed (nothing is reached directly).
+pub fn proxy_env() -> Vec<(String, String)> {
+    let url = format!("http://{LISTEN}");
+    ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
+        .into_iter()
+        .flat_map(|k| [k.to_string(), k.to_ascii_lowercase()])
+        .map(|k| (k, url.clone()))
+        .collect()
+}
+
 /// Where the proxy listens.
 #[derive(Debug)]
 pub enum Listener {
     Tcp(std::net::TcpListener),
     #[cfg(unix)]
     Unix(std::os::unix::net::UnixListener),
+    /// A TCP listener still to come over this socket, from the child that
+    /// makes it in the command's network namespace ([`netns`]). Nothing is
+    /// served when the child closes its end without sending one.
+    #[cfg(target_os = "linux")]
+    Handed(netns::Arrival),
 }
 
 /// The proxy of one run: its own thread and runtime, stopped (and every
@@ -51,6 +72,13 @@ impl Proxy {
                 Listener::Unix(l) => {
                     l.set_nonblocking(true)?;
                     Accept::Unix(tokio::net::UnixListener::from_std(l)?)
+                }
+                #[cfg(target_os = "linux")]
+                Listener::Handed(netns::Arrival(sock)) => {
+                    rustix::io::ioctl_fionbio(&sock, true)?;
+                    // SAFETY: `sock` is an owned, valid descriptor, moved
+                    // into the AsyncFd, which closes it only when dropped.
+                    Accept::Handed(unsafe { tokio::io::unix::AsyncFd::register(sock)? })
                 }
             }
         };
@@ -94,10 +122,42 @@ enum Accept {
     Tcp(tokio::net::TcpListener),
     #[cfg(unix)]
     Unix(tokio::net::UnixListener),
+    #[cfg(target_os = "linux")]
+    Handed(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>),
 }
 
 impl Accept {
     async fn serve(self, shared: Arc<Shared>) {
+        #[cfg(target_os = "linux")]
+        if let Accept::Handed(sock) = self {
+            match Self::arrival(sock).await {
+                Some(l) => return Accept::Tcp(l).serve_accepted(shared).await,
+                None => return,
+            }
+        }
+        #[allow(unreachable_code)]
+        self.serve_accepted(shared).await
+    }
+
+    /// Waits for the listener handed over `sock`.
+    #[cfg(target_os = "linux")]
+    async fn arrival(
+        sock: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    ) -> Option<tokio::net::TcpListener> {
+        use std::os::fd::AsFd;
+        let fd = loop {
+            let mut ready = sock.readable().await.ok()?;
+            match ready.try_io(|s| crate::exec::fds::try_receive_fd(s.get_ref().as_fd())) {
+                Ok(r) => break r.ok()??,
+                Err(_would_block) => continue,
+            }
+        };
+        let l = std::net::TcpListener::from(fd);
+        l.set_nonblocking(true).ok()?;
+        tokio::net::TcpListener::from_std(l).ok()
+    }
+
+    async fn serve_accepted(self, shared: Arc<Shared>) {
         loop {
             let r = match &self {
                 Accept::Tcp(l) => l.accept().await.map(|(s, _)| {
@@ -107,6 +167,8 @@ impl Accept {
                 Accept::Unix(l) => l.accept().await.map(|(s, _)| {
                     tokio::spawn(proxy::serve_connection(s, Arc::clone(&shared)));
                 }),
+                #[cfg(target_os = "linux")]
+                Accept::Handed(_) => return,
             };
             if let Err(e) = r {
                 // EMFILE and the like: wait a moment instead of spinning.

@@ -144,32 +144,13 @@ fn verdict(text: &str, exit: &crate::exec::ExitStatus) -> Result<(), BwrapError>
     }
 }
 
-/// The network relay put in front of the command (`net.mode =
-/// "allowlist"`): hull's executable, bound read-only into the sandbox at
-/// [`RELAY_PATH`], started as `__net-relay`, and the proxy's socket bound
-/// at [`PROXY_SOCKET`] (read-write: a connect needs it; a mount point
-/// cannot be removed or replaced from inside). Both are bound by path:
-/// bwrap resolves a source as the sandbox user when hull is root, which a
-/// descriptor's path under a 0700 directory defeats, so hull's executable
-/// is also one of the sandbox-user switch's grants.
-#[derive(Debug)]
-pub struct Relay {
-    /// hull's executable.
-    pub exe: std::path::PathBuf,
-    /// Where the proxy's socket is on the host (removed after the run).
-    pub host_path: std::path::PathBuf,
-}
-
-/// Where hull's executable is bound for the relay (on bwrap's tmpfs root).
-pub const RELAY_PATH: &str = "/.hull-net-relay";
-/// Where the proxy's socket is bound.
-pub const PROXY_SOCKET: &str = "/.hull-proxy.sock";
-
-/// Builds the bwrap command for a lowered plan.
+/// Builds the bwrap command for a lowered plan. `share_net`: keep the
+/// network namespace bwrap starts in, which hull made for the command with
+/// its proxy's listener in it (`net::netns`), instead of a new empty one.
 pub fn command(
     plan: &BwrapPlan,
     argv: &[OsString],
-    relay: Option<Relay>,
+    share_net: bool,
 ) -> Result<Prepared, BwrapError> {
     let bin = binary().ok_or(BwrapError::Missing)?;
     let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Bwrap)?;
@@ -179,29 +160,15 @@ pub fn command(
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| BwrapError::SeccompFd(e.into()))?;
     let mut cmd = Command::new(bin);
-    // The relay's binary is bound before the root becomes read-only (the
-    // mount point is made on bwrap's tmpfs root).
-    let remount = plan
-        .args
-        .windows(2)
-        .rposition(|w| w[0] == "--remount-ro" && w[1] == "/")
-        .unwrap_or(plan.args.len());
-    cmd.args(&plan.args[..remount]);
-    if let Some(r) = &relay {
-        cmd.arg("--ro-bind").arg(&r.exe).arg(RELAY_PATH);
-        cmd.arg("--bind").arg(&r.host_path).arg(PROXY_SOCKET);
+    cmd.args(&plan.args);
+    if share_net {
+        cmd.arg("--share-net");
     }
-    cmd.args(&plan.args[remount..]);
     cmd.arg("--seccomp").arg(fd.as_raw_fd().to_string());
     cmd.arg("--json-status-fd")
         .arg(status_w.as_raw_fd().to_string());
     let keep = vec![fd, status_w];
-    if relay.is_some() {
-        cmd.arg("--");
-        cmd.args([RELAY_PATH, "__net-relay", "--socket", PROXY_SOCKET, "--"]);
-    } else {
-        cmd.arg("--");
-    }
+    cmd.arg("--");
     cmd.args(argv);
     Ok(Prepared {
         command: cmd,

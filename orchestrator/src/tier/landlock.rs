@@ -97,6 +97,12 @@ pub struct ExecPlan {
     /// to the broker.
     #[serde(default)]
     pub spares: Vec<crate::tier::spares::SpareSet>,
+    /// The policy's allow list: the command is in a network namespace of
+    /// its own (made by hull before this helper, `net::netns`) where hull's
+    /// proxy listens on this loopback port; IP sockets are allowed, and
+    /// Landlock lets TCP connect to this port only (binds none).
+    #[serde(default)]
+    pub proxy_port: Option<u16>,
 }
 
 /// Probes the tier.
@@ -159,6 +165,7 @@ pub fn command(
     broker_fd: Option<i32>,
     metadata_broker: bool,
     spares: Vec<crate::tier::spares::SpareSet>,
+    proxy_port: Option<u16>,
 ) -> Result<Prepared, LandlockError> {
     let abi = kernel_abi();
     verdict(abi)?;
@@ -170,6 +177,7 @@ pub fn command(
         broker_fd,
         metadata_broker,
         spares,
+        proxy_port,
     };
     let json = serde_json::to_string(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
     // The helper is this executable, started through a descriptor: when
@@ -340,6 +348,13 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
             created = add(created, fd, &path, rights)?;
         }
     }
+    if let Some(port) = plan.proxy_port {
+        created = created
+            .add_rule(landlock::NetPort::new(port, AccessNet::ConnectTcp))
+            .map_err(|e| {
+                LandlockError::Ruleset(format!("the rule for the proxy's port {port}: {e}"))
+            })?;
+    }
     let status = created
         .restrict_self()
         .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
@@ -356,6 +371,7 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
     }
     let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Landlock {
         allow_unix_sockets: plan.allow_unix_sockets,
+        inet: plan.proxy_port.is_some(),
         broker: plan.metadata_broker,
     })?;
     crate::tier::seccomp::apply(&prog)?;

@@ -244,7 +244,10 @@ impl Tier {
                 Ok("unrestricted: tier none isolates nothing (the allow list is not applied)")
             }
             (NetMode::Allowlist, Tier::Bwrap) => Ok(
-                "allowlist: only through hull's proxy (HTTP(S)_PROXY=http://127.0.0.1:3128, a relay on the sandbox's own loopback to the proxy's socket); nothing else is reachable",
+                "allowlist: only through hull's proxy (HTTP(S)_PROXY=http://127.0.0.1:3128, listening in a network namespace of the command's own with only loopback); nothing else is reachable",
+            ),
+            (NetMode::Allowlist, Tier::Landlock) => Ok(
+                "allowlist: only through hull's proxy (HTTP(S)_PROXY=http://127.0.0.1:3128, listening in a network namespace of the command's own with only loopback; Landlock allows TCP connect to that port only); nothing else is reachable",
             ),
             (NetMode::Allowlist, tier) => Err(NetUnsupported::NoProxy { tier }),
         }
@@ -288,7 +291,7 @@ mod tests {
             assert!(t.network(&none).is_ok(), "{t}");
             assert_eq!(
                 t.network(&allow).is_ok(),
-                matches!(t, Tier::None | Tier::Bwrap),
+                matches!(t, Tier::None | Tier::Bwrap | Tier::Landlock),
                 "{t}"
             );
         }

@@ -31,7 +31,7 @@ mod watch;
 pub use create::{Creates, Split};
 pub use metadata::Scope;
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -163,6 +163,10 @@ fn become_on_this_thread(who: &Identity) -> std::io::Result<()> {
 #[derive(Debug)]
 pub struct Broker {
     stop: Arc<AtomicBool>,
+    /// The socket the listener arrives on, shut down on drop: a run that
+    /// failed before its child started (a cgroup that could not be made)
+    /// never sends one, and the thread must not wait for it forever.
+    arrival: OwnedFd,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -172,16 +176,18 @@ impl Broker {
     pub fn start(sock: OwnedFd, handler: Handler) -> std::io::Result<Broker> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let arrival = sock.try_clone()?;
         let thread = std::thread::Builder::new()
             .name("hull-broker".into())
             .spawn(move || {
-                if let Some(listener) = receive_listener(&sock) {
+                if let Some(listener) = crate::exec::fds::receive_fd(sock.as_fd()) {
                     drop(sock);
                     serve(&Arc::new(listener), &handler, &flag);
                 }
             })?;
         Ok(Broker {
             stop,
+            arrival,
             thread: Some(thread),
         })
     }
@@ -204,13 +210,7 @@ impl Broker {
         handler: Handler,
         filter: crate::tier::seccomp::Raw,
     ) -> std::io::Result<(Broker, Handoff)> {
-        use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
-        let (ours, theirs) = socketpair(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )?;
+        let (ours, theirs) = crate::exec::fds::descriptor_pair()?;
         let broker = Broker::start(ours, handler)?;
         Ok((
             broker,
@@ -250,6 +250,7 @@ impl Handoff {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let _ = rustix::net::shutdown(&self.arrival, rustix::net::Shutdown::Both);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -258,47 +259,7 @@ impl Drop for Broker {
 
 /// Sends `listener` over `sock` (the helper's side).
 pub fn send_listener(sock: BorrowedFd<'_>, listener: BorrowedFd<'_>) -> std::io::Result<()> {
-    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-    let fds = [listener];
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut anc = SendAncillaryBuffer::new(&mut space);
-    anc.push(SendAncillaryMessage::ScmRights(&fds));
-    let byte = [b'L'];
-    sendmsg(
-        sock,
-        &[std::io::IoSlice::new(&byte)],
-        &mut anc,
-        SendFlags::empty(),
-    )?;
-    Ok(())
-}
-
-fn receive_listener(sock: &OwnedFd) -> Option<OwnedFd> {
-    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut anc = RecvAncillaryBuffer::new(&mut space);
-    let mut byte = [0u8; 1];
-    loop {
-        match recvmsg(
-            sock,
-            &mut [std::io::IoSliceMut::new(&mut byte)],
-            &mut anc,
-            RecvFlags::CMSG_CLOEXEC,
-        ) {
-            Ok(_) => break,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => return None,
-        }
-    }
-    let mut out = None;
-    for msg in anc.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = msg {
-            for fd in fds {
-                out.get_or_insert(fd);
-            }
-        }
-    }
-    out
+    crate::exec::fds::send_fd(sock, listener)
 }
 
 fn serve(listener: &Arc<OwnedFd>, handler: &Handler, stop: &AtomicBool) {
@@ -539,4 +500,29 @@ fn thread_group(tid: i32) -> std::io::Result<i32> {
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| err(libc::ESRCH))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that fails before its child starts (a cgroup it may not make)
+    /// drops the broker while hull still holds the child's end of the
+    /// socket: the drop returns at once, it does not wait for a listener
+    /// that never comes (hull hung there, as a non-root user).
+    #[test]
+    fn a_broker_whose_child_never_started_stops_when_dropped() {
+        let (ours, theirs) = crate::exec::fds::descriptor_pair().unwrap();
+        let broker = Broker::start(ours, Handler::Connect(Workers::new(false))).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(broker);
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok(),
+            "the broker's drop waited for a listener"
+        );
+        drop(theirs);
+    }
 }
