@@ -109,6 +109,8 @@ pub enum RunError {
         source: crate::runtime::placeholder::PlaceholderError,
     },
     /// A step of setting the sandbox up failed on the host.
+    #[error(transparent)]
+    SandboxUser(#[from] crate::sandbox_user::SandboxUserError),
     #[error("tier {tier}: {what}: {source}")]
     Setup {
         tier: Tier,
@@ -124,6 +126,10 @@ pub enum RunError {
     },
     #[error("the command could not be run: {0}")]
     Exec(#[from] crate::exec::ExecError),
+    /// A helper of the run ended while the command ran (the message names
+    /// it and the tier).
+    #[error(transparent)]
+    HelperEnded(crate::exec::ExecError),
     #[error("tier {0} cannot run on this OS")]
     WrongOs(Tier),
     /// Not a source: the one message is the cause.
@@ -341,7 +347,7 @@ pub fn run_process_tier(
     // The policy's egress proxy (net.mode = "allowlist"), up until the
     // command and its tree are gone; and what the command's environment
     // gains for it.
-    let mut proxy: Option<crate::net::Proxy> = None;
+    let mut proxy: Option<crate::net::helper::ProxyProcess> = None;
     let mut extra_env: Vec<(String, String)> = Vec::new();
     let mut cmd = match tier {
         Tier::None => {
@@ -587,15 +593,25 @@ pub fn run_process_tier(
         step.install(&mut cmd);
     }
     tracing::debug!(%tier, "command built");
-    let status = crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive)?;
+    let helpers = match &proxy {
+        Some(p) => vec![p.watch().map_err(|source| RunError::Setup {
+            tier,
+            what: "watching the network proxy".into(),
+            source,
+        })?],
+        None => Vec::new(),
+    };
+    let status =
+        crate::exec::process::run(cmd, spec.timeout, sink, containment, keep_alive, helpers);
     tracing::debug!(?status, "command ended");
     if let Some(p) = proxy.take() {
-        let refused = p.audit().refused_lines();
-        drop(p);
-        for line in refused {
-            eprintln!("hull: tier {tier}: {line}");
-        }
+        // It prints one line per refused host as it ends.
+        p.finish(std::time::Duration::from_secs(2));
     }
+    let status = status.map_err(|e| match e {
+        e @ crate::exec::ExecError::HelperEnded { .. } => RunError::HelperEnded(e),
+        e => RunError::Exec(e),
+    })?;
     drop(broker);
     drop(pools);
     for problem in placeholders.release() {
@@ -611,41 +627,47 @@ pub fn run_process_tier(
 
 /// Starts the policy's proxy for a command in a network namespace of its
 /// own: the handoff makes the namespace and the listener in the child
-/// (install it before the sandbox-user switch), the proxy accepts on it.
+/// (install it before the sandbox-user switch); the proxy, a process of its
+/// own (`net::helper`, the sandbox user when hull is root), accepts on it
+/// and audits into the spill.
 #[cfg(target_os = "linux")]
 fn start_netns_proxy(
     tier: Tier,
     policy: &Policy,
-) -> Result<(crate::net::netns::Handoff, crate::net::Proxy), RunError> {
-    let (handoff, arrival) = crate::net::netns::prepare(!crate::tier::identity::hull_is_root())
-        .map_err(|source| RunError::Setup {
-            tier,
-            what: "the socket for the proxy's listener".into(),
-            source,
-        })?;
-    let proxy = start_proxy(tier, policy, crate::net::Listener::Handed(arrival))?;
-    Ok((handoff, proxy))
-}
-
-/// Starts the policy's proxy on `listener`, auditing into the spill.
-#[cfg(target_os = "linux")]
-fn start_proxy(
-    tier: Tier,
-    policy: &Policy,
-    listener: crate::net::Listener,
-) -> Result<crate::net::Proxy, RunError> {
+) -> Result<(crate::net::netns::Handoff, crate::net::helper::ProxyProcess), RunError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let setup = |what: String| move |source: std::io::Error| RunError::Setup { tier, what, source };
+    let root = crate::tier::identity::hull_is_root();
+    let (handoff, arrival) = crate::net::netns::prepare(!root)
+        .map_err(setup("the socket for the proxy's listener".into()))?;
     let audit_path = policy.vars.spill.join(crate::net::audit::FILE);
-    let audit = crate::net::Audit::to_file(&audit_path)
+    let audit = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&audit_path)
         .map_err(setup(format!("the network audit {}", audit_path.display())))?;
-    crate::net::Proxy::start(
-        listener,
-        crate::net::Shared {
-            policy: policy.net.clone(),
-            audit,
-        },
+    let who = if root {
+        let ids = crate::sandbox_user::lookup("the network proxy")?;
+        Some(crate::net::helper::As {
+            uid: ids.uid,
+            gid: ids.gid,
+        })
+    } else {
+        None
+    };
+    let proxy = crate::net::helper::ProxyProcess::start(
+        &format!("tier {tier}"),
+        &policy.net,
+        arrival.0,
+        audit,
+        who,
     )
-    .map_err(setup("starting the proxy".into()))
+    .map_err(setup(
+        "starting the network proxy (hull __net-proxy)".into(),
+    ))?;
+    Ok((handoff, proxy))
 }
 
 /// Runs the switch to the sandbox user in the child before exec; the

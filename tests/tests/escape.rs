@@ -2230,6 +2230,87 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
     );
 }
 
+/// The proxy is a process of its own, owned by the run: as root it runs as
+/// the sandbox user with no capability; when it is killed while the
+/// command runs, hull ends the command and the run fails (exit 125) naming
+/// the proxy, its pid and the tier, within seconds, and nothing of the
+/// command is left.
+fn a_killed_proxy_ends_the_run_naming_it(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let (port, _seen) = origin();
+    let pol = allowlist_policy(&w, port, "", "");
+    let marker = format!("hull-proxy-victim-{}-{t}", std::process::id());
+    let mut cmd = w.cmd(
+        t,
+        &["--policy", &pol],
+        &format!("echo started; exec {}", marked_sleep(&marker, 60)),
+    );
+    cmd.stderr(Stdio::piped());
+    let mut c = started(cmd);
+    let end = Instant::now() + Duration::from_secs(10);
+    while pids_with(&marker).is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!pids_with(&marker).is_empty(), "the command runs");
+    let parent = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok())
+            })
+    };
+    let proxy: Vec<i32> = pids_with("__net-proxy")
+        .into_iter()
+        .filter(|p| parent(*p) == Some(c.id()))
+        .collect();
+    assert_eq!(proxy.len(), 1, "hull's proxy: {proxy:?}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", proxy[0])).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let uid = field("Uid:");
+        assert!(
+            uid.iter().all(|u| *u != "0") && uid.len() == 4,
+            "the proxy runs as root: {uid:?}"
+        );
+    }
+    assert_eq!(field("CapEff:"), vec!["0000000000000000"], "{status}");
+    assert_eq!(field("NoNewPrivs:"), vec!["1"], "{status}");
+    let killed = Instant::now();
+    // SAFETY: kill(2) on the pid of hull's child, just read from /proc.
+    assert_eq!(unsafe { libc::kill(proxy[0], libc::SIGKILL) }, 0);
+    let st = c.wait().expect("wait");
+    let took = killed.elapsed();
+    let mut err = String::new();
+    c.stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read");
+    assert_eq!(st.code(), Some(125), "{err}");
+    assert!(
+        err.contains(&format!(
+            "tier {t}: the network proxy (pid {}) ended while the command ran (killed by signal 9)",
+            proxy[0]
+        )),
+        "{err}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the run ended {took:?} after the proxy"
+    );
+    let left = left_after_10s(&marker);
+    assert!(left.is_empty(), "the command outlived the proxy: {left:?}");
+}
+
 /// A static file server on loopback (`python3 -m http.server`) serving
 /// `dir`, killed when dropped.
 struct StaticServer {
@@ -2640,6 +2721,7 @@ matrix!(
         pip_and_npm_fetch_through_the_proxy,
         cargo_fetches_from_a_sparse_registry_through_the_proxy,
         https_goes_through_connect_with_its_own_name,
+        a_killed_proxy_ends_the_run_naming_it,
     ],
     bwrap: [
         only_allowed_names_are_reached_through_the_proxy,
@@ -2647,6 +2729,7 @@ matrix!(
         pip_and_npm_fetch_through_the_proxy,
         cargo_fetches_from_a_sparse_registry_through_the_proxy,
         https_goes_through_connect_with_its_own_name,
+        a_killed_proxy_ends_the_run_naming_it,
         the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,

@@ -1,6 +1,7 @@
 //! `hull __net-proxy`: the policy's egress proxy on its own, for the run
-//! that owns it (and for benchmarks): it serves until its stdin closes (the
-//! owner gone) or SIGTERM/SIGINT, then prints one line per refused host.
+//! that owns it (`net::helper`) and for benchmarks: it serves until its
+//! stdin closes (the owner gone) or SIGTERM/SIGINT, then prints one line
+//! per refused host.
 
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
@@ -19,29 +20,70 @@ pub struct NetProxyArgs {
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
     /// Append every decision here as JSON lines.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "audit_fd")]
     pub audit: Option<PathBuf>,
+    /// The network part of a resolved policy, as hull serializes it (the
+    /// run's own proxy), instead of `--policy`.
+    #[arg(long)]
+    pub net_json: Option<String>,
+    /// A socket on which the listener arrives (from the child that made it
+    /// in the command's network namespace), instead of `--listen`.
+    #[arg(long)]
+    pub arrival_fd: Option<i32>,
+    /// An open file to append the decisions to, instead of `--audit`.
+    #[arg(long)]
+    pub audit_fd: Option<i32>,
+    /// What the refused-host lines start with ("tier bwrap").
+    #[arg(long)]
+    pub label: Option<String>,
+}
+
+/// Takes descriptor `fd`, passed by the parent on purpose; refuses 0-2.
+fn passed_fd(fd: i32, what: &str) -> anyhow::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl(F_GETFD) on an integer only reports whether it is open.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        anyhow::bail!("--{what} {fd}: not an open descriptor passed by the parent");
+    }
+    // SAFETY: the parent passed this descriptor for this process alone, and
+    // nothing else here owns or closes it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
-    if !a.listen.ip().is_loopback() {
-        anyhow::bail!("--listen {}: the proxy listens on loopback only", a.listen);
-    }
-    let policy = crate::policy::profiles::load(&a.policy)?.net_policy()?;
-    let audit = match &a.audit {
-        Some(p) => Audit::to_file(p)
-            .map_err(|e| anyhow::anyhow!("cannot open the audit file {}: {e}", p.display()))?,
-        None => Audit::in_memory(),
+    let policy = match &a.net_json {
+        Some(j) => serde_json::from_str(j)
+            .map_err(|e| anyhow::anyhow!("--net-json: not hull's network policy: {e}"))?,
+        None => crate::policy::profiles::load(&a.policy)?.net_policy()?,
     };
-    let l = std::net::TcpListener::bind(a.listen)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", a.listen))?;
-    let addr = l.local_addr()?;
-    let proxy = Proxy::start(Listener::Tcp(l), Shared { policy, audit })?;
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "listening {addr}")?;
-        out.flush()?;
-    }
+    let audit = match (&a.audit, a.audit_fd) {
+        (Some(p), _) => Audit::to_file(p)
+            .map_err(|e| anyhow::anyhow!("cannot open the audit file {}: {e}", p.display()))?,
+        (None, Some(fd)) => Audit::to_open_file(passed_fd(fd, "audit-fd")?.into()),
+        (None, None) => Audit::in_memory(),
+    };
+    let proxy = match a.arrival_fd {
+        #[cfg(target_os = "linux")]
+        Some(fd) => Proxy::start(
+            Listener::Handed(crate::net::netns::Arrival(passed_fd(fd, "arrival-fd")?)),
+            Shared { policy, audit },
+        )?,
+        #[cfg(not(target_os = "linux"))]
+        Some(_) => anyhow::bail!("--arrival-fd: Linux only"),
+        None => {
+            if !a.listen.ip().is_loopback() {
+                anyhow::bail!("--listen {}: the proxy listens on loopback only", a.listen);
+            }
+            let l = std::net::TcpListener::bind(a.listen)
+                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", a.listen))?;
+            let addr = l.local_addr()?;
+            let proxy = Proxy::start(Listener::Tcp(l), Shared { policy, audit })?;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "listening {addr}")?;
+            out.flush()?;
+            proxy
+        }
+    };
     let (done, ended) = std::sync::mpsc::channel::<()>();
     {
         let done = done.clone();
@@ -67,8 +109,9 @@ pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
     let _ = ended.recv();
     let refused = proxy.audit().refused_lines();
     drop(proxy);
+    let prefix = a.label.map(|l| format!("{l}: ")).unwrap_or_default();
     for line in refused {
-        eprintln!("hull: {line}");
+        eprintln!("hull: {prefix}{line}");
     }
     Ok(0)
 }

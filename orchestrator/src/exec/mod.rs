@@ -90,6 +90,8 @@ pub enum ExecError {
     Signals(#[source] std::io::Error),
     #[error("writing the command's output failed: {0}")]
     Output(#[source] std::io::Error),
+    #[error("{name} ended while the command ran ({how}); the command was ended with it")]
+    HelperEnded { name: String, how: String },
 }
 
 /// Maps a host exit status: code, or signal.

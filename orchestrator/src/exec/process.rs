@@ -37,14 +37,16 @@ impl Containment {
     /// A cgroup's tree is gone once the cgroup is empty (no `/proc` sweep:
     /// nothing of the tree can leave it); one that does not empty within
     /// 2 s gets the sweep as well.
-    fn end_tree(&self, main: i32) {
+    /// `spared`: hull's own helpers for the run (the network proxy), which
+    /// are hull's children too but not the command's.
+    fn end_tree(&self, main: i32, spared: &[i32]) {
         #[cfg(target_os = "linux")]
         if let Containment::Cgroup(cg) = self {
             if cg.kill_and_wait(Duration::from_secs(2)) {
                 return;
             }
         }
-        kill_descendants(main);
+        kill_descendants(main, spared);
     }
 
     /// Whether the tree needs ending after the direct child exits.
@@ -160,6 +162,8 @@ struct Started {
 
 enum Event {
     Exited(std::io::Result<std::process::ExitStatus>),
+    /// A helper of the run ended: its name and how.
+    HelperEnded(String, String),
     Signal(i32),
     Out(Stream, Vec<u8>),
     Eof,
@@ -169,6 +173,27 @@ enum Event {
 enum Stream {
     Stdout,
     Stderr,
+}
+
+/// A process hull runs beside the command for the run (the network
+/// proxy): if it ends while the command runs, the command's tree is ended
+/// and the run fails naming it ([`ExecError::HelperEnded`]).
+pub struct Helper {
+    /// What the user reads: "the network proxy (pid 123)".
+    pub name: String,
+    pub pid: i32,
+    /// Blocks until the helper ends and says how ("killed by signal 9"),
+    /// without reaping it.
+    pub wait: Box<dyn FnOnce() -> String + Send>,
+}
+
+impl std::fmt::Debug for Helper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Helper")
+            .field("name", &self.name)
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Spawns `cmd` and runs it to the end. With a `sink`, stdout and stderr are
@@ -182,6 +207,7 @@ pub fn run(
     sink: Option<&mut dyn OutputSink>,
     containment: Containment,
     close_after_spawn: Vec<std::os::fd::OwnedFd>,
+    helpers: Vec<Helper>,
 ) -> Result<ExitStatus, ExecError> {
     become_subreaper();
     let cmd = cmd.into();
@@ -250,6 +276,14 @@ pub fn run(
             let _ = tx.send(Event::Exited(wait()));
         });
     }
+    let spared: Vec<i32> = helpers.iter().map(|h| h.pid).collect();
+    for h in helpers {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let how = (h.wait)();
+            let _ = tx.send(Event::HelperEnded(h.name, how));
+        });
+    }
     drop(tx);
 
     let deadline = timeout.map(|t| Instant::now() + t);
@@ -257,6 +291,7 @@ pub fn run(
     let mut forced: Option<ExitStatus> = None;
     let mut exited: Option<std::process::ExitStatus> = None;
     let mut output_error: Option<std::io::Error> = None;
+    let mut helper_ended: Option<(String, String)> = None;
     let mut swept = false;
     loop {
         if exited.is_some() && open_streams == 0 {
@@ -274,7 +309,7 @@ pub fn run(
                 exited = Some(st);
                 // The command is done: nothing it left behind may keep running.
                 if containment.needs_sweep() || forced.is_some() {
-                    containment.end_tree(main_pid);
+                    containment.end_tree(main_pid, &spared);
                 }
                 swept = true;
             }
@@ -282,7 +317,16 @@ pub fn run(
                 if forced.is_none() {
                     forced = Some(ExitStatus::Interrupted(s));
                 }
-                containment.end_tree(main_pid);
+                containment.end_tree(main_pid, &spared);
+            }
+            Ok(Event::HelperEnded(name, how)) => {
+                // Only while the command runs: after it, hull ends its
+                // helpers itself.
+                if exited.is_none() && forced.is_none() && helper_ended.is_none() {
+                    tracing::debug!(%name, %how, "helper ended");
+                    helper_ended = Some((name, how));
+                    containment.end_tree(main_pid, &spared);
+                }
             }
             Ok(Event::Out(stream, data)) => {
                 let r = match (sink.as_deref_mut(), stream) {
@@ -294,19 +338,19 @@ pub fn run(
                 if let Err(e) = r {
                     if output_error.is_none() {
                         output_error = Some(e);
-                        containment.end_tree(main_pid);
+                        containment.end_tree(main_pid, &spared);
                     }
                 }
             }
             Ok(Event::Eof) => open_streams -= 1,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                if exited.is_none() && forced.is_none() {
+                if exited.is_none() && forced.is_none() && helper_ended.is_none() {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         forced = Some(ExitStatus::TimedOut);
-                        containment.end_tree(main_pid);
+                        containment.end_tree(main_pid, &spared);
                     }
                 } else {
-                    containment.end_tree(main_pid);
+                    containment.end_tree(main_pid, &spared);
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -315,7 +359,7 @@ pub fn run(
     tracing::debug!("streams closed");
     sig_handle.close();
     if !swept {
-        containment.end_tree(main_pid);
+        containment.end_tree(main_pid, &spared);
     }
     if exited.is_some() {
         reap_orphans();
@@ -325,6 +369,9 @@ pub fn run(
     }
     if let Some(e) = output_error {
         return Err(ExecError::Output(e));
+    }
+    if let Some((name, how)) = helper_ended {
+        return Err(ExecError::HelperEnded { name, how });
     }
     if let Some(f) = forced {
         return Ok(f);
@@ -373,10 +420,11 @@ fn become_subreaper() {}
 /// Kills every descendant of this process, round after round, until none
 /// is left (a process forking while we kill is caught in the next round).
 #[cfg(target_os = "linux")]
-pub fn kill_descendants(main: i32) {
+pub fn kill_descendants(main: i32, spared: &[i32]) {
     let me = std::process::id() as i32;
     for _ in 0..200 {
-        let pids = descendants_of(me);
+        let mut pids = descendants_of(me);
+        pids.retain(|p| !spared.contains(p));
         if pids.is_empty() {
             return;
         }
@@ -403,7 +451,7 @@ pub fn kill_descendants(main: i32) {
 }
 
 #[cfg(not(target_os = "linux"))]
-pub fn kill_descendants(_main: i32) {}
+pub fn kill_descendants(_main: i32, _spared: &[i32]) {}
 
 /// Every live (non-zombie) descendant of `root`, from /proc.
 #[cfg(target_os = "linux")]

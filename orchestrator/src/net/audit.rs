@@ -89,6 +89,15 @@ impl Audit {
         })
     }
 
+    /// Appends to `file`, already open (passed by the run that owns the
+    /// proxy's process).
+    pub fn to_open_file(file: std::fs::File) -> Audit {
+        Audit {
+            file: Some(Mutex::new(file)),
+            refused: Mutex::default(),
+        }
+    }
+
     /// Counts refusals only (tests).
     pub fn in_memory() -> Audit {
         Audit {

@@ -21,10 +21,10 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What the command may reach.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum NetMode {
     /// No network at all: only loopback inside the sandbox's own namespace
@@ -47,8 +47,9 @@ impl NetMode {
 /// The ports allowed when the policy names none.
 pub const DEFAULT_PORTS: [u16; 2] = [443, 80];
 
-/// The network part of a resolved policy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// The network part of a resolved policy (deserialized only from hull's
+/// own serialization, by the proxy's process: `hull __net-proxy`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetPolicy {
     pub mode: NetMode,
     pub allow: Vec<HostPattern>,
@@ -92,7 +93,7 @@ impl fmt::Display for Host {
 }
 
 /// An entry of `allow` or `deny`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HostPattern {
     /// This name only.
