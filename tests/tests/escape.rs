@@ -2230,6 +2230,47 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
     );
 }
 
+/// SOCKS5 on the proxy's port (curl told `socks5h://`, as a client that
+/// needs other TCP than HTTP(S) would be): an allowed name is reached, a
+/// name not allowed is refused by the proxy (curl fails, the server sees
+/// nothing), and the audit has both as `socks` entries.
+fn socks5_reaches_allowed_names_only(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let (port, seen) = origin();
+    let pol = allowlist_policy(&w, port, "", "");
+    let o = w.run(
+        t,
+        &["--policy", &pol],
+        &format!(
+            "curl -sS --proxy socks5h://127.0.0.1:3128 http://pkgs.test:{port}/a; \
+             curl -s --proxy socks5h://127.0.0.1:3128 http://other.test:{port}/b; echo \" $?\""
+        ),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(out.starts_with("hello "), "{}", show(&o));
+    assert_ne!(out.trim_start_matches("hello ").trim(), "0", "{}", show(&o));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        seen.try_iter().collect::<Vec<_>>(),
+        vec!["GET /a HTTP/1.1".to_string()],
+        "what the server saw: {}",
+        show(&o)
+    );
+    let audits = net_audits(&w);
+    assert_eq!(audits.len(), 1, "{audits:?}");
+    let lines: Vec<&str> = audits[0].lines().collect();
+    for (host, allowed) in [("pkgs.test", true), ("other.test", false)] {
+        assert!(
+            lines.iter().any(|l| l.contains("\"kind\":\"socks\"")
+                && l.contains(&format!("\"host\":\"{host}\""))
+                && l.contains(&format!("\"allowed\":{allowed}"))),
+            "{host}: {lines:?}"
+        );
+    }
+}
+
 /// The proxy is a process of its own, owned by the run: as root it runs as
 /// the sandbox user with no capability; when it is killed while the
 /// command runs, hull ends the command and the run fails (exit 125) naming
@@ -2722,6 +2763,7 @@ matrix!(
         cargo_fetches_from_a_sparse_registry_through_the_proxy,
         https_goes_through_connect_with_its_own_name,
         a_killed_proxy_ends_the_run_naming_it,
+        socks5_reaches_allowed_names_only,
     ],
     bwrap: [
         only_allowed_names_are_reached_through_the_proxy,
@@ -2730,6 +2772,7 @@ matrix!(
         cargo_fetches_from_a_sparse_registry_through_the_proxy,
         https_goes_through_connect_with_its_own_name,
         a_killed_proxy_ends_the_run_naming_it,
+        socks5_reaches_allowed_names_only,
         the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,

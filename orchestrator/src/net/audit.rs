@@ -19,7 +19,8 @@ pub const FILE: &str = "net-audit.jsonl";
 pub struct Entry {
     /// Seconds since the epoch.
     pub time: f64,
-    /// `connect` (a CONNECT tunnel) or `http` (a plain HTTP request).
+    /// `connect` (a CONNECT tunnel), `http` (a plain HTTP request) or
+    /// `socks` (a SOCKS5 tunnel).
     pub kind: &'static str,
     /// The host as the command asked for it.
     pub host: String,

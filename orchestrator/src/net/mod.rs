@@ -8,6 +8,7 @@ pub mod helper;
 pub mod netns;
 pub mod proxy;
 pub mod sni;
+pub mod socks;
 
 use std::sync::Arc;
 

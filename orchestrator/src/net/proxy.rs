@@ -1,5 +1,6 @@
-//! hull's egress proxy: HTTP `CONNECT` for TLS and absolute-URI plain HTTP,
-//! to the names the policy allows and nothing else.
+//! hull's egress proxy: HTTP `CONNECT` for TLS and absolute-URI plain HTTP
+//! (and SOCKS5 on the same port, [`super::socks`]), to the names the policy
+//! allows and nothing else.
 //!
 //! For each request: the policy's check of the name and port (deny, allow,
 //! ports); for `CONNECT`, a `200` and then the ClientHello, whose server
@@ -90,8 +91,23 @@ pub struct Shared {
     pub audit: Audit,
 }
 
-/// Serves one client connection (HTTP/1.1, with upgrades for `CONNECT`).
-pub async fn serve_connection<S>(io: S, shared: Arc<Shared>)
+/// Serves one client connection: SOCKS5 when its first byte says so
+/// ([`super::socks`]), otherwise HTTP/1.1 with upgrades for `CONNECT`.
+pub async fn serve_connection<S>(mut io: S, shared: Arc<Shared>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let first = match io.read_u8().await {
+        Ok(b) => b,
+        Err(_) => return,
+    };
+    if first == super::socks::VERSION {
+        return super::socks::serve(io, shared).await;
+    }
+    serve_http(Prefixed::new(first, io), shared).await
+}
+
+async fn serve_http<S>(io: S, shared: Arc<Shared>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -102,6 +118,74 @@ where
         .with_upgrades();
     if let Err(e) = conn.await {
         tracing::debug!("proxy connection: {e}");
+    }
+}
+
+/// A stream whose first byte was already read: it reads that byte again
+/// first, then the stream.
+struct Prefixed<S> {
+    first: Option<u8>,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    fn new(first: u8, inner: S) -> Prefixed<S> {
+        Prefixed {
+            first: Some(first),
+            inner,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if buf.remaining() > 0 {
+            if let Some(b) = self.first.take() {
+                buf.put_slice(&[b]);
+                return std::task::Poll::Ready(Ok(()));
+            }
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
 
@@ -198,10 +282,46 @@ async fn tunnel<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut client))
+    let (bytes, name) = read_hello_after(&mut client, Vec::new()).await?;
+    check_hello(host, name)?;
+    connect_and_carry(&mut client, &bytes, host, port, shared, entry).await
+}
+
+/// Connects to `host` as the policy allows ([`connect_checked`]), sends
+/// `early` (what the client sent before), then carries both ways until
+/// either side closes, counting the bytes into `entry`.
+pub(super) async fn connect_and_carry<S>(
+    client: &mut S,
+    early: &[u8],
+    host: &Host,
+    port: u16,
+    shared: &Shared,
+    entry: &mut Entry,
+) -> Result<(), ProxyError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut upstream, addr) = connect_checked(&shared.policy, host, port).await?;
+    entry.addr = Some(addr);
+    entry.allowed = true;
+    upstream
+        .write_all(early)
         .await
-        .map_err(|_| ProxyError::HelloTimeout)??;
-    let (bytes, name) = hello;
+        .map_err(ProxyError::Tunnel)?;
+    // 64 KiB a side (tokio's default is 8 KiB): a quarter of the system
+    // calls on a download (measured in benches/net_proxy.py).
+    let (sent, received) =
+        tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, 64 << 10, 64 << 10)
+            .await
+            .map_err(ProxyError::Tunnel)?;
+    entry.sent = sent + early.len() as u64;
+    entry.received = received;
+    Ok(())
+}
+
+/// The ClientHello's server name against the host asked for: the same
+/// name, or none for an address listed as itself.
+pub(super) fn check_hello(host: &Host, name: Option<String>) -> Result<(), ProxyError> {
     match (host, name) {
         (Host::Name(want), Some(sni)) => {
             if normalise_name(&sni).ok().as_ref() != Some(want) {
@@ -210,41 +330,35 @@ where
                     host: host.clone(),
                 });
             }
+            Ok(())
         }
         // An address listed as itself: clients send no name for it.
-        (Host::Ip(_), None) => {}
-        (Host::Ip(_), Some(sni)) => {
-            return Err(ProxyError::SniMismatch {
-                sni,
-                host: host.clone(),
-            })
-        }
-        (Host::Name(_), None) => return Err(ProxyError::Hello(sni::SniError::NoName)),
+        (Host::Ip(_), None) => Ok(()),
+        (Host::Ip(_), Some(sni)) => Err(ProxyError::SniMismatch {
+            sni,
+            host: host.clone(),
+        }),
+        (Host::Name(_), None) => Err(ProxyError::Hello(sni::SniError::NoName)),
     }
-    let (mut upstream, addr) = connect_checked(&shared.policy, host, port).await?;
-    entry.addr = Some(addr);
-    entry.allowed = true;
-    upstream
-        .write_all(&bytes)
-        .await
-        .map_err(ProxyError::Tunnel)?;
-    // 64 KiB a side (tokio's default is 8 KiB): a quarter of the system
-    // calls on a download (measured in benches/net_proxy.py).
-    let (sent, received) =
-        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, 64 << 10, 64 << 10)
-            .await
-            .map_err(ProxyError::Tunnel)?;
-    entry.sent = sent + bytes.len() as u64;
-    entry.received = received;
-    Ok(())
 }
 
-/// Reads the ClientHello's records: the bytes and the server name (none
-/// when the hello has no SNI extension).
+/// Reads the ClientHello's records after the bytes already read (`buf`),
+/// within [`HELLO_TIMEOUT`]: the bytes and the server name (none when the
+/// hello has no SNI extension).
+pub(super) async fn read_hello_after<S: AsyncRead + Unpin>(
+    client: &mut S,
+    buf: Vec<u8>,
+) -> Result<(Vec<u8>, Option<String>), ProxyError> {
+    tokio::time::timeout(HELLO_TIMEOUT, read_hello(client, buf))
+        .await
+        .map_err(|_| ProxyError::HelloTimeout)?
+}
+
 async fn read_hello<S: AsyncRead + Unpin>(
     client: &mut S,
+    mut buf: Vec<u8>,
 ) -> Result<(Vec<u8>, Option<String>), ProxyError> {
-    let mut buf = Vec::with_capacity(2048);
+    buf.reserve(2048);
     loop {
         match sni::server_name(&buf) {
             Ok(Hello::Name(n)) => return Ok((buf, Some(n))),

@@ -9,7 +9,9 @@
 /// The most bytes of records the proxy reads for one ClientHello.
 pub const MAX_HELLO: usize = 64 * 1024;
 
-const RECORD_HANDSHAKE: u8 = 22;
+/// The content type of a TLS handshake record, the first byte of a
+/// ClientHello.
+pub const RECORD_HANDSHAKE: u8 = 22;
 const HANDSHAKE_CLIENT_HELLO: u8 = 1;
 const EXT_SERVER_NAME: u16 = 0;
 const NAME_TYPE_HOST: u8 = 0;

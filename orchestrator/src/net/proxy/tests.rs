@@ -67,6 +67,11 @@ fn policy(allow: &[&str], private: &[&str]) -> NetPolicy {
 
 fn proxy(mut p: NetPolicy, origin: &Origin) -> (Proxy, u16) {
     p.ports = vec![origin.port];
+    proxy_with(p)
+}
+
+/// A proxy for `p` as it is.
+fn proxy_with(p: NetPolicy) -> (Proxy, u16) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let proxy = Proxy::start(
@@ -240,4 +245,98 @@ fn mode_none_refuses_everything() {
         "{r}"
     );
     assert_eq!(origin.next(), None);
+}
+
+/// A SOCKS5 CONNECT for `host:port` as a name (ATYP 3), then `then`; returns
+/// the request's reply code and whatever came after it until the close
+/// (or 2 s).
+fn socks(port: u16, host: &str, to: u16, then: &[u8]) -> (u8, Vec<u8>) {
+    let mut req = vec![5, 1, 0];
+    req.extend([5, 1, 0, 3, host.len() as u8]);
+    req.extend(host.as_bytes());
+    req.extend(to.to_be_bytes());
+    socks_raw(port, &req, then)
+}
+
+fn socks_raw(port: u16, req: &[u8], then: &[u8]) -> (u8, Vec<u8>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.write_all(req).unwrap();
+    let mut method = [0u8; 2];
+    s.read_exact(&mut method).unwrap();
+    assert_eq!(method, [5, 0], "no authentication chosen");
+    let mut reply = [0u8; 10];
+    s.read_exact(&mut reply).unwrap();
+    if reply[1] == 0 {
+        s.write_all(then).unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    (reply[1], out)
+}
+
+#[test]
+fn socks5_reaches_allowed_names_only_with_their_own_hello() {
+    let origin = Origin::start(b"server bytes");
+    let (p, port) = proxy(
+        policy(&["pkgs.test", "other.test"], &["127.0.0.1/32"]),
+        &origin,
+    );
+    let o = origin.port;
+    // Raw TCP (an SSH banner) to an allowed name arrives as sent.
+    let (code, out) = socks(port, "PKGS.test", o, b"SSH-2.0-client\r\n");
+    assert_eq!((code, out.as_slice()), (0, &b"server bytes"[..]));
+    assert_eq!(origin.next(), Some(b"SSH-2.0-client\r\n".to_vec()));
+    // A ClientHello naming the host arrives whole.
+    let (code, out) = socks(port, "pkgs.test", o, &client_hello(Some("pkgs.test"), 16));
+    assert_eq!((code, out.as_slice()), (0, &b"server bytes"[..]));
+    assert_eq!(origin.next(), Some(client_hello(Some("pkgs.test"), 16)));
+    // Naming another (allowed) host, or none: closed, nothing connected.
+    for sni in [Some("other.test"), None] {
+        let (code, out) = socks(port, "pkgs.test", o, &client_hello(sni, 16));
+        assert_eq!((code, out.len()), (0, 0), "{sni:?}");
+        assert_eq!(origin.next(), None, "{sni:?} reached the origin");
+    }
+    // Not allowed, denied, an address literal, another port: reply 2.
+    let mut literal = vec![5, 1, 0, 5, 1, 0, 1, 127, 0, 0, 1];
+    literal.extend(o.to_be_bytes());
+    for (code, out) in [
+        socks(port, "nope.test", o, b"x"),
+        socks(port, "denied.test", o, b"x"),
+        socks(port, "pkgs.test", o.wrapping_add(1), b"x"),
+        socks_raw(port, &literal, b"x"),
+    ] {
+        assert_eq!((code, out.len()), (2, 0));
+        assert_eq!(origin.next(), None);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let refused = p.audit().refused();
+    assert_eq!(refused.len(), 5, "{refused:?}");
+}
+
+#[test]
+fn socks5_carries_a_server_that_speaks_first_and_refuses_other_commands() {
+    // An origin that greets first, as SMTP or MySQL do.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let o = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { break };
+            let _ = s.write_all(b"220 hello\r\n");
+        }
+    });
+    let (_p, port) = proxy_with(NetPolicy {
+        ports: vec![o],
+        ..policy(&["pkgs.test"], &["127.0.0.1/32"])
+    });
+    let (code, out) = socks(port, "pkgs.test", o, b"");
+    assert_eq!((code, out.as_slice()), (0, &b"220 hello\r\n"[..]));
+    // BIND (2) and UDP ASSOCIATE (3): reply 7, nothing served.
+    for cmd in [2u8, 3] {
+        let mut req = vec![5, 1, 0, 5, cmd, 0, 3, 9];
+        req.extend(b"pkgs.test");
+        req.extend(o.to_be_bytes());
+        let (code, _) = socks_raw(port, &req, b"");
+        assert_eq!(code, 7, "command {cmd}");
+    }
 }
