@@ -216,6 +216,10 @@ pub fn probe_all() -> Vec<probe::Probe> {
 pub enum NetUnsupported {
     #[error("tier {tier}: net.mode = \"allowlist\" needs hull's network proxy, which this build of hull does not have yet; use net.mode = \"none\" (no network) until then")]
     NoProxy { tier: Tier },
+    #[error("tier seatbelt: net.mode = \"allowlist\": the profile allows only hull's proxy on loopback (hull policy explain --tier seatbelt shows it), but hull does not start the proxy on macOS yet; use net.mode = \"none\" (no network), or a Linux tier (landlock, bwrap)")]
+    NoProxyOnMacos,
+    #[error("tier appcontainer: net.mode = \"allowlist\" {}", crate::policy::lower::appcontainer::NETWORK_ALLOWLIST.trim_start_matches("allowlist: "))]
+    NeedsElevatedHelper,
 }
 
 impl Tier {
@@ -249,6 +253,8 @@ impl Tier {
             (NetMode::Allowlist, Tier::Landlock) => Ok(
                 "allowlist: only through hull's proxy (HTTP(S)_PROXY=http://127.0.0.1:3128, listening in a network namespace of the command's own with only loopback; Landlock allows TCP connect to that port only); nothing else is reachable",
             ),
+            (NetMode::Allowlist, Tier::Seatbelt) => Err(NetUnsupported::NoProxyOnMacos),
+            (NetMode::Allowlist, Tier::AppContainer) => Err(NetUnsupported::NeedsElevatedHelper),
             (NetMode::Allowlist, tier) => Err(NetUnsupported::NoProxy { tier }),
         }
     }
@@ -295,6 +301,10 @@ mod tests {
                 "{t}"
             );
         }
+        let why = |t: Tier| t.network(&allow).unwrap_err().to_string();
+        assert!(why(Tier::Seatbelt).contains("on macOS yet"));
+        assert!(why(Tier::AppContainer).contains("WFP filters"));
+        assert!(why(Tier::Vm).contains("tier vm") && why(Tier::Vm).contains("proxy"));
     }
 
     #[test]

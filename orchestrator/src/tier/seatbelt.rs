@@ -83,7 +83,7 @@ pub fn launch(policy: &Policy, spec: &CommandSpec) -> Result<Command, SeatbeltEr
     {
         let fs = crate::policy::RealFs;
         let canonical = canonicalize(policy, &fs)?;
-        let profile = lower(&canonical);
+        let profile = lower(&canonical, None);
         imp::check_loads(&canonical.name, &profile)?;
         let cwd = canonical_path(&spec.cwd, &fs)?;
         command(&profile, spec, &cwd)
@@ -93,7 +93,7 @@ pub fn launch(policy: &Policy, spec: &CommandSpec) -> Result<Command, SeatbeltEr
 /// The profile `launch` would use, for `hull policy explain --tier seatbelt`
 /// (canonicalized against this host's filesystem).
 pub fn explain(policy: &Policy, fs: &dyn HostFs) -> Result<SeatbeltProfile, SeatbeltError> {
-    Ok(lower(&canonicalize(policy, fs)?))
+    Ok(lower(&canonicalize(policy, fs)?, None))
 }
 
 /// `sandbox-exec -p PROFILE -D K=V ... -- argv`, with a clean environment.

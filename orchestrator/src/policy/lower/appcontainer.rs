@@ -14,8 +14,10 @@
 //! deletion of an entry to the entry's own ACL). Hidden paths (`.hull/` above
 //! all) are also stripped of any allow ACE the package SID has there.
 //!
-//! No capability is requested: the policy's only network mode is `none`, so
-//! never `internetClient`.
+//! No capability is requested, whatever the policy's network mode: never
+//! `internetClient`, which opens every host. `net.mode = "allowlist"` needs
+//! what only an administrator can set up ([`NETWORK_ALLOWLIST`]), so the
+//! plan says so and the run is refused until hull's elevated helper does it.
 //!
 //! What this does not do: it cannot hide what every AppContainer can read
 //! (the `ALL APPLICATION PACKAGES` ACEs on the Windows and Program Files
@@ -318,6 +320,16 @@ impl SystemDirs {
     }
 }
 
+/// What `net.mode = "allowlist"` needs on this tier, which hull cannot do
+/// without an administrator: an AppContainer reaches no loopback address
+/// without a loopback exemption for its package SID, and with
+/// `internetClient` it reaches every host; so the proxy is reached through
+/// WFP filters keyed on the package SID (permit a connect to 127.0.0.1 on
+/// the proxy's port, block every other connect and bind) plus the loopback
+/// exemption, both set by an elevated helper before the run and removed
+/// after it.
+pub const NETWORK_ALLOWLIST: &str = "allowlist: needs hull's elevated helper (an administrator): a loopback exemption for the package SID and WFP filters keyed on it that permit a connect to 127.0.0.1 on the proxy's port and block every other connect and bind; internetClient is never requested; until hull has that helper the run is refused";
+
 /// The AppContainer plan for one workspace and one instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AclPlan {
@@ -325,9 +337,10 @@ pub struct AclPlan {
     pub package_sid_name: String,
     /// The per-instance capability its tmp and spill are granted to.
     pub instance_capability: String,
-    /// Well-known capabilities requested: none unless the policy allows
-    /// network (never `internetClient` now).
+    /// Well-known capabilities requested: none (never `internetClient`).
     pub capabilities: Vec<String>,
+    /// The policy's network mode, and what this tier needs for it.
+    pub network: crate::policy::NetMode,
     pub entries: Vec<AclEntry>,
     pub denies: Vec<DenyEntry>,
     pub strip: Vec<StripEntry>,
@@ -487,6 +500,7 @@ pub fn lower_with(
         package_sid_name: name,
         instance_capability: inst,
         capabilities: Vec::new(),
+        network: policy.net.mode,
         entries: Vec::new(),
         denies: Vec::new(),
         strip: Vec::new(),
@@ -619,9 +633,17 @@ impl AclPlan {
             o,
             "capabilities: {}",
             if self.capabilities.is_empty() {
-                "none (no network: internetClient is not requested)".to_string()
+                "none (internetClient is not requested)".to_string()
             } else {
                 self.capabilities.join(", ")
+            }
+        );
+        let _ = writeln!(
+            o,
+            "network: {}",
+            match self.network {
+                crate::policy::NetMode::None => "none (no capability, no loopback exemption)",
+                crate::policy::NetMode::Allowlist => NETWORK_ALLOWLIST,
             }
         );
         render_common(
@@ -779,6 +801,19 @@ pub(crate) mod tests {
         p.vars.home = win(&p.vars.home);
         p.vars.runs = win(&p.vars.runs);
         p
+    }
+
+    /// `net.mode = "allowlist"` requests no capability and says what the
+    /// elevated helper must set up. Golden: `appcontainer-default-allowlist.txt`.
+    #[test]
+    fn an_allow_list_requests_no_capability_and_names_the_helper() {
+        let mut pol = windows_policy("default");
+        pol.net.mode = crate::policy::NetMode::Allowlist;
+        let plan = lower(&pol, "ws1").unwrap();
+        assert!(plan.capabilities.is_empty());
+        let text = plan.render();
+        assert!(text.contains("WFP filters keyed on it"), "{text}");
+        crate::policy::lower::testing::golden("appcontainer-default-allowlist.txt", &text);
     }
 
     #[test]

@@ -220,7 +220,9 @@ fn not_subpath(name: &str) -> String {
 }
 
 /// Lowers a resolved (and, on macOS, canonicalized) policy to a profile.
-pub fn lower(policy: &Policy) -> SeatbeltProfile {
+/// `proxy`: the loopback port of the run's proxy, for `net.mode =
+/// "allowlist"`; without one nothing of the network is allowed.
+pub fn lower(policy: &Policy, proxy: Option<u16>) -> SeatbeltProfile {
     let mut params = Params::default();
     let grant_names: Vec<String> = policy
         .grants
@@ -406,8 +408,28 @@ pub fn lower(policy: &Policy) -> SeatbeltProfile {
             }
         );
     }
-    t.push_str("\n; network: none (the policy's net.mode); no rule above allows any\n");
-    t.push_str("(deny network*)\n");
+    match (policy.net.mode, proxy) {
+        (crate::policy::NetMode::Allowlist, Some(port)) => {
+            // (deny default) refuses every other network operation (DNS
+            // through mDNSResponder's socket included): the proxy resolves.
+            let _ = writeln!(
+                t,
+                "\n; network: allowlist (the policy's net.mode): only hull's proxy, on loopback port {port}"
+            );
+            let _ = writeln!(
+                t,
+                "(allow network-outbound (remote ip \"localhost:{port}\"))"
+            );
+        }
+        (crate::policy::NetMode::Allowlist, None) => {
+            t.push_str("\n; network: allowlist, but no proxy port: nothing is allowed\n");
+            t.push_str("(deny network*)\n");
+        }
+        (crate::policy::NetMode::None, _) => {
+            t.push_str("\n; network: none (the policy's net.mode); no rule above allows any\n");
+            t.push_str("(deny network*)\n");
+        }
+    }
 
     SeatbeltProfile {
         text: t,
@@ -494,7 +516,7 @@ mod tests {
     #[test]
     fn golden_profiles_for_shipped_policies() {
         for (name, _) in profiles::PROFILES {
-            let p = lower(&policy(name));
+            let p = lower(&policy(name), None);
             let got = p.explain();
             crate::policy::lower::testing::golden(&format!("seatbelt-{name}.sb"), &got);
         }
@@ -504,7 +526,7 @@ mod tests {
     fn no_policy_path_is_spliced_into_the_text() {
         for (name, _) in profiles::PROFILES {
             let pol = policy(name);
-            let p = lower(&pol);
+            let p = lower(&pol, None);
             for g in &pol.grants {
                 let s = g.path.to_str().unwrap();
                 if SYSTEM_METADATA.contains(&s) {
@@ -537,9 +559,32 @@ mod tests {
         }
     }
 
+    /// `net.mode = "allowlist"`: one outbound rule, to the proxy's loopback
+    /// port, and no `(deny network*)` after it (which would refuse it);
+    /// without a port, nothing. Golden: `seatbelt-default-allowlist.sb`.
+    #[test]
+    fn an_allow_list_allows_only_the_proxy_on_loopback() {
+        let mut pol = policy("default");
+        pol.net.mode = crate::policy::NetMode::Allowlist;
+        let p = lower(&pol, Some(40123));
+        let rules: Vec<&str> = p
+            .text
+            .lines()
+            .filter(|l| l.contains("network") && !l.starts_with(';'))
+            .collect();
+        assert_eq!(
+            rules,
+            vec!["(allow network-outbound (remote ip \"localhost:40123\"))"]
+        );
+        crate::policy::lower::testing::golden("seatbelt-default-allowlist.sb", &p.explain());
+        let none = lower(&pol, None);
+        assert!(none.text.contains("(deny network*)"));
+        assert!(!none.text.contains("(allow network"));
+    }
+
     #[test]
     fn deny_by_default_and_no_network() {
-        let p = lower(&policy("default"));
+        let p = lower(&policy("default"), None);
         assert!(p.text.contains("(deny default)"));
         assert!(p.text.contains("(deny network*)"));
         assert!(!p.text.contains("(allow network"));
@@ -554,7 +599,7 @@ mod tests {
     #[test]
     fn protected_names_are_cut_out_of_writes_by_literal_and_subpath() {
         let pol = policy("default");
-        let p = lower(&pol);
+        let p = lower(&pol, None);
         let hull = param(&p, "/Users/u/proj/.hull")[0];
         let git = param(&p, "/Users/u/proj/.git")[0];
         let proj = param(&p, "/Users/u/proj")[0];
@@ -578,7 +623,7 @@ mod tests {
     #[test]
     fn instance_tmp_writable_spill_read_only_other_instances_refused() {
         let pol = policy("default");
-        let p = lower(&pol);
+        let p = lower(&pol, None);
         let tmp = param(&p, "/private/var/folders/xy/T/hull-runs/ID/tmp")[0];
         let spill = param(&p, "/private/var/folders/xy/T/hull-runs/ID/spill")[0];
         assert!(p
@@ -612,7 +657,7 @@ mod tests {
 
     #[test]
     fn shells_get_their_system_paths_and_devices() {
-        let p = lower(&policy("readonly"));
+        let p = lower(&policy("readonly"), None);
         for s in [
             "(literal \"/private/var/select/sh\")",
             "(literal \"/\")",
@@ -639,7 +684,7 @@ mod tests {
             access: Access::Read,
             origin: GrantOrigin::Policy,
         });
-        let p = lower(&pol);
+        let p = lower(&pol, None);
         let n = format!("GRANT_{}", pol.grants.len() - 1);
         assert!(p.text.contains(&format!("; {n} lies inside")), "{}", p.text);
         assert!(!rule_exists(&p.text, "file-read*", &n));
@@ -647,8 +692,8 @@ mod tests {
 
     #[test]
     fn param_names_are_deterministic() {
-        let a = lower(&policy("build"));
-        let b = lower(&policy("build"));
+        let a = lower(&policy("build"), None);
+        let b = lower(&policy("build"), None);
         assert_eq!(a, b);
         assert_eq!(a.params[0].0, "GRANT_0");
         let d = a.d_args();
