@@ -2214,19 +2214,21 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
     );
     let audits = net_audits(&w);
     assert_eq!(audits.len(), 1, "{audits:?}");
-    let lines: Vec<&str> = audits[0].lines().collect();
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(audits[0].lines().count(), 2, "{audits:?}");
+    assert_audited(&audits[0], "http", "pkgs.test", true);
+    assert_audited(&audits[0], "http", "other.test", false);
+}
+
+/// `audit` (a `net-audit.jsonl`) has a decision of `kind` for `host`,
+/// allowed or refused.
+fn assert_audited(audit: &str, kind: &str, host: &str, allowed: bool) {
     assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("\"host\":\"pkgs.test\"") && l.contains("\"allowed\":true")),
-        "{lines:?}"
-    );
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("\"host\":\"other.test\"") && l.contains("\"allowed\":false")),
-        "{lines:?}"
+        audit
+            .lines()
+            .any(|l| l.contains(&format!("\"kind\":\"{kind}\""))
+                && l.contains(&format!("\"host\":\"{host}\""))
+                && l.contains(&format!("\"allowed\":{allowed}"))),
+        "{kind} {host} allowed={allowed}: {audit}"
     );
 }
 
@@ -2260,15 +2262,8 @@ fn socks5_reaches_allowed_names_only(t: &str) {
     );
     let audits = net_audits(&w);
     assert_eq!(audits.len(), 1, "{audits:?}");
-    let lines: Vec<&str> = audits[0].lines().collect();
-    for (host, allowed) in [("pkgs.test", true), ("other.test", false)] {
-        assert!(
-            lines.iter().any(|l| l.contains("\"kind\":\"socks\"")
-                && l.contains(&format!("\"host\":\"{host}\""))
-                && l.contains(&format!("\"allowed\":{allowed}"))),
-            "{host}: {lines:?}"
-        );
-    }
+    assert_audited(&audits[0], "socks", "pkgs.test", true);
+    assert_audited(&audits[0], "socks", "other.test", false);
 }
 
 /// The proxy is a process of its own, owned by the run: as root it runs as

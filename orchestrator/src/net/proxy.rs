@@ -255,21 +255,28 @@ fn connect(req: Request<Incoming>, shared: Arc<Shared>, started: Instant) -> Res
             Ok(up) => tunnel(TokioIo::new(up), &host, port, &shared, &mut entry).await,
             Err(e) => Err(ProxyError::Upstream(e)),
         };
-        let entry = match r {
-            Ok(()) => {
-                entry.allowed = true;
-                entry.reason = "tunnel closed".into();
-                entry
-            }
-            Err(e) if entry.allowed => {
-                entry.reason = e.to_string();
-                entry
-            }
-            Err(e) => entry.refused(&e),
-        };
-        shared.audit.record(&entry.took(started.elapsed()));
+        shared
+            .audit
+            .record(&tunnel_ended(entry, r).took(started.elapsed()));
     });
     Response::new(full(Bytes::new()))
+}
+
+/// The audit entry of a tunnel (CONNECT or SOCKS5) once it ended: closed
+/// normally, failed after hull connected, or refused before.
+pub(super) fn tunnel_ended(mut entry: Entry, r: Result<(), ProxyError>) -> Entry {
+    match r {
+        Ok(()) => {
+            entry.allowed = true;
+            entry.reason = "tunnel closed".into();
+            entry
+        }
+        Err(e) if entry.allowed => {
+            entry.reason = e.to_string();
+            entry
+        }
+        Err(e) => entry.refused(&e),
+    }
 }
 
 async fn tunnel<S>(

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::audit::Entry;
-use super::proxy::{check_hello, connect_and_carry, read_hello_after, ProxyError, Shared};
+use super::proxy::{
+    check_hello, connect_and_carry, read_hello_after, tunnel_ended, ProxyError, Shared,
+};
 
 /// The first byte of a SOCKS5 greeting.
 pub const VERSION: u8 = 5;
@@ -92,18 +94,9 @@ where
         return;
     }
     let r = carry(&mut client, &host, req.port, &shared, &mut entry).await;
-    let entry = match r {
-        Ok(()) => {
-            entry.reason = "tunnel closed".into();
-            entry
-        }
-        Err(e) if entry.allowed => {
-            entry.reason = e.to_string();
-            entry
-        }
-        Err(e) => entry.refused(&e),
-    };
-    shared.audit.record(&entry.took(started.elapsed()));
+    shared
+        .audit
+        .record(&tunnel_ended(entry, r).took(started.elapsed()));
 }
 
 /// The client's first bytes checked (a ClientHello must name `host`), then
