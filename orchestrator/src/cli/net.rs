@@ -62,12 +62,14 @@ pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
         (None, Some(fd)) => Audit::to_open_file(passed_fd(fd, "audit-fd")?.into()),
         (None, None) => Audit::in_memory(),
     };
-    let proxy = match a.arrival_fd {
+    // Everything is opened or bound before the confinement, which allows
+    // neither.
+    let (listener, announce) = match a.arrival_fd {
         #[cfg(target_os = "linux")]
-        Some(fd) => Proxy::start(
+        Some(fd) => (
             Listener::Handed(crate::net::netns::Arrival(passed_fd(fd, "arrival-fd")?)),
-            Shared { policy, audit },
-        )?,
+            None,
+        ),
         #[cfg(not(target_os = "linux"))]
         Some(_) => anyhow::bail!("--arrival-fd: Linux only"),
         None => {
@@ -77,13 +79,20 @@ pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
             let l = std::net::TcpListener::bind(a.listen)
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", a.listen))?;
             let addr = l.local_addr()?;
-            let proxy = Proxy::start(Listener::Tcp(l), Shared { policy, audit })?;
-            let mut out = std::io::stdout().lock();
-            writeln!(out, "listening {addr}")?;
-            out.flush()?;
-            proxy
+            (Listener::Tcp(l), Some(addr))
         }
     };
+    #[cfg(target_os = "linux")]
+    match crate::net::confine::apply(&policy) {
+        Ok(how) => tracing::debug!(?how, "the proxy is confined"),
+        Err(e) => anyhow::bail!("cannot confine the proxy with Landlock: {e}"),
+    }
+    let proxy = Proxy::start(listener, Shared { policy, audit })?;
+    if let Some(addr) = announce {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening {addr}")?;
+        out.flush()?;
+    }
     let (done, ended) = std::sync::mpsc::channel::<()>();
     {
         let done = done.clone();

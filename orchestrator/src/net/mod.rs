@@ -3,6 +3,8 @@
 
 pub mod audit;
 #[cfg(target_os = "linux")]
+pub mod confine;
+#[cfg(target_os = "linux")]
 pub mod helper;
 #[cfg(target_os = "linux")]
 pub mod netns;
