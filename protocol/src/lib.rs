@@ -51,6 +51,7 @@ mod frame;
 pub mod limits;
 mod message;
 pub mod mountinfo;
+pub mod netmux;
 pub mod setup;
 mod version;
 
