@@ -2,6 +2,7 @@
 //! the length of a run, and its audit.
 
 pub mod audit;
+pub mod bridge;
 #[cfg(target_os = "linux")]
 pub mod confine;
 #[cfg(target_os = "linux")]
