@@ -660,7 +660,7 @@ fn start_netns_proxy(
     let proxy = crate::net::helper::ProxyProcess::start(
         &format!("tier {tier}"),
         &policy.net,
-        arrival.0,
+        crate::net::helper::Input::Arrival(arrival.0),
         audit,
         who,
     )

@@ -30,6 +30,10 @@ pub struct NetProxyArgs {
     /// in the command's network namespace), instead of `--listen`.
     #[arg(long)]
     pub arrival_fd: Option<i32>,
+    /// A socket over which connections arrive one by one (tier 3's network
+    /// channel), instead of `--listen`.
+    #[arg(long, conflicts_with = "arrival_fd")]
+    pub connections_fd: Option<i32>,
     /// An open file to append the decisions to, instead of `--audit`.
     #[arg(long)]
     pub audit_fd: Option<i32>,
@@ -64,15 +68,22 @@ pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
     };
     // Everything is opened or bound before the confinement, which allows
     // neither.
-    let (listener, announce) = match a.arrival_fd {
+    let (listener, announce) = match (a.arrival_fd, a.connections_fd) {
         #[cfg(target_os = "linux")]
-        Some(fd) => (
+        (Some(fd), _) => (
             Listener::Handed(crate::net::netns::Arrival(passed_fd(fd, "arrival-fd")?)),
             None,
         ),
+        #[cfg(target_os = "linux")]
+        (None, Some(fd)) => (
+            Listener::Connections(passed_fd(fd, "connections-fd")?),
+            None,
+        ),
         #[cfg(not(target_os = "linux"))]
-        Some(_) => anyhow::bail!("--arrival-fd: Linux only"),
-        None => {
+        (Some(_), _) | (None, Some(_)) => {
+            anyhow::bail!("--arrival-fd, --connections-fd: Linux only")
+        }
+        (None, None) => {
             if !a.listen.ip().is_loopback() {
                 anyhow::bail!("--listen {}: the proxy listens on loopback only", a.listen);
             }

@@ -27,6 +27,41 @@ pub struct ProxyProcess {
     name: String,
 }
 
+/// Where the proxy's connections come from.
+#[derive(Debug)]
+pub enum Input {
+    /// A listener in the command's network namespace, still to arrive on
+    /// this socket (`net::netns`).
+    Arrival(OwnedFd),
+    /// Connections sent one by one over this socket ([`Feed`]: tier 3).
+    Connections(OwnedFd),
+}
+
+/// hull's end of [`Input::Connections`]: each [`Feed::connect`] makes a
+/// connected pair, sends one end to the proxy and returns the other.
+#[derive(Debug)]
+pub struct Feed(OwnedFd);
+
+impl Feed {
+    /// A feed and the proxy's end of it.
+    pub fn pair() -> io::Result<(Feed, Input)> {
+        let (ours, theirs) = crate::exec::fds::descriptor_pair()?;
+        Ok((Feed(ours), Input::Connections(theirs)))
+    }
+
+    /// A new connection to the proxy.
+    pub fn connect(&self) -> io::Result<tokio::net::UnixStream> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        crate::exec::fds::send_fd(
+            std::os::fd::AsFd::as_fd(&self.0),
+            std::os::fd::AsFd::as_fd(&theirs),
+        )?;
+        drop(theirs);
+        ours.set_nonblocking(true)?;
+        tokio::net::UnixStream::from_std(ours)
+    }
+}
+
 /// Who the proxy runs as when hull is root.
 #[derive(Debug, Clone, Copy)]
 pub struct As {
@@ -35,12 +70,12 @@ pub struct As {
 }
 
 impl ProxyProcess {
-    /// Starts the proxy for `net`: its listener arrives on `arrival`, its
+    /// Starts the proxy for `net`: its connections come from `input`, its
     /// decisions go to `audit`; `label` prefixes its lines ("tier bwrap").
     pub fn start(
         label: &str,
         net: &NetPolicy,
-        arrival: OwnedFd,
+        input: Input,
         audit: std::fs::File,
         who: Option<As>,
     ) -> io::Result<ProxyProcess> {
@@ -50,11 +85,15 @@ impl ProxyProcess {
             rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?;
-        let (arrival_fd, audit_fd) = (arrival.as_raw_fd(), audit.as_raw_fd());
+        let (input_flag, input) = match input {
+            Input::Arrival(fd) => ("--arrival-fd", fd),
+            Input::Connections(fd) => ("--connections-fd", fd),
+        };
+        let (input_fd, audit_fd) = (input.as_raw_fd(), audit.as_raw_fd());
         let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
         cmd.arg("__net-proxy")
             .args(["--net-json", &json])
-            .args(["--arrival-fd", &arrival_fd.to_string()])
+            .args([input_flag, &input_fd.to_string()])
             .args(["--audit-fd", &audit_fd.to_string()])
             .args(["--label", label])
             .stdin(Stdio::piped())
@@ -62,7 +101,7 @@ impl ProxyProcess {
             .stderr(Stdio::inherit())
             .env_clear()
             .env("PATH", "/usr/bin:/bin");
-        let keep = [arrival_fd, audit_fd];
+        let keep = [input_fd, audit_fd];
         // SAFETY: the closure makes raw, async-signal-safe system calls
         // (prctl, setgroups, setresgid, setresuid, setpgid, fcntl) on integers
         // captured before the fork; it allocates nothing.
@@ -101,7 +140,7 @@ impl ProxyProcess {
         }
         let child = cmd.spawn()?;
         // The child has its copies.
-        drop((arrival, audit, exe));
+        drop((input, audit, exe));
         let pid = rustix::process::Pid::from_raw(child.id() as i32)
             .ok_or_else(|| io::Error::other("the proxy has no pid"))?;
         let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;

@@ -44,6 +44,11 @@ pub enum Listener {
     /// served when the child closes its end without sending one.
     #[cfg(target_os = "linux")]
     Handed(netns::Arrival),
+    /// Connections already made, each sent over this socket as it comes
+    /// (tier 3: one per stream of the guest's network channel, from
+    /// [`bridge`]). Served until the sender closes its end.
+    #[cfg(target_os = "linux")]
+    Connections(std::os::fd::OwnedFd),
 }
 
 /// The proxy of one run: its own thread and runtime, stopped (and every
@@ -85,6 +90,12 @@ impl Proxy {
                     // SAFETY: `sock` is an owned, valid descriptor, moved
                     // into the AsyncFd, which closes it only when dropped.
                     Accept::Handed(unsafe { tokio::io::unix::AsyncFd::register(sock)? })
+                }
+                #[cfg(target_os = "linux")]
+                Listener::Connections(sock) => {
+                    rustix::io::ioctl_fionbio(&sock, true)?;
+                    // SAFETY: as above.
+                    Accept::Connections(unsafe { tokio::io::unix::AsyncFd::register(sock)? })
                 }
             }
         };
@@ -130,19 +141,51 @@ enum Accept {
     Unix(tokio::net::UnixListener),
     #[cfg(target_os = "linux")]
     Handed(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>),
+    #[cfg(target_os = "linux")]
+    Connections(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>),
 }
 
 impl Accept {
     async fn serve(self, shared: Arc<Shared>) {
         #[cfg(target_os = "linux")]
-        if let Accept::Handed(sock) = self {
-            match Self::arrival(sock).await {
-                Some(l) => return Accept::Tcp(l).serve_accepted(shared).await,
+        let this = match self {
+            Accept::Handed(sock) => match Self::arrival(sock).await {
+                Some(l) => Accept::Tcp(l),
                 None => return,
+            },
+            Accept::Connections(sock) => return Self::connections(sock, shared).await,
+            other => other,
+        };
+        #[cfg(not(target_os = "linux"))]
+        let this = self;
+        this.serve_accepted(shared).await
+    }
+
+    /// Serves each connection sent over `sock` until its sender is gone.
+    #[cfg(target_os = "linux")]
+    async fn connections(
+        sock: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+        shared: Arc<Shared>,
+    ) {
+        use std::os::fd::AsFd;
+        loop {
+            let Ok(mut ready) = sock.readable().await else {
+                return;
+            };
+            let fd = match ready.try_io(|s| crate::exec::fds::try_receive_fd(s.get_ref().as_fd())) {
+                Ok(Ok(Some(fd))) => fd,
+                // The sender closed its end.
+                Ok(Ok(None)) | Ok(Err(_)) => return,
+                Err(_would_block) => continue,
+            };
+            let s = std::os::unix::net::UnixStream::from(fd);
+            if s.set_nonblocking(true).is_err() {
+                continue;
+            }
+            if let Ok(s) = tokio::net::UnixStream::from_std(s) {
+                tokio::spawn(proxy::serve_connection(s, Arc::clone(&shared)));
             }
         }
-        #[allow(unreachable_code)]
-        self.serve_accepted(shared).await
     }
 
     /// Waits for the listener handed over `sock`.
@@ -174,7 +217,7 @@ impl Accept {
                     tokio::spawn(proxy::serve_connection(s, Arc::clone(&shared)));
                 }),
                 #[cfg(target_os = "linux")]
-                Accept::Handed(_) => return,
+                Accept::Handed(_) | Accept::Connections(_) => return,
             };
             if let Err(e) = r {
                 // EMFILE and the like: wait a moment instead of spinning.

@@ -173,3 +173,107 @@ async fn a_broken_frame_ends_the_channel() {
         .unwrap();
     assert!(r.is_err(), "{r:?}");
 }
+
+/// The host's whole side, with the real proxy process: a guest stream to
+/// an allowed name arrives at a loopback origin through `hull __net-proxy
+/// --connections-fd` (fed by [`crate::net::helper::Feed`]); a stream to a
+/// name not allowed gets the proxy's 403 and the origin sees nothing.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_streams_reach_the_proxy_process_and_its_checks() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = origin.local_addr().unwrap().port();
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in origin.incoming() {
+            let Ok(mut s) = s else { break };
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let _ = seen_tx.send(text.lines().next().unwrap_or("").to_string());
+            let _ = s.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
+            );
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let pol = dir.path().join("net.toml");
+    std::fs::write(
+        &pol,
+        format!(
+            "version = 1\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\nports = [{port}]\n\
+             hosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+             allow_private = [\"127.0.0.1/32\"]\n"
+        ),
+    )
+    .unwrap();
+    let (feed, input) = crate::net::helper::Feed::pair().unwrap();
+    let crate::net::helper::Input::Connections(theirs) = input else {
+        unreachable!()
+    };
+    // Passed to the proxy: not close-on-exec in this (test) process.
+    // SAFETY: fcntl on a descriptor this test owns.
+    let r = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) };
+    assert_eq!(r, 0);
+    let mut proxy = std::process::Command::new(hull_tests::hull_bin())
+        .args(["__net-proxy", "--policy"])
+        .arg(&pol)
+        .args(["--connections-fd", &theirs.as_raw_fd().to_string()])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(theirs);
+    let feed = std::sync::Arc::new(feed);
+    let (guest, host) = tokio::io::duplex(1 << 20);
+    tokio::spawn(serve(host, move || {
+        let c = feed.connect();
+        async move { c }
+    }));
+    let mut g = Guest {
+        io: guest,
+        buf: Vec::new(),
+    };
+    for (stream, host) in [(1u32, "pkgs.test"), (2, "other.test")] {
+        g.send(NetFrame::Open { stream }).await;
+        g.send(NetFrame::Data {
+            stream,
+            bytes: format!(
+                "GET http://{host}:{port}/x HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+            )
+            .into_bytes(),
+        })
+        .await;
+    }
+    let mut answers: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
+    let mut closed = 0;
+    while closed < 2 {
+        match g.next().await.expect("a frame from hull") {
+            NetFrame::Data { stream, bytes } => answers.entry(stream).or_default().extend(bytes),
+            NetFrame::Close { .. } => closed += 1,
+            NetFrame::Credit { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let text = |s| String::from_utf8_lossy(&answers[&s]).into_owned();
+    assert!(
+        text(1).starts_with("HTTP/1.1 200") && text(1).ends_with("hello"),
+        "{}",
+        text(1)
+    );
+    assert!(
+        text(2).starts_with("HTTP/1.1 403")
+            && text(2).to_ascii_lowercase().contains("x-hull-refused"),
+        "{}",
+        text(2)
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        seen.try_iter().collect::<Vec<_>>(),
+        vec!["GET /x HTTP/1.1".to_string()]
+    );
+    drop(proxy.stdin.take());
+    let st = proxy.wait().unwrap();
+    assert!(st.success(), "{st:?}");
+}
