@@ -12,6 +12,8 @@ pub mod incus;
 #[cfg(target_os = "linux")]
 pub mod mounts;
 #[cfg(target_os = "linux")]
+pub mod netrelay;
+#[cfg(target_os = "linux")]
 pub mod outbox;
 #[cfg(target_os = "linux")]
 pub mod outer;
