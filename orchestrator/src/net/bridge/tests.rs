@@ -174,6 +174,101 @@ async fn a_broken_frame_ends_the_channel() {
     assert!(r.is_err(), "{r:?}");
 }
 
+/// A loopback origin answering `hello` to every request and reporting
+/// each request's first line, and a proxy process (`hull __net-proxy
+/// --connections-fd`) allowing `pkgs.test` on its port (fixed to 127.0.0.1;
+/// `other.test` too, not allowed), fed by the returned [`Feed`].
+#[cfg(target_os = "linux")]
+struct Proxied {
+    port: u16,
+    seen: std::sync::mpsc::Receiver<String>,
+    proxy: std::process::Child,
+    feed: std::sync::Arc<crate::net::helper::Feed>,
+    _dir: tempfile::TempDir,
+}
+
+#[cfg(target_os = "linux")]
+impl Proxied {
+    fn start() -> Proxied {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = origin.local_addr().unwrap().port();
+        let (seen_tx, seen) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for s in origin.incoming() {
+                let Ok(mut s) = s else { break };
+                let mut buf = [0u8; 4096];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let _ = seen_tx.send(text.lines().next().unwrap_or("").to_string());
+                let _ = s.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
+                );
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let pol = dir.path().join("net.toml");
+        std::fs::write(
+            &pol,
+            format!(
+                "version = 1\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\nports = [{port}]\n\
+                 hosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+                 allow_private = [\"127.0.0.1/32\"]\n"
+            ),
+        )
+        .unwrap();
+        let (feed, input) = crate::net::helper::Feed::pair().unwrap();
+        let crate::net::helper::Input::Connections(theirs) = input else {
+            unreachable!()
+        };
+        // Passed to the proxy: not close-on-exec in this (test) process.
+        // SAFETY: fcntl on a descriptor this test owns.
+        let r = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) };
+        assert_eq!(r, 0);
+        let proxy = std::process::Command::new(hull_tests::hull_bin())
+            .args(["__net-proxy", "--policy"])
+            .arg(&pol)
+            .args(["--connections-fd", &theirs.as_raw_fd().to_string()])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(theirs);
+        Proxied {
+            port,
+            seen,
+            proxy,
+            feed: std::sync::Arc::new(feed),
+            _dir: dir,
+        }
+    }
+
+    /// A bridge on `host` whose streams go to the proxy.
+    fn bridge<P>(&self, host: P)
+    where
+        P: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let feed = std::sync::Arc::clone(&self.feed);
+        tokio::spawn(serve(host, move || {
+            let c = feed.connect();
+            async move { c }
+        }));
+    }
+
+    /// The origin saw exactly the one allowed request; the proxy ends with
+    /// its stdin.
+    fn finish(mut self) {
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            self.seen.try_iter().collect::<Vec<_>>(),
+            vec!["GET /x HTTP/1.1".to_string()]
+        );
+        drop(self.proxy.stdin.take());
+        let st = self.proxy.wait().unwrap();
+        assert!(st.success(), "{st:?}");
+    }
+}
+
 /// The host's whole side, with the real proxy process: a guest stream to
 /// an allowed name arrives at a loopback origin through `hull __net-proxy
 /// --connections-fd` (fed by [`crate::net::helper::Feed`]); a stream to a
@@ -181,56 +276,10 @@ async fn a_broken_frame_ends_the_channel() {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guest_streams_reach_the_proxy_process_and_its_checks() {
-    use std::io::{Read, Write};
-    use std::os::fd::AsRawFd;
-    let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = origin.local_addr().unwrap().port();
-    let (seen_tx, seen) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for s in origin.incoming() {
-            let Ok(mut s) = s else { break };
-            let mut buf = [0u8; 4096];
-            let n = s.read(&mut buf).unwrap_or(0);
-            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-            let _ = seen_tx.send(text.lines().next().unwrap_or("").to_string());
-            let _ = s.write_all(
-                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
-            );
-        }
-    });
-    let dir = tempfile::tempdir().unwrap();
-    let pol = dir.path().join("net.toml");
-    std::fs::write(
-        &pol,
-        format!(
-            "version = 1\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\nports = [{port}]\n\
-             hosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
-             allow_private = [\"127.0.0.1/32\"]\n"
-        ),
-    )
-    .unwrap();
-    let (feed, input) = crate::net::helper::Feed::pair().unwrap();
-    let crate::net::helper::Input::Connections(theirs) = input else {
-        unreachable!()
-    };
-    // Passed to the proxy: not close-on-exec in this (test) process.
-    // SAFETY: fcntl on a descriptor this test owns.
-    let r = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) };
-    assert_eq!(r, 0);
-    let mut proxy = std::process::Command::new(hull_tests::hull_bin())
-        .args(["__net-proxy", "--policy"])
-        .arg(&pol)
-        .args(["--connections-fd", &theirs.as_raw_fd().to_string()])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(theirs);
-    let feed = std::sync::Arc::new(feed);
+    let p = Proxied::start();
+    let port = p.port;
     let (guest, host) = tokio::io::duplex(1 << 20);
-    tokio::spawn(serve(host, move || {
-        let c = feed.connect();
-        async move { c }
-    }));
+    p.bridge(host);
     let mut g = Guest {
         io: guest,
         buf: Vec::new(),
@@ -268,12 +317,45 @@ async fn guest_streams_reach_the_proxy_process_and_its_checks() {
         "{}",
         text(2)
     );
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(
-        seen.try_iter().collect::<Vec<_>>(),
-        vec!["GET /x HTTP/1.1".to_string()]
+    p.finish();
+}
+
+/// Both ends of the channel, with real clients: curl, told the guest
+/// relay's listener as its proxy (as `HTTP_PROXY` will in the container),
+/// through `hull-agent`'s relay, the port (a socket pair here, the
+/// virtio-serial port in the VM), hull's bridge and the proxy process, to
+/// the origin; a name not allowed gets the 403.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_through_both_ends_of_the_channel() {
+    let p = Proxied::start();
+    let port = p.port;
+    let (guest_end, host_end) = std::os::unix::net::UnixStream::pair().unwrap();
+    host_end.set_nonblocking(true).unwrap();
+    p.bridge(tokio::net::UnixStream::from_std(host_end).unwrap());
+    let relay = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    let out = guest_end.try_clone().unwrap();
+    std::thread::spawn(move || hull_agent::netrelay::serve(relay, guest_end, out));
+    let curl = |host: &str| {
+        let url = format!("http://{host}:{port}/x");
+        let proxy = format!("http://{relay_addr}");
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new("curl")
+                .args(["-sS", "-m", "10", "-D", "-", "-x", &proxy, &url])
+                .output()
+                .expect("curl (scripts/setup.sh --test installs it)")
+        })
+    };
+    let ok = curl("pkgs.test").await.unwrap();
+    let out = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.ends_with("hello"),
+        "{out} {}",
+        String::from_utf8_lossy(&ok.stderr)
     );
-    drop(proxy.stdin.take());
-    let st = proxy.wait().unwrap();
-    assert!(st.success(), "{st:?}");
+    let refused = curl("other.test").await.unwrap();
+    let out = String::from_utf8_lossy(&refused.stdout);
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    p.finish();
 }
