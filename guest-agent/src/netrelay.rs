@@ -265,5 +265,63 @@ fn down<W: Write>(stream: u32, mut conn: TcpStream, rx: mpsc::Receiver<Down>, sh
     let _ = conn.shutdown(Shutdown::Both);
 }
 
+/// A TCP listener on `addr` inside the network namespace `netns` (the
+/// container's, from `/proc/PID/ns/net` of its init), with that
+/// namespace's `lo` brought up first. Made on a thread of its own that
+/// enters the namespace and ends: a socket stays in the namespace it was
+/// made in, and no thread of the agent stays there.
+pub fn listen_in(netns: std::fs::File, addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    std::thread::Builder::new()
+        .name("net-listen".into())
+        .spawn(move || {
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&netns),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
+            loopback_up()?;
+            TcpListener::bind(addr)
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the thread entering the network namespace panicked"))?
+}
+
+/// `struct ifreq` as SIOCGIFFLAGS/SIOCSIFFLAGS use it.
+#[repr(C)]
+struct IfreqFlags {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// Brings this thread's network namespace's `lo` up.
+fn loopback_up() -> io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: socket(2) with integer arguments; owned from here.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `s` was just made and nothing else owns it.
+    let s = unsafe { OwnedFd::from_raw_fd(s) };
+    let mut req = IfreqFlags {
+        name: [0; libc::IFNAMSIZ],
+        flags: 0,
+        _pad: [0; 22],
+    };
+    req.name[..2].copy_from_slice(b"lo");
+    // SAFETY: ioctls on a valid socket with a pointer to a local, correctly
+    // laid out ifreq that outlives the calls.
+    unsafe {
+        if libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

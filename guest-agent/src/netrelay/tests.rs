@@ -125,3 +125,51 @@ fn streams_are_the_guest_s_to_open() {
     h.send(NetFrame::Open { stream: 5 });
     assert_eq!(h.next(), NetFrame::Reset { stream: 5 });
 }
+
+/// The listener is made in the namespace it is given (a process's, as the
+/// container's init): reachable from inside it, not from the agent's own
+/// namespace, whose threads stay where they were.
+#[test]
+#[ignore = "needs root: enters another network namespace"]
+fn the_listener_lives_in_the_namespace_it_was_made_in() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
+    let mut holder = std::process::Command::new("unshare")
+        .args(["-n", "sleep", "30"])
+        .spawn()
+        .expect("unshare (util-linux)");
+    // Until the child has entered its namespace.
+    let mine = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let ns_path = format!("/proc/{}/ns/net", holder.id());
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while std::fs::read_link(&ns_path).ok().as_ref() == Some(&mine)
+        && std::time::Instant::now() < end
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ns = std::fs::File::open(&ns_path).unwrap();
+    let l = super::listen_in(ns, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = l.local_addr().unwrap().port();
+    assert_eq!(
+        std::fs::read_link("/proc/thread-self/ns/net").unwrap(),
+        mine
+    );
+    // From here: nothing listens on that port in this namespace.
+    let here = TcpStream::connect(("127.0.0.1", port));
+    assert!(here.is_err(), "reached from the agent's namespace");
+    // From inside: the connection arrives.
+    let inside = std::process::Command::new("nsenter")
+        .args(["-t", &holder.id().to_string(), "-n", "python3", "-c"])
+        .arg(format!(
+            "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'in')"
+        ))
+        .status()
+        .unwrap();
+    assert!(inside.success());
+    let (mut c, _) = l.accept().unwrap();
+    let mut got = Vec::new();
+    c.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"in");
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
