@@ -214,6 +214,12 @@ impl Port {
         }
     }
 
+    /// Whether a host is connected now (no wait).
+    pub fn host_connected(&self) -> io::Result<bool> {
+        let rev = poll_one(&self.file, libc::POLLIN | libc::POLLOUT, 0)?;
+        Ok(rev != 0 && rev & libc::POLLHUP == 0)
+    }
+
     /// A transport for the current host connection.
     pub fn session(&self) -> Transport {
         let closed = Arc::new(AtomicBool::new(false));

@@ -122,6 +122,7 @@ fn spec() -> ConfigureSpec {
         },
         clock_unix_ns: 0,
         prepare: false,
+        network: None,
     }
 }
 

@@ -111,6 +111,13 @@ pub enum RunError {
     /// A step of setting the sandbox up failed on the host.
     #[error(transparent)]
     SandboxUser(#[from] crate::sandbox_user::SandboxUserError),
+    #[cfg(target_os = "linux")]
+    #[error("tier {tier}: {source}")]
+    NetProxy {
+        tier: Tier,
+        #[source]
+        source: crate::net::helper::StartError,
+    },
     #[error("tier {tier}: {what}: {source}")]
     Setup {
         tier: Tier,
@@ -345,10 +352,9 @@ pub fn run_process_tier(
     let mut started_check: Option<Check> = None;
     let mut containment = crate::exec::process::Containment::None;
     // The policy's egress proxy (net.mode = "allowlist"), up until the
-    // command and its tree are gone; and what the command's environment
-    // gains for it.
+    // command and its tree are gone (the command's environment then points
+    // at it).
     let mut proxy: Option<crate::net::helper::ProxyProcess> = None;
-    let mut extra_env: Vec<(String, String)> = Vec::new();
     let mut cmd = match tier {
         Tier::None => {
             eprintln!("{}", crate::tier::none::WARNING);
@@ -380,7 +386,6 @@ pub fn run_process_tier(
             let net_handoff = if policy.net.mode == crate::policy::NetMode::Allowlist {
                 let (handoff, p) = start_netns_proxy(tier, policy)?;
                 proxy = Some(p);
-                extra_env = crate::net::proxy_env();
                 Some(handoff)
             } else {
                 None
@@ -506,7 +511,6 @@ pub fn run_process_tier(
             let proxy_port = if policy.net.mode == crate::policy::NetMode::Allowlist {
                 let (handoff, p) = start_netns_proxy(tier, policy)?;
                 proxy = Some(p);
-                extra_env = crate::net::proxy_env();
                 net_handoff = Some(handoff);
                 Some(crate::net::netns::PORT)
             } else {
@@ -575,18 +579,10 @@ pub fn run_process_tier(
             return Err(RunError::WrongOs(tier))
         }
     };
-    if extra_env.is_empty() {
+    if proxy.is_none() {
         cmd.set_env(&spec.env);
     } else {
-        let mut env: Vec<(String, String)> = spec
-            .env
-            .iter()
-            .filter(|(k, _)| !k.eq_ignore_ascii_case("no_proxy"))
-            .filter(|(k, _)| !extra_env.iter().any(|(x, _)| x == k))
-            .cloned()
-            .collect();
-        env.extend(extra_env);
-        cmd.set_env(&env);
+        cmd.set_env(&crate::net::with_proxy_env(&spec.env));
     }
     setup.install(&mut cmd);
     if let Some(step) = last_step {
@@ -635,38 +631,20 @@ fn start_netns_proxy(
     tier: Tier,
     policy: &Policy,
 ) -> Result<(crate::net::netns::Handoff, crate::net::helper::ProxyProcess), RunError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let setup = |what: String| move |source: std::io::Error| RunError::Setup { tier, what, source };
     let root = crate::tier::identity::hull_is_root();
-    let (handoff, arrival) = crate::net::netns::prepare(!root)
-        .map_err(setup("the socket for the proxy's listener".into()))?;
-    let audit_path = policy.vars.spill.join(crate::net::audit::FILE);
-    let audit = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&audit_path)
-        .map_err(setup(format!("the network audit {}", audit_path.display())))?;
-    let who = if root {
-        let ids = crate::sandbox_user::lookup("the network proxy")?;
-        Some(crate::net::helper::As {
-            uid: ids.uid,
-            gid: ids.gid,
-        })
-    } else {
-        None
-    };
-    let proxy = crate::net::helper::ProxyProcess::start(
+    let (handoff, arrival) =
+        crate::net::netns::prepare(!root).map_err(|source| RunError::Setup {
+            tier,
+            what: "the socket for the proxy's listener".into(),
+            source,
+        })?;
+    let proxy = crate::net::helper::start_for_run(
         &format!("tier {tier}"),
         &policy.net,
+        &policy.vars.spill,
         crate::net::helper::Input::Arrival(arrival.0),
-        audit,
-        who,
     )
-    .map_err(setup(
-        "starting the network proxy (hull __net-proxy)".into(),
-    ))?;
+    .map_err(|source| RunError::NetProxy { tier, source })?;
     Ok((handoff, proxy))
 }
 
@@ -736,7 +714,11 @@ pub fn execute(
     let pf = policy::profiles::load(&opts.policy)?;
     // A network part the tier cannot enforce as written refuses the run
     // before anything is made.
-    tier.network(&pf.net_policy()?).map_err(RunError::Net)?;
+    let net = pf.net_policy()?;
+    tier.network(&net).map_err(RunError::Net)?;
+    if tier == Tier::Vm {
+        crate::tier::vm::kept_vm_network(opts.vm.as_deref(), &net)?;
+    }
     let instance = match &opts.instance {
         Some(id) => id
             .parse::<crate::runtime::InstanceId>()

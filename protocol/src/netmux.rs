@@ -44,6 +44,9 @@ pub const MAX_DATA: usize = 32 * 1024;
 pub const WINDOW: u32 = 256 * 1024;
 /// Streams open at once.
 pub const MAX_STREAMS: usize = 128;
+/// The virtio-serial port the channel runs on
+/// (`/sys/class/virtio-ports/*/name`; QEMU's `virtserialport name=`).
+pub const PORT_NAME: &str = "net.0";
 
 /// The frame kinds; the numbers are part of the wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

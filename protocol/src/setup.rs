@@ -92,6 +92,20 @@ pub struct ConfigureSpec {
     /// `Configure` for the same container, which adds the shares and limits.
     #[serde(default)]
     pub prepare: bool,
+    /// The run's network channel (net.mode = "allowlist"): the outer agent
+    /// listens on the container's loopback and carries each connection over
+    /// the [`crate::netmux::PORT_NAME`] port to hull's proxy. `None`: the
+    /// container has no network at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSpec>,
+}
+
+/// Where the container's end of the network channel listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// The TCP port on the container's 127.0.0.1 (`HTTP_PROXY` points there).
+    pub listen_port: u16,
 }
 
 /// The `Configured` payload.
@@ -141,6 +155,17 @@ impl ConfigureSpec {
             return Err(
                 "a prepare configure takes no shares (they are added after restore)".into(),
             );
+        }
+        match self.network {
+            Some(_) if self.prepare => {
+                return Err(
+                    "a prepare configure takes no network (it is added after restore)".into(),
+                )
+            }
+            Some(NetworkSpec { listen_port: 0 }) => {
+                return Err("network.listen_port must not be 0".into())
+            }
+            _ => {}
         }
         self.container.validate()
     }
@@ -262,6 +287,7 @@ mod tests {
             },
             clock_unix_ns: 1,
             prepare: false,
+            network: None,
         }
     }
 
@@ -293,6 +319,29 @@ mod tests {
         let mut s = spec();
         s.shares.push(s.shares[0].clone());
         assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn the_network_is_a_port_and_never_part_of_a_prepare() {
+        let mut s = spec();
+        s.network = Some(NetworkSpec { listen_port: 3128 });
+        assert_eq!(s.validate(), Ok(()));
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(
+            text.contains("\"network\":{\"listen_port\":3128}"),
+            "{text}"
+        );
+        s.network = Some(NetworkSpec { listen_port: 0 });
+        assert!(s.validate().unwrap_err().contains("listen_port"));
+        let mut s = spec();
+        s.shares.clear();
+        s.prepare = true;
+        assert_eq!(s.validate(), Ok(()));
+        s.network = Some(NetworkSpec { listen_port: 3128 });
+        assert!(s.validate().unwrap_err().contains("network"));
+        // Without one, the field is left out: an older agent reads it.
+        let text = serde_json::to_string(&spec()).unwrap();
+        assert!(!text.contains("network"), "{text}");
     }
 
     #[test]

@@ -238,6 +238,9 @@ impl<T: incus::Transport> IncusBackend<T> {
             binds.len(),
             t0.elapsed().as_secs_f64()
         );
+        if let Some(net) = &spec.network {
+            super::network::start(pid, net)?;
+        }
         let stream = connect_retry(&self.socket_of(&name), CONNECT_TIMEOUT)?;
         *lock(&self.configured) = Some(Use::Configured(name.clone()));
         Ok((name, stream))
@@ -386,6 +389,9 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
         // Incus made the mount points; the way to them must let the
         // command's user through (the container's /root is 0700).
         mounts::reach(pid, (root.uid, root.gid), &spec.shares)?;
+        if let Some(net) = &spec.network {
+            super::network::start(pid, net)?;
+        }
         let stream = connect_retry(&self.socket_of(&name), CONNECT_TIMEOUT)?;
         if spec.prepare {
             // Less guest memory in the snapshot: every page the page cache

@@ -29,6 +29,7 @@ use crate::transport::{self, Port, Transport, TransportError};
 
 mod container;
 mod kernel;
+mod network;
 mod session;
 
 pub use container::{check_id_map, container_devices, interfaces, IncusBackend};
@@ -135,6 +136,12 @@ pub enum SetupError {
     Handshake(String),
     #[error("step attach")]
     Attach(#[from] mounts::InjectError),
+    #[error("step network: cannot {what}")]
+    Network {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// What sets up the container and reaches its inner agent. The real one drives
@@ -238,5 +245,6 @@ fn test_spec() -> hull_protocol::ConfigureSpec {
         },
         clock_unix_ns: 0,
         prepare: false,
+        network: None,
     }
 }

@@ -13,10 +13,59 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::policy::NetPolicy;
+
+/// Why a run's proxy did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot open the network audit {path}: {source}")]
+    Audit {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    User(#[from] crate::sandbox_user::SandboxUserError),
+    #[error("cannot start the network proxy (hull __net-proxy): {0}")]
+    Spawn(#[source] io::Error),
+}
+
+/// Starts the proxy of a run: its decisions appended to the spill's
+/// audit, run as the sandbox user when hull is root. `label` prefixes its
+/// lines ("tier bwrap").
+pub fn start_for_run(
+    label: &str,
+    net: &NetPolicy,
+    spill: &Path,
+    input: Input,
+) -> Result<ProxyProcess, StartError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = spill.join(crate::net::audit::FILE);
+    let audit = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|source| StartError::Audit {
+            path: path.clone(),
+            source,
+        })?;
+    let who = if crate::sandbox_user::hull_is_root() {
+        let ids = crate::sandbox_user::lookup("the network proxy")?;
+        Some(As {
+            uid: ids.uid,
+            gid: ids.gid,
+        })
+    } else {
+        None
+    };
+    ProxyProcess::start(label, net, input, audit, who).map_err(StartError::Spawn)
+}
 
 /// A started proxy process.
 #[derive(Debug)]
@@ -161,6 +210,24 @@ impl ProxyProcess {
         })
     }
 
+    /// How it ended, if it has (it stays unreaped for its owner).
+    pub fn ended(&self) -> Option<String> {
+        use rustix::process::{waitid, WaitId, WaitIdOptions};
+        match waitid(
+            WaitId::PidFd(std::os::fd::AsFd::as_fd(&self.pidfd)),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT | WaitIdOptions::NOHANG,
+        ) {
+            Ok(Some(st)) => Some(describe(&st)),
+            Ok(None) | Err(rustix::io::Errno::INTR) => None,
+            Err(e) => Some(format!("its state is unknown: {e}")),
+        }
+    }
+
+    /// What the user reads: "tier vm: the network proxy (pid N)".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Ends the proxy after the command: closes its stdin (it prints its
     /// refused hosts and exits), waits up to `grace`, then kills it.
     pub fn finish(mut self, grace: Duration) {
@@ -188,16 +255,29 @@ fn how_it_ended(pidfd: &OwnedFd) -> String {
             WaitId::PidFd(std::os::fd::AsFd::as_fd(pidfd)),
             WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
         ) {
-            Ok(Some(st)) => {
-                return if let Some(sig) = st.terminating_signal() {
-                    format!("killed by signal {sig}")
-                } else {
-                    format!("exited with code {}", st.exit_status().unwrap_or(-1))
-                };
-            }
+            Ok(Some(st)) => return describe(&st),
             Ok(None) => continue,
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return format!("its state is unknown: {e}"),
+        }
+    }
+}
+
+fn describe(st: &rustix::process::WaitIdStatus) -> String {
+    if let Some(sig) = st.terminating_signal() {
+        format!("killed by signal {sig}")
+    } else {
+        format!("exited with code {}", st.exit_status().unwrap_or(-1))
+    }
+}
+
+impl Drop for ProxyProcess {
+    /// A proxy its owner did not finish (an error on the way) does not
+    /// outlive it.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }

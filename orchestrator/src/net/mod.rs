@@ -33,6 +33,20 @@ pub fn proxy_env() -> Vec<(String, String)> {
         .collect()
 }
 
+/// `env` with the proxy's variables set ([`proxy_env`]) and `NO_PROXY`
+/// (any case) removed.
+pub fn with_proxy_env(env: &[(String, String)]) -> Vec<(String, String)> {
+    let extra = proxy_env();
+    let mut out: Vec<(String, String)> = env
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("no_proxy"))
+        .filter(|(k, _)| !extra.iter().any(|(x, _)| x == k))
+        .cloned()
+        .collect();
+    out.extend(extra);
+    out
+}
+
 /// Where the proxy listens.
 #[derive(Debug)]
 pub enum Listener {

@@ -253,6 +253,9 @@ impl Tier {
             (NetMode::Allowlist, Tier::Landlock) => Ok(
                 "allowlist: only through hull's proxy (HTTP(S)_PROXY=http://127.0.0.1:3128, listening in a network namespace of the command's own with only loopback; Landlock allows TCP connect to that port only); nothing else is reachable",
             ),
+            (NetMode::Allowlist, Tier::Vm) => Ok(
+                "allowlist: only through hull's proxy (HTTP(S)_PROXY=http://127.0.0.1:3128 in the container, each connection carried over a virtio-serial port to the run's proxy on the host); the VM has no network device, so nothing else is reachable",
+            ),
             (NetMode::Allowlist, Tier::Seatbelt) => Err(NetUnsupported::NoProxyOnMacos),
             (NetMode::Allowlist, Tier::AppContainer) => Err(NetUnsupported::NeedsElevatedHelper),
             (NetMode::Allowlist, tier) => Err(NetUnsupported::NoProxy { tier }),
@@ -297,14 +300,17 @@ mod tests {
             assert!(t.network(&none).is_ok(), "{t}");
             assert_eq!(
                 t.network(&allow).is_ok(),
-                matches!(t, Tier::None | Tier::Bwrap | Tier::Landlock),
+                matches!(t, Tier::None | Tier::Bwrap | Tier::Landlock | Tier::Vm),
                 "{t}"
             );
         }
         let why = |t: Tier| t.network(&allow).unwrap_err().to_string();
         assert!(why(Tier::Seatbelt).contains("on macOS yet"));
         assert!(why(Tier::AppContainer).contains("WFP filters"));
-        assert!(why(Tier::Vm).contains("tier vm") && why(Tier::Vm).contains("proxy"));
+        assert!(
+            why(Tier::Restricted).contains("tier restricted")
+                && why(Tier::Restricted).contains("proxy")
+        );
     }
 
     #[test]

@@ -161,6 +161,7 @@ pub fn configure_spec(
     plan: &VmPlan,
     name: &str,
     clock_unix_ns: u64,
+    network: Option<hull_protocol::NetworkSpec>,
 ) -> Result<ConfigureSpec, AssembleError> {
     let mut shares = Vec::new();
     for s in &plan.shares {
@@ -194,6 +195,7 @@ pub fn configure_spec(
         },
         clock_unix_ns,
         prepare: false,
+        network,
     };
     spec.validate().map_err(AssembleError::Configure)?;
     Ok(spec)
@@ -451,7 +453,7 @@ pub(crate) mod tests {
 
     #[test]
     fn golden_configure_request() {
-        let c = configure_spec(&plan(), lower_vm::RUN_CONTAINER, 42).unwrap();
+        let c = configure_spec(&plan(), lower_vm::RUN_CONTAINER, 42, None).unwrap();
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(
             json,
@@ -475,7 +477,7 @@ pub(crate) mod tests {
             .dir("/tmp/hull-runs/ID/spill");
         let pf = PolicyFile::parse("p", "version = 1\n[fs]\nread = [\"${PROJECT}\"]\n").unwrap();
         let plan = lower_vm::lower(&resolve(&pf, &vars).unwrap(), &fs).unwrap();
-        let c = configure_spec(&plan, "hull-x", 1).unwrap();
+        let c = configure_spec(&plan, "hull-x", 1, None).unwrap();
         let p = c.shares.iter().find(|s| s.tag == "project").unwrap();
         assert!(p.readonly);
         let v = share_specs(&plan, Path::new("/r"));

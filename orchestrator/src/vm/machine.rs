@@ -140,6 +140,10 @@ impl MachineSpec {
     pub fn qmp_socket(&self) -> PathBuf {
         self.dir.join("qmp.sock")
     }
+    /// The network channel's port (`hull_protocol::netmux`).
+    pub fn net_socket(&self) -> PathBuf {
+        self.dir.join("net.sock")
+    }
     pub fn console_log(&self) -> PathBuf {
         self.log_dir.join("console.log")
     }
@@ -172,6 +176,7 @@ impl MachineSpec {
                 })
                 .collect(),
             agent_socket: self.agent_socket(),
+            net_socket: self.net_socket(),
             qmp_socket: self.qmp_socket(),
             sandbox,
             incoming: self.incoming.clone(),
@@ -290,6 +295,7 @@ pub struct Machine {
     console_log: PathBuf,
     qemu_log: PathBuf,
     agent_socket: PathBuf,
+    net_socket: PathBuf,
     // Field order is drop order: QEMU goes before the file servers.
     qmp: Option<Qmp>,
     qemu: Supervised,
@@ -347,7 +353,7 @@ impl Machine {
                 .into());
             }
         }
-        let mut sockets = vec![spec.agent_socket(), spec.qmp_socket()];
+        let mut sockets = vec![spec.agent_socket(), spec.net_socket(), spec.qmp_socket()];
         sockets.extend(spec.shares.iter().map(|s| s.socket.clone()));
         for s in &sockets {
             if s.as_os_str().len() > MAX_SOCKET_PATH {
@@ -429,6 +435,7 @@ impl Machine {
             console_log: console.clone(),
             qemu_log,
             agent_socket: spec.agent_socket(),
+            net_socket: spec.net_socket(),
             qmp: None,
             qemu,
             vfs,
@@ -532,6 +539,13 @@ impl Machine {
                 .into()
             })),
         }
+    }
+
+    /// Connects to the network channel's port (QEMU listens; one
+    /// connection per VM). The guest's end answers only after a
+    /// `Configure` that asks for the network.
+    pub fn connect_net(&self) -> io::Result<std::os::unix::net::UnixStream> {
+        std::os::unix::net::UnixStream::connect(&self.net_socket)
     }
 
     /// The QMP session (None after QEMU went away).

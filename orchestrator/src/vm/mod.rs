@@ -19,6 +19,7 @@
 //! - [`qmp`]: the control socket;
 //! - [`machine`]: start/stop of one VM, waiting for the agent;
 //! - [`agent`]: the host side of the agent session;
+//! - [`net_channel`]: a run's proxy, bridged to the VM's network port;
 //! - [`heartbeat`]: whether a busy guest still answers;
 //! - [`pool`]: `hull batch`, a warm pool of restored VMs, one per job;
 //! - [`snapshot`]: prepared VM snapshots, restored instead of booting;
@@ -39,6 +40,8 @@ pub mod image;
 pub mod libc_needs;
 #[cfg(target_os = "linux")]
 pub mod machine;
+#[cfg(target_os = "linux")]
+pub mod net_channel;
 pub mod qemu;
 
 #[cfg(target_os = "linux")]

@@ -248,7 +248,16 @@ fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, JobError> {
         dir: &dir,
         log_dir: &log_dir,
     };
-    let session = VmSession::start(start, &|| ctx.irq.load(Ordering::SeqCst) != 0)?;
+    let mut session = VmSession::start(start, &|| ctx.irq.load(Ordering::SeqCst) != 0)?;
+    // The allow list: each job's VM gets a proxy of its own, auditing
+    // into its own instance's spill.
+    let env = if pol.net.mode == crate::policy::NetMode::Allowlist {
+        let label = format!("tier vm (instance {})", instance.id());
+        session.start_network(&label, &pol.net, instance.spill())?;
+        crate::net::with_proxy_env(&env)
+    } else {
+        env
+    };
     Ok(Warm {
         instance,
         session,

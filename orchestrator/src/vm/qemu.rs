@@ -198,6 +198,10 @@ pub struct MachineConfig {
     pub shares: Vec<FsShare>,
     /// Unix socket QEMU listens on for the agent's virtio-serial port.
     pub agent_socket: PathBuf,
+    /// Unix socket QEMU listens on for the network channel's port
+    /// (`hull_protocol::netmux`): every VM has it, so a snapshot restores
+    /// into any run; hull connects to it only for a run with an allow list.
+    pub net_socket: PathBuf,
     /// Unix socket QEMU listens on for QMP.
     pub qmp_socket: PathBuf,
     /// Whether to pass `-sandbox on,...` (the QEMU build supports it).
@@ -398,6 +402,17 @@ impl MachineConfig {
             "-device",
             &format!("virtserialport,bus=vser0.0,chardev=agent,name={AGENT_PORT_NAME}"),
         ]);
+        // The network channel: a second port on the same bus.
+        let net = path_str("network channel socket", &self.net_socket)?;
+        push(&[
+            "-chardev",
+            &format!("socket,id=net,path={},server=on,wait=off", opt(net)),
+            "-device",
+            &format!(
+                "virtserialport,bus=vser0.0,chardev=net,name={}",
+                hull_protocol::netmux::PORT_NAME
+            ),
+        ]);
         for (i, d) in self.disks.iter().enumerate() {
             let p = path_str("disk", &d.path)?;
             let mut drive = format!(
@@ -577,6 +592,7 @@ mod tests {
                 ]
             },
             agent_socket: "/run/ID/agent.sock".into(),
+            net_socket: "/run/ID/net.sock".into(),
             qmp_socket: "/run/ID/qmp.sock".into(),
             sandbox: true,
             incoming: None,
@@ -613,6 +629,10 @@ virtio-serial-pci,id=vser0
 socket,id=agent,path=/run/ID/agent.sock,server=on,wait=off
 -device
 virtserialport,bus=vser0.0,chardev=agent,name=agent.0
+-chardev
+socket,id=net,path=/run/ID/net.sock,server=on,wait=off
+-device
+virtserialport,bus=vser0.0,chardev=net,name=net.0
 -drive
 file=/cache/img/root.img,if=none,id=disk0,format=raw,readonly=on
 -device

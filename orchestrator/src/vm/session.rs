@@ -24,12 +24,17 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use hull_protocol::NetworkSpec;
+
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
+use crate::net::helper::Feed;
 use crate::policy::lower::vm::VmPlan;
+use crate::policy::NetPolicy;
 use crate::vm::agent::{AgentError, AgentSession, ExecOptions, RawSession};
 use crate::vm::assemble::{configure_spec, now_ns, start_vm, AssembleError, Started};
 use crate::vm::image::GuestImage;
 use crate::vm::machine::{Fault, Machine, MachineError, Tools};
+use crate::vm::net_channel::NetChannel;
 use crate::vm::qemu::Accel;
 use crate::vm::snapshot::SnapshotUse;
 
@@ -54,6 +59,21 @@ pub enum SessionError {
         log: PathBuf,
         console: PathBuf,
     },
+    /// The run's network proxy ended while a command ran (the VM is gone).
+    #[error(
+        "{name} ended while the command ran ({how}); the VM was killed\n  console log: {console}"
+    )]
+    NetProxyEnded {
+        name: String,
+        how: String,
+        console: PathBuf,
+    },
+    /// The run's proxy did not start (the VM is gone).
+    #[error("tier vm: {0}")]
+    NetProxy(#[from] crate::net::helper::StartError),
+    /// The network channel could not be set up (the VM is gone).
+    #[error("tier vm: cannot set up the network channel: {0}")]
+    Network(#[source] std::io::Error),
     /// The guest answered nothing, not even a `Ping` (the VM is gone).
     #[error("tier vm: the guest has not answered for {secs} s (its agent wedged, its kernel hung, or its vCPUs stopped); the VM was killed\n  console log: {console}")]
     Silent { secs: u64, console: PathBuf },
@@ -63,6 +83,9 @@ pub enum SessionError {
     #[error("tier vm: cancelled")]
     Cancelled,
 }
+
+/// How long the run's proxy has to print its refused hosts and end.
+const NET_GRACE: Duration = Duration::from_secs(2);
 
 /// What a VM is started for.
 #[derive(Debug)]
@@ -90,6 +113,9 @@ pub struct VmSession {
     setup_deadline: Duration,
     /// Killed after the guest broke the session or ignored `Kill`.
     dead: bool,
+    /// The run's proxy and its bridge to the VM's network port, when the
+    /// policy has an allow list.
+    net: Option<NetChannel>,
 }
 
 impl VmSession {
@@ -119,6 +145,7 @@ impl VmSession {
             hold,
             setup_deadline,
             dead: false,
+            net: None,
         })
     }
 
@@ -135,13 +162,48 @@ impl VmSession {
         }
     }
 
-    /// Sets up container `name` with the plan's shares and limits.
+    /// Gives the container the network `net` allows, through a proxy of
+    /// this run's own (`label` prefixes its lines; its audit goes to
+    /// `spill`): the VM's network port is bridged to it, and the next
+    /// [`VmSession::configure`] has the guest listen for it. Call before
+    /// `configure`. On an error the VM is killed.
+    pub fn start_network(
+        &mut self,
+        label: &str,
+        net: &NetPolicy,
+        spill: &Path,
+    ) -> Result<(), SessionError> {
+        let started = Feed::pair()
+            .map_err(SessionError::Network)
+            .and_then(|(feed, input)| {
+                let proxy = crate::net::helper::start_for_run(label, net, spill, input)?;
+                let port = self.machine.connect_net().map_err(SessionError::Network)?;
+                NetChannel::start(port, proxy, feed).map_err(SessionError::Network)
+            });
+        match started {
+            Ok(n) => {
+                self.net = Some(n);
+                Ok(())
+            }
+            Err(e) => {
+                self.machine.kill_now();
+                self.dead = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Sets up container `name` with the plan's shares and limits (and
+    /// the network, when [`VmSession::attach_network`] gave it one).
     pub fn configure(
         &mut self,
         name: &str,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<(), SessionError> {
-        let cfg = configure_spec(&self.plan, name, now_ns())?;
+        let network = self.net.as_ref().map(|_| NetworkSpec {
+            listen_port: crate::net::netns::PORT,
+        });
+        let cfg = configure_spec(&self.plan, name, now_ns(), network)?;
         let machine = &mut self.machine;
         let r = self.agent.configure(&cfg, self.setup_deadline, &mut || {
             cancelled() || !machine.is_running()
@@ -165,15 +227,30 @@ impl VmSession {
         opts.uid_gid = Some((self.plan.uid, self.plan.gid));
         let irq = opts.interrupt.clone();
         let machine = &mut self.machine;
+        let net = self.net.as_ref();
         let mut died = None;
+        let mut proxy_ended = None;
         // The reason the exec stops with; the error below says it in full.
         let mut watch = || {
+            if let Some((name, how)) = net.and_then(NetChannel::ended) {
+                proxy_ended = Some((name.clone(), how));
+                return Some(name);
+            }
             let d = machine.failed_helper()?;
             let name = d.name.clone();
             died = Some(d);
             Some(name)
         };
         let r = self.agent.exec_watched(spec, sink, opts, &mut watch);
+        if let Some((name, how)) = proxy_ended {
+            self.machine.kill_now();
+            self.dead = true;
+            return Err(SessionError::NetProxyEnded {
+                name,
+                how,
+                console: self.machine.console_log().to_path_buf(),
+            });
+        }
         if let Some(d) = died {
             self.machine.kill_now();
             self.dead = true;
@@ -218,22 +295,38 @@ impl VmSession {
     /// that broke, or a `cancelled()` (before or while it waits), is killed
     /// instead.
     pub fn finish(mut self, grace: Duration, cancelled: &dyn Fn() -> bool) {
+        let net = self.net.take();
         if self.dead || cancelled() {
-            return self.machine.kill();
+            self.machine.kill();
+        } else {
+            self.machine
+                .shutdown_unless(Some(&mut self.agent), grace, cancelled);
         }
-        self.machine
-            .shutdown_unless(Some(&mut self.agent), grace, cancelled);
+        if let Some(n) = net {
+            n.finish(NET_GRACE);
+        }
     }
 
     /// Ends the VM at once.
-    pub fn kill(self) {
+    pub fn kill(mut self) {
+        let net = self.net.take();
         self.machine.kill();
+        if let Some(n) = net {
+            n.finish(NET_GRACE);
+        }
     }
 
     /// Hands the VM and the raw agent connection over (`hull vm up` relays
     /// its clients' frames itself).
     pub fn into_raw(self) -> Result<(Machine, RawSession), SessionError> {
-        let VmSession { machine, agent, .. } = self;
+        let VmSession {
+            machine,
+            agent,
+            net,
+            ..
+        } = self;
+        debug_assert!(net.is_none(), "a VM kept up has no run's network");
+        drop(net);
         agent
             .into_raw()
             .map(|raw| (machine, raw))

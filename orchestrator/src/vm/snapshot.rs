@@ -54,8 +54,9 @@ use crate::policy::lower::vm::{self as lower_vm, VmPlan, GUEST_SHARE_ROOT};
 
 /// virtiofs devices every snapshot has; a plan with more shares boots cold.
 pub const SLOTS: usize = 8;
-/// `manifest.json` format of a snapshot.
-pub const SNAPSHOT_FORMAT: u32 = 2;
+/// `manifest.json` format of a snapshot, and of the device set it was
+/// saved with (3: the network channel's port).
+pub const SNAPSHOT_FORMAT: u32 = 3;
 /// VM memory of the default snapshot: the default policy's 4 GiB container
 /// limit plus the guest's own needs. RAM is a memfd the host backs only as
 /// it is touched.
@@ -685,6 +686,7 @@ fn boot_and_save(
         },
         clock_unix_ns: crate::vm::assemble::now_ns(),
         prepare: true,
+        network: None,
     };
     let guest = |step: &'static str, why: String| SnapshotError::Guest {
         step,
@@ -1005,7 +1007,7 @@ mod tests {
         );
         assert!(specs[4].views.is_empty());
         // What the guest is told is valid: one tag, a directory each.
-        let c = crate::vm::assemble::configure_spec(&s, "hull-run", 1).unwrap();
+        let c = crate::vm::assemble::configure_spec(&s, "hull-run", 1, None).unwrap();
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(c.shares[9].source(), "/mnt/hull/hull3/6");
         assert_eq!(c.shares[9].container_path, "/home/u/tool6");

@@ -34,6 +34,7 @@ pub fn sample_spec() -> ConfigureSpec {
         },
         clock_unix_ns: 1_764_000_000_000_000_000,
         prepare: false,
+        network: None,
     }
 }
 
