@@ -160,6 +160,68 @@ async fn no_more_than_max_streams_are_open_at_once() {
     }
 }
 
+/// This process's resident memory, in bytes.
+fn resident() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A guest that floods the port: every stream it may open sent eight
+/// times its window, to a proxy that takes nothing. hull holds at most the
+/// windows of the open streams (`MAX_STREAMS * WINDOW`, 32 MiB; each
+/// overrun stream is reset and its bytes dropped): its memory grows by far
+/// less than the 256 MiB the guest sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_guest_does_not_grow_hull_past_the_windows() {
+    let (guest, host) = tokio::io::duplex(1 << 20);
+    tokio::spawn(serve(host, || {
+        std::future::pending::<std::io::Result<tokio::net::TcpStream>>()
+    }));
+    let (mut from_hull, mut to_hull) = tokio::io::split(guest);
+    // hull's answers (resets) are read, or its writer would stop it.
+    tokio::spawn(async move {
+        let mut sink = vec![0u8; 1 << 16];
+        while from_hull.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+    });
+    let before = resident();
+    let mut peak = before;
+    let chunk = vec![b'x'; MAX_DATA];
+    let frames_per_stream = 8 * WINDOW as usize / MAX_DATA;
+    let mut sent: u64 = 0;
+    for id in 1..=MAX_STREAMS as u32 {
+        let open = encode_net(&NetFrame::Open { stream: id }).unwrap();
+        to_hull.write_all(&open).await.unwrap();
+        let data = encode_net(&NetFrame::Data {
+            stream: id,
+            bytes: chunk.clone(),
+        })
+        .unwrap();
+        for _ in 0..frames_per_stream {
+            to_hull.write_all(&data).await.unwrap();
+            sent += MAX_DATA as u64;
+        }
+        peak = peak.max(resident());
+    }
+    // What hull read last is handled before the peak is taken.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    peak = peak.max(resident());
+    let bound = (MAX_STREAMS as u64) * u64::from(WINDOW);
+    assert_eq!(sent, 8 * bound);
+    let grew = peak.saturating_sub(before);
+    assert!(
+        grew < bound * 2,
+        "hull grew by {} MiB after a flood of {} MiB (bound {} MiB)",
+        grew >> 20,
+        sent >> 20,
+        bound >> 20
+    );
+}
+
 #[tokio::test]
 async fn a_broken_frame_ends_the_channel() {
     let (mut guest, host) = tokio::io::duplex(4096);
