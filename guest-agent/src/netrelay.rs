@@ -10,8 +10,8 @@
 //! connection took it, so a client that stops reading stalls its own
 //! stream, never the port).
 //!
-//! Not wired to the VM yet (issue 28): the port and the listener in the
-//! container's network namespace come next.
+//! `outer::network` starts it when a `Configure` asks for the network,
+//! with the listener made in the container's network namespace.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};

@@ -9,8 +9,8 @@
 //! from the proxy go back under the guest's window: a guest that stops
 //! crediting stops its own downloads, nothing else.
 //!
-//! Not wired to the VM yet (issue 28): the port and the guest's end come
-//! next; this is the part that decides what the guest's bytes may do.
+//! `vm::net_channel` runs it for a run whose policy has an allow list,
+//! between the VM's `net.0` port and the run's proxy process.
 
 use std::collections::HashMap;
 use std::future::Future;
