@@ -70,6 +70,8 @@ if [ "$want_test" -eq 1 ]; then
   python3 -m pip --version >/dev/null 2>&1 || need_pkgs+=(python3-pip)
   command -v npm >/dev/null || need_pkgs+=(npm)
   command -v openssl >/dev/null || need_pkgs+=(openssl)
+  # A venv in the project, made inside the sandbox by Debian's python3.
+  /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
 fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)

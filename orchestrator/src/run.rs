@@ -246,6 +246,9 @@ pub enum PrepareError {
     #[error(transparent)]
     Policy(#[from] policy::PolicyError),
     #[cfg(unix)]
+    #[error("net.allow: {0}")]
+    Registry(#[from] crate::net::registry::RegistryError),
+    #[cfg(unix)]
     #[error(transparent)]
     Git(#[from] policy::git::GitScanError),
 }
@@ -266,6 +269,11 @@ pub fn resolve_policy(
     vars: &Vars,
 ) -> Result<(Policy, Repos), PrepareError> {
     let mut pol = policy::resolve(pf, vars)?;
+    // `registry:NAME`: the hosts the host's clients use, asked now.
+    #[cfg(unix)]
+    if pol.net.mode == policy::NetMode::Allowlist {
+        crate::net::registry::apply(&mut pol.net)?;
+    }
     let mut state = vec![crate::vm::supervisor_root()];
     if let Ok(cache) = crate::vm::image::Cache::default_location() {
         state.push(cache.root().to_path_buf());

@@ -2602,6 +2602,153 @@ fn cargo_fetches_from_a_sparse_registry_through_the_proxy(t: &str) {
     assert!(w.project.join("Cargo.lock").is_file(), "{}", show(&o));
 }
 
+/// `registry:pip`, `registry:npm` and `registry:cargo`, resolved from this
+/// host's own clients (`hull policy explain` shows what each said), serve
+/// real installs from the registries this machine reaches: `pip install`
+/// of a small pure-Python package into a venv in the project, `npm ci` of
+/// a project whose own postinstall script runs, `cargo fetch` of a crate
+/// with a few dependencies. The audit names only the registries' hosts,
+/// all allowed, and each client's among them. The one case that uses the
+/// network beyond loopback: it fails with a message, not a hang, when a
+/// registry cannot be reached.
+fn registries_the_host_uses_serve_real_installs(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let (rustup, cargo) = hull_tests::host_rust();
+    let bin = cargo.join("bin");
+    let policy = |private: &str| {
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\", {rustup:?}, {bin:?}]\n\
+             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\n\
+             allow = [\"registry:pip\", \"registry:npm\", \"registry:cargo\"]\n{private}\
+             [env]\npass = [\"RUSTUP_TOOLCHAIN\"]\n[env.set]\nRUSTUP_HOME = {rustup:?}\n\
+             CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n",
+            bin.display()
+        )
+    };
+    let pol = w.root.path().join("registries.toml");
+    std::fs::write(&pol, policy("")).expect("write policy");
+    // What each client said, as hull resolved it.
+    let o = w
+        .hull()
+        .args(["policy", "explain", "--tier", t])
+        .arg(&pol)
+        .arg("--project")
+        .arg(&w.project)
+        .output()
+        .expect("hull policy explain");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", show(&o));
+    let mut by_client: Vec<(String, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("registry:") {
+            let mut words = rest.split_whitespace();
+            let client = words.next().expect("a client").to_string();
+            let hosts: Vec<String> = words
+                .take_while(|w| !w.starts_with('('))
+                .map(str::to_string)
+                .collect();
+            by_client.push((client, hosts));
+        }
+    }
+    let clients: Vec<&str> = by_client.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(clients, ["pip", "npm", "cargo"], "{text}");
+    // Each host must answer here, or the case says so and stops.
+    let mut addresses = Vec::new();
+    for (client, hosts) in &by_client {
+        assert!(!hosts.is_empty(), "{client}: no host: {text}");
+        for hp in hosts {
+            use std::net::ToSocketAddrs;
+            let addrs: Vec<std::net::SocketAddr> = hp
+                .to_socket_addrs()
+                .unwrap_or_else(|e| panic!("{client}'s registry {hp} does not resolve on this machine: {e}; this case needs the registries this machine's clients use"))
+                .collect();
+            let reached = addrs
+                .iter()
+                .any(|a| std::net::TcpStream::connect_timeout(a, Duration::from_secs(10)).is_ok());
+            assert!(reached, "{client}'s registry {hp} ({addrs:?}) cannot be reached from this machine within 10 s; this case needs the registries this machine's clients use");
+            addresses.extend(addrs.iter().map(|a| a.ip()));
+        }
+    }
+    // A machine may reach its registries through addresses hull refuses
+    // unless listed (this one: a documentation range); the policy lists
+    // exactly the addresses the registries' hosts resolve to.
+    addresses.sort();
+    addresses.dedup();
+    let listed: Vec<String> = addresses.iter().map(|a| format!("\"{a}\"")).collect();
+    std::fs::write(
+        &pol,
+        policy(&format!("allow_private = [{}]\n", listed.join(", "))),
+    )
+    .expect("write policy");
+    std::fs::write(
+        w.project.join("package.json"),
+        "{\"name\": \"app\", \"version\": \"1.0.0\", \"private\": true,\n\
+         \"dependencies\": {\"left-pad\": \"1.3.0\"},\n\
+         \"scripts\": {\"postinstall\": \"node -e \\\"require('fs').writeFileSync('postinstall.txt', 'postinstall ran\\\\n')\\\"\"}}\n",
+    )
+    .expect("write");
+    std::fs::create_dir_all(w.project.join("src")).expect("mkdir");
+    std::fs::write(
+        w.project.join("Cargo.toml"),
+        "[package]\nname = \"app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n\
+         [dependencies]\nitoa = \"=1.0.11\"\nryu = \"=1.0.18\"\nmemchr = { version = \"=2.7.4\", default-features = false }\n",
+    )
+    .expect("write");
+    std::fs::write(w.project.join("src/main.rs"), "fn main() {}\n").expect("write");
+    let pol = pol.to_string_lossy().into_owned();
+    let o = w.run(
+        t,
+        &["--policy", &pol, "--timeout", "600s"],
+        "set -e\n\
+         python3 -m venv venv\n\
+         venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check six\n\
+         venv/bin/python -c 'import six; print(\"six\", six.PY3)'\n\
+         npm install --no-audit --no-fund --cache \"$TMPDIR/npm\" >/dev/null\n\
+         rm -rf node_modules postinstall.txt\n\
+         npm ci --no-audit --no-fund --cache \"$TMPDIR/npm\" >/dev/null\n\
+         cat postinstall.txt; ls node_modules\n\
+         cargo fetch -q\n\
+         ls \"$CARGO_HOME\"/registry/cache/*/ | sort\n",
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        out,
+        "six True\npostinstall ran\nleft-pad\nitoa-1.0.11.crate\nmemchr-2.7.4.crate\nryu-1.0.18.crate\n",
+        "{}",
+        show(&o)
+    );
+    assert!(w.project.join("package-lock.json").is_file());
+    assert!(w.project.join("Cargo.lock").is_file());
+    let audits = net_audits(&w);
+    assert_eq!(audits.len(), 1, "{audits:?}");
+    let hosts_of = |line: &str| -> String {
+        let v: serde_json::Value = serde_json::from_str(line).expect("an audit line is JSON");
+        v["host"].as_str().unwrap_or_default().to_string()
+    };
+    for line in audits[0].lines() {
+        let host = hosts_of(line);
+        assert!(
+            line.contains("\"allowed\":true")
+                && by_client.iter().any(|(_, hs)| hs
+                    .iter()
+                    .any(|hp| hp.split(':').next() == Some(host.as_str()))),
+            "not a registry's host, or refused: {line}"
+        );
+    }
+    for (client, hosts) in &by_client {
+        assert!(
+            audits[0].lines().any(|l| hosts
+                .iter()
+                .any(|hp| hp.split(':').next() == Some(hosts_of(l).as_str()))),
+            "nothing went to {client}'s registry: {}",
+            audits[0]
+        );
+    }
+}
+
 /// HTTPS through `CONNECT`: curl verifies a loopback TLS server's
 /// certificate for the allowed name through the proxy (the tunnel carries
 /// the handshake untouched); a ClientHello naming another host inside a
@@ -2771,6 +2918,7 @@ matrix!(
         https_goes_through_connect_with_its_own_name,
         a_killed_proxy_ends_the_run_naming_it,
         socks5_reaches_allowed_names_only,
+        registries_the_host_uses_serve_real_installs,
     ],
     bwrap: [
         only_allowed_names_are_reached_through_the_proxy,
@@ -2780,6 +2928,7 @@ matrix!(
         https_goes_through_connect_with_its_own_name,
         a_killed_proxy_ends_the_run_naming_it,
         socks5_reaches_allowed_names_only,
+        registries_the_host_uses_serve_real_installs,
         the_canary_reports_no_leak,
         a_project_under_the_real_home,
         a_killed_bwrap_is_named_and_takes_the_command_along,

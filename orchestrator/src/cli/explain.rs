@@ -59,7 +59,9 @@ pub fn explain(a: ExplainArgs) -> anyhow::Result<i32> {
     let spec = a.policy.unwrap_or_else(|| "default".into());
     let pf = policy::profiles::load(&spec)?;
     let vars = example_vars(project);
-    let pol = policy::resolve(&pf, &vars)?;
+    let mut pol = policy::resolve(&pf, &vars)?;
+    // `registry:NAME`: what each resolves to here, as a run would see it.
+    let registries = registry_lines(&mut pol);
     let tiers: Vec<Tier> = match &a.tier {
         Some(t) => vec![Tier::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?],
         None => Tier::ALL.to_vec(),
@@ -74,7 +76,7 @@ pub fn explain(a: ExplainArgs) -> anyhow::Result<i32> {
             serde_json::to_string_pretty(&json!({"policy": pol, "tiers": out}))?
         );
     } else {
-        print!("{}", render_policy(&pol));
+        print!("{}", render_policy(&pol, &registries));
         for o in out {
             println!("\n== tier {} ==", o["tier"].as_str().unwrap_or("?"));
             if let Some(lines) = o["lines"].as_array() {
@@ -87,7 +89,30 @@ pub fn explain(a: ExplainArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn render_policy(p: &Policy) -> String {
+/// `registry:NAME` entries resolved into the policy's allow list, one line
+/// each (or why a run would be refused).
+#[cfg(unix)]
+fn registry_lines(pol: &mut Policy) -> Result<Vec<String>, String> {
+    if pol.net.mode != policy::NetMode::Allowlist {
+        return Ok(Vec::new());
+    }
+    let list = crate::net::registry::apply(&mut pol.net).map_err(|e| e.to_string())?;
+    Ok(list
+        .iter()
+        .map(|r| {
+            let hosts: Vec<String> = r.endpoints.iter().map(|e| e.to_string()).collect();
+            format!("{}  {}  (from {})", r.registry, hosts.join(" "), r.from)
+        })
+        .collect())
+}
+
+/// Registries are resolved where the proxy runs (Unix).
+#[cfg(not(unix))]
+fn registry_lines(_pol: &mut Policy) -> Result<Vec<String>, String> {
+    Ok(Vec::new())
+}
+
+fn render_policy(p: &Policy, registries: &Result<Vec<String>, String>) -> String {
     let mut s = format!("policy {}\n", p.name);
     for g in &p.grants {
         s.push_str(&format!(
@@ -125,6 +150,14 @@ fn render_policy(p: &Policy) -> String {
         s.push_str(&format!("    deny     {}\n", list(&n.deny)));
         let ports: Vec<String> = n.ports.iter().map(u16::to_string).collect();
         s.push_str(&format!("    ports    {}\n", ports.join(" ")));
+        match registries {
+            Ok(lines) => {
+                for l in lines {
+                    s.push_str(&format!("    {l}\n"));
+                }
+            }
+            Err(e) => s.push_str(&format!("    net.allow: {e} (a run is refused)\n")),
+        }
         for (name, ip) in &n.hosts {
             s.push_str(&format!("    host     {name} = {ip}\n"));
         }

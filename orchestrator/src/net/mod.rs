@@ -10,6 +10,7 @@ pub mod helper;
 #[cfg(target_os = "linux")]
 pub mod netns;
 pub mod proxy;
+pub mod registry;
 pub mod sni;
 pub mod socks;
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::policy::net::{HostPattern, NetMode, NetPolicy, DEFAULT_PORTS};
+use crate::policy::net::{HostPattern, NetMode, NetPolicy, Registry, DEFAULT_PORTS};
 use toml::Spanned;
 
 /// A parse or validation error, located in its file.
@@ -221,7 +221,57 @@ impl PolicyFile {
                 })
                 .collect::<Result<Vec<_>, _>>()
         };
-        let allow = patterns("net.allow", &n.allow)?;
+        // `registry:NAME` entries of allow name a client's registries.
+        let mut registries = Vec::new();
+        let mut plain = Vec::new();
+        for (i, e) in n.allow.iter().enumerate() {
+            match e.get_ref().strip_prefix(Registry::PREFIX) {
+                Some(name) => {
+                    let r = Registry::from_name(name).ok_or_else(|| {
+                        self.error_at(
+                            e.span(),
+                            &format!("net.allow[{i}]"),
+                            format!(
+                                "{:?} is not a registry hull knows: {}",
+                                e.get_ref(),
+                                Registry::ALL.map(|r| r.to_string()).join(", ")
+                            ),
+                        )
+                    })?;
+                    if !registries.contains(&r) {
+                        registries.push(r);
+                    }
+                }
+                None => plain.push((i, e)),
+            }
+        }
+        let allow = plain
+            .into_iter()
+            .map(|(i, e)| {
+                HostPattern::parse(e.get_ref()).map_err(|why| {
+                    self.error_at(
+                        e.span(),
+                        &format!("net.allow[{i}]"),
+                        format!("{:?} {why}", e.get_ref()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some((i, e)) = n
+            .deny
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.get_ref().starts_with(Registry::PREFIX))
+        {
+            return Err(self.error_at(
+                e.span(),
+                &format!("net.deny[{i}]"),
+                format!(
+                    "{:?}: a registry can only be allowed; deny its hosts by name",
+                    e.get_ref()
+                ),
+            ));
+        }
         let deny = patterns("net.deny", &n.deny)?;
         let ports = match &n.ports {
             None => DEFAULT_PORTS.to_vec(),
@@ -308,6 +358,7 @@ impl PolicyFile {
             ports,
             hosts,
             allow_private,
+            registries,
         })
     }
 
@@ -372,6 +423,14 @@ mod tests {
         assert_eq!(n.ports, vec![443]);
         assert_eq!(n.hosts["pkgs.test"].to_string(), "127.0.0.1");
         assert_eq!(n.allow_private[1].to_string(), "127.0.0.1/32");
+        // `registry:NAME` is kept apart, each once, for the run to resolve.
+        let reg = "version = 1\n[net]\nmode = \"allowlist\"\nallow = [\"registry:npm\", \"a.example\", \"registry:pip\", \"registry:npm\"]\n";
+        let n = PolicyFile::parse("p.toml", reg)
+            .unwrap()
+            .net_policy()
+            .unwrap();
+        assert_eq!(n.registries, vec![Registry::Npm, Registry::Pip]);
+        assert_eq!(n.allow, vec![HostPattern::Exact("a.example".into())]);
         // The default: no network, ports 443 and 80 should it be opened.
         let n = PolicyFile::parse("p.toml", "version = 1\n")
             .unwrap()
@@ -392,6 +451,9 @@ mod tests {
             // Entries under mode none would be ignored: an error instead.
             ("allow = [\"a.example\"]", 3, "net.allow"),
             ("mode = \"none\"\nallow_private = [\"10.0.0.0/8\"]", 4, "net.allow_private"),
+            // Registries: only the clients hull knows, and only in allow.
+            ("mode = \"allowlist\"\nallow = [\"registry:pip\", \"registry:gems\"]", 4, "net.allow[1]"),
+            ("mode = \"allowlist\"\ndeny = [\"registry:npm\"]", 4, "net.deny[0]"),
         ] {
             let text = format!("version = 1\n[net]\n{body}\n");
             let e = PolicyFile::parse("p.toml", &text).unwrap_err();

@@ -59,6 +59,47 @@ pub struct NetPolicy {
     pub hosts: BTreeMap<String, IpAddr>,
     /// Private ranges that may be reached.
     pub allow_private: Vec<IpNet>,
+    /// `registry:NAME` entries of `allow`: the hosts of the registries the
+    /// host's own clients use, resolved when a run starts
+    /// (`net::registry`), then added to `allow` as exact names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub registries: Vec<Registry>,
+}
+
+/// A package registry named by its client (`registry:pip` in `allow`),
+/// never by host: hull asks the client which hosts it uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Registry {
+    Pip,
+    Npm,
+    Cargo,
+    Apt,
+}
+
+impl Registry {
+    pub const ALL: [Registry; 4] = [Registry::Pip, Registry::Npm, Registry::Cargo, Registry::Apt];
+    /// The prefix of an `allow` entry that names a registry.
+    pub const PREFIX: &'static str = "registry:";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Registry::Pip => "pip",
+            Registry::Npm => "npm",
+            Registry::Cargo => "cargo",
+            Registry::Apt => "apt",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Registry> {
+        Registry::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
+impl fmt::Display for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", Registry::PREFIX, self.as_str())
+    }
 }
 
 impl Default for NetPolicy {
@@ -70,6 +111,7 @@ impl Default for NetPolicy {
             ports: DEFAULT_PORTS.to_vec(),
             hosts: BTreeMap::new(),
             allow_private: Vec::new(),
+            registries: Vec::new(),
         }
     }
 }

@@ -10,6 +10,10 @@ pub const PROFILES: &[(&str, &str)] = &[
     ("default", include_str!("../../../policies/default.toml")),
     ("readonly", include_str!("../../../policies/readonly.toml")),
     ("build", include_str!("../../../policies/build.toml")),
+    (
+        "build-net",
+        include_str!("../../../policies/build-net.toml"),
+    ),
 ];
 
 /// Loads `spec`: a shipped profile name, or a path to a TOML file (anything

@@ -731,9 +731,10 @@ impl Drop for Machine {
         self.qmp = None;
         self.qemu.kill();
         self.vfs.clear();
-        for s in ["agent.sock", "qmp.sock"] {
-            let _ = fs::remove_file(self.dir.join(s));
+        for s in [&self.agent_socket, &self.net_socket] {
+            let _ = fs::remove_file(s);
         }
+        let _ = fs::remove_file(self.dir.join("qmp.sock"));
     }
 }
 

@@ -62,6 +62,7 @@ fn policy(allow: &[&str], private: &[&str]) -> NetPolicy {
         .map(|(n, a)| (n.to_string(), a.parse().unwrap()))
         .collect(),
         allow_private: private.iter().map(|p| p.parse().unwrap()).collect(),
+        registries: Vec::new(),
     }
 }
 
