@@ -320,6 +320,94 @@ fn batch_runs_each_job_in_its_own_restored_vm() {
     );
 }
 
+/// `hull batch` with an allow list: each job's VM gets a proxy of its own
+/// for the policy. An allowed name is reached from a job, a name not
+/// allowed gets the proxy's 403 in another, the origin sees only the
+/// allowed request, and hull names the refused host.
+#[test]
+fn batch_jobs_reach_allowed_names_through_a_proxy_each() {
+    use std::io::{BufRead, Read};
+    let w = world();
+    let mut origin = std::process::Command::new("python3")
+        .arg("-uc")
+        .arg(
+            "import http.server\n\
+             class H(http.server.BaseHTTPRequestHandler):\n\
+             \x20   def do_GET(self):\n\
+             \x20       print(self.path, flush=True)\n\
+             \x20       b = b'hello\\n'; self.send_response(200); self.send_header('content-length', str(len(b))); self.end_headers(); self.wfile.write(b)\n\
+             \x20   def log_message(self, *a): pass\n\
+             s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)\n\
+             print(s.server_address[1], flush=True)\n\
+             s.serve_forever()\n",
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut seen = std::io::BufReader::new(origin.stdout.take().unwrap());
+    let mut line = String::new();
+    seen.read_line(&mut line).unwrap();
+    let port: u16 = line.trim().parse().unwrap();
+    let policy = w.root.path().join("net.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
+             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
+             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+             allow_private = [\"127.0.0.1/32\"]\n"
+        ),
+    )
+    .unwrap();
+    let fetch = |host: &str, path: &str| {
+        format!(
+            "import urllib.request as u, urllib.error as e\n\
+             try:\n\
+             \x20   print(u.urlopen('http://{host}:{port}/{path}').read().decode(), end='')\n\
+             except e.HTTPError as x:\n\
+             \x20   print(x.code, x.headers.get('X-Hull-Refused') is not None)\n"
+        )
+    };
+    std::fs::write(w.project.join("allowed.py"), fetch("pkgs.test", "a")).unwrap();
+    std::fs::write(w.project.join("refused.py"), fetch("other.test", "b")).unwrap();
+    let jobs = w.root.path().join("jobs.txt");
+    std::fs::write(&jobs, "python3 allowed.py\npython3 refused.py\n").unwrap();
+    let out_dir = w.root.path().join("out");
+    let out = w
+        .batch(
+            &jobs,
+            &out_dir,
+            &[
+                "--pool",
+                "2",
+                "--json",
+                "--policy",
+                policy.to_str().unwrap(),
+            ],
+        )
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout} {}", text(&out.stderr));
+    let reports = batch_reports(&stdout);
+    assert_eq!(reports.len(), 2, "{stdout}");
+    for (line, want) in [(1, "hello\n"), (2, "403 True\n")] {
+        let got = std::fs::read_to_string(out_dir.join(format!("job-{line}.stdout"))).unwrap();
+        assert_eq!(got, want, "job {line}: {stdout} {}", text(&out.stderr));
+    }
+    assert!(
+        text(&out.stderr).contains(&format!("network: refused other.test:{port} (1 time)")),
+        "{}",
+        text(&out.stderr)
+    );
+    let _ = origin.kill();
+    let _ = origin.wait();
+    let mut rest = String::new();
+    let _ = seen.read_to_string(&mut rest);
+    assert_eq!(rest, "/a\n", "what the origin saw");
+}
+
 #[test]
 fn limits_stop_a_fork_flood_and_a_memory_hog_and_the_vm_serves_on() {
     let w = world();
