@@ -724,9 +724,6 @@ pub fn execute(
     // before anything is made.
     let net = pf.net_policy()?;
     tier.network(&net).map_err(RunError::Net)?;
-    if tier == Tier::Vm {
-        crate::tier::vm::kept_vm_network(opts.vm.as_deref(), &net)?;
-    }
     let instance = match &opts.instance {
         Some(id) => id
             .parse::<crate::runtime::InstanceId>()

@@ -320,46 +320,80 @@ fn batch_runs_each_job_in_its_own_restored_vm() {
     );
 }
 
-/// `hull batch` with an allow list: each job's VM gets a proxy of its own
-/// for the policy. An allowed name is reached from a job, a name not
-/// allowed gets the proxy's 403 in another, the origin sees only the
-/// allowed request, and hull names the refused host.
-#[test]
-fn batch_jobs_reach_allowed_names_through_a_proxy_each() {
-    use std::io::{BufRead, Read};
-    let w = world();
-    let mut origin = std::process::Command::new("python3")
-        .arg("-uc")
-        .arg(
-            "import http.server\n\
-             class H(http.server.BaseHTTPRequestHandler):\n\
-             \x20   def do_GET(self):\n\
-             \x20       print(self.path, flush=True)\n\
-             \x20       b = b'hello\\n'; self.send_response(200); self.send_header('content-length', str(len(b))); self.end_headers(); self.wfile.write(b)\n\
-             \x20   def log_message(self, *a): pass\n\
-             s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)\n\
-             print(s.server_address[1], flush=True)\n\
-             s.serve_forever()\n",
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut seen = std::io::BufReader::new(origin.stdout.take().unwrap());
-    let mut line = String::new();
-    seen.read_line(&mut line).unwrap();
-    let port: u16 = line.trim().parse().unwrap();
-    let policy = w.root.path().join("net.toml");
+/// A loopback origin answering `hello` and reporting each request's path.
+struct Origin {
+    child: std::process::Child,
+    seen: std::io::BufReader<std::process::ChildStdout>,
+    port: u16,
+}
+
+impl Origin {
+    fn start() -> Origin {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .arg("-uc")
+            .arg(
+                "import http.server\n\
+                 class H(http.server.BaseHTTPRequestHandler):\n\
+                 \x20   def do_GET(self):\n\
+                 \x20       print(self.path, flush=True)\n\
+                 \x20       b = b'hello\\n'; self.send_response(200); self.send_header('content-length', str(len(b))); self.end_headers(); self.wfile.write(b)\n\
+                 \x20   def log_message(self, *a): pass\n\
+                 s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)\n\
+                 print(s.server_address[1], flush=True)\n\
+                 s.serve_forever()\n",
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut seen = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        seen.read_line(&mut line).unwrap();
+        let port = line.trim().parse().unwrap();
+        Origin { child, seen, port }
+    }
+
+    /// Ends the origin and returns the paths it was asked for.
+    fn seen(mut self) -> String {
+        use std::io::Read;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut rest = String::new();
+        let _ = self.seen.read_to_string(&mut rest);
+        rest
+    }
+}
+
+/// A policy file in the world's root: the system, the project writable,
+/// and `net` (a `[net]` section, or nothing).
+fn net_policy(w: &World, file: &str, net: &str) -> std::path::PathBuf {
+    let p = w.root.path().join(file);
     std::fs::write(
-        &policy,
+        &p,
         format!(
             "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\n\
-             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\n\
-             ports = [{port}]\nhosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
-             allow_private = [\"127.0.0.1/32\"]\n"
+             read_write = [\"${{PROJECT}}\"]\n{net}"
         ),
     )
     .unwrap();
+    p
+}
+
+/// `[net]` allowing `name` on `port`, with pkgs.test and other.test fixed
+/// to 127.0.0.1 (reachable through allow_private).
+fn allow_only(name: &str, port: u16) -> String {
+    format!(
+        "[net]\nmode = \"allowlist\"\nallow = [\"{name}\"]\nports = [{port}]\n\
+         hosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+         allow_private = [\"127.0.0.1/32\"]\n"
+    )
+}
+
+/// `allowed.py` and `refused.py` in the project: each fetches a path of the
+/// origin's through the proxy and prints the body, or the refusal's code
+/// and whether hull's header is there.
+fn fetch_scripts(w: &World, port: u16) {
     let fetch = |host: &str, path: &str| {
         format!(
             "import urllib.request as u, urllib.error as e\n\
@@ -371,6 +405,19 @@ fn batch_jobs_reach_allowed_names_through_a_proxy_each() {
     };
     std::fs::write(w.project.join("allowed.py"), fetch("pkgs.test", "a")).unwrap();
     std::fs::write(w.project.join("refused.py"), fetch("other.test", "b")).unwrap();
+}
+
+/// `hull batch` with an allow list: each job's VM gets a proxy of its own
+/// for the policy. An allowed name is reached from a job, a name not
+/// allowed gets the proxy's 403 in another, the origin sees only the
+/// allowed request, and hull names the refused host.
+#[test]
+fn batch_jobs_reach_allowed_names_through_a_proxy_each() {
+    let w = world();
+    let origin = Origin::start();
+    let port = origin.port;
+    let policy = net_policy(&w, "net.toml", &allow_only("pkgs.test", port));
+    fetch_scripts(&w, port);
     let jobs = w.root.path().join("jobs.txt");
     std::fs::write(&jobs, "python3 allowed.py\npython3 refused.py\n").unwrap();
     let out_dir = w.root.path().join("out");
@@ -401,11 +448,81 @@ fn batch_jobs_reach_allowed_names_through_a_proxy_each() {
         "{}",
         text(&out.stderr)
     );
-    let _ = origin.kill();
-    let _ = origin.wait();
-    let mut rest = String::new();
-    let _ = seen.read_to_string(&mut rest);
-    assert_eq!(rest, "/a\n", "what the origin saw");
+    assert_eq!(origin.seen(), "/a\n", "what the origin saw");
+}
+
+/// A VM kept up with an allow list: its proxy (the VM's, for its policy)
+/// serves the runs that join it with the same policy: an allowed name is
+/// reached, another refused, both in the audit of the VM's spill. A run
+/// whose policy allows another name, or has no network, is refused before
+/// it runs. The proxy ends with the VM.
+#[test]
+fn a_kept_vm_with_an_allow_list_serves_runs_with_that_allow_list_only() {
+    let w = world();
+    let origin = Origin::start();
+    let port = origin.port;
+    let pol = net_policy(&w, "net.toml", &allow_only("pkgs.test", port));
+    let other = net_policy(&w, "other.toml", &allow_only("other.test", port));
+    let none = net_policy(&w, "none.toml", "");
+    fetch_scripts(&w, port);
+    let name = format!("n{}", std::process::id());
+    let pol_s = pol.to_str().unwrap();
+    let vm = KeptVm::up(&w, &name, &["--policy", pol_s]);
+    let a = w.run(
+        &["--vm", &name, "--policy", pol_s],
+        "python3 allowed.py; python3 refused.py",
+    );
+    assert_eq!(
+        (a.status.code(), text(&a.stdout)),
+        (Some(0), "hello\n403 True\n".to_string()),
+        "{}",
+        text(&a.stderr)
+    );
+    for p in [&other, &none] {
+        let r = w.run(
+            &["--vm", &name, "--policy", p.to_str().unwrap()],
+            "echo RAN",
+        );
+        assert_eq!(r.status.code(), Some(125), "{}", text(&r.stderr));
+        assert!(!text(&r.stdout).contains("RAN"));
+        assert!(
+            text(&r.stderr).contains("another network"),
+            "{}",
+            text(&r.stderr)
+        );
+    }
+    let st = w.cmd(&["vm", "status", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    let me = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == name.as_str())
+        .unwrap();
+    let spill = std::path::PathBuf::from(me["state"]["spill"].as_str().unwrap());
+    let audit = std::fs::read_to_string(spill.join("net-audit.jsonl")).unwrap();
+    assert!(
+        audit.contains("\"host\":\"pkgs.test\"") && audit.contains("\"allowed\":true"),
+        "{audit}"
+    );
+    assert!(
+        audit.contains("\"host\":\"other.test\"") && audit.contains("\"allowed\":false"),
+        "{audit}"
+    );
+    let label = format!("hull vm {name}");
+    let proxies = || -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains("__net-proxy") && c.contains(&label))
+            .collect()
+    };
+    assert_eq!(proxies().len(), 1, "the VM's proxy: {:?}", proxies());
+    drop(vm);
+    assert!(proxies().is_empty(), "the proxy outlived its VM");
+    assert_eq!(origin.seen(), "/a\n", "what the origin saw");
 }
 
 #[test]

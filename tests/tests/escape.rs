@@ -2040,29 +2040,6 @@ fn output_is_byte_exact(t: &str) {
     );
 }
 
-/// A policy with an allow list and `--vm NAME`: a VM kept up by `hull vm
-/// up` has no channel for this run's proxy, so the run is refused before
-/// anything starts (exit 125, one line naming the VM and what to do): the
-/// command does not run and no instance is made.
-fn an_allowlist_is_refused_in_a_kept_vm(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    let pol = allowlist_policy(&w, 9, "", "");
-    let instances = || std::fs::read_dir(&w.runs).map(|d| d.count()).unwrap_or(0);
-    let before = instances();
-    let o = w.run(t, &["--policy", &pol, "--vm", "kept"], "touch ran");
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
-    assert!(
-        err.contains("tier vm") && err.contains("--vm kept") && err.contains("allowlist"),
-        "{}",
-        show(&o)
-    );
-    assert_eq!(err.lines().count(), 1, "one line: {}", show(&o));
-    assert!(!w.project.join("ran").exists(), "the command ran");
-    assert_eq!(instances(), before, "an instance was made");
-}
-
 /// A policy file for the network cases: the system read+exec (and the
 /// quoted paths in `more_read_exec`, each after ", "), the project
 /// writable, `pkgs.test` allowed on `port`, `pkgs.test` and `other.test`
@@ -2945,6 +2922,5 @@ matrix!(
         git_and_curl_fetch_through_the_proxy,
         https_goes_through_connect_with_its_own_name,
         a_killed_proxy_ends_the_run_naming_it,
-        an_allowlist_is_refused_in_a_kept_vm,
     ],
 );

@@ -253,7 +253,8 @@ impl Tier {
             (NetMode::Allowlist, Tier::Landlock) => Ok(
                 "allowlist: only through hull's proxy (HTTP(S)_PROXY=http://127.0.0.1:3128, listening in a network namespace of the command's own with only loopback; Landlock allows TCP connect to that port only); nothing else is reachable",
             ),
-            (NetMode::Allowlist, Tier::Vm) => Ok(
+            // The network channel is wired on Linux's QEMU backend only.
+            (NetMode::Allowlist, Tier::Vm) if cfg!(target_os = "linux") => Ok(
                 "allowlist: only through hull's proxy (HTTP(S)_PROXY=http://127.0.0.1:3128 in the container, each connection carried over a virtio-serial port to the run's proxy on the host); the VM has no network device, so nothing else is reachable",
             ),
             (NetMode::Allowlist, Tier::Seatbelt) => Err(NetUnsupported::NoProxyOnMacos),

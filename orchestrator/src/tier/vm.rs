@@ -43,8 +43,6 @@ pub enum VmTierError {
     #[cfg(target_os = "linux")]
     #[error(transparent)]
     Snapshot(#[from] crate::vm::snapshot::SnapshotError),
-    #[error("tier vm: net.mode = \"allowlist\" with --vm {name}: a VM kept up by `hull vm up` has no network channel for this run's proxy yet; run without --vm (a fresh VM per run carries the allow list)")]
-    NetInKeptVm { name: String },
     #[error("tier vm: cannot install signal handlers: {0}")]
     Signals(#[source] std::io::Error),
     #[error("tier vm is not built for this OS yet (Linux hosts only for now)")]
@@ -114,20 +112,6 @@ pub fn run(
     vm: Option<&str>,
 ) -> Result<ExitStatus, VmTierError> {
     imp::run(policy, spec, instance_dir, instance_id, sink, vm)
-}
-
-/// Refuses an allow list in a VM kept up by `hull vm up` (`--vm NAME`):
-/// that VM has no channel for this run's proxy.
-pub fn kept_vm_network(
-    vm: Option<&str>,
-    net: &crate::policy::NetPolicy,
-) -> Result<(), VmTierError> {
-    match vm {
-        Some(name) if net.mode == crate::policy::NetMode::Allowlist => {
-            Err(VmTierError::NetInKeptVm { name: name.into() })
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Writes output straight to hull's stdout and stderr.
@@ -275,7 +259,6 @@ mod imp {
         sink: Option<&mut dyn OutputSink>,
         vm: Option<&str>,
     ) -> Result<ExitStatus, VmTierError> {
-        kept_vm_network(vm, &policy.net)?;
         let plan = lower_vm::lower(policy, &crate::policy::RealFs)?;
         // A host program that cannot run on the image's C library is
         // said before anything starts, not by the loader in the guest.

@@ -318,18 +318,17 @@ impl VmSession {
 
     /// Hands the VM and the raw agent connection over (`hull vm up` relays
     /// its clients' frames itself).
-    pub fn into_raw(self) -> Result<(Machine, RawSession), SessionError> {
+    /// The network channel goes with them: the kept VM's proxy.
+    pub fn into_raw(self) -> Result<(Machine, RawSession, Option<NetChannel>), SessionError> {
         let VmSession {
             machine,
             agent,
             net,
             ..
         } = self;
-        debug_assert!(net.is_none(), "a VM kept up has no run's network");
-        drop(net);
         agent
             .into_raw()
-            .map(|raw| (machine, raw))
+            .map(|raw| (machine, raw, net))
             .map_err(SessionError::RawSocket)
     }
 }

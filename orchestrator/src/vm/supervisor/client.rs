@@ -47,7 +47,8 @@ pub fn run_in(
             detail: st.error.map(|e| format!(": {e}")).unwrap_or_default(),
         });
     }
-    let want = fingerprint(plan);
+    let mut want = fingerprint(plan);
+    want.push(super::net_fingerprint(&policy.net));
     if want != st.shares {
         return Err(SupervisorError::Mismatch {
             name: name.into(),
@@ -63,6 +64,10 @@ pub fn run_in(
         &policy.vars.spill,
         &st.spill,
     );
+    if policy.net.mode == crate::policy::NetMode::Allowlist {
+        // The VM's proxy (same policy: the fingerprint says so).
+        cmd.env = crate::net::with_proxy_env(&cmd.env);
+    }
     let ctl = dir.join("ctl.sock");
     let agent_err = |source| SupervisorError::Agent {
         console: st.console.clone(),

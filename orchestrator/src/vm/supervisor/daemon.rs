@@ -152,11 +152,11 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
     };
     write_state(&dir, &state)?;
     match boot(o, &dir, &mut state, &term) {
-        Ok((machine, raw)) => {
+        Ok((machine, raw, net)) => {
             state.state = Phase::Ready;
             write_state(&dir, &state)?;
             eprintln!("hull vm {}: ready", o.name);
-            let r = relay(o, &dir, machine, raw, &term);
+            let r = relay(o, &dir, machine, raw, net, &term);
             match &r {
                 Ok(End::Stopped) => state.state = Phase::Down,
                 Ok(End::Fault(why)) => {
@@ -187,7 +187,14 @@ fn boot(
     dir: &Path,
     state: &mut VmState,
     term: &AtomicBool,
-) -> Result<(Machine, crate::vm::agent::RawSession), SupervisorError> {
+) -> Result<
+    (
+        Machine,
+        crate::vm::agent::RawSession,
+        Option<crate::vm::net_channel::NetChannel>,
+    ),
+    SupervisorError,
+> {
     let runs = crate::runtime::runs_root();
     let project = crate::run::project_path(&o.project, &runs)
         .map_err(|e| SupervisorError::Project(Box::new(e)))?;
@@ -200,6 +207,7 @@ fn boot(
     let (policy, _) = crate::run::resolve_policy(&pf, &vars)?;
     let plan = lower_vm::lower(&policy, &crate::policy::RealFs)?;
     state.shares = fingerprint(&plan);
+    state.shares.push(super::net_fingerprint(&policy.net));
     let tools = Tools::find()?;
     let image = crate::vm::assemble::find_image()?;
     let accel = crate::vm::accel::probe_accel().accel;
@@ -219,6 +227,11 @@ fn boot(
     let mut session = crate::vm::session::VmSession::start(start, &stopped)?;
     // The snapshot is only read while QEMU starts; the VM keeps its overlay.
     session.release_snapshot();
+    // The allow list: the VM's proxy, for its policy, auditing into its
+    // spill (every run in it has that policy: `run_in` checks).
+    if policy.net.mode == crate::policy::NetMode::Allowlist {
+        session.start_network(&format!("hull vm {}", o.name), &policy.net, &state.spill)?;
+    }
     session.configure(lower_vm::RUN_CONTAINER, &stopped)?;
     Ok(session.into_raw()?)
 }

@@ -96,7 +96,7 @@ pub enum SupervisorError {
         tail: String,
     },
     #[error(
-        "tier vm: VM {name} was started with other shares than this run needs; refusing.\n  \
+        "tier vm: VM {name} was started with other shares or another network than this run's policy; refusing.\n  \
          VM {name}: {vm}\n  this run: {run}\n  start a VM for this project and policy: \
          hull vm up --name OTHER --project P --policy X"
     )]
@@ -269,6 +269,32 @@ pub fn fingerprint(plan: &VmPlan) -> Vec<String> {
     ));
     v.sort();
     v
+}
+
+/// The network part of a kept VM's policy, as a line of its fingerprint: a
+/// run joins the VM only with the same (its proxy serves the VM's policy,
+/// and a run without a network must not get one).
+pub fn net_fingerprint(net: &crate::policy::NetPolicy) -> String {
+    if net.mode == crate::policy::NetMode::None {
+        return "network none".into();
+    }
+    let list = |v: &[crate::policy::net::HostPattern]| {
+        v.iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let hosts: Vec<String> = net.hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    let private: Vec<String> = net.allow_private.iter().map(|p| p.to_string()).collect();
+    let ports: Vec<String> = net.ports.iter().map(u16::to_string).collect();
+    format!(
+        "network allowlist allow={} deny={} ports={} hosts={} private={}",
+        list(&net.allow),
+        list(&net.deny),
+        ports.join(","),
+        hosts.join(","),
+        private.join(",")
+    )
 }
 
 fn read_state(dir: &Path) -> Option<VmState> {

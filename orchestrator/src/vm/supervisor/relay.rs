@@ -160,6 +160,7 @@ pub(super) fn relay(
     dir: &Path,
     mut machine: Machine,
     raw: crate::vm::agent::RawSession,
+    net: Option<crate::vm::net_channel::NetChannel>,
     term: &AtomicBool,
 ) -> Result<End, SupervisorError> {
     let ctl = dir.join("ctl.sock");
@@ -177,6 +178,9 @@ pub(super) fn relay(
     loop {
         if term.load(Ordering::SeqCst) {
             hub.stop_because("stopped by signal (hull vm down)".into());
+        }
+        if let Some((name, how)) = net.as_ref().and_then(|n| n.ended()) {
+            hub.fault_because(format!("{name} ended ({how})"));
         }
         if let Some(f) = machine.failed_helper() {
             hub.fault_because(format!(
@@ -239,6 +243,9 @@ pub(super) fn relay(
         machine.kill();
         hub.close_clients(&why);
         let _ = raw.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(n) = net {
+            n.finish(Duration::from_secs(2));
+        }
         return Ok(End::Fault(why));
     }
     eprintln!("hull vm {}: shutting down: {why}", o.name);
@@ -246,6 +253,10 @@ pub(super) fn relay(
     let _ = hub.to_agent(&Message::Shutdown, 0);
     let _ = raw.stream.shutdown(std::net::Shutdown::Both);
     machine.shutdown(None, Duration::from_secs(20));
+    if let Some(n) = net {
+        // It prints its refused hosts into the supervisor's log.
+        n.finish(Duration::from_secs(2));
+    }
     Ok(End::Stopped)
 }
 
