@@ -14,43 +14,9 @@ command's network namespace; curl's own timings, not hull's start-up).
 
 Usage: benches/net_proxy.py [--rounds N] [--big-mib M] [--big-rounds R] [--hull PATH] [--tier bwrap|landlock]
 """
-import argparse, http.server, os, random, socketserver, ssl, statistics, subprocess, sys, tempfile, threading
+import argparse, os, random, statistics, subprocess, sys, tempfile
 
-CHUNK = b"x" * (1 << 20)
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    big = 256
-
-    def do_GET(self):
-        if self.path == "/small":
-            body = b"hello, small\n"
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        n = self.big
-        self.send_response(200)
-        self.send_header("content-length", str(n * len(CHUNK)))
-        self.end_headers()
-        for _ in range(n):
-            self.wfile.write(CHUNK)
-
-    def log_message(self, *a):
-        pass
-
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-
-def serve(tls_dir=None):
-    s = Server(("127.0.0.1", 0), Handler)
-    if tls_dir:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(os.path.join(tls_dir, "cert.pem"), os.path.join(tls_dir, "key.pem"))
-        s.socket = ctx.wrap_socket(s.socket, server_side=True)
-    threading.Thread(target=s.serve_forever, daemon=True).start()
-    return s.server_address[1]
+from net_origin import Handler, serve
 
 WRAP = []
 

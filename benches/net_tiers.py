@@ -15,9 +15,9 @@ outside what is measured.
 
 Usage: benches/net_tiers.py [--rounds R] [--gets N] [--big-mib M] [--tiers bwrap,vm] [--hull PATH]
 """
-import argparse, http.server, json, os, random, socketserver, ssl, statistics, subprocess, sys, tempfile, threading
+import argparse, json, os, random, statistics, subprocess, sys, tempfile
 
-CHUNK = b"x" * (1 << 20)
+from net_origin import Handler, serve
 
 MEASURE = r'''
 import http.client, json, os, ssl, statistics, sys, time
@@ -65,42 +65,6 @@ def speed(https, port):
 print(json.dumps({"http_ttfb_ms": ttfb(False, plain), "https_ttfb_ms": ttfb(True, tls),
                   "http_mib_s": speed(False, plain), "https_mib_s": speed(True, tls)}))
 '''
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    big = 64
-
-    def do_GET(self):
-        if self.path == "/small":
-            body = b"hello, small\n"
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self.send_response(200)
-        self.send_header("content-length", str(self.big * len(CHUNK)))
-        self.end_headers()
-        for _ in range(self.big):
-            self.wfile.write(CHUNK)
-
-    def log_message(self, *a):
-        pass
-
-
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-
-
-def serve(tls_dir=None):
-    s = Server(("127.0.0.1", 0), Handler)
-    if tls_dir:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(os.path.join(tls_dir, "cert.pem"), os.path.join(tls_dir, "key.pem"))
-        s.socket = ctx.wrap_socket(s.socket, server_side=True)
-    threading.Thread(target=s.serve_forever, daemon=True).start()
-    return s.server_address[1]
 
 
 def main():

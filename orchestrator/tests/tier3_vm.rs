@@ -110,14 +110,7 @@ fn a_warm_vm_serves_runs_until_it_is_taken_down() {
         text(&c.stderr)
     );
 
-    let st = w.cmd(&["vm", "status", "--json"]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
-    let me = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["name"] == name.as_str())
-        .unwrap();
+    let me = vm_status(&w, &name);
     assert_eq!(me["up"], true);
     let pid = me["state"]["pid"].as_u64().unwrap();
 
@@ -320,6 +313,18 @@ fn batch_runs_each_job_in_its_own_restored_vm() {
     );
 }
 
+/// `hull vm status --json`'s entry for VM `name`.
+fn vm_status(w: &World, name: &str) -> serde_json::Value {
+    let st = w.cmd(&["vm", "status", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == name)
+        .unwrap_or_else(|| panic!("no VM {name} in {v}"))
+        .clone()
+}
+
 /// A loopback origin answering `hello` and reporting each request's path.
 struct Origin {
     child: std::process::Child,
@@ -491,14 +496,7 @@ fn a_kept_vm_with_an_allow_list_serves_runs_with_that_allow_list_only() {
             text(&r.stderr)
         );
     }
-    let st = w.cmd(&["vm", "status", "--json"]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
-    let me = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["name"] == name.as_str())
-        .unwrap();
+    let me = vm_status(&w, &name);
     let spill = std::path::PathBuf::from(me["state"]["spill"].as_str().unwrap());
     let audit = std::fs::read_to_string(spill.join("net-audit.jsonl")).unwrap();
     assert!(

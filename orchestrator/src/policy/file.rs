@@ -207,9 +207,9 @@ impl PolicyFile {
                 }
             },
         };
-        let patterns = |key: &str, list: &[Spanned<String>]| {
-            list.iter()
-                .enumerate()
+        // Each entry with its index in the list, for the error's key.
+        let patterns = |key: &str, list: Vec<(usize, &Spanned<String>)>| {
+            list.into_iter()
                 .map(|(i, e)| {
                     HostPattern::parse(e.get_ref()).map_err(|why| {
                         self.error_at(
@@ -245,18 +245,7 @@ impl PolicyFile {
                 None => plain.push((i, e)),
             }
         }
-        let allow = plain
-            .into_iter()
-            .map(|(i, e)| {
-                HostPattern::parse(e.get_ref()).map_err(|why| {
-                    self.error_at(
-                        e.span(),
-                        &format!("net.allow[{i}]"),
-                        format!("{:?} {why}", e.get_ref()),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let allow = patterns("net.allow", plain)?;
         if let Some((i, e)) = n
             .deny
             .iter()
@@ -272,7 +261,7 @@ impl PolicyFile {
                 ),
             ));
         }
-        let deny = patterns("net.deny", &n.deny)?;
+        let deny = patterns("net.deny", n.deny.iter().enumerate().collect())?;
         let ports = match &n.ports {
             None => DEFAULT_PORTS.to_vec(),
             Some(list) => list
