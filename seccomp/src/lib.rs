@@ -45,6 +45,12 @@ pub enum Profile {
         /// calls it cannot decode are refused here.
         broker: bool,
     },
+    /// hull's network proxy (`hull __net-proxy`), which parses what the
+    /// command sends: a parser bug must give no more than its sockets.
+    /// Nothing is executed, no namespace, mount, trace or keyring; sockets
+    /// of the families name resolution and its connections need (unix,
+    /// inet, inet6, netlink route).
+    Proxy,
     /// The command inside the tier-3 container, started by the guest agent:
     /// only what the container's own boundary (an unprivileged Incus
     /// container under LXC's seccomp policy) does not cover: set-id mode
@@ -318,6 +324,19 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
         clone_rules.push(rule(vec![cond(0, SeccompCmpOp::MaskedEq(*f), *f)?])?);
     }
     rules.insert(libc::SYS_clone, clone_rules);
+    if profile == Profile::Proxy {
+        rules.insert(libc::SYS_execve, Vec::new());
+        rules.insert(libc::SYS_execveat, Vec::new());
+        rules.insert(
+            libc::SYS_socket,
+            socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
+        );
+        rules.insert(
+            libc::SYS_socketpair,
+            socket_family_rules(BWRAP_SOCKET_FAMILIES)?,
+        );
+        return finish(rules);
+    }
     setid_rules(&mut rules)?;
     if profile == Profile::Bwrap {
         let mut socket = socket_family_rules(BWRAP_SOCKET_FAMILIES)?;
@@ -700,6 +719,7 @@ mod tests {
                 inet: true,
                 broker: false,
             },
+            Profile::Proxy,
         ] {
             let prog = build(p).unwrap();
             if let Profile::Landlock { broker: true, .. } = p {
@@ -715,6 +735,42 @@ mod tests {
             }
             assert_eq!(to_bytes(&prog).len(), prog.len() * 8);
         }
+    }
+
+    /// The proxy's filter, for real on a thread of its own: nothing is
+    /// executed and no namespace made; TCP sockets, a UDP socket for name
+    /// resolution and a unix socket pair still work, a raw packet socket
+    /// does not.
+    #[test]
+    fn the_proxy_filter_leaves_it_its_sockets_only() {
+        let raw = Raw::new(&build(Profile::Proxy).unwrap());
+        std::thread::spawn(move || {
+            // SAFETY: prctl with integer arguments.
+            let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+            assert_eq!(r, 0);
+            assert!(raw.apply_in_child(), "{}", std::io::Error::last_os_error());
+            let errno = || std::io::Error::last_os_error().raw_os_error();
+            // SAFETY: execve of a valid path with empty argv/envp; the
+            // filter answers first.
+            let r = unsafe {
+                let argv: [*const libc::c_char; 1] = [std::ptr::null()];
+                libc::execve(c"/bin/true".as_ptr(), argv.as_ptr(), argv.as_ptr())
+            };
+            assert_eq!((r, errno()), (-1, Some(libc::EPERM)));
+            // SAFETY: unshare with a flag; refused before it acts.
+            let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!((r, errno()), (-1, Some(libc::EPERM)));
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            std::os::unix::net::UnixStream::pair().unwrap();
+            // SAFETY: socket(2) with integer arguments.
+            let r = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+            assert_eq!((r, errno()), (-1, Some(libc::EPERM)));
+            // Threads still start (clone3 falls back to clone).
+            std::thread::spawn(|| 7).join().unwrap();
+        })
+        .join()
+        .unwrap();
     }
 
     /// The broker's filter with `creates`, for real on a thread of its own:

@@ -2296,6 +2296,7 @@ fn a_killed_proxy_ends_the_run_naming_it(t: &str) {
     }
     assert_eq!(field("CapEff:"), vec!["0000000000000000"], "{status}");
     assert_eq!(field("NoNewPrivs:"), vec!["1"], "{status}");
+    assert_eq!(field("Seccomp:"), vec!["2"], "a seccomp filter: {status}");
     let killed = Instant::now();
     // SAFETY: kill(2) on the pid of hull's child, just read from /proc.
     assert_eq!(unsafe { libc::kill(proxy[0], libc::SIGKILL) }, 0);

@@ -94,9 +94,20 @@ pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
         }
     };
     #[cfg(target_os = "linux")]
-    match crate::net::confine::apply(&policy) {
-        Ok(how) => tracing::debug!(?how, "the proxy is confined"),
-        Err(e) => anyhow::bail!("cannot confine the proxy with Landlock: {e}"),
+    {
+        match crate::net::confine::apply(&policy) {
+            Ok(how) => tracing::debug!(?how, "the proxy is confined"),
+            Err(e) => anyhow::bail!("cannot confine the proxy with Landlock: {e}"),
+        }
+        // Then seccomp, before any thread: nothing executed, no namespace,
+        // mount or trace (`hull_seccomp::Profile::Proxy`).
+        // SAFETY: prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+            anyhow::bail!("no_new_privs: {}", std::io::Error::last_os_error());
+        }
+        hull_seccomp::build(hull_seccomp::Profile::Proxy)
+            .and_then(|p| hull_seccomp::apply(&p))
+            .map_err(|e| anyhow::anyhow!("cannot confine the proxy with seccomp: {e}"))?;
     }
     let proxy = Proxy::start(listener, Shared { policy, audit })?;
     if let Some(addr) = announce {
