@@ -483,6 +483,13 @@ fn a_kept_vm_with_an_allow_list_serves_runs_with_that_allow_list_only() {
         "{}",
         text(&a.stderr)
     );
+    assert!(
+        text(&a.stderr).contains(&format!(
+            "tier vm (VM {name}): network: refused other.test:{port} (1 time)"
+        )),
+        "{}",
+        text(&a.stderr)
+    );
     for p in [&other, &none] {
         let r = w.run(
             &["--vm", &name, "--policy", p.to_str().unwrap()],

@@ -137,11 +137,77 @@ impl Audit {
             .collect()
     }
 
+    /// The refused lines ([`Audit::refused_lines`]) of the entries
+    /// appended to the audit file at `path` after its first `offset`
+    /// bytes (a kept VM's proxy serves many runs: each run reports what
+    /// was refused while it ran). Reads at most 16 MiB; a line that is not
+    /// an entry is skipped.
+    pub fn refused_since(path: &Path, offset: u64) -> Vec<String> {
+        use std::io::{Read, Seek};
+        let mut text = String::new();
+        let read = std::fs::File::open(path).and_then(|mut f| {
+            f.seek(std::io::SeekFrom::Start(offset))?;
+            f.take(16 << 20).read_to_string(&mut text)
+        });
+        if read.is_err() {
+            return Vec::new();
+        }
+        let counted = Audit::in_memory();
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if v["allowed"] == serde_json::Value::Bool(false) {
+                let (Some(host), Some(port)) = (v["host"].as_str(), v["port"].as_u64()) else {
+                    continue;
+                };
+                let mut e = Entry::new("", host, port.min(u64::from(u16::MAX)) as u16);
+                e.allowed = false;
+                counted.record(&e);
+            }
+        }
+        counted.refused_lines()
+    }
+
     /// Refused `host:port`s with their counts, by name.
     pub fn refused(&self) -> Vec<(String, u64)> {
         self.refused
             .lock()
             .map(|r| r.iter().map(|(k, v)| (k.clone(), *v)).collect())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a kept VM's run reports: the refusals appended after its
+    /// offset, counted by host and port; allowed entries, earlier entries
+    /// and lines that are not entries are not.
+    #[test]
+    fn refusals_since_an_offset_are_counted_by_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let audit = Audit::to_file(&path).unwrap();
+        audit.record(&Entry::new("http", "early.example", 80).refused("not allowed"));
+        let offset = std::fs::metadata(&path).unwrap().len();
+        audit.record(&Entry::new("http", "other.example", 80).refused("not allowed"));
+        audit.record(&Entry::new("connect", "other.example", 80).refused("not allowed"));
+        let mut ok = Entry::new("http", "pkgs.example", 443);
+        ok.allowed = true;
+        audit.record(&ok);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"not json\n{\"allowed\":false}\n")
+            .unwrap();
+        assert_eq!(
+            Audit::refused_since(&path, offset),
+            vec!["network: refused other.example:80 (2 times)".to_string()]
+        );
+        assert_eq!(Audit::refused_since(&path, 0).len(), 2);
+        assert!(Audit::refused_since(&dir.path().join("none"), 0).is_empty());
     }
 }

@@ -82,7 +82,17 @@ pub fn run_in(
         interrupt: Some(irq.clone()),
         ..ExecOptions::default()
     };
-    match s.exec(&cmd, sink, opts) {
+    // The VM's proxy audits every run into the VM's spill: what it
+    // refused while this run ran is said at its end.
+    let audit = st.spill.join(crate::net::audit::FILE);
+    let audited = std::fs::metadata(&audit).map(|m| m.len()).unwrap_or(0);
+    let ran = s.exec(&cmd, sink, opts);
+    if policy.net.mode == crate::policy::NetMode::Allowlist {
+        for line in crate::net::Audit::refused_since(&audit, audited) {
+            eprintln!("hull: tier vm (VM {name}): {line}");
+        }
+    }
+    match ran {
         // The supervisor kills what its client leaves; the run ends now.
         Err(AgentError::Unresponsive { .. }) if irq_sig(&irq) != 0 => {
             Ok(ExitStatus::Interrupted(irq_sig(&irq)))
