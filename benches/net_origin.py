@@ -1,7 +1,7 @@
 """The loopback origin of the network benchmarks (net_proxy.py,
 net_tiers.py): `/small` answers a short body, anything else `Handler.big`
 MiB; plain HTTP, or HTTPS with the certificate in `tls_dir`."""
-import http.server, os, socketserver, ssl, threading
+import http.server, os, socketserver, ssl, subprocess, tempfile, threading
 
 CHUNK = b"x" * (1 << 20)
 
@@ -41,3 +41,21 @@ def serve(tls_dir=None):
         s.socket = ctx.wrap_socket(s.socket, server_side=True)
     threading.Thread(target=s.serve_forever, daemon=True).start()
     return s.server_address[1]
+
+
+def origins(prefix):
+    """A temporary directory with a certificate for origin.test, a plain
+    and a TLS origin, and a policy allowing origin.test on their two ports
+    (fixed to 127.0.0.1): (dir, plain port, TLS port, policy path)."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=origin.test", "-addext", "subjectAltName=DNS:origin.test",
+                    "-keyout", f"{tmp}/key.pem", "-out", f"{tmp}/cert.pem"], check=True, capture_output=True)
+    plain, tls = serve(), serve(tmp)
+    pol = os.path.join(tmp, "net.toml")
+    with open(pol, "w") as f:
+        f.write('version = 1\n[fs]\nread_exec = ["/usr", "/bin", "/lib", "/lib64", "/etc"]\n'
+                'read_write = ["${PROJECT}"]\n[net]\nmode = "allowlist"\nallow = ["origin.test"]\n'
+                f'ports = [{plain}, {tls}]\nhosts = {{ "origin.test" = "127.0.0.1" }}\n'
+                'allow_private = ["127.0.0.1/32"]\n')
+    return tmp, plain, tls, pol

@@ -14,9 +14,9 @@ command's network namespace; curl's own timings, not hull's start-up).
 
 Usage: benches/net_proxy.py [--rounds N] [--big-mib M] [--big-rounds R] [--hull PATH] [--tier bwrap|landlock]
 """
-import argparse, os, random, statistics, subprocess, sys, tempfile
+import argparse, os, random, statistics, subprocess, sys
 
-from net_origin import Handler, serve
+from net_origin import Handler, origins
 
 WRAP = []
 
@@ -51,17 +51,7 @@ def main():
     ap.add_argument("--tier", choices=["bwrap", "landlock"], default=None)
     a = ap.parse_args()
     Handler.big = a.big_mib
-    tmp = tempfile.mkdtemp(prefix="hull-net-bench-")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=origin.test", "-addext", "subjectAltName=DNS:origin.test",
-                    "-keyout", f"{tmp}/key.pem", "-out", f"{tmp}/cert.pem"], check=True, capture_output=True)
-    plain, tls = serve(), serve(tmp)
-    pol = os.path.join(tmp, "net.toml")
-    with open(pol, "w") as f:
-        f.write('version = 1\n[fs]\nread_exec = ["/usr", "/bin", "/lib", "/lib64", "/etc"]\n'
-                'read_write = ["${PROJECT}"]\n[net]\nmode = "allowlist"\nallow = ["origin.test"]\n'
-                f'ports = [{plain}, {tls}]\nhosts = {{ "origin.test" = "127.0.0.1" }}\n'
-                'allow_private = ["127.0.0.1/32"]\n')
+    tmp, plain, tls, pol = origins("hull-net-bench-")
     if a.tier:
         project = os.path.join(tmp, "project")
         os.mkdir(project)

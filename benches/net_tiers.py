@@ -15,9 +15,9 @@ outside what is measured.
 
 Usage: benches/net_tiers.py [--rounds R] [--gets N] [--big-mib M] [--tiers bwrap,vm] [--hull PATH]
 """
-import argparse, json, os, random, statistics, subprocess, sys, tempfile
+import argparse, json, os, random, statistics, subprocess, sys
 
-from net_origin import Handler, serve
+from net_origin import Handler, origins
 
 MEASURE = r'''
 import http.client, json, os, ssl, statistics, sys, time
@@ -76,21 +76,11 @@ def main():
     ap.add_argument("--hull", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "hull"))
     a = ap.parse_args()
     Handler.big = a.big_mib
-    tmp = tempfile.mkdtemp(prefix="hull-net-tiers-")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=origin.test", "-addext", "subjectAltName=DNS:origin.test",
-                    "-keyout", f"{tmp}/key.pem", "-out", f"{tmp}/cert.pem"], check=True, capture_output=True)
-    plain, tls = serve(), serve(tmp)
+    tmp, plain, tls, pol = origins("hull-net-tiers-")
     project = os.path.join(tmp, "project")
     os.mkdir(project)
     with open(os.path.join(project, "measure.py"), "w") as f:
         f.write(MEASURE)
-    pol = os.path.join(tmp, "net.toml")
-    with open(pol, "w") as f:
-        f.write('version = 1\n[fs]\nread_exec = ["/usr", "/bin", "/lib", "/lib64", "/etc"]\n'
-                'read_write = ["${PROJECT}"]\n[net]\nmode = "allowlist"\nallow = ["origin.test"]\n'
-                f'ports = [{plain}, {tls}]\nhosts = {{ "origin.test" = "127.0.0.1" }}\n'
-                'allow_private = ["127.0.0.1/32"]\n')
     args = [str(plain), str(tls), str(a.gets), str(a.big_mib)]
     hull = os.path.abspath(a.hull)
 

@@ -215,6 +215,20 @@ struct Window {
     received: u32,
 }
 
+/// Adds `n` bytes to a stream's count of bytes in flight one way: an
+/// error (the count unchanged) when that passes [`WINDOW`].
+fn within_window(count: &mut u32, stream: u32, n: usize) -> Result<(), NetError> {
+    let total = u64::from(*count) + n as u64;
+    if total > u64::from(WINDOW) {
+        return Err(NetError::Window {
+            stream,
+            bytes: total - u64::from(WINDOW),
+        });
+    }
+    *count = total as u32;
+    Ok(())
+}
+
 impl Streams {
     pub fn new() -> Streams {
         Streams::default()
@@ -267,15 +281,7 @@ impl Streams {
             stream,
             bytes: n as u64,
         })?;
-        let total = u64::from(w.sent) + n as u64;
-        if total > u64::from(WINDOW) {
-            return Err(NetError::Window {
-                stream,
-                bytes: total - u64::from(WINDOW),
-            });
-        }
-        w.sent = total as u32;
-        Ok(())
+        within_window(&mut w.sent, stream, n)
     }
 
     /// The peer sent `n` bytes on `stream`: an error when that is beyond
@@ -285,15 +291,7 @@ impl Streams {
         let Some(w) = self.open.get_mut(&stream) else {
             return Ok(());
         };
-        let total = u64::from(w.received) + n as u64;
-        if total > u64::from(WINDOW) {
-            return Err(NetError::Window {
-                stream,
-                bytes: total - u64::from(WINDOW),
-            });
-        }
-        w.received = total as u32;
-        Ok(())
+        within_window(&mut w.received, stream, n)
     }
 
     /// This side consumed `n` received bytes of `stream` and credits them

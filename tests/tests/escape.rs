@@ -537,12 +537,26 @@ fn a_killed_bwrap_is_named_and_takes_the_command_along(t: &str) {
     );
     cmd.stderr(Stdio::piped());
     let mut c = started(cmd);
-    let end = Instant::now() + Duration::from_secs(10);
-    while pids_with(&marker).is_empty() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!pids_with(&marker).is_empty(), "the command runs");
-    let bwrap: Vec<i32> = pids_with("--json-status-fd")
+    assert!(
+        eventually(|| !pids_with(&marker).is_empty()),
+        "the command runs"
+    );
+    let bwrap = children_with("--json-status-fd", c.id());
+    assert_eq!(bwrap.len(), 1, "hull's bwrap: {bwrap:?}");
+    let (st, err) = kill_and_wait(&mut c, bwrap[0]);
+    assert_eq!(st.code(), Some(125), "{err}");
+    assert!(
+        err.contains("bubblewrap itself was killed by signal 9"),
+        "{err}"
+    );
+    let left = left_after_10s(&marker);
+    assert!(left.is_empty(), "the command outlived bwrap: {left:?}");
+}
+
+/// The processes holding `marker` whose parent is `parent` (a run's own
+/// helpers, not another test's).
+fn children_with(marker: &str, parent: u32) -> Vec<i32> {
+    pids_with(marker)
         .into_iter()
         .filter(|p| {
             std::fs::read_to_string(format!("/proc/{p}/stat"))
@@ -551,12 +565,16 @@ fn a_killed_bwrap_is_named_and_takes_the_command_along(t: &str) {
                     s.rsplit_once(')')
                         .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok())
                 })
-                == Some(c.id())
+                == Some(parent)
         })
-        .collect();
-    assert_eq!(bwrap.len(), 1, "hull's bwrap: {bwrap:?}");
-    // SAFETY: kill(2) on the pid of hull's child, just read from /proc.
-    assert_eq!(unsafe { libc::kill(bwrap[0], libc::SIGKILL) }, 0);
+        .collect()
+}
+
+/// SIGKILLs `pid`, a helper of the run `c` (started with stderr piped),
+/// and returns how the run ended and what it said on stderr.
+fn kill_and_wait(c: &mut std::process::Child, pid: i32) -> (std::process::ExitStatus, String) {
+    // SAFETY: kill(2) on the pid of the run's child, just read from /proc.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let st = c.wait().expect("wait");
     let mut err = String::new();
     c.stderr
@@ -564,13 +582,7 @@ fn a_killed_bwrap_is_named_and_takes_the_command_along(t: &str) {
         .expect("stderr")
         .read_to_string(&mut err)
         .expect("read");
-    assert_eq!(st.code(), Some(125), "{err}");
-    assert!(
-        err.contains("bubblewrap itself was killed by signal 9"),
-        "{err}"
-    );
-    let left = left_after_10s(&marker);
-    assert!(left.is_empty(), "the command outlived bwrap: {left:?}");
+    (st, err)
 }
 
 /// Processes holding `marker` whose leader is a zombie with live threads.
@@ -2259,24 +2271,12 @@ fn a_killed_proxy_ends_the_run_naming_it(t: &str) {
     let mut c = started(cmd);
     // On tier 3 the command runs in the guest: "started" says it runs.
     if t != "vm" {
-        let end = Instant::now() + Duration::from_secs(10);
-        while pids_with(&marker).is_empty() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(!pids_with(&marker).is_empty(), "the command runs");
+        assert!(
+            eventually(|| !pids_with(&marker).is_empty()),
+            "the command runs"
+        );
     }
-    let parent = |p: i32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok())
-            })
-    };
-    let proxy: Vec<i32> = pids_with("__net-proxy")
-        .into_iter()
-        .filter(|p| parent(*p) == Some(c.id()))
-        .collect();
+    let proxy = children_with("__net-proxy", c.id());
     assert_eq!(proxy.len(), 1, "hull's proxy: {proxy:?}");
     let status = std::fs::read_to_string(format!("/proc/{}/status", proxy[0])).expect("status");
     let field = |name: &str| {
@@ -2298,16 +2298,8 @@ fn a_killed_proxy_ends_the_run_naming_it(t: &str) {
     assert_eq!(field("NoNewPrivs:"), vec!["1"], "{status}");
     assert_eq!(field("Seccomp:"), vec!["2"], "a seccomp filter: {status}");
     let killed = Instant::now();
-    // SAFETY: kill(2) on the pid of hull's child, just read from /proc.
-    assert_eq!(unsafe { libc::kill(proxy[0], libc::SIGKILL) }, 0);
-    let st = c.wait().expect("wait");
+    let (st, err) = kill_and_wait(&mut c, proxy[0]);
     let took = killed.elapsed();
-    let mut err = String::new();
-    c.stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut err)
-        .expect("read");
     assert_eq!(st.code(), Some(125), "{err}");
     assert!(
         err.contains(&format!(

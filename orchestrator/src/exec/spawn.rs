@@ -255,6 +255,34 @@ enum How {
     Fork,
 }
 
+/// In a child that has just unshared a user namespace: refuses setgroups
+/// and writes its uid and gid maps (`/proc/self/{setgroups,uid_map,
+/// gid_map}`), with raw calls only, so it can run as a pre-exec step.
+pub fn map_ids_in_child(uid_map: &[u8], gid_map: &[u8]) -> io::Result<()> {
+    write_proc(c"/proc/self/setgroups", b"deny")?;
+    write_proc(c"/proc/self/uid_map", uid_map)?;
+    write_proc(c"/proc/self/gid_map", gid_map)
+}
+
+/// open + write + close of a file of /proc (no allocation).
+fn write_proc(path: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
+    // SAFETY: open/write/close on a NUL-terminated string and a live
+    // slice that outlive the calls; the descriptor is closed on every path.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        let e = io::Error::last_os_error();
+        libc::close(fd);
+        if n != bytes.len() as isize {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 /// Waits for `pid` and returns its status (EINTR retried).
 pub fn wait(pid: i32) -> io::Result<std::process::ExitStatus> {
     use std::os::unix::process::ExitStatusExt;

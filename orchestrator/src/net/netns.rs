@@ -78,34 +78,13 @@ fn in_child(sock: BorrowedFd<'_>, userns: Option<&Maps>) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     if let Some(maps) = userns {
-        write_proc(c"/proc/self/setgroups", b"deny")?;
-        write_proc(c"/proc/self/uid_map", &maps.uid)?;
-        write_proc(c"/proc/self/gid_map", &maps.gid)?;
+        crate::exec::spawn::map_ids_in_child(&maps.uid, &maps.gid)?;
     }
     loopback_up()?;
     let listener = listen()?;
     let sent = crate::exec::fds::send_fd(sock, listener.as_fd());
     drop(listener);
     sent
-}
-
-/// Writes `text` to a file of /proc (raw calls, no allocation).
-fn write_proc(path: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
-    // SAFETY: open/write/close on NUL-terminated strings that outlive the
-    // calls; the descriptor is closed on every path.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-        let e = io::Error::last_os_error();
-        libc::close(fd);
-        if n != bytes.len() as isize {
-            return Err(e);
-        }
-    }
-    Ok(())
 }
 
 /// `struct ifreq` as SIOCGIFFLAGS/SIOCSIFFLAGS use it: the name, then the

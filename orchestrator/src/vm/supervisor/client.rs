@@ -84,11 +84,14 @@ pub fn run_in(
     };
     // The VM's proxy audits every run into the VM's spill: what it
     // refused while this run ran is said at its end.
-    let audit = st.spill.join(crate::net::audit::FILE);
-    let audited = std::fs::metadata(&audit).map(|m| m.len()).unwrap_or(0);
+    let audit = (policy.net.mode == crate::policy::NetMode::Allowlist).then(|| {
+        let path = st.spill.join(crate::net::audit::FILE);
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        (path, len)
+    });
     let ran = s.exec(&cmd, sink, opts);
-    if policy.net.mode == crate::policy::NetMode::Allowlist {
-        for line in crate::net::Audit::refused_since(&audit, audited) {
+    if let Some((path, len)) = audit {
+        for line in crate::net::Audit::refused_since(&path, len) {
             eprintln!("hull: tier vm (VM {name}): {line}");
         }
     }

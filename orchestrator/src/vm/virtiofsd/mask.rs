@@ -302,9 +302,10 @@ impl MountPlan {
                 return Err(io::Error::last_os_error());
             }
             if self.userns {
-                write_proc(c"/proc/self/setgroups", b"deny")?;
-                write_proc(c"/proc/self/uid_map", self.uid_map.as_bytes())?;
-                write_proc(c"/proc/self/gid_map", self.gid_map.as_bytes())?;
+                crate::exec::spawn::map_ids_in_child(
+                    self.uid_map.as_bytes(),
+                    self.gid_map.as_bytes(),
+                )?;
             }
             if libc::mount(
                 std::ptr::null(),
@@ -374,27 +375,6 @@ impl MountPlan {
         }
         Ok(())
     }
-}
-
-/// open + write + close, for /proc/self/{uid_map,gid_map,setgroups}.
-///
-/// # Safety
-/// Async-signal-safe; `path` is a valid C string.
-unsafe fn write_proc(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
-    // SAFETY: the caller guarantees `path` is valid; `data` is a live slice.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let n = libc::write(fd, data.as_ptr().cast(), data.len());
-        let err = io::Error::last_os_error();
-        libc::close(fd);
-        if n != data.len() as isize {
-            return Err(err);
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
