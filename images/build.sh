@@ -29,7 +29,7 @@ set -euo pipefail
 umask 022
 export LC_ALL=C
 
-STEPS=7
+STEPS=8
 step_no=0
 step() {
   step_no=$((step_no + 1))
@@ -90,6 +90,21 @@ dpkg_slim=(
   --dpkgopt='path-exclude=/usr/share/locale/*'
   --dpkgopt='path-include=/usr/share/locale/locale.alias'
 )
+
+# ---------------------------------------------------------------------------------------
+step "packages (the container's list resolved against the mirror)"
+# Before anything is built: a package the mirror does not have (a policy's `[vm]
+# packages` are added to container.list) fails here, named, within seconds.
+resolve_log="$WORK/resolve.log"
+if ! mmdebstrap --variant=minbase --mode=root --simulate \
+  --include="$(read_list "$RECIPE/packages/container.list")" \
+  "$SUITE" "$WORK/simulate.tar" "${sources[@]}" >"$resolve_log" 2>&1; then
+  cat "$resolve_log" >&2
+  missing=$(sed -n "s/^E: Unable to locate package \(.*\)$/\1/p; s/^E: Package '\(.*\)' has no installation candidate$/\1/p" "$resolve_log" | sort -u | tr '\n' ' ')
+  [ -z "$missing" ] || die "no such package in Debian $SUITE ($MIRROR): ${missing% }"
+  die "the container's packages do not resolve in Debian $SUITE ($MIRROR): $(grep -a '^E: ' "$resolve_log" | head -n 3 | tr '\n' ' ')"
+fi
+cat "$resolve_log" >&2
 
 # ---------------------------------------------------------------------------------------
 step "guest rootfs (mmdebstrap)"

@@ -124,6 +124,10 @@ fi
 # only network use is the Debian mirror during the build). This hull-agent
 # gets its own disk and snapshot beside it (a boot, not a rebuild).
 step "tier-3 guest image" timeout 1800 target/debug/hull image build
+# The container userland the registry cases run on tier 3 (pip, npm, curl
+# in the container): an image of its own, cached by its package list.
+step "tier-3 userland image" timeout 1800 target/debug/hull image build \
+  --policy tests/fixtures/vm-userland.toml
 
 # The VM tests are the `vm` test group of .config/nextest.toml.
 # Root runs the tests ignored for needing root too; `helper_process` is not

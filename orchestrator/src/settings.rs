@@ -19,6 +19,9 @@ pub struct Settings {
     pub vms_dir: Option<PathBuf>,
     /// `HULL_IMAGE_CACHE`: where tier-3 images are built and kept.
     pub image_cache: Option<PathBuf>,
+    /// `HULL_IMAGE_CACHE_MAX`: the size the image cache is brought back
+    /// under after a build (`40GiB`, or bytes); `None` when unset or bad.
+    pub image_cache_max: Option<u64>,
     /// `HULL_AGENT`: the guest agent binary.
     pub agent: Option<PathBuf>,
     /// `HULL_QEMU`, `HULL_VIRTIOFSD`: the helpers' binaries.
@@ -50,6 +53,8 @@ impl Settings {
             runs_dir: path("HULL_RUNS_DIR"),
             vms_dir: path("HULL_VMS_DIR"),
             image_cache: path("HULL_IMAGE_CACHE"),
+            image_cache_max: text("HULL_IMAGE_CACHE_MAX")
+                .and_then(|s| crate::policy::resolve::parse_bytes(&s).ok()),
             agent: path("HULL_AGENT"),
             qemu: path("HULL_QEMU"),
             virtiofsd: path("HULL_VIRTIOFSD"),
@@ -84,6 +89,7 @@ mod tests {
             ("HULL_QEMU", "/opt/q"),
             ("HULL_VM_BOOT_TIMEOUT", "90"),
             ("HULL_VM_SNAPSHOT", "off"),
+            ("HULL_IMAGE_CACHE_MAX", "20GiB"),
         ];
         let s = Settings::from(|k| {
             env.iter()
@@ -94,6 +100,7 @@ mod tests {
         assert_eq!(s.qemu, Some(PathBuf::from("/opt/q")));
         assert_eq!(s.vm_boot_timeout, Some(Duration::from_secs(90)));
         assert!(s.vm_snapshot_off);
+        assert_eq!(s.image_cache_max, Some(20 << 30));
         let s = Settings::from(|k| (k == "HULL_VM_BOOT_TIMEOUT").then(|| "soon".into()));
         assert_eq!(s.vm_boot_timeout, None);
         assert!(!s.vm_snapshot_off);

@@ -173,7 +173,7 @@ fn text(b: &[u8]) -> String {
 #[test]
 fn boot_configure_and_run_in_the_container() {
     let cache = Cache::default_location().unwrap();
-    let img = image::find(&cache).unwrap_or_else(|e| panic!("{e}"));
+    let img = image::find(&cache, &image::recipe::Recipe::base()).unwrap_or_else(|e| panic!("{e}"));
     let _hold = img.lock_shared(&cache).unwrap();
     let agent = image::GuestImage::with_agent(&img.dir, &agent_path())
         .unwrap_or_else(|e| panic!("{e}"))

@@ -772,7 +772,7 @@ fn a_new_agent_reuses_the_image_and_gets_a_snapshot_of_its_own() {
     use sha2::{Digest, Sha256};
     let w = world();
     let cache = Cache::default_location().unwrap();
-    let img = image::find(&cache).unwrap_or_else(|e| panic!("{e}"));
+    let img = image::find(&cache, &image::recipe::Recipe::base()).unwrap_or_else(|e| panic!("{e}"));
     let ids = |c: &Cache| -> Vec<String> {
         let mut v: Vec<String> = c
             .entries()
@@ -850,7 +850,7 @@ fn a_changed_image_file_is_refused() {
     use hull::vm::image::{self, Cache};
     let w = world();
     let cache = Cache::default_location().unwrap();
-    let img = image::find(&cache).unwrap_or_else(|e| panic!("{e}"));
+    let img = image::find(&cache, &image::recipe::Recipe::base()).unwrap_or_else(|e| panic!("{e}"));
     // A second cache with a copy of the image's manifest, kernel and initrd
     // (the check stops at the first file that differs; the disk is not
     // reached, so an empty stand-in will do).

@@ -2063,6 +2063,35 @@ fn allowlist_policy(w: &World, port: u16, more_read_exec: &str, tail: &str) -> S
     pol.to_string_lossy().into_owned()
 }
 
+/// The `[vm]` section of `tests/fixtures/vm-userland.toml`: tier 3's
+/// container with the registries' clients (curl, pip in a venv, npm), for
+/// the cases that run them there (the other tiers run the host's own and
+/// ignore it). scripts/test.sh builds its image before the tests.
+const VM_USERLAND: &str = {
+    const FIXTURE: &str = include_str!("../fixtures/vm-userland.toml");
+    const START: usize = match find(FIXTURE.as_bytes(), b"\n[vm]\n") {
+        Some(i) => i + 1,
+        None => panic!("tests/fixtures/vm-userland.toml has no [vm] section"),
+    };
+    FIXTURE.split_at(START).1
+};
+
+/// Where `needle` first starts in `hay` (const: [`VM_USERLAND`] is one).
+const fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while i + needle.len() <= hay.len() {
+        let mut j = 0;
+        while j < needle.len() && hay[i + j] == needle[j] {
+            j += 1;
+        }
+        if j == needle.len() {
+            return Some(i);
+        }
+        i += 1;
+    }
+    None
+}
+
 /// The text of [`allowlist_policy`].
 fn allowlist_policy_text(port: u16, more_read_exec: &str, tail: &str) -> String {
     format!(
@@ -2225,7 +2254,7 @@ fn socks5_reaches_allowed_names_only(t: &str) {
     require_tier(t);
     let w = World::new();
     let (port, seen) = origin();
-    let pol = allowlist_policy(&w, port, "", "");
+    let pol = allowlist_policy(&w, port, "", VM_USERLAND);
     let o = w.run(
         t,
         &["--policy", &pol],
@@ -2462,7 +2491,7 @@ fn pip_and_npm_fetch_through_the_proxy(t: &str) {
     assert!(make.status.success(), "{}", show(&make));
     let server = StaticServer::start(&served);
     let port = server.port;
-    let pol = allowlist_policy(&w, port, "", "");
+    let pol = allowlist_policy(&w, port, "", VM_USERLAND);
     let pip = |host: &str, dir: &str| {
         format!(
             "python3 -m pip download --no-deps --no-cache-dir --disable-pip-version-check -q \
@@ -2592,7 +2621,7 @@ fn registries_the_host_uses_serve_real_installs(t: &str) {
              read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\n\
              allow = [\"registry:pip\", \"registry:npm\", \"registry:cargo\"]\n{private}\
              [env]\npass = [\"RUSTUP_TOOLCHAIN\"]\n[env.set]\nRUSTUP_HOME = {rustup:?}\n\
-             CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n",
+             CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n{VM_USERLAND}",
             bin.display()
         )
     };
@@ -2915,5 +2944,9 @@ matrix!(
         git_and_curl_fetch_through_the_proxy,
         https_goes_through_connect_with_its_own_name,
         a_killed_proxy_ends_the_run_naming_it,
+        socks5_reaches_allowed_names_only,
+        pip_and_npm_fetch_through_the_proxy,
+        cargo_fetches_from_a_sparse_registry_through_the_proxy,
+        registries_the_host_uses_serve_real_installs,
     ],
 );

@@ -76,7 +76,16 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
         Some(p) => p,
         None => super::default_project()?,
     };
-    let host = pool::Host::prepare(&mut |step| {
+    let recipe = crate::vm::image::recipe::Recipe::with_packages(
+        &crate::policy::profiles::load(&a.policy)?
+            .vm_policy()?
+            .packages,
+    );
+    {
+        let mut progress = crate::vm::image::progress::BuildProgress::new("hull batch: ");
+        crate::vm::assemble::ensure_userland(&recipe, &mut |ev| progress.on(ev))?;
+    }
+    let host = pool::Host::prepare(&recipe, &mut |step| {
         eprintln!("hull batch: preparing the image's snapshot (once): {step}")
     })?;
     let bound = pool::mem_available()

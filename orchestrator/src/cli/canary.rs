@@ -57,7 +57,9 @@ pub fn canary(a: CanaryArgs, quiet: bool) -> anyhow::Result<i32> {
         };
         // Tier 3 when it can run here and its image is built.
         #[cfg(target_os = "linux")]
-        if crate::tier::ready(Tier::Vm).available && crate::tier::vm::find_image_with(false).is_ok()
+        if crate::tier::ready(Tier::Vm).available
+            && crate::tier::vm::find_image_with(&crate::vm::image::recipe::Recipe::base(), false)
+                .is_ok()
         {
             tiers.push(Tier::Vm);
         }

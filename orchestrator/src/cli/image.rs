@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::vm::image::{self, build, BuiltImage, Cache, Entry};
 
@@ -44,6 +43,10 @@ pub struct BuildArgs {
     /// Rebuild even when the image is cached.
     #[arg(long)]
     pub force: bool,
+    /// Build the image of this policy's container userland (its `[vm]
+    /// packages`; a profile name or a file) instead of the default one.
+    #[arg(long, value_name = "POLICY")]
+    pub policy: Option<String>,
     /// Do not prepare the VM snapshot runs restore from (the first
     /// `hull run --tier3` then prepares it).
     #[arg(long)]
@@ -74,55 +77,29 @@ pub fn image(c: ImageCommand) -> anyhow::Result<i32> {
 }
 
 fn build_cmd(cache: &Cache, a: BuildArgs) -> anyhow::Result<i32> {
+    let recipe = match &a.policy {
+        Some(p) => {
+            let pf = crate::policy::profiles::load(p)?;
+            image::recipe::Recipe::with_packages(&pf.vm_policy()?.packages)
+        }
+        None => image::recipe::Recipe::base(),
+    };
+    if !recipe.packages().is_empty() {
+        eprintln!(
+            "userland of {}: the default container plus {}",
+            a.policy.as_deref().unwrap_or_default(),
+            recipe.packages().join(", ")
+        );
+    }
     let opts = build::BuildOptions {
         agent: a.agent.path()?,
         force: a.force,
+        recipe,
     };
-    let bar = ProgressBar::with_draw_target(Some(1), ProgressDrawTarget::stderr());
-    let tty = !bar.is_hidden();
-    if let Ok(style) =
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} {msg}")
-    {
-        bar.set_style(style);
-    }
-    let mut step_started = std::time::Instant::now();
-    let mut on = |ev: build::BuildEvent| match ev {
-        build::BuildEvent::Cached { id } => {
-            eprintln!("image {id} is cached ({})", cache.image_dir(&id).display())
-        }
-        build::BuildEvent::Waiting { id, lock } => {
-            eprintln!(
-                "image {id}: waiting for another build (or a VM using it) to release {}",
-                lock.display()
-            )
-        }
-        build::BuildEvent::Started { id, dir, log } => {
-            eprintln!(
-                "building image {id} in {}\n  log: {}",
-                dir.display(),
-                log.display()
-            );
-            bar.enable_steady_tick(Duration::from_millis(200));
-        }
-        build::BuildEvent::Step { n, of, name } => {
-            if !tty && n > 1 {
-                eprintln!("  ({:.0} s)", step_started.elapsed().as_secs_f64());
-            }
-            step_started = std::time::Instant::now();
-            bar.set_length(u64::from(of));
-            bar.set_position(u64::from(n - 1));
-            bar.set_message(name.clone());
-            if !tty {
-                eprintln!("step {n}/{of}: {name}");
-            }
-        }
-        build::BuildEvent::Done { id, seconds } => {
-            bar.finish_and_clear();
-            eprintln!("built image {id} in {:.0} s", seconds);
-        }
-    };
+    let mut progress = image::progress::BuildProgress::new("");
+    let mut on = |ev: build::BuildEvent| progress.on(ev);
     let result = build::build(cache, &opts, &mut on);
-    bar.finish_and_clear();
+    drop(progress);
     let img = result?;
     for s in &img.manifest.steps {
         eprintln!("  {:>7.1} s  {}", s.seconds, s.name);
@@ -183,24 +160,23 @@ fn print_paths(img: &BuiltImage) {
 }
 
 fn list(cache: &Cache) -> anyhow::Result<i32> {
-    let current = Some(image::recipe::image_id());
     let entries = cache.entries()?;
     if entries.is_empty() {
         println!("no images in {}", cache.root().display());
         return Ok(0);
     }
     println!(
-        "{:<34} {:<16} {:>9}  {:<20} KERNEL",
+        "{:<34} {:<16} {:>9}  {:<20} USERLAND",
         "ID", "STATUS", "SIZE", "CREATED"
     );
     for e in entries {
         match e {
             Entry::Built(img) => {
-                let status = if current.as_deref() == Some(img.id.as_str()) {
-                    "built (current)"
-                } else {
-                    "built"
-                };
+                // Current: this hull's recipe with the image's packages
+                // is the image's id (runs use it).
+                let current =
+                    image::recipe::Recipe::with_packages(&img.manifest.packages).id() == img.id;
+                let status = if current { "built (current)" } else { "built" };
                 println!(
                     "{:<34} {:<16} {:>9}  {:<20} {}",
                     img.id,
@@ -209,11 +185,7 @@ fn list(cache: &Cache) -> anyhow::Result<i32> {
                     humantime::format_rfc3339_seconds(
                         std::time::UNIX_EPOCH + Duration::from_secs(img.manifest.created_unix)
                     ),
-                    img.manifest
-                        .info
-                        .get("kernel_version")
-                        .map(String::as_str)
-                        .unwrap_or("?"),
+                    userland(&img.manifest.packages),
                 );
             }
             Entry::Partial { dir, live, .. } => {
@@ -243,13 +215,23 @@ fn list(cache: &Cache) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// What a listed image holds in its container: the default userland, or
+/// the `[vm] packages` of the policies that use it.
+fn userland(packages: &[String]) -> String {
+    if packages.is_empty() {
+        "default".into()
+    } else {
+        format!("default + [vm] packages {}", packages.join(" "))
+    }
+}
+
 fn show(cache: &Cache, id: Option<String>, agent: &AgentArg) -> anyhow::Result<i32> {
     let img = match id {
         Some(q) => {
             let (_, dir) = image::resolve(cache, &q)?;
             BuiltImage::open(&dir)?
         }
-        None => image::find(cache)?,
+        None => image::find(cache, &image::recipe::Recipe::base())?,
     };
     print_paths(&img);
     let guest = image::GuestImage::looking_at(&img.dir, &agent.path()?)?;

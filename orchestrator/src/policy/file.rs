@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::policy::net::{HostPattern, NetMode, NetPolicy, Registry, DEFAULT_PORTS};
+use crate::policy::VmPolicy;
 use toml::Spanned;
 
 /// A parse or validation error, located in its file.
@@ -43,6 +44,8 @@ pub struct PolicyFile {
     pub limits: LimitsSection,
     #[serde(default)]
     pub env: EnvSection,
+    #[serde(default)]
+    pub vm: VmSection,
     #[serde(skip)]
     pub source: Source,
 }
@@ -105,6 +108,16 @@ pub struct LimitsSection {
     pub cpus: Option<Spanned<u32>>,
 }
 
+/// What tier 3's container holds beyond the image's default userland.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSection {
+    /// Debian packages added to the container image (an image of its own,
+    /// built once and cached by its package list).
+    #[serde(default)]
+    pub packages: Vec<Spanned<String>>,
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvSection {
@@ -147,6 +160,7 @@ impl PolicyFile {
             ));
         }
         pf.net_policy()?;
+        pf.vm_policy()?;
         for (k, v) in &pf.env.set {
             if !valid_env_name(k) {
                 return Err(pf.error_at(
@@ -187,6 +201,39 @@ impl PolicyFile {
             key: key.to_string(),
             message,
         }
+    }
+
+    /// The `[vm]` section, checked: package names as Debian writes them
+    /// (they reach the image build's package list, so nothing else passes),
+    /// at most [`MAX_VM_PACKAGES`]; sorted and without repeats, so one
+    /// userland has one list whatever the order it was written in.
+    pub fn vm_policy(&self) -> Result<VmPolicy, PolicyError> {
+        let list = &self.vm.packages;
+        if list.len() > MAX_VM_PACKAGES {
+            return Err(self.error_at(
+                list[MAX_VM_PACKAGES].span(),
+                "vm.packages",
+                format!("more than {MAX_VM_PACKAGES} packages"),
+            ));
+        }
+        let mut packages = Vec::with_capacity(list.len());
+        for (i, p) in list.iter().enumerate() {
+            if !valid_debian_package(p.get_ref()) {
+                return Err(self.error_at(
+                    p.span(),
+                    &format!("vm.packages[{i}]"),
+                    format!(
+                        "{:?} is not a Debian package name (lowercase letters, digits, `+`, `-`, `.`; \
+                         at least two characters, starting with a letter or digit)",
+                        p.get_ref()
+                    ),
+                ));
+            }
+            packages.push(p.get_ref().clone());
+        }
+        packages.sort();
+        packages.dedup();
+        Ok(VmPolicy { packages })
     }
 
     /// The `[net]` section, checked: every bad entry is an error at its
@@ -386,6 +433,21 @@ pub fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
+/// The most packages one `[vm]` section may add.
+pub const MAX_VM_PACKAGES: usize = 256;
+
+/// A Debian package name (Debian Policy 5.6.1): lowercase letters, digits,
+/// `+`, `-` and `.`, at least two characters, starting with a letter or
+/// digit; at most 128 here.
+pub fn valid_debian_package(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() >= 2
+        && b.len() <= 128
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"+-.".contains(c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,6 +510,47 @@ mod tests {
             let e = PolicyFile::parse("p.toml", &text).unwrap_err();
             assert_eq!((e.line, e.key.as_str()), (line, key), "{body}: {e}");
         }
+    }
+
+    #[test]
+    fn vm_packages_are_debian_names_sorted_once() {
+        let ok = "version = 1\n[vm]\npackages = [\"python3-pip\", \"g++\", \"nodejs\", \"python3-pip\", \"libc6.1-dev\"]\n";
+        let v = PolicyFile::parse("p.toml", ok)
+            .unwrap()
+            .vm_policy()
+            .unwrap();
+        assert_eq!(v.packages, ["g++", "libc6.1-dev", "nodejs", "python3-pip"]);
+        let none = PolicyFile::parse("p.toml", "version = 1\n").unwrap();
+        assert!(none.vm_policy().unwrap().packages.is_empty());
+        // Nothing that is not a package name reaches the build's list.
+        for bad in [
+            "a",
+            "Nodejs",
+            "-x",
+            ".x",
+            "a,b",
+            "a b",
+            "a\\nb",
+            "nodejs=18",
+            "pkg/bookworm",
+            "x:amd64",
+            "$(id)",
+            "",
+        ] {
+            let text = format!("version = 1\n[vm]\npackages = [\"git\",\n {bad:?}]\n");
+            let e = PolicyFile::parse("p.toml", &text).unwrap_err();
+            assert_eq!(
+                (e.line, e.key.as_str()),
+                (4, "vm.packages[1]"),
+                "{bad}: {e}"
+            );
+        }
+        let many: Vec<String> = (0..=MAX_VM_PACKAGES).map(|i| format!("\"p{i}\"")).collect();
+        let text = format!("version = 1\n[vm]\npackages = [{}]\n", many.join(", "));
+        let e = PolicyFile::parse("p.toml", &text).unwrap_err();
+        assert_eq!(e.key, "vm.packages", "{e}");
+        let e = PolicyFile::parse("p.toml", "version = 1\n[vm]\nimage = \"x\"\n").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (3, "image"), "{e}");
     }
 
     #[test]

@@ -168,8 +168,19 @@ pub struct Policy {
     pub net: NetPolicy,
     pub limits: Limits,
     pub env: EnvPolicy,
+    /// Tier 3's container userland.
+    pub vm: VmPolicy,
     /// The variables it was resolved with (project, tmp, spill, home, runs).
     pub vars: Vars,
+}
+
+/// What tier 3's container holds beyond the image's default userland (the
+/// other tiers run the host's own programs and ignore it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct VmPolicy {
+    /// Debian packages added to the container image: valid names, sorted,
+    /// no repeats. Empty: the image's default userland.
+    pub packages: Vec<String>,
 }
 
 impl Policy {

@@ -145,6 +145,7 @@ pub fn resolve(pf: &PolicyFile, vars: &Vars) -> Result<Policy, ResolveError> {
         net: pf.net_policy()?,
         limits,
         env,
+        vm: pf.vm_policy()?,
         vars: vars.clone(),
     })
 }

@@ -68,6 +68,19 @@ pub fn explain(policy: &Policy) -> Result<String, VmTierError> {
          memfd shared RAM, virtio-serial agent port, QMP, console log in the instance dir\n",
     );
     out.push_str("  accelerator: see `hull probe` (KVM only when a probe boot succeeds)\n");
+    let recipe = crate::vm::image::recipe::Recipe::with_packages(&policy.vm.packages);
+    if recipe.packages().is_empty() {
+        out.push_str(
+            "  container userland: the image's default (Debian bookworm, minbase + build tools)\n",
+        );
+    } else {
+        out.push_str(&format!(
+            "  container userland: the image's default + [vm] packages {} (image {}; a run \
+             builds it when it is not cached, or `hull image build --policy P`)\n",
+            recipe.packages().join(" "),
+            recipe.id()
+        ));
+    }
     Ok(out)
 }
 
@@ -184,7 +197,7 @@ mod imp {
         } else {
             "QEMU without -sandbox (seccomp not built in)"
         };
-        match find_image_with(false) {
+        match find_image_with(&crate::vm::image::recipe::Recipe::base(), false) {
             Ok(img) => {
                 let snap = match BootImage::from_image(&img) {
                     _ if !img.agent.path.is_file() => "no snapshot yet for this hull-agent (the \
@@ -306,7 +319,12 @@ mod imp {
         irq: Arc<AtomicI32>,
     ) -> Result<ExitStatus, VmTierError> {
         let tools = Tools::find()?;
-        let image = find_image()?;
+        let recipe = crate::vm::image::recipe::Recipe::with_packages(&policy.vm.packages);
+        {
+            let mut progress = crate::vm::image::progress::BuildProgress::new("tier vm: ");
+            crate::vm::assemble::ensure_userland(&recipe, &mut |ev| progress.on(ev))?;
+        }
+        let image = find_image(&recipe)?;
         let accel = crate::vm::accel::probe_accel().accel;
         // Per hull process: several runs may share one instance (--instance).
         let run_name = format!("vm-{}", std::process::id());

@@ -11,6 +11,7 @@ use hull_protocol::{ConfigureSpec, ContainerSpec, Share as ProtoShare};
 
 use crate::policy::lower::vm::{self as lower_vm, VmPlan};
 use crate::policy::Protection;
+use crate::vm::image::recipe::Recipe;
 use crate::vm::image::GuestImage;
 use crate::vm::qemu::Accel;
 use crate::vm::virtiofsd::{HostMask, MaskKind, SandboxMode, ViewBind, VirtiofsdSpec};
@@ -41,6 +42,50 @@ pub enum AssembleError {
     Snapshot(#[from] crate::vm::snapshot::SnapshotError),
     #[error(transparent)]
     SandboxUser(#[from] crate::sandbox_user::SandboxUserError),
+    #[error("tier vm: the container userland with the [vm] packages {packages}: {source}")]
+    Userland {
+        /// The packages, comma-separated.
+        packages: String,
+        #[source]
+        source: Box<crate::vm::image::ImageError>,
+    },
+    #[error(
+        "tier vm: HULL_VM_IMAGE={dir} holds the container userland [{has}], the policy asks for \
+         [{wants}]; unset HULL_VM_IMAGE to use the image cache"
+    )]
+    OtherUserland {
+        dir: Box<Path>,
+        has: String,
+        wants: String,
+    },
+}
+
+/// Builds the image of a policy's container userland (its `[vm] packages`)
+/// when it is not cached yet, reporting the build's progress to `on`; the
+/// default userland is `hull image build`'s (or setup's) to make, and
+/// `HULL_VM_IMAGE` names its image itself ([`find_image`] checks it).
+pub fn ensure_userland(
+    recipe: &Recipe,
+    on: &mut dyn FnMut(crate::vm::image::build::BuildEvent),
+) -> Result<(), AssembleError> {
+    if recipe.packages().is_empty() || crate::settings::get().vm_image.is_some() {
+        return Ok(());
+    }
+    let failed = |source| AssembleError::Userland {
+        packages: recipe.packages().join(", "),
+        source: Box::new(source),
+    };
+    let cache = crate::vm::image::Cache::default_location().map_err(failed)?;
+    if crate::vm::image::find(&cache, recipe).is_ok() {
+        return Ok(());
+    }
+    let opts = crate::vm::image::build::BuildOptions {
+        agent: crate::vm::image::default_agent_path().map_err(failed)?,
+        force: false,
+        recipe: recipe.clone(),
+    };
+    crate::vm::image::build::build(&cache, &opts, on).map_err(failed)?;
+    Ok(())
 }
 
 /// Hello and setup deadlines for a VM restored from a snapshot: it answers
@@ -202,21 +247,38 @@ pub fn configure_spec(
 }
 
 /// The guest image to boot: `HULL_VM_IMAGE` (one image dir), else the image
-/// `hull image build` made for this recipe (an image of another recipe is
-/// never used: rebuild it), with the disk of this hull's agent (made in the
-/// image directory when missing: under a second).
-pub fn find_image() -> Result<GuestImage, AssembleError> {
-    find_image_with(true)
+/// `hull image build` made for this recipe with the userland `recipe` names
+/// (an image of another recipe is never used: rebuild it), with the disk of
+/// this hull's agent (made in the image directory when missing: under a
+/// second).
+pub fn find_image(recipe: &Recipe) -> Result<GuestImage, AssembleError> {
+    find_image_with(recipe, true)
 }
 
 /// [`find_image`]; `make_agent_disk: false` only looks (`hull probe`).
-pub fn find_image_with(make_agent_disk: bool) -> Result<GuestImage, AssembleError> {
+pub fn find_image_with(
+    recipe: &Recipe,
+    make_agent_disk: bool,
+) -> Result<GuestImage, AssembleError> {
     let complete = |d: &Path| {
         ["vmlinux", "initrd.cpio", "disk.raw"]
             .iter()
             .all(|f| d.join(f).is_file())
     };
     let dir = match crate::settings::get().vm_image.clone() {
+        Some(d) if complete(&d) && !recipe.packages().is_empty() => {
+            let has = crate::vm::image::BuiltImage::open(&d)
+                .map(|i| i.manifest.packages)
+                .unwrap_or_default();
+            if has != recipe.packages() {
+                return Err(AssembleError::OtherUserland {
+                    dir: d.into(),
+                    has: has.join(", "),
+                    wants: recipe.packages().join(", "),
+                });
+            }
+            d
+        }
         Some(d) if complete(&d) => d,
         Some(d) => {
             return Err(AssembleError::NoImage {
@@ -229,7 +291,7 @@ pub fn find_image_with(make_agent_disk: bool) -> Result<GuestImage, AssembleErro
                     looked: format!("the image cache ({e})"),
                 }
             })?;
-            crate::vm::image::find(&cache)
+            crate::vm::image::find(&cache, recipe)
                 .map_err(|e| AssembleError::NoImage {
                     looked: format!("{} ({e})", cache.root().display()),
                 })?

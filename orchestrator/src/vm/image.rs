@@ -19,6 +19,7 @@ pub mod agent_disk;
 pub mod build;
 pub mod cache;
 pub mod digest;
+pub mod progress;
 pub mod recipe;
 
 use std::collections::BTreeMap;
@@ -70,8 +71,8 @@ pub enum ImageError {
     AgentMissing { path: PathBuf },
     #[error("{path} is not a Linux x86-64 executable ({why}); the guest agent runs inside the Linux guest")]
     AgentNotLinux { path: PathBuf, why: String },
-    #[error("tier-3 image {id} is not built; run `hull image build`")]
-    NotBuilt { id: String },
+    #[error("tier-3 image {id}{} is not built; run `hull image build{}`", userland_note(.packages), build_hint(.packages))]
+    NotBuilt { id: String, packages: Vec<String> },
     #[error("cannot make the guest agent's disk {path}: `{cmd}` failed: {why}")]
     AgentDisk {
         path: PathBuf,
@@ -207,6 +208,10 @@ pub struct Manifest {
     pub info: BTreeMap<String, String>,
     pub steps: Vec<StepTiming>,
     pub build_seconds: f64,
+    /// The `[vm] packages` added to the default userland (none: the
+    /// default image).
+    #[serde(default)]
+    pub packages: Vec<String>,
 }
 
 /// A complete image and the paths a VM launcher needs.
@@ -304,10 +309,13 @@ impl BuiltImage {
     }
 
     /// Hold the image while a VM uses it. Blocks while a build of the same id runs.
+    /// The lock file's modification time records the use ([`evict`] removes
+    /// the least recently used userland first).
     pub fn lock_shared(&self, cache: &Cache) -> Result<ImageUse, ImageError> {
         let f = cache.lock_file(&self.id)?;
         f.lock_shared()
             .map_err(ImageError::io(&cache.lock_path(&self.id), "lock the image"))?;
+        let _ = f.set_modified(std::time::SystemTime::now());
         Ok(ImageUse { _lock: f })
     }
 
@@ -402,13 +410,37 @@ fn check_linux_x86_64_elf(b: &[u8]) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The built image of this recipe, or [`ImageError::NotBuilt`].
-pub fn find(cache: &Cache) -> Result<BuiltImage, ImageError> {
-    let id = recipe::image_id();
+/// ` (the container with the [vm] packages a, b)`, or nothing for the
+/// default userland.
+pub fn userland_note(packages: &[String]) -> String {
+    if packages.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (the container with the [vm] packages {})",
+            packages.join(", ")
+        )
+    }
+}
+
+fn build_hint(packages: &[String]) -> &'static str {
+    if packages.is_empty() {
+        ""
+    } else {
+        " --policy POLICY` with that policy, or let a run build it: `hull run --tier vm --policy POLICY"
+    }
+}
+
+/// The built image of `recipe`, or [`ImageError::NotBuilt`].
+pub fn find(cache: &Cache, recipe: &recipe::Recipe) -> Result<BuiltImage, ImageError> {
+    let id = recipe.id();
     cache.check_private()?;
     match BuiltImage::open(&cache.image_dir(&id)) {
         Ok(img) => Ok(img),
-        Err(ImageError::Invalid { .. }) => Err(ImageError::NotBuilt { id }),
+        Err(ImageError::Invalid { .. }) => Err(ImageError::NotBuilt {
+            id,
+            packages: recipe.packages().to_vec(),
+        }),
         Err(e) => Err(e),
     }
 }
@@ -501,6 +533,57 @@ pub fn remove(cache: &Cache, query: &str) -> Result<PathBuf, ImageError> {
     Ok(dir)
 }
 
+/// The size [`evict`] keeps the cache under when `HULL_IMAGE_CACHE_MAX`
+/// is not set: about 15 userland images of 2.5 GiB with their snapshots.
+pub const DEFAULT_CACHE_MAX: u64 = 40 << 30;
+
+/// Brings the cache back under `cap` bytes: removes images of other recipes
+/// (no hull of this build uses them) first, then userland images (`[vm]
+/// packages`), least recently used first. Never this recipe's default
+/// image, the image `keep`, one a VM or a build holds, or a partial build.
+/// Returns each removed id and the bytes it freed.
+pub fn evict(cache: &Cache, cap: u64, keep: &str) -> Result<Vec<(String, u64)>, ImageError> {
+    let base = recipe::image_id();
+    let mut total = 0u64;
+    // (not of this recipe, last use, id, dir, bytes)
+    let mut candidates = Vec::new();
+    for e in cache.entries()? {
+        match e {
+            cache::Entry::Built(img) => {
+                let bytes = img.disk_usage();
+                total += bytes;
+                if img.id == keep || img.id == base {
+                    continue;
+                }
+                let stale = recipe::Recipe::with_packages(&img.manifest.packages).id() != img.id;
+                let used = std::fs::metadata(cache.lock_path(&img.id))
+                    .and_then(|m| m.modified())
+                    .unwrap_or(std::time::UNIX_EPOCH);
+                candidates.push((!stale, used, img.id.clone(), img.dir.clone(), bytes));
+            }
+            cache::Entry::Partial { dir, .. } | cache::Entry::Broken { dir, .. } => {
+                total += dir_usage(&dir)
+            }
+        }
+    }
+    candidates.sort();
+    let mut removed = Vec::new();
+    for (_, _, id, dir, bytes) in candidates {
+        if total <= cap {
+            break;
+        }
+        let lock = cache.lock_file(&id)?;
+        if lock.try_lock().is_err() {
+            continue;
+        }
+        cache::remove_tree(&dir)?;
+        drop(lock);
+        total = total.saturating_sub(bytes);
+        removed.push((id, bytes));
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,9 +609,67 @@ mod tests {
             info: BTreeMap::new(),
             steps: vec![],
             build_seconds: 1.0,
+            packages: vec![],
         };
         std::fs::write(dir.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
         dir
+    }
+
+    /// A fake image of this recipe with `packages` (its id is theirs).
+    fn fake_userland(cache: &Cache, packages: &[&str]) -> String {
+        let packages: Vec<String> = packages.iter().map(|p| p.to_string()).collect();
+        let r = recipe::Recipe::with_packages(&packages);
+        let id = r.id();
+        let dir = fake_image(cache, &id);
+        let path = dir.join("manifest.json");
+        let mut m: Manifest = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        m.hash = r.hash();
+        m.packages = packages;
+        std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+        std::fs::write(dir.join("disk.raw.extra"), vec![1u8; 64 << 10]).unwrap();
+        id
+    }
+
+    /// Over the cap, images of other recipes go first, then userland
+    /// images least recently used first; the image just built, this
+    /// recipe's default one and one a VM holds stay.
+    #[test]
+    fn eviction_keeps_the_default_the_new_and_the_used() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = Cache::at(d.path().join("images"));
+        fake_image(&cache, &recipe::image_id());
+        fake_image(&cache, "00000000000000aa");
+        let (base, old) = (recipe::image_id(), "00000000000000aa".to_string());
+        let a = fake_userland(&cache, &["nodejs"]);
+        let b = fake_userland(&cache, &["cargo"]);
+        let c = fake_userland(&cache, &["npm"]);
+        let new = fake_userland(&cache, &["golang"]);
+        let t = |secs| std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        for (id, used) in [(&a, 300), (&b, 100), (&c, 200)] {
+            cache.lock_file(id).unwrap().set_modified(t(used)).unwrap();
+        }
+        // b is the least recently used, but a VM holds it.
+        let img_b = BuiltImage::open(&cache.image_dir(&b)).unwrap();
+        let hold = img_b.lock_shared(&cache).unwrap();
+        let size = |id: &str| dir_usage(&cache.image_dir(id));
+        let all: u64 = [&base, &old, &a, &b, &c, &new]
+            .iter()
+            .map(|i| size(i))
+            .sum();
+        // Room for everything but about two userland images.
+        let cap = all - size(&a) - size(&c) + 1;
+        let removed: Vec<String> = evict(&cache, cap, &new)
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(removed, [old, c, a]);
+        for kept in [&base, &b, &new] {
+            assert!(cache.image_dir(kept).is_dir(), "{kept}");
+        }
+        drop(hold);
+        // Under the cap, nothing goes.
+        assert!(evict(&cache, u64::MAX, &new).unwrap().is_empty());
     }
 
     #[test]

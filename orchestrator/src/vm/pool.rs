@@ -481,9 +481,14 @@ pub struct Host {
 }
 
 impl Host {
-    pub fn prepare(progress: &mut dyn FnMut(&str)) -> Result<Host, BatchError> {
+    /// `recipe`: the userland of the batch's policy, built by then
+    /// ([`crate::vm::assemble::ensure_userland`]).
+    pub fn prepare(
+        recipe: &crate::vm::image::recipe::Recipe,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Host, BatchError> {
         let tools = Tools::find()?;
-        let image = crate::vm::assemble::find_image()?;
+        let image = crate::vm::assemble::find_image(recipe)?;
         let accel = crate::vm::accel::probe_accel().accel;
         let hold = crate::vm::snapshot::ensure_for(&image, &tools, accel, progress)?;
         Ok(Host {

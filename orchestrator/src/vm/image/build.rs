@@ -35,6 +35,8 @@ pub struct BuildOptions {
     pub agent: PathBuf,
     /// Rebuild even when a complete image with this id exists.
     pub force: bool,
+    /// The userland: the default, or with a policy's `[vm] packages`.
+    pub recipe: recipe::Recipe,
 }
 
 /// Progress reported while building.
@@ -54,6 +56,8 @@ pub enum BuildEvent {
     Step { n: u32, of: u32, name: String },
     /// The image is published.
     Done { id: String, seconds: f64 },
+    /// An image was removed to keep the cache under its size cap.
+    Evicted { id: String, bytes: u64 },
 }
 
 /// A parsed stdout line of `build.sh`.
@@ -167,7 +171,7 @@ pub fn build(
 ) -> Result<BuiltImage, ImageError> {
     // Refuse a missing or foreign agent before minutes of work.
     super::read_agent(&opts.agent)?;
-    let id = recipe::image_id();
+    let id = opts.recipe.id();
     let final_dir = cache.image_dir(&id);
     cache.check_private()?;
     if !opts.force {
@@ -201,7 +205,9 @@ pub fn build(
     let dir = cache.partial_dir(&id);
     std::fs::create_dir_all(&dir).map_err(ImageError::io(&dir, "create the build directory"))?;
     let recipe_dir = dir.join("recipe");
-    recipe::materialise(&recipe_dir).map_err(ImageError::io(&recipe_dir, "write the recipe"))?;
+    opts.recipe
+        .materialise(&recipe_dir)
+        .map_err(ImageError::io(&recipe_dir, "write the recipe"))?;
     let log_path = dir.join("build.log");
     let log = File::create(&log_path).map_err(ImageError::io(&log_path, "create the build log"))?;
     on(BuildEvent::Started {
@@ -233,7 +239,8 @@ pub fn build(
     let manifest = Manifest {
         format: MANIFEST_FORMAT,
         id: id.clone(),
-        hash: recipe::image_hash(),
+        hash: opts.recipe.hash(),
+        packages: opts.recipe.packages().to_vec(),
         created_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -257,6 +264,19 @@ pub fn build(
         seconds: manifest.build_seconds,
     });
     drop(lock);
+    // The cache stays under its cap: older recipes and the least recently
+    // used userlands go (best effort: a failure here loses no image).
+    let cap = crate::settings::get()
+        .image_cache_max
+        .unwrap_or(super::DEFAULT_CACHE_MAX);
+    match super::evict(cache, cap, &id) {
+        Ok(removed) => {
+            for (id, bytes) in removed {
+                on(BuildEvent::Evicted { id, bytes });
+            }
+        }
+        Err(e) => tracing::warn!("image cache: could not bring it under {cap} bytes: {e}"),
+    }
     BuiltImage::open(&final_dir)
 }
 

@@ -52,24 +52,118 @@ const ID_DOMAIN: &[u8] = b"hull-image-id-v2\0";
 /// Hex characters of the sha256 used as the image id (64 bits).
 pub const ID_LEN: usize = 16;
 
-/// The full sha256 (hex) of the recipe files.
-pub fn image_hash() -> String {
-    let mut h = Sha256::new();
-    h.update(ID_DOMAIN);
-    for f in FILES {
-        h.update(f.path.as_bytes());
-        h.update([0u8, u8::from(f.executable)]);
-        h.update((f.bytes.len() as u64).to_le_bytes());
-        h.update(f.bytes);
-    }
-    hex(&h.finalize())
+/// The recipe of one userland: [`FILES`], with the `[vm] packages` of a
+/// policy added to `packages/container.list`. No packages: the default
+/// image, whose id is the hash of [`FILES`] as they are.
+///
+/// The packages are part of the hashed files, so each distinct list has an
+/// image (and id) of its own and the build runs them exactly as hashed.
+/// They are checked names ([`crate::policy::file::valid_debian_package`]):
+/// nothing else can reach the build's package list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recipe {
+    packages: Vec<String>,
 }
 
-/// The id of the image this recipe builds: the first [`ID_LEN`] hex digits of [`image_hash`].
+/// The recipe file the packages are added to.
+const CONTAINER_LIST: &str = "packages/container.list";
+
+impl Recipe {
+    /// The default userland's recipe.
+    pub fn base() -> Recipe {
+        Recipe::default()
+    }
+
+    /// The recipe with `packages` (valid Debian names) in the container;
+    /// sorted and deduplicated here too, so one list has one id.
+    pub fn with_packages(packages: &[String]) -> Recipe {
+        let mut packages = packages.to_vec();
+        packages.sort();
+        packages.dedup();
+        debug_assert!(packages
+            .iter()
+            .all(|p| crate::policy::file::valid_debian_package(p)));
+        Recipe { packages }
+    }
+
+    /// The packages added to the default userland.
+    pub fn packages(&self) -> &[String] {
+        &self.packages
+    }
+
+    /// Each file's path, bytes and executable bit, sorted by path.
+    fn files(
+        &self,
+    ) -> impl Iterator<Item = (&'static str, std::borrow::Cow<'static, [u8]>, bool)> + '_ {
+        FILES.iter().map(move |f| {
+            let bytes = if f.path == CONTAINER_LIST && !self.packages.is_empty() {
+                let mut b = f.bytes.to_vec();
+                if !b.ends_with(b"\n") {
+                    b.push(b'\n');
+                }
+                b.extend_from_slice(b"# [vm] packages of the policy\n");
+                for p in &self.packages {
+                    b.extend_from_slice(p.as_bytes());
+                    b.push(b'\n');
+                }
+                std::borrow::Cow::Owned(b)
+            } else {
+                std::borrow::Cow::Borrowed(f.bytes)
+            };
+            (f.path, bytes, f.executable)
+        })
+    }
+
+    /// The full sha256 (hex) of the recipe files.
+    pub fn hash(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(ID_DOMAIN);
+        for (path, bytes, executable) in self.files() {
+            h.update(path.as_bytes());
+            h.update([0u8, u8::from(executable)]);
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(&bytes);
+        }
+        hex(&h.finalize())
+    }
+
+    /// The id of the image this recipe builds: the first [`ID_LEN`] hex
+    /// digits of [`Recipe::hash`].
+    pub fn id(&self) -> String {
+        let mut h = self.hash();
+        h.truncate(ID_LEN);
+        h
+    }
+
+    /// Write the recipe into `dir` (created), scripts executable.
+    pub fn materialise(&self, dir: &Path) -> io::Result<()> {
+        for (path, bytes, executable) in self.files() {
+            let dest = dir.join(path);
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(&dest, &bytes)?;
+            #[cfg(not(unix))]
+            let _ = executable;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = if executable { 0o755 } else { 0o644 };
+                std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The full sha256 (hex) of the default recipe.
+pub fn image_hash() -> String {
+    Recipe::base().hash()
+}
+
+/// The id of the default image: the first [`ID_LEN`] hex digits of [`image_hash`].
 pub fn image_id() -> String {
-    let mut h = image_hash();
-    h.truncate(ID_LEN);
-    h
+    Recipe::base().id()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -79,24 +173,6 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
-}
-
-/// Write the recipe into `dir` (created), scripts executable.
-pub fn materialise(dir: &Path) -> io::Result<()> {
-    for f in FILES {
-        let dest = dir.join(f.path);
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&dest, f.bytes)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = if f.executable { 0o755 } else { 0o644 };
-            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -150,10 +226,35 @@ mod tests {
         assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
     }
 
+    /// Packages give another id, whatever their order or repeats, and
+    /// reach the container's list as written; no packages is the default.
+    #[test]
+    fn packages_make_a_recipe_of_their_own() {
+        let base = Recipe::base();
+        assert_eq!(Recipe::with_packages(&[]), base);
+        assert_eq!(Recipe::with_packages(&[]).id(), image_id());
+        let a = Recipe::with_packages(&["nodejs".into(), "npm".into()]);
+        let b = Recipe::with_packages(&["npm".into(), "nodejs".into(), "npm".into()]);
+        let c = Recipe::with_packages(&["nodejs".into()]);
+        assert_eq!(a.id(), b.id());
+        assert_ne!(a.id(), base.id());
+        assert_ne!(a.id(), c.id());
+        assert_eq!(a.packages(), ["nodejs", "npm"]);
+        let dir = tempfile::tempdir().unwrap();
+        a.materialise(dir.path()).unwrap();
+        let list = std::fs::read_to_string(dir.path().join(CONTAINER_LIST)).unwrap();
+        let base_list = FILES.iter().find(|f| f.path == CONTAINER_LIST).unwrap();
+        assert!(list.starts_with(std::str::from_utf8(base_list.bytes).unwrap()));
+        assert!(
+            list.ends_with("# [vm] packages of the policy\nnodejs\nnpm\n"),
+            "{list}"
+        );
+    }
+
     #[test]
     fn materialise_writes_every_file_with_its_mode() {
         let dir = tempfile::tempdir().unwrap();
-        materialise(dir.path()).unwrap();
+        Recipe::base().materialise(dir.path()).unwrap();
         for f in FILES {
             let got = std::fs::read(dir.path().join(f.path)).unwrap();
             assert_eq!(got, f.bytes, "{}", f.path);

@@ -96,7 +96,7 @@ pub enum SupervisorError {
         tail: String,
     },
     #[error(
-        "tier vm: VM {name} was started with other shares or another network than this run's policy; refusing.\n  \
+        "tier vm: VM {name} was started with other shares, another network or another container userland than this run's policy; refusing.\n  \
          VM {name}: {vm}\n  this run: {run}\n  start a VM for this project and policy: \
          hull vm up --name OTHER --project P --policy X"
     )]
@@ -269,6 +269,13 @@ pub fn fingerprint(plan: &VmPlan) -> Vec<String> {
     ));
     v.sort();
     v
+}
+
+/// The container userland of a kept VM's policy (its `[vm] packages`), as
+/// a line of its fingerprint: a run needing other programs must not get
+/// the VM's.
+pub fn userland_fingerprint(vm: &crate::policy::VmPolicy) -> String {
+    format!("userland packages={}", vm.packages.join(","))
 }
 
 /// The network part of a kept VM's policy, as a line of its fingerprint: a
