@@ -499,3 +499,65 @@ fn boot_configure_and_run_in_the_container() {
         eprintln!("  {m}");
     }
 }
+
+/// A `[vm] packages` entry the Debian mirror does not have fails the build
+/// at its first step, naming the package, within seconds and before
+/// anything is built: no image, and the build directory holds only the
+/// recipe, the agent disk and the log. (Uses the mirror, as every build.)
+#[test]
+fn a_package_the_mirror_lacks_is_named_before_anything_is_built() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("images");
+    let policy = d.path().join("p.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\n[vm]\npackages = [\"python3-pip\", \"hull-no-such-package\"]\n",
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_hull"))
+        .args(["image", "build", "--no-snapshot", "--policy"])
+        .arg(&policy)
+        .arg("--agent")
+        .arg(agent_path())
+        .env("HULL_IMAGE_CACHE", &cache)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("step 1/8") && err.contains("no such package in Debian bookworm"),
+        "{err}"
+    );
+    assert!(
+        err.contains(": hull-no-such-package\n"),
+        "only the missing one is named: {err}"
+    );
+    assert!(secs < 120.0, "took {secs:.0} s: {err}");
+    // Nothing was built: no image, and the partial holds no rootfs or disk.
+    let mut partials = Vec::new();
+    for e in std::fs::read_dir(&cache).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        assert!(
+            !hull::vm::image::cache::is_id(&name),
+            "an image {name} was made"
+        );
+        if name.contains(".partial-") {
+            partials.push(name);
+        }
+    }
+    assert_eq!(partials.len(), 1, "{partials:?}");
+    let dir = cache.join(&partials[0]);
+    for built in [
+        "disk.raw",
+        "vmlinux",
+        "initrd.cpio",
+        "work/guest",
+        "work/import",
+    ] {
+        assert!(!dir.join(built).exists(), "{built} was built");
+    }
+    assert!(dir.join("build.log").is_file());
+}

@@ -2615,13 +2615,34 @@ fn registries_the_host_uses_serve_real_installs(t: &str) {
     let w = World::new();
     let (rustup, cargo) = hull_tests::host_rust();
     let bin = cargo.join("bin");
+    // The certificate authorities this host trusts, for every client: a
+    // host may reach its registries through a TLS-inspecting gateway whose
+    // authority only the host's store has (this one does). Tier 3's
+    // container has the image's own /etc, so the bundle is copied outside
+    // the system directories, granted, and named to each client.
+    let host_bundle = std::env::var_os("SSL_CERT_FILE")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| "/etc/ssl/certs/ca-certificates.crt".into());
+    let ca = w.root.path().join("ca");
+    std::fs::create_dir(&ca).expect("mkdir ca");
+    std::fs::copy(&host_bundle, ca.join("bundle.crt")).unwrap_or_else(|e| {
+        panic!(
+            "this case needs the host's CA bundle {}: {e}",
+            host_bundle.display()
+        )
+    });
+    let bundle = ca.join("bundle.crt");
     let policy = |private: &str| {
         format!(
             "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\", {rustup:?}, {bin:?}]\n\
+             read = [{ca:?}]\n\
              read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\n\
              allow = [\"registry:pip\", \"registry:npm\", \"registry:cargo\"]\n{private}\
              [env]\npass = [\"RUSTUP_TOOLCHAIN\"]\n[env.set]\nRUSTUP_HOME = {rustup:?}\n\
-             CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n{VM_USERLAND}",
+             CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n\
+             PIP_CERT = {bundle:?}\nNODE_EXTRA_CA_CERTS = {bundle:?}\nCARGO_HTTP_CAINFO = {bundle:?}\n\
+             {VM_USERLAND}",
             bin.display()
         )
     };
