@@ -41,8 +41,10 @@ def must(r, what):
 
 def image_dir():
     root = os.environ.get("HULL_IMAGE_CACHE") or os.path.expanduser("~/.cache/hull/images")
+    # The default userland's image (a policy's [vm] packages make others).
     dirs = [d for d in glob.glob(os.path.join(root, "*"))
-            if os.path.isfile(os.path.join(d, "manifest.json")) and ".partial" not in d]
+            if os.path.isfile(os.path.join(d, "manifest.json")) and ".partial" not in d
+            and not json.load(open(os.path.join(d, "manifest.json"))).get("packages")]
     if not dirs:
         sys.exit(f"no built image under {root}: run `hull image build` first")
     return max(dirs, key=lambda d: os.path.getmtime(os.path.join(d, "manifest.json")))

@@ -129,6 +129,25 @@ step "tier-3 guest image" timeout 1800 target/debug/hull image build
 step "tier-3 userland image" timeout 1800 target/debug/hull image build \
   --policy tests/fixtures/vm-userland.toml
 
+# A whole container userland from a tarball (`[vm] rootfs`): a Debian minbase
+# with `hello`, made once from the host's own mirror and cached (so its image,
+# cached by the tarball's digest, is built once too), then its image.
+rootfs_tar="${XDG_CACHE_HOME:-$HOME/.cache}/hull-tests/rootfs-hello.tar"
+make_rootfs_tar() {
+  [ -f "$rootfs_tar" ] && return 0
+  mkdir -p "$(dirname "$rootfs_tar")"
+  # shellcheck source=../images/apt-mirror.sh
+  local mirror
+  mirror=$(. images/apt-mirror.sh && host_apt_uri bookworm)
+  [ -n "$mirror" ] || { echo "no apt source of this host serves Debian bookworm" >&2; return 1; }
+  SOURCE_DATE_EPOCH=1700000000 timeout 600 mmdebstrap --variant=minbase --mode=root \
+    --include=hello bookworm "$rootfs_tar.partial" "deb $mirror bookworm main" >&2 &&
+    mv "$rootfs_tar.partial" "$rootfs_tar"
+}
+step "tier-3 rootfs tarball" make_rootfs_tar
+printf 'version = 1\n[vm]\nrootfs = "%s"\n' "$rootfs_tar" >target/vm-rootfs.toml
+step "tier-3 rootfs image" timeout 1800 target/debug/hull image build --policy target/vm-rootfs.toml
+
 # The VM tests are the `vm` test group of .config/nextest.toml.
 # Root runs the tests ignored for needing root too; `helper_process` is not
 # a test but a process the runtime tests start.

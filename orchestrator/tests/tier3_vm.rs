@@ -1021,3 +1021,66 @@ fn a_policy_beyond_the_slots_and_the_build_profile_restore_and_run_the_hosts_too
     assert_eq!(text(&build.stdout), "cargo\nhello from rustc\n");
     all_restored(&w, &[&many, &build]);
 }
+
+/// `[vm] rootfs`: the container's whole userland from a tarball (a Debian
+/// minbase with `hello`, made once by scripts/test.sh from the host's
+/// mirror and cached; its image is built by the same setup). Its programs
+/// run and the default image's do not exist; the command runs as `hull`
+/// (uid 1000, the account hull added to the tarball's) with no set-id
+/// file left; a write lands in the project as the caller's; the run
+/// restores a snapshot. The default policy's run beside it still has
+/// python3.
+#[test]
+fn a_rootfs_tarball_is_the_containers_whole_userland() {
+    let w = world();
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache")
+        });
+    let tar = cache.join("hull-tests/rootfs-hello.tar");
+    assert!(
+        tar.is_file(),
+        "{} is missing: scripts/test.sh makes it (a Debian minbase with `hello`, by mmdebstrap)",
+        tar.display()
+    );
+    let policy = w.root.path().join("rootfs.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version = 1\n[fs]\nread_write = [\"${{PROJECT}}\"]\n[vm]\nrootfs = {:?}\n",
+            tar.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let o = w.run(
+        &["--policy", policy.to_str().unwrap()],
+        "hello; id -un; id -u; command -v python3 || echo no python3; \
+         find / -xdev -perm /6000 -type f 2>/dev/null | wc -l; echo made > made.txt",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        "Hello, world!\nhull\n1000\nno python3\n0\n",
+        "{}",
+        text(&o.stderr)
+    );
+    let made = project_file(&w, "made.txt");
+    assert_eq!(made.0, "made\n");
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(made.1, unsafe { libc::geteuid() });
+    let default = w.run(&[], "command -v python3; command -v hello || echo no hello");
+    assert_eq!(default.status.code(), Some(0), "{}", text(&default.stderr));
+    assert_eq!(text(&default.stdout), "/usr/bin/python3\nno hello\n");
+    all_restored(&w, &[&o, &default]);
+}
+
+/// A file of `w`'s project: its text and owner.
+fn project_file(w: &World, name: &str) -> (String, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let p = w.project.join(name);
+    (
+        std::fs::read_to_string(&p).unwrap(),
+        std::fs::metadata(&p).unwrap().uid(),
+    )
+}

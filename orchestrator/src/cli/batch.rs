@@ -76,11 +76,8 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
         Some(p) => p,
         None => super::default_project()?,
     };
-    let recipe = crate::vm::image::recipe::Recipe::with_packages(
-        &crate::policy::profiles::load(&a.policy)?
-            .vm_policy()?
-            .packages,
-    );
+    let recipe =
+        crate::vm::assemble::recipe_for(&crate::policy::profiles::load(&a.policy)?.vm_policy()?)?;
     {
         let mut progress = crate::vm::image::progress::BuildProgress::new("hull batch: ");
         crate::vm::assemble::ensure_userland(&recipe, &mut |ev| progress.on(ev))?;

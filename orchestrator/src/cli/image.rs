@@ -78,18 +78,11 @@ pub fn image(c: ImageCommand) -> anyhow::Result<i32> {
 
 fn build_cmd(cache: &Cache, a: BuildArgs) -> anyhow::Result<i32> {
     let recipe = match &a.policy {
-        Some(p) => {
-            let pf = crate::policy::profiles::load(p)?;
-            image::recipe::Recipe::with_packages(&pf.vm_policy()?.packages)
-        }
+        Some(p) => image::recipe_for(&crate::policy::profiles::load(p)?.vm_policy()?)?,
         None => image::recipe::Recipe::base(),
     };
-    if !recipe.packages().is_empty() {
-        eprintln!(
-            "userland of {}: the default container plus {}",
-            a.policy.as_deref().unwrap_or_default(),
-            recipe.packages().join(", ")
-        );
+    if let Some(p) = &a.policy {
+        eprintln!("userland of {p}: {}", recipe.userland());
     }
     let opts = build::BuildOptions {
         agent: a.agent.path()?,
@@ -174,8 +167,7 @@ fn list(cache: &Cache) -> anyhow::Result<i32> {
             Entry::Built(img) => {
                 // Current: this hull's recipe with the image's packages
                 // is the image's id (runs use it).
-                let current =
-                    image::recipe::Recipe::with_packages(&img.manifest.packages).id() == img.id;
+                let current = image::recipe::Recipe::of_image(&img.manifest).id() == img.id;
                 let status = if current { "built (current)" } else { "built" };
                 println!(
                     "{:<34} {:<16} {:>9}  {:<20} {}",
@@ -185,7 +177,7 @@ fn list(cache: &Cache) -> anyhow::Result<i32> {
                     humantime::format_rfc3339_seconds(
                         std::time::UNIX_EPOCH + Duration::from_secs(img.manifest.created_unix)
                     ),
-                    userland(&img.manifest.packages),
+                    image::recipe::Recipe::of_image(&img.manifest).userland(),
                 );
             }
             Entry::Partial { dir, live, .. } => {
@@ -213,16 +205,6 @@ fn list(cache: &Cache) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
-}
-
-/// What a listed image holds in its container: the default userland, or
-/// the `[vm] packages` of the policies that use it.
-fn userland(packages: &[String]) -> String {
-    if packages.is_empty() {
-        "default".into()
-    } else {
-        format!("default + [vm] packages {}", packages.join(" "))
-    }
 }
 
 fn show(cache: &Cache, id: Option<String>, agent: &AgentArg) -> anyhow::Result<i32> {

@@ -77,11 +77,9 @@ pub fn vm(c: VmCommand) -> anyhow::Result<i32> {
                 .map_err(|e| anyhow::anyhow!("hull vm up: project {}: {e}", project.display()))?;
             // The policy's container userland, built here (with its
             // progress shown) when the policy adds packages not built yet.
-            let recipe = crate::vm::image::recipe::Recipe::with_packages(
-                &crate::policy::profiles::load(&policy)?
-                    .vm_policy()?
-                    .packages,
-            );
+            let recipe = crate::vm::assemble::recipe_for(
+                &crate::policy::profiles::load(&policy)?.vm_policy()?,
+            )?;
             let mut progress = crate::vm::image::progress::BuildProgress::new("hull vm up: ");
             crate::vm::assemble::ensure_userland(&recipe, &mut |ev| progress.on(ev))?;
             drop(progress);

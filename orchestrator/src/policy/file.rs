@@ -116,6 +116,10 @@ pub struct VmSection {
     /// built once and cached by its package list).
     #[serde(default)]
     pub packages: Vec<Spanned<String>>,
+    /// A whole userland from a tarball (an absolute path), instead of the
+    /// image's: checked entry by entry before use.
+    #[serde(default)]
+    pub rootfs: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -233,7 +237,31 @@ impl PolicyFile {
         }
         packages.sort();
         packages.dedup();
-        Ok(VmPolicy { packages })
+        let rootfs = match &self.vm.rootfs {
+            None => None,
+            Some(r) => {
+                let p = PathBuf::from(r.get_ref());
+                if !p.is_absolute() || r.get_ref().contains('\0') {
+                    return Err(self.error_at(
+                        r.span(),
+                        "vm.rootfs",
+                        format!("{:?} is not an absolute path", r.get_ref()),
+                    ));
+                }
+                if !packages.is_empty() {
+                    return Err(self.error_at(
+                        r.span(),
+                        "vm.rootfs",
+                        "a rootfs tarball comes with its own programs: `packages` would have to run \
+                         its package manager, which hull does not do outside the VM; install them in \
+                         the tarball instead"
+                            .into(),
+                    ));
+                }
+                Some(p)
+            }
+        };
+        Ok(VmPolicy { packages, rootfs })
     }
 
     /// The `[net]` section, checked: every bad entry is an error at its
@@ -551,6 +579,21 @@ mod tests {
         assert_eq!(e.key, "vm.packages", "{e}");
         let e = PolicyFile::parse("p.toml", "version = 1\n[vm]\nimage = \"x\"\n").unwrap_err();
         assert_eq!((e.line, e.key.as_str()), (3, "image"), "{e}");
+        // A rootfs: an absolute path, and not with packages.
+        let ok = "version = 1\n[vm]\nrootfs = \"/srv/rootfs.tar\"\n";
+        let v = PolicyFile::parse("p.toml", ok)
+            .unwrap()
+            .vm_policy()
+            .unwrap();
+        assert_eq!(v.rootfs.as_deref(), Some(Path::new("/srv/rootfs.tar")));
+        for (body, line) in [
+            ("rootfs = \"rootfs.tar\"", 3),
+            ("packages = [\"git\"]\nrootfs = \"/srv/rootfs.tar\"", 4),
+        ] {
+            let text = format!("version = 1\n[vm]\n{body}\n");
+            let e = PolicyFile::parse("p.toml", &text).unwrap_err();
+            assert_eq!((e.line, e.key.as_str()), (line, "vm.rootfs"), "{body}: {e}");
+        }
     }
 
     #[test]

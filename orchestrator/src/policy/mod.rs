@@ -181,6 +181,8 @@ pub struct VmPolicy {
     /// Debian packages added to the container image: valid names, sorted,
     /// no repeats. Empty: the image's default userland.
     pub packages: Vec<String>,
+    /// A whole userland from this tarball instead (absolute path).
+    pub rootfs: Option<std::path::PathBuf>,
 }
 
 impl Policy {

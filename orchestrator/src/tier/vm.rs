@@ -68,12 +68,20 @@ pub fn explain(policy: &Policy) -> Result<String, VmTierError> {
          memfd shared RAM, virtio-serial agent port, QMP, console log in the instance dir\n",
     );
     out.push_str("  accelerator: see `hull probe` (KVM only when a probe boot succeeds)\n");
-    let recipe = crate::vm::image::recipe::Recipe::with_packages(&policy.vm.packages);
-    if recipe.packages().is_empty() {
+    // Not hashed here: a rootfs tarball is read when a run or a build
+    // needs its image.
+    if let Some(r) = &policy.vm.rootfs {
+        out.push_str(&format!(
+            "  container userland: the [vm] rootfs {} (checked entry by entry; an image of \
+             its own, built by the first run or `hull image build --policy P`)\n",
+            r.display()
+        ));
+    } else if policy.vm.packages.is_empty() {
         out.push_str(
             "  container userland: the image's default (Debian bookworm, minbase + build tools)\n",
         );
     } else {
+        let recipe = crate::vm::image::recipe::Recipe::with_packages(&policy.vm.packages);
         out.push_str(&format!(
             "  container userland: the image's default + [vm] packages {} (image {}; a run \
              builds it when it is not cached, or `hull image build --policy P`)\n",
@@ -319,7 +327,7 @@ mod imp {
         irq: Arc<AtomicI32>,
     ) -> Result<ExitStatus, VmTierError> {
         let tools = Tools::find()?;
-        let recipe = crate::vm::image::recipe::Recipe::with_packages(&policy.vm.packages);
+        let recipe = crate::vm::assemble::recipe_for(&policy.vm)?;
         {
             let mut progress = crate::vm::image::progress::BuildProgress::new("tier vm: ");
             crate::vm::assemble::ensure_userland(&recipe, &mut |ev| progress.on(ev))?;

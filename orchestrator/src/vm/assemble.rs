@@ -42,22 +42,34 @@ pub enum AssembleError {
     Snapshot(#[from] crate::vm::snapshot::SnapshotError),
     #[error(transparent)]
     SandboxUser(#[from] crate::sandbox_user::SandboxUserError),
-    #[error("tier vm: the container userland with the [vm] packages {packages}: {source}")]
+    #[error("tier vm: the container userland of {userland}: {source}")]
     Userland {
-        /// The packages, comma-separated.
-        packages: String,
+        /// What the policy asks for ([`Recipe::userland`]).
+        userland: String,
         #[source]
         source: Box<crate::vm::image::ImageError>,
     },
     #[error(
-        "tier vm: HULL_VM_IMAGE={dir} holds the container userland [{has}], the policy asks for \
-         [{wants}]; unset HULL_VM_IMAGE to use the image cache"
+        "tier vm: HULL_VM_IMAGE={dir} holds another container userland ({has}) than the policy's \
+         ({wants}); unset HULL_VM_IMAGE to use the image cache"
     )]
     OtherUserland {
         dir: Box<Path>,
         has: String,
         wants: String,
     },
+}
+
+/// The recipe of `vm`'s container userland ([`crate::vm::image::recipe_for`]:
+/// a rootfs tarball is checked here, before any VM starts).
+pub fn recipe_for(vm: &crate::policy::VmPolicy) -> Result<Recipe, AssembleError> {
+    crate::vm::image::recipe_for(vm).map_err(|source| AssembleError::Userland {
+        userland: match &vm.rootfs {
+            Some(p) => format!("the [vm] rootfs {}", p.display()),
+            None => format!("the [vm] packages {}", vm.packages.join(", ")),
+        },
+        source: Box::new(source),
+    })
 }
 
 /// Builds the image of a policy's container userland (its `[vm] packages`)
@@ -68,11 +80,12 @@ pub fn ensure_userland(
     recipe: &Recipe,
     on: &mut dyn FnMut(crate::vm::image::build::BuildEvent),
 ) -> Result<(), AssembleError> {
-    if recipe.packages().is_empty() || crate::settings::get().vm_image.is_some() {
+    let default = recipe.packages().is_empty() && recipe.rootfs().is_none();
+    if default || crate::settings::get().vm_image.is_some() {
         return Ok(());
     }
     let failed = |source| AssembleError::Userland {
-        packages: recipe.packages().join(", "),
+        userland: recipe.userland(),
         source: Box::new(source),
     };
     let cache = crate::vm::image::Cache::default_location().map_err(failed)?;
@@ -266,15 +279,20 @@ pub fn find_image_with(
             .all(|f| d.join(f).is_file())
     };
     let dir = match crate::settings::get().vm_image.clone() {
-        Some(d) if complete(&d) && !recipe.packages().is_empty() => {
-            let has = crate::vm::image::BuiltImage::open(&d)
-                .map(|i| i.manifest.packages)
-                .unwrap_or_default();
-            if has != recipe.packages() {
+        Some(d) if complete(&d) && recipe != &Recipe::base() => {
+            let has = crate::vm::image::BuiltImage::open(&d).map(|i| i.manifest);
+            let same = match &has {
+                Ok(m) if recipe.rootfs().is_some() => m.hash == recipe.hash(),
+                Ok(m) => m.packages == recipe.packages(),
+                Err(_) => false,
+            };
+            if !same {
                 return Err(AssembleError::OtherUserland {
                     dir: d.into(),
-                    has: has.join(", "),
-                    wants: recipe.packages().join(", "),
+                    has: has
+                        .map(|m| format!("[vm] packages {}", m.packages.join(", ")))
+                        .unwrap_or_else(|e| e.to_string()),
+                    wants: recipe.userland(),
                 });
             }
             d

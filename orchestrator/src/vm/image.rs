@@ -21,6 +21,7 @@ pub mod cache;
 pub mod digest;
 pub mod progress;
 pub mod recipe;
+pub mod rootfs;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -55,6 +56,8 @@ pub const MIN_MEMORY_MIB: u32 = 768;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
+    #[error(transparent)]
+    Rootfs(#[from] rootfs::RootfsError),
     #[error("{path}: cannot {what}")]
     Io {
         path: PathBuf,
@@ -71,8 +74,8 @@ pub enum ImageError {
     AgentMissing { path: PathBuf },
     #[error("{path} is not a Linux x86-64 executable ({why}); the guest agent runs inside the Linux guest")]
     AgentNotLinux { path: PathBuf, why: String },
-    #[error("tier-3 image {id}{} is not built; run `hull image build{}`", userland_note(.packages), build_hint(.packages))]
-    NotBuilt { id: String, packages: Vec<String> },
+    #[error("tier-3 image {id} ({userland}) is not built; run `hull image build` (with `--policy POLICY` for a policy's userland), or let a run build a policy's")]
+    NotBuilt { id: String, userland: String },
     #[error("cannot make the guest agent's disk {path}: `{cmd}` failed: {why}")]
     AgentDisk {
         path: PathBuf,
@@ -212,6 +215,9 @@ pub struct Manifest {
     /// default image).
     #[serde(default)]
     pub packages: Vec<String>,
+    /// The `[vm] rootfs` tarball the container came from instead.
+    #[serde(default)]
+    pub rootfs: Option<recipe::RootfsSource>,
 }
 
 /// A complete image and the paths a VM launcher needs.
@@ -410,25 +416,80 @@ fn check_linux_x86_64_elf(b: &[u8]) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// ` (the container with the [vm] packages a, b)`, or nothing for the
-/// default userland.
-pub fn userland_note(packages: &[String]) -> String {
-    if packages.is_empty() {
-        String::new()
-    } else {
-        format!(
-            " (the container with the [vm] packages {})",
-            packages.join(", ")
-        )
-    }
+/// The recipe of a policy's container userland: the default one, its `[vm]
+/// packages`, or its `[vm] rootfs` tarball checked entry by entry (once per
+/// version of the file: its digest is kept in the cache by the file's
+/// device, inode, size and times, so a run does not read gigabytes again).
+pub fn recipe_for(vm: &crate::policy::VmPolicy) -> Result<recipe::Recipe, ImageError> {
+    let Some(path) = &vm.rootfs else {
+        return Ok(recipe::Recipe::with_packages(&vm.packages));
+    };
+    let cache = Cache::default_location()?;
+    let sha256 = rootfs_digest(&cache, path)?;
+    Ok(recipe::Recipe::with_rootfs(recipe::RootfsSource {
+        path: path.clone(),
+        sha256,
+    }))
 }
 
-fn build_hint(packages: &[String]) -> &'static str {
-    if packages.is_empty() {
-        ""
-    } else {
-        " --policy POLICY` with that policy, or let a run build it: `hull run --tier vm --policy POLICY"
+/// The most tarballs whose digests the cache remembers.
+const MAX_ROOTFS_DIGESTS: usize = 64;
+
+/// The digest of a checked rootfs tarball, from the cache's record when the
+/// file is the one recorded, else by checking it (and recording it).
+fn rootfs_digest(cache: &Cache, path: &Path) -> Result<String, ImageError> {
+    let record = cache.root().join("rootfs-digests.json");
+    let stamp = file_stamp(path);
+    let mut known: BTreeMap<String, (String, String)> = std::fs::read(&record)
+        .ok()
+        .filter(|b| b.len() <= 1 << 20)
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let key = path.display().to_string();
+    if let (Some(stamp), Some((was, sha))) = (&stamp, known.get(&key)) {
+        if was == stamp {
+            return Ok(sha.clone());
+        }
     }
+    let checked = rootfs::check(path)?;
+    if let Some(stamp) = stamp {
+        if known.len() >= MAX_ROOTFS_DIGESTS {
+            known.clear();
+        }
+        known.insert(key, (stamp, checked.sha256.clone()));
+        let _ = std::fs::create_dir_all(cache.root());
+        let tmp = record.with_extension("json.tmp");
+        if let Ok(b) = serde_json::to_vec(&known) {
+            if std::fs::write(&tmp, b).is_ok() {
+                let _ = std::fs::rename(&tmp, &record);
+            }
+        }
+    }
+    Ok(checked.sha256)
+}
+
+/// Device, inode, size, modification and change times: a file with the
+/// same stamp has not been written since (ctime moves with every write).
+#[cfg(unix)]
+fn file_stamp(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(format!(
+        "{}:{}:{}:{}.{}:{}.{}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    ))
+}
+
+/// Without a change time the digest is taken every time.
+#[cfg(not(unix))]
+fn file_stamp(_path: &Path) -> Option<String> {
+    None
 }
 
 /// The built image of `recipe`, or [`ImageError::NotBuilt`].
@@ -439,7 +500,7 @@ pub fn find(cache: &Cache, recipe: &recipe::Recipe) -> Result<BuiltImage, ImageE
         Ok(img) => Ok(img),
         Err(ImageError::Invalid { .. }) => Err(ImageError::NotBuilt {
             id,
-            packages: recipe.packages().to_vec(),
+            userland: recipe.userland(),
         }),
         Err(e) => Err(e),
     }
@@ -555,7 +616,7 @@ pub fn evict(cache: &Cache, cap: u64, keep: &str) -> Result<Vec<(String, u64)>, 
                 if img.id == keep || img.id == base {
                     continue;
                 }
-                let stale = recipe::Recipe::with_packages(&img.manifest.packages).id() != img.id;
+                let stale = recipe::Recipe::of_image(&img.manifest).id() != img.id;
                 let used = std::fs::metadata(cache.lock_path(&img.id))
                     .and_then(|m| m.modified())
                     .unwrap_or(std::time::UNIX_EPOCH);
@@ -610,6 +671,7 @@ mod tests {
             steps: vec![],
             build_seconds: 1.0,
             packages: vec![],
+            rootfs: None,
         };
         std::fs::write(dir.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
         dir

@@ -21,6 +21,10 @@ use super::{
     recipe, BuiltImage, Cache, GuestContract, ImageError, Manifest, StepTiming, MANIFEST_FORMAT,
 };
 
+/// The converted `[vm] rootfs` tarball `build.sh` imports instead of
+/// running mmdebstrap for the container.
+const CONTAINER_ROOTFS: &str = "container-rootfs.tar";
+
 /// Longest line accepted from the build script's stdout.
 const MAX_LINE: u64 = 16 * 1024;
 /// Most `@@info` facts kept.
@@ -217,6 +221,12 @@ pub fn build(
     });
 
     let started = Instant::now();
+    // `[vm] rootfs`: the tarball checked again (it must still be the one
+    // the id was computed from) and rewritten for the import; the recipe
+    // then skips its own container step.
+    if let Some(r) = opts.recipe.rootfs() {
+        super::rootfs::convert(&r.path, &r.sha256, &dir.join(CONTAINER_ROOTFS))?;
+    }
     let agent = super::agent_disk::ensure(&dir, &opts.agent)?;
     let run = run_script(&dir, &recipe_dir, &agent.path, &lock, log, on)?;
     if !run.success {
@@ -241,6 +251,7 @@ pub fn build(
         id: id.clone(),
         hash: opts.recipe.hash(),
         packages: opts.recipe.packages().to_vec(),
+        rootfs: opts.recipe.rootfs().cloned(),
         created_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())

@@ -63,7 +63,20 @@ pub const ID_LEN: usize = 16;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recipe {
     packages: Vec<String>,
+    rootfs: Option<RootfsSource>,
 }
+
+/// A `[vm] rootfs` tarball and the sha256 of its bytes when it was checked
+/// ([`super::rootfs::check`]): the digest is what the id covers.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RootfsSource {
+    pub path: std::path::PathBuf,
+    pub sha256: String,
+}
+
+/// The recipe file that records a rootfs's digest (hashed and written
+/// like the others; `build.sh` does not read it).
+const ROOTFS_DIGEST: &str = "container/rootfs.sha256";
 
 /// The recipe file the packages are added to.
 const CONTAINER_LIST: &str = "packages/container.list";
@@ -83,7 +96,10 @@ impl Recipe {
         debug_assert!(packages
             .iter()
             .all(|p| crate::policy::file::valid_debian_package(p)));
-        Recipe { packages }
+        Recipe {
+            packages,
+            rootfs: None,
+        }
     }
 
     /// The packages added to the default userland.
@@ -91,27 +107,69 @@ impl Recipe {
         &self.packages
     }
 
+    /// The recipe whose container is the checked tarball `rootfs` instead
+    /// of the image's userland.
+    pub fn with_rootfs(rootfs: RootfsSource) -> Recipe {
+        Recipe {
+            packages: Vec::new(),
+            rootfs: Some(rootfs),
+        }
+    }
+
+    /// The recipe a built image's manifest says it was built from (its id
+    /// is the image's when this hull's recipe built it).
+    pub fn of_image(m: &super::Manifest) -> Recipe {
+        match &m.rootfs {
+            Some(r) => Recipe::with_rootfs(r.clone()),
+            None => Recipe::with_packages(&m.packages),
+        }
+    }
+
+    /// The tarball the container comes from, when not the image's.
+    pub fn rootfs(&self) -> Option<&RootfsSource> {
+        self.rootfs.as_ref()
+    }
+
+    /// What the container holds, for messages: `the [vm] packages a, b`,
+    /// `the [vm] rootfs PATH`, or `the default userland`.
+    pub fn userland(&self) -> String {
+        match (&self.rootfs, self.packages.is_empty()) {
+            (Some(r), _) => format!("the [vm] rootfs {}", r.path.display()),
+            (None, false) => format!("the [vm] packages {}", self.packages.join(", ")),
+            (None, true) => "the default userland".into(),
+        }
+    }
+
     /// Each file's path, bytes and executable bit, sorted by path.
     fn files(
         &self,
     ) -> impl Iterator<Item = (&'static str, std::borrow::Cow<'static, [u8]>, bool)> + '_ {
-        FILES.iter().map(move |f| {
-            let bytes = if f.path == CONTAINER_LIST && !self.packages.is_empty() {
-                let mut b = f.bytes.to_vec();
-                if !b.ends_with(b"\n") {
-                    b.push(b'\n');
-                }
-                b.extend_from_slice(b"# [vm] packages of the policy\n");
-                for p in &self.packages {
-                    b.extend_from_slice(p.as_bytes());
-                    b.push(b'\n');
-                }
-                std::borrow::Cow::Owned(b)
-            } else {
-                std::borrow::Cow::Borrowed(f.bytes)
-            };
-            (f.path, bytes, f.executable)
-        })
+        FILES
+            .iter()
+            .map(move |f| {
+                let bytes = if f.path == CONTAINER_LIST && !self.packages.is_empty() {
+                    let mut b = f.bytes.to_vec();
+                    if !b.ends_with(b"\n") {
+                        b.push(b'\n');
+                    }
+                    b.extend_from_slice(b"# [vm] packages of the policy\n");
+                    for p in &self.packages {
+                        b.extend_from_slice(p.as_bytes());
+                        b.push(b'\n');
+                    }
+                    std::borrow::Cow::Owned(b)
+                } else {
+                    std::borrow::Cow::Borrowed(f.bytes)
+                };
+                (f.path, bytes, f.executable)
+            })
+            .chain(self.rootfs.iter().map(|r| {
+                (
+                    ROOTFS_DIGEST,
+                    std::borrow::Cow::Owned(format!("{}\n", r.sha256).into_bytes()),
+                    false,
+                )
+            }))
     }
 
     /// The full sha256 (hex) of the recipe files.
@@ -224,6 +282,28 @@ mod tests {
         assert_eq!(a, image_id());
         assert!(image_hash().starts_with(&a));
         assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    /// A rootfs gives an id of its own per digest, recorded in the recipe.
+    #[test]
+    fn a_rootfs_makes_a_recipe_of_its_own_per_digest() {
+        let r = |sha: &str| {
+            Recipe::with_rootfs(RootfsSource {
+                path: "/x/rootfs.tar".into(),
+                sha256: sha.into(),
+            })
+        };
+        let (a, b) = (r(&"a".repeat(64)), r(&"b".repeat(64)));
+        assert_ne!(a.id(), b.id());
+        assert_ne!(a.id(), image_id());
+        assert_eq!(a.id(), r(&"a".repeat(64)).id());
+        let dir = tempfile::tempdir().unwrap();
+        a.materialise(dir.path()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(ROOTFS_DIGEST)).unwrap(),
+            format!("{}\n", "a".repeat(64))
+        );
+        assert_eq!(a.userland(), "the [vm] rootfs /x/rootfs.tar");
     }
 
     /// Packages give another id, whatever their order or repeats, and

@@ -49,7 +49,9 @@ pub fn run_in(
     }
     let mut want = fingerprint(plan);
     want.push(super::net_fingerprint(&policy.net));
-    want.push(super::userland_fingerprint(&policy.vm));
+    want.push(super::userland_fingerprint(
+        &crate::vm::assemble::recipe_for(&policy.vm)?,
+    ));
     if want != st.shares {
         return Err(SupervisorError::Mismatch {
             name: name.into(),

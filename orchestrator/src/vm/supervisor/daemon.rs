@@ -208,11 +208,10 @@ fn boot(
     let plan = lower_vm::lower(&policy, &crate::policy::RealFs)?;
     state.shares = fingerprint(&plan);
     state.shares.push(super::net_fingerprint(&policy.net));
-    state.shares.push(super::userland_fingerprint(&policy.vm));
+    let recipe = crate::vm::assemble::recipe_for(&policy.vm)?;
+    state.shares.push(super::userland_fingerprint(&recipe));
     let tools = Tools::find()?;
-    let image = crate::vm::assemble::find_image(&crate::vm::image::recipe::Recipe::with_packages(
-        &policy.vm.packages,
-    ))?;
+    let image = crate::vm::assemble::find_image(&recipe)?;
     let accel = crate::vm::accel::probe_accel().accel;
     state.accel = accel.name().into();
     let mdir = dir.join("m");

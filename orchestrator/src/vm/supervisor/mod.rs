@@ -274,8 +274,8 @@ pub fn fingerprint(plan: &VmPlan) -> Vec<String> {
 /// The container userland of a kept VM's policy (its `[vm] packages`), as
 /// a line of its fingerprint: a run needing other programs must not get
 /// the VM's.
-pub fn userland_fingerprint(vm: &crate::policy::VmPolicy) -> String {
-    format!("userland packages={}", vm.packages.join(","))
+pub fn userland_fingerprint(recipe: &crate::vm::image::recipe::Recipe) -> String {
+    format!("userland {} ({})", recipe.id(), recipe.userland())
 }
 
 /// The network part of a kept VM's policy, as a line of its fingerprint: a

@@ -1,0 +1,694 @@
+//! `[vm] rootfs`: a whole container userland from a tarball (for example
+//! exported from a container image), checked before use and rewritten into
+//! the tarball the image build imports.
+//!
+//! The tarball is the user's, not hull's, and may be hostile. Nothing of it
+//! is unpacked or run on the host: it is read as a stream, every entry is
+//! checked, and a new tarball is written from the checked entries with
+//! fresh headers (so extended attributes, file capabilities among them, do
+//! not pass) and without set-uid or set-gid bits (cleared, counted: every
+//! distribution ships `su` and `passwd`), plus the pieces every container of the image needs: the
+//! `hull` user (uid/gid 1000, what commands run as), `/opt/hull` (the
+//! agent disk's mount point), an empty `/etc/resolv.conf`. The guest's
+//! Incus unpacks it inside the VM.
+//!
+//! Refused, naming the entry: absolute paths and `..` components, device
+//! nodes outside `/dev` (those under it are left out: LXC makes the
+//! container's `/dev`) and fifos, hard links to anything but
+//! an earlier regular file of the tarball, relative symbolic links that
+//! climb above the tree's root, an entry listed twice, entries under
+//! `opt/hull`, more than [`MAX_ENTRIES`] entries or [`MAX_UNPACKED`] bytes.
+//! Absolute symbolic links stay: inside the container they resolve in its
+//! own root.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// The largest tarball read.
+pub const MAX_TARBALL: u64 = 8 << 30;
+/// The most bytes of file contents a rootfs may hold (the guest's pool is
+/// 8 GiB and holds the default image too).
+pub const MAX_UNPACKED: u64 = 6 << 30;
+/// The most entries a rootfs may hold.
+pub const MAX_ENTRIES: usize = 500_000;
+/// The longest `/etc/passwd` or `/etc/group` read (they are rewritten).
+const MAX_ACCOUNTS_FILE: u64 = 1 << 20;
+/// Where the guest mounts the agent disk in the container.
+const AGENT_MOUNT: &str = "opt/hull";
+
+/// Why a rootfs tarball is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error("[vm] rootfs {path}: cannot {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("[vm] rootfs {path}: entry {entry:?}: {why}; refused")]
+    Entry {
+        path: PathBuf,
+        entry: String,
+        why: String,
+    },
+    #[error("[vm] rootfs {path}: {why}; refused")]
+    Invalid { path: PathBuf, why: String },
+    #[error("[vm] rootfs {path} changed while it was read (sha256 {was} when checked, {now} now)")]
+    Changed {
+        path: PathBuf,
+        was: String,
+        now: String,
+    },
+}
+
+/// What [`check`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// sha256 (hex) of the tarball's bytes.
+    pub sha256: String,
+    pub entries: usize,
+    /// Bytes of file contents.
+    pub bytes: u64,
+    /// Device nodes under `/dev` left out.
+    pub dropped: usize,
+    /// Files whose set-uid or set-gid bit was cleared.
+    pub cleared: usize,
+}
+
+/// Checks the tarball at `path` entry by entry and returns its digest.
+pub fn check(path: &Path) -> Result<Checked, RootfsError> {
+    walk(path, None)
+}
+
+/// Checks the tarball again and writes the container's import tarball
+/// (plain tar) to `out`; refuses a tarball whose digest is not `sha256`
+/// any more (changed since the image id was computed from it).
+pub fn convert(path: &Path, sha256: &str, out: &Path) -> Result<Checked, RootfsError> {
+    let io_out = |what| {
+        let out = out.to_path_buf();
+        move |source| RootfsError::Io {
+            path: out.clone(),
+            what,
+            source,
+        }
+    };
+    let f = File::create(out).map_err(io_out("create the converted tarball"))?;
+    let mut builder = tar::Builder::new(BufWriter::new(f));
+    builder.mode(tar::HeaderMode::Complete);
+    let checked = walk(path, Some(&mut builder))?;
+    let w = builder
+        .into_inner()
+        .map_err(io_out("write the converted tarball"))?;
+    w.into_inner()
+        .map_err(|e| e.into_error())
+        .and_then(|f| f.sync_all())
+        .map_err(io_out("write the converted tarball"))?;
+    if checked.sha256 != sha256 {
+        let _ = std::fs::remove_file(out);
+        return Err(RootfsError::Changed {
+            path: path.to_path_buf(),
+            was: sha256.to_string(),
+            now: checked.sha256,
+        });
+    }
+    Ok(checked)
+}
+
+/// A reader that hashes what passes through it.
+struct Hashing<R> {
+    inner: R,
+    hash: Sha256,
+    read: u64,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+type Out<'a> = Option<&'a mut tar::Builder<BufWriter<File>>>;
+
+fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
+    let io_err = |what| {
+        let path = path.to_path_buf();
+        move |source| RootfsError::Io {
+            path: path.clone(),
+            what,
+            source,
+        }
+    };
+    let refuse = |entry: &str, why: String| RootfsError::Entry {
+        path: path.to_path_buf(),
+        entry: entry.to_string(),
+        why,
+    };
+    let invalid = |why: String| RootfsError::Invalid {
+        path: path.to_path_buf(),
+        why,
+    };
+    let f = File::open(path).map_err(io_err("open"))?;
+    let meta = f.metadata().map_err(io_err("read the size of"))?;
+    if !meta.is_file() {
+        return Err(invalid("not a regular file".into()));
+    }
+    if meta.len() > MAX_TARBALL {
+        return Err(invalid(format!(
+            "{} bytes, more than the {} GiB a rootfs tarball may have",
+            meta.len(),
+            MAX_TARBALL >> 30
+        )));
+    }
+    let mut hashing = Hashing {
+        inner: BufReader::new(f).take(MAX_TARBALL),
+        hash: Sha256::new(),
+        read: 0,
+    };
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut files: HashSet<String> = HashSet::new();
+    let mut bytes = 0u64;
+    let mut dropped = 0usize;
+    let mut cleared = 0usize;
+    // Links at the top of the tree (`bin -> usr/bin`), to find /bin/sh.
+    let mut top_links: std::collections::HashMap<String, String> = Default::default();
+    {
+        let mut archive = tar::Archive::new(&mut hashing);
+        for entry in archive.entries().map_err(io_err("read"))? {
+            let mut entry = entry.map_err(io_err("read an entry of"))?;
+            let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let name = normalise(&raw).map_err(|why| refuse(&raw, why))?;
+            if name.is_empty() {
+                // The root itself ("./"): the container's root is Incus's.
+                continue;
+            }
+            if seen.len() >= MAX_ENTRIES {
+                return Err(invalid(format!("more than {MAX_ENTRIES} entries")));
+            }
+            if !seen.insert(name.clone()) {
+                return Err(refuse(&raw, "listed twice".into()));
+            }
+            if name == AGENT_MOUNT || name.starts_with(&format!("{AGENT_MOUNT}/")) {
+                return Err(refuse(
+                    &raw,
+                    format!("/{AGENT_MOUNT} is where the guest mounts hull's agent"),
+                ));
+            }
+            let header = entry.header();
+            let mode = header.mode().map_err(io_err("read a mode in"))?;
+            // Every distribution ships set-id programs (su, passwd,
+            // mount): their bits are cleared, so none raises a command's
+            // privileges (as the tier-3 seccomp filter refuses to set them).
+            if mode & 0o6000 != 0 {
+                cleared += 1;
+            }
+            let uid = header.uid().map_err(io_err("read an owner in"))?;
+            let gid = header.gid().map_err(io_err("read a group in"))?;
+            let mtime = header.mtime().unwrap_or(0);
+            let kind = header.entry_type();
+            let size = entry.size();
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(mode & 0o777);
+            h.set_uid(uid);
+            h.set_gid(gid);
+            h.set_mtime(mtime);
+            match kind {
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    bytes = bytes.saturating_add(size);
+                    if bytes > MAX_UNPACKED {
+                        return Err(invalid(format!(
+                            "more than {} GiB of file contents",
+                            MAX_UNPACKED >> 30
+                        )));
+                    }
+                    files.insert(name.clone());
+                    let replaced = replacement(&name);
+                    let Some(out) = out.as_deref_mut() else {
+                        continue;
+                    };
+                    h.set_entry_type(tar::EntryType::Regular);
+                    match replaced {
+                        Replace::Keep => {
+                            h.set_size(size);
+                            out.append_data(&mut h, &name, &mut entry)
+                                .map_err(io_err("copy an entry of"))?;
+                        }
+                        Replace::Accounts(line, id_field) => {
+                            let mut text = String::new();
+                            (&mut entry)
+                                .take(MAX_ACCOUNTS_FILE)
+                                .read_to_string(&mut text)
+                                .map_err(|e| refuse(&raw, format!("not readable text: {e}")))?;
+                            let body = with_hull_account(&text, line, id_field);
+                            h.set_size(body.len() as u64);
+                            out.append_data(&mut h, &name, body.as_bytes())
+                                .map_err(io_err("write an entry of"))?;
+                        }
+                        Replace::Own(body) => {
+                            h.set_size(body.len() as u64);
+                            out.append_data(&mut h, &name, body.as_bytes())
+                                .map_err(io_err("write an entry of"))?;
+                        }
+                    }
+                }
+                tar::EntryType::Directory => {
+                    if let Some(out) = out.as_deref_mut() {
+                        h.set_entry_type(tar::EntryType::Directory);
+                        h.set_size(0);
+                        out.append_data(&mut h, &name, io::empty())
+                            .map_err(io_err("write an entry of"))?;
+                    }
+                }
+                tar::EntryType::Symlink => {
+                    let target = entry
+                        .link_name_bytes()
+                        .map(|t| String::from_utf8_lossy(&t).into_owned())
+                        .unwrap_or_default();
+                    check_symlink(&name, &target).map_err(|why| refuse(&raw, why))?;
+                    if !name.contains('/') {
+                        top_links.insert(name.clone(), target.clone());
+                    }
+                    let Some(out) = out.as_deref_mut() else {
+                        continue;
+                    };
+                    if let Replace::Own(body) = replacement(&name) {
+                        // resolv.conf and hostname are the container's own.
+                        h.set_entry_type(tar::EntryType::Regular);
+                        h.set_mode(0o644);
+                        h.set_size(body.len() as u64);
+                        out.append_data(&mut h, &name, body.as_bytes())
+                            .map_err(io_err("write an entry of"))?;
+                    } else {
+                        h.set_entry_type(tar::EntryType::Symlink);
+                        h.set_size(0);
+                        out.append_link(&mut h, &name, &target)
+                            .map_err(io_err("write an entry of"))?;
+                    }
+                }
+                tar::EntryType::Link => {
+                    let target = entry
+                        .link_name_bytes()
+                        .map(|t| String::from_utf8_lossy(&t).into_owned())
+                        .unwrap_or_default();
+                    let target = normalise(&target)
+                        .map_err(|why| refuse(&raw, format!("a hard link whose target {why}")))?;
+                    if !files.contains(&target) || replacement(&target) != Replace::Keep {
+                        return Err(refuse(
+                            &raw,
+                            format!(
+                                "a hard link to {target:?}, which is not an earlier regular file of the tarball"
+                            ),
+                        ));
+                    }
+                    files.insert(name.clone());
+                    if let Some(out) = out.as_deref_mut() {
+                        h.set_entry_type(tar::EntryType::Link);
+                        h.set_size(0);
+                        out.append_link(&mut h, &name, &target)
+                            .map_err(io_err("write an entry of"))?;
+                    }
+                }
+                // Exports of container images and debootstraps carry
+                // /dev/null and friends; the container's /dev is made by
+                // LXC, so those are left out. Anywhere else: refused.
+                tar::EntryType::Char | tar::EntryType::Block if name.starts_with("dev/") => {
+                    dropped += 1;
+                }
+                tar::EntryType::Char | tar::EntryType::Block => {
+                    return Err(refuse(&raw, "a device node outside /dev".into()))
+                }
+                tar::EntryType::Fifo => return Err(refuse(&raw, "a fifo".into())),
+                other => {
+                    return Err(refuse(
+                        &raw,
+                        format!("an entry of type {other:?}, which a rootfs does not need"),
+                    ))
+                }
+            }
+        }
+    }
+    // The rest of the file (tar padding) counts in the digest too.
+    io::copy(&mut hashing, &mut io::sink()).map_err(io_err("read"))?;
+    // /bin may be a link to usr/bin (merged /usr).
+    let bin = match top_links.get("bin").map(|t| t.trim_matches('/')) {
+        Some("usr/bin") => "usr/bin/sh",
+        _ => "bin/sh",
+    };
+    if !seen.contains(bin) {
+        return Err(invalid(
+            "no /bin/sh (the container's commands and checks run through it)".into(),
+        ));
+    }
+    if let Some(out) = out {
+        add_missing(out, &seen).map_err(io_err("write an entry of"))?;
+    }
+    let sha256 = hex(&hashing.hash.finalize());
+    Ok(Checked {
+        sha256,
+        entries: seen.len(),
+        bytes,
+        dropped,
+        cleared,
+    })
+}
+
+/// What the conversion does with a regular file of the tarball.
+#[derive(Debug, PartialEq, Eq)]
+enum Replace {
+    Keep,
+    /// An accounts file: its `hull` line, and which field holds the id.
+    Accounts(&'static str, usize),
+    /// A file whose contents are the container's own.
+    Own(&'static str),
+}
+
+const PASSWD_LINE: &str = "hull:x:1000:1000:hull:/home/hull:/bin/sh";
+const GROUP_LINE: &str = "hull:x:1000:";
+
+fn replacement(name: &str) -> Replace {
+    match name {
+        "etc/passwd" => Replace::Accounts(PASSWD_LINE, 2),
+        "etc/group" => Replace::Accounts(GROUP_LINE, 2),
+        "etc/resolv.conf" => Replace::Own(""),
+        "etc/hostname" => Replace::Own("hull-ct\n"),
+        _ => Replace::Keep,
+    }
+}
+
+/// `text` without any account named `hull` or with id 1000, then `line`.
+fn with_hull_account(text: &str, line: &str, id_field: usize) -> String {
+    let mut out = String::with_capacity(text.len() + line.len() + 1);
+    for l in text.lines() {
+        let fields: Vec<&str> = l.split(':').collect();
+        if fields.first() == Some(&"hull") || fields.get(id_field) == Some(&"1000") {
+            continue;
+        }
+        out.push_str(l);
+        out.push('\n');
+    }
+    out.push_str(line);
+    out.push('\n');
+    out
+}
+
+/// What every container of the image needs and the tarball lacks.
+fn add_missing(out: &mut tar::Builder<BufWriter<File>>, seen: &HashSet<String>) -> io::Result<()> {
+    let dir = |out: &mut tar::Builder<BufWriter<File>>, name: &str, id: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_uid(id);
+        h.set_gid(id);
+        h.set_mtime(0);
+        h.set_size(0);
+        out.append_data(&mut h, name, io::empty())
+    };
+    let file = |out: &mut tar::Builder<BufWriter<File>>, name: &str, body: &str| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(body.len() as u64);
+        out.append_data(&mut h, name, body.as_bytes())
+    };
+    for d in ["etc", "opt", "home"] {
+        if !seen.contains(d) {
+            dir(out, d, 0)?;
+        }
+    }
+    dir(out, AGENT_MOUNT, 0)?;
+    if !seen.contains("home/hull") {
+        dir(out, "home/hull", 1000)?;
+    }
+    for (name, line) in [("etc/passwd", PASSWD_LINE), ("etc/group", GROUP_LINE)] {
+        if !seen.contains(name) {
+            file(out, name, &format!("{line}\n"))?;
+        }
+    }
+    for name in ["etc/resolv.conf", "etc/hostname"] {
+        if !seen.contains(name) {
+            if let Replace::Own(body) = replacement(name) {
+                file(out, name, body)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A tarball path as a relative path without `.` components: `./usr/` is
+/// `usr`, the root is empty. Refuses absolute paths, `..` and NUL.
+fn normalise(raw: &str) -> Result<String, String> {
+    if raw.starts_with('/') {
+        return Err("is absolute".into());
+    }
+    if raw.contains('\0') {
+        return Err("holds a NUL byte".into());
+    }
+    let mut parts = Vec::new();
+    for c in raw.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => return Err("has a `..` component".into()),
+            c => parts.push(c),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+/// A symbolic link at `name` to `target`: a relative target must stay in
+/// the tree when resolved from the link's directory.
+fn check_symlink(name: &str, target: &str) -> Result<(), String> {
+    if target.is_empty() || target.contains('\0') {
+        return Err("a symbolic link with an empty or NUL target".into());
+    }
+    if target.starts_with('/') {
+        return Ok(());
+    }
+    let mut depth: i64 = name.split('/').count() as i64 - 1;
+    for c in target.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err(format!(
+                        "a symbolic link to {target:?}, which climbs above the tree's root"
+                    ));
+                }
+            }
+            _ => depth += 1,
+        }
+    }
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds a tarball of raw entries: (path, type, mode, link target, contents).
+    /// One raw entry: path, type, mode, link target, contents.
+    type Raw = (&'static str, tar::EntryType, u32, &'static str, &'static [u8]);
+
+    fn tarball(dir: &Path, entries: &[Raw]) -> PathBuf {
+        let p = dir.join("rootfs.tar");
+        let mut b = tar::Builder::new(File::create(&p).unwrap());
+        for (path, kind, mode, link, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            // Raw names, so that hostile ones ("/x", "a/../b") reach the tarball.
+            let name = h.as_gnu_mut().unwrap();
+            name.name[..path.len()].copy_from_slice(path.as_bytes());
+            if !link.is_empty() {
+                name.linkname[..link.len()].copy_from_slice(link.as_bytes());
+            }
+            h.set_entry_type(*kind);
+            h.set_mode(*mode);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            h.set_size(data.len() as u64);
+            h.set_cksum();
+            b.append(&h, *data).unwrap();
+        }
+        b.finish().unwrap();
+        p
+    }
+
+    use tar::EntryType as T;
+
+    fn base() -> Vec<Raw> {
+        vec![
+            ("./", T::Directory, 0o755, "", b""),
+            ("./bin/", T::Directory, 0o755, "", b""),
+            ("./bin/busybox", T::Regular, 0o755, "", b"\x7fELF"),
+            ("./bin/sh", T::Symlink, 0o777, "busybox", b""),
+            ("./etc/", T::Directory, 0o755, "", b""),
+            (
+                "./etc/passwd",
+                T::Regular,
+                0o644,
+                "",
+                b"root:x:0:0:root:/root:/bin/sh\nold:x:1000:1000::/home/old:/bin/sh\n",
+            ),
+            (
+                "./etc/resolv.conf",
+                T::Symlink,
+                0o777,
+                "../run/resolv.conf",
+                b"",
+            ),
+            ("./usr/", T::Directory, 0o755, "", b""),
+            ("./usr/bin/", T::Directory, 0o755, "", b""),
+            ("./usr/bin/env", T::Link, 0o755, "bin/busybox", b""),
+            (
+                "./usr/bin/abs",
+                T::Symlink,
+                0o777,
+                "/../../bin/busybox",
+                b"",
+            ),
+            ("./dev/", T::Directory, 0o755, "", b""),
+            ("./dev/null", T::Char, 0o666, "", b""),
+            ("./usr/bin/su", T::Regular, 0o4755, "", b"su"),
+            ("./usr/bin/wall", T::Regular, 0o2755, "", b"wall"),
+        ]
+    }
+
+    /// A sound tarball converts: entries kept, the hull account replacing
+    /// any account with id 1000, resolv.conf the container's own, the
+    /// agent's mount point and the home added; the digest is the file's.
+    #[test]
+    fn a_sound_rootfs_converts_with_the_hull_account() {
+        let d = tempfile::tempdir().unwrap();
+        let p = tarball(d.path(), &base());
+        let c = check(&p).unwrap();
+        let want = hex(&Sha256::digest(std::fs::read(&p).unwrap()));
+        assert_eq!(c.sha256, want);
+        let out = d.path().join("out.tar");
+        convert(&p, &c.sha256, &out).unwrap();
+        let mut got = std::collections::BTreeMap::new();
+        let mut a = tar::Archive::new(File::open(&out).unwrap());
+        for e in a.entries().unwrap() {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().to_string_lossy().into_owned();
+            let mut body = String::new();
+            let _ = e.read_to_string(&mut body);
+            let link = e
+                .link_name()
+                .unwrap()
+                .map(|l| l.to_string_lossy().into_owned());
+            let mode = e.header().mode().unwrap();
+            assert_eq!(mode & 0o7000, 0, "{name}: mode {mode:o}");
+            got.insert(
+                name,
+                (
+                    e.header().entry_type(),
+                    e.header().uid().unwrap(),
+                    body,
+                    link,
+                ),
+            );
+        }
+        assert_eq!(
+            got["etc/passwd"].2,
+            "root:x:0:0:root:/root:/bin/sh\nhull:x:1000:1000:hull:/home/hull:/bin/sh\n"
+        );
+        assert_eq!(got["etc/group"].2, "hull:x:1000:\n");
+        assert_eq!(got["etc/resolv.conf"].0, T::Regular);
+        assert_eq!(got["etc/resolv.conf"].2, "");
+        assert_eq!(got["opt/hull"].0, T::Directory);
+        assert_eq!(
+            (got["home/hull"].0, got["home/hull"].1),
+            (T::Directory, 1000)
+        );
+        assert_eq!(got["bin/sh"].3.as_deref(), Some("busybox"));
+        assert_eq!(got["usr/bin/env"].3.as_deref(), Some("bin/busybox"));
+        assert_eq!(got["bin/busybox"].2, "\u{7f}ELF");
+        // /dev's nodes are left out, counted.
+        assert_eq!(c.dropped, 1);
+        // Set-id bits are cleared, the programs kept.
+        assert_eq!(c.cleared, 2);
+        assert_eq!(got["usr/bin/su"].2, "su");
+        assert!(!got.contains_key("dev/null") && got.contains_key("dev"));
+        // A tarball changed since its digest was taken is refused.
+        let e = convert(&p, &"0".repeat(64), &out).unwrap_err();
+        assert!(matches!(e, RootfsError::Changed { .. }), "{e}");
+        assert!(!out.exists());
+    }
+
+    /// Each hostile entry is refused, naming it.
+    #[test]
+    fn hostile_entries_are_refused_by_name() {
+        let cases: Vec<(Raw, &str)> = vec![
+            (("/etc/shadow", T::Regular, 0o644, "", b"x"), "is absolute"),
+            (("./usr/../../x", T::Regular, 0o644, "", b"x"), "`..`"),
+            (
+                ("./usr/sda", T::Block, 0o600, "", b""),
+                "a device node outside /dev",
+            ),
+            (
+                ("./mem", T::Char, 0o600, "", b""),
+                "a device node outside /dev",
+            ),
+            (("./run/fifo", T::Fifo, 0o600, "", b""), "a fifo"),
+            (
+                ("./usr/bin/h", T::Link, 0o644, "/etc/shadow", b""),
+                "is absolute",
+            ),
+            (
+                ("./usr/bin/h", T::Link, 0o644, "usr/none", b""),
+                "not an earlier regular file",
+            ),
+            (
+                ("./usr/bin/h", T::Link, 0o644, "etc/passwd", b""),
+                "not an earlier regular file",
+            ),
+            (
+                ("./usr/bin/up", T::Symlink, 0o777, "../../../etc", b""),
+                "climbs above",
+            ),
+            (
+                ("./bin/busybox", T::Regular, 0o755, "", b"x"),
+                "listed twice",
+            ),
+            (
+                ("./opt/hull/hull-agent", T::Regular, 0o755, "", b"x"),
+                "hull's agent",
+            ),
+        ];
+        for (bad, why) in cases {
+            let d = tempfile::tempdir().unwrap();
+            let mut entries = base();
+            entries.push(bad);
+            let p = tarball(d.path(), &entries);
+            let e = check(&p).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(why) && msg.contains(bad.0), "{}: {msg}", bad.0);
+        }
+        // No shell: refused as a whole.
+        let d = tempfile::tempdir().unwrap();
+        let p = tarball(d.path(), &[("./etc/", T::Directory, 0o755, "", b"")]);
+        assert!(check(&p).unwrap_err().to_string().contains("no /bin/sh"));
+        // Not a tarball at all.
+        std::fs::write(d.path().join("junk"), vec![7u8; 4096]).unwrap();
+        assert!(check(&d.path().join("junk")).is_err());
+    }
+}
