@@ -177,6 +177,8 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
     let mut bytes = 0u64;
     let mut dropped = 0usize;
     let mut cleared = 0usize;
+    // Every symbolic link's path (nothing may lie under one).
+    let mut links: HashSet<String> = HashSet::new();
     // Links at the top of the tree (`bin -> usr/bin`), to find /bin/sh.
     let mut top_links: std::collections::HashMap<String, String> = Default::default();
     {
@@ -194,6 +196,14 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
             }
             if !seen.insert(name.clone()) {
                 return Err(refuse(&raw, "listed twice".into()));
+            }
+            // Nothing may be unpacked through a link: an unpacker that
+            // follows `etc -> /` would write outside the container's root.
+            if let Some(link) = ancestors(&name).find(|a| links.contains(*a)) {
+                return Err(refuse(
+                    &raw,
+                    format!("lies under {link:?}, a symbolic link of the tarball"),
+                ));
             }
             if name == AGENT_MOUNT || name.starts_with(&format!("{AGENT_MOUNT}/")) {
                 return Err(refuse(
@@ -272,6 +282,17 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
                         .map(|t| String::from_utf8_lossy(&t).into_owned())
                         .unwrap_or_default();
                     check_symlink(&name, &target).map_err(|why| refuse(&raw, why))?;
+                    if matches!(replacement(&name), Replace::Accounts(..))
+                        || ["etc", "opt", "home"].contains(&name.as_str())
+                    {
+                        return Err(refuse(
+                            &raw,
+                            "a symbolic link where hull adds the container's account or mount \
+                             point (it must be a real file or directory)"
+                                .into(),
+                        ));
+                    }
+                    links.insert(name.clone());
                     if !name.contains('/') {
                         top_links.insert(name.clone(), target.clone());
                     }
@@ -444,6 +465,11 @@ fn add_missing(out: &mut tar::Builder<BufWriter<File>>, seen: &HashSet<String>) 
     Ok(())
 }
 
+/// The proper ancestors of a normalised path: `a/b/c` gives `a`, `a/b`.
+fn ancestors(name: &str) -> impl Iterator<Item = &str> {
+    name.match_indices('/').map(move |(i, _)| &name[..i])
+}
+
 /// A tarball path as a relative path without `.` components: `./usr/` is
 /// `usr`, the root is empty. Refuses absolute paths, `..` and NUL.
 fn normalise(raw: &str) -> Result<String, String> {
@@ -506,7 +532,13 @@ mod tests {
 
     /// Builds a tarball of raw entries: (path, type, mode, link target, contents).
     /// One raw entry: path, type, mode, link target, contents.
-    type Raw = (&'static str, tar::EntryType, u32, &'static str, &'static [u8]);
+    type Raw = (
+        &'static str,
+        tar::EntryType,
+        u32,
+        &'static str,
+        &'static [u8],
+    );
 
     fn tarball(dir: &Path, entries: &[Raw]) -> PathBuf {
         let p = dir.join("rootfs.tar");
@@ -672,6 +704,16 @@ mod tests {
             (
                 ("./opt/hull/hull-agent", T::Regular, 0o755, "", b"x"),
                 "hull's agent",
+            ),
+            // Nothing under a link of the tarball is unpacked.
+            (
+                ("./usr/bin/abs/x", T::Regular, 0o644, "", b"x"),
+                "a symbolic link of the tarball",
+            ),
+            (("./opt", T::Symlink, 0o777, "/", b""), "where hull adds"),
+            (
+                ("./etc/group", T::Symlink, 0o777, "/etc/passwd", b""),
+                "where hull adds",
             ),
         ];
         for (bad, why) in cases {
