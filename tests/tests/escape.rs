@@ -2498,9 +2498,11 @@ fn pip_and_npm_fetch_through_the_proxy(t: &str) {
              --retries 0 --timeout 5 -d {dir} --trusted-host {host} --index-url http://{host}:{port}/simple/ leftpad"
         )
     };
+    // Three Python and Node start-ups: seconds natively, tens of seconds
+    // under TCG on a loaded machine (tier 3 here).
     let o = w.run(
         t,
-        &["--policy", &pol],
+        &["--policy", &pol, "--timeout", "200s"],
         &format!(
             "{} && ls dl && npm install --no-audit --no-fund --no-save --no-update-notifier \
              --cache \"$TMPDIR/npm\" --prefix np http://pkgs.test:{port}/files/left-pad-1.0.0.tgz \
