@@ -17,7 +17,11 @@
 //! container's `/dev`) and fifos, hard links to anything but
 //! an earlier regular file of the tarball, relative symbolic links that
 //! climb above the tree's root, an entry listed twice, entries under
-//! `opt/hull`, more than [`MAX_ENTRIES`] entries or [`MAX_UNPACKED`] bytes.
+//! `opt/hull`, more than [`MAX_ENTRIES`] entries or [`MAX_UNPACKED`] bytes,
+//! a metadata entry (GNU long name, PAX header) over
+//! [`MAX_METADATA_ENTRY`] (the tar crate reads those whole into memory: the
+//! reader below it follows the block layout and refuses one by its header)
+//! and a PAX record that sets an entry's size.
 //! Absolute symbolic links stay: inside the container they resolve in its
 //! own root.
 
@@ -119,20 +123,102 @@ pub fn convert(path: &Path, sha256: &str, out: &Path) -> Result<Checked, RootfsE
     Ok(checked)
 }
 
-/// A reader that hashes what passes through it.
+/// The largest metadata entry (a GNU long name or link, a PAX header):
+/// the tar crate reads those whole into memory.
+const MAX_METADATA_ENTRY: u64 = 64 << 10;
+
+/// A reader that hashes what passes through it and follows the tar block
+/// layout as it goes, so that a metadata entry the tar crate would read
+/// into memory whole is refused by its size before it is read.
 struct Hashing<R> {
     inner: R,
     hash: Sha256,
+    /// Bytes passed so far.
     read: u64,
+    /// Where the next header starts.
+    next_header: u64,
+    /// The header being collected.
+    header: Vec<u8>,
+    /// PAX records being collected, and how many bytes of them are left.
+    pax: Vec<u8>,
+    pax_left: u64,
 }
 
 impl<R: Read> Read for Hashing<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.hash.update(&buf[..n]);
+        let mut at = 0;
+        while at < n {
+            let pos = self.read + at as u64;
+            if pos < self.next_header {
+                let skip = (self.next_header - pos).min((n - at) as u64) as usize;
+                // A PAX header's records: one that sets the next entry's
+                // size would move the headers where this reader does not
+                // look (files over 8 GiB, its only use, are refused anyway).
+                if self.pax_left > 0 {
+                    let take = skip.min(self.pax_left as usize);
+                    self.pax.extend_from_slice(&buf[at..at + take]);
+                    self.pax_left -= take as u64;
+                    if self.pax_left == 0 {
+                        let records = String::from_utf8_lossy(&self.pax);
+                        if records.lines().any(|r| {
+                            r.split_once(' ')
+                                .is_some_and(|(_, kv)| kv.starts_with("size="))
+                        }) {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "a PAX header that sets an entry's size",
+                            ));
+                        }
+                        self.pax.clear();
+                    }
+                }
+                at += skip;
+                continue;
+            }
+            let take = (512 - self.header.len()).min(n - at);
+            self.header.extend_from_slice(&buf[at..at + take]);
+            at += take;
+            if self.header.len() == 512 {
+                let (kind, size) = (self.header[156], header_size(&self.header));
+                let metadata = matches!(kind, b'L' | b'K' | b'x' | b'g');
+                if metadata && size > MAX_METADATA_ENTRY {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "a metadata entry (type {:?}) of {size} bytes, more than {MAX_METADATA_ENTRY}",
+                            kind as char
+                        ),
+                    ));
+                }
+                self.next_header = self.read + at as u64 + size.div_ceil(512) * 512;
+                if kind == b'x' || kind == b'g' {
+                    self.pax_left = size;
+                }
+                self.header.clear();
+            }
+        }
         self.read += n as u64;
         Ok(n)
     }
+}
+
+/// The size field of a tar header: octal, or base-256 when its top bit is
+/// set; an unreadable one counts as 0 (the tar crate then refuses it).
+fn header_size(h: &[u8]) -> u64 {
+    let f = &h[124..136];
+    if f[0] & 0x80 != 0 {
+        return f[1..].iter().fold(0u64, |v, b| {
+            v.saturating_mul(256).saturating_add(u64::from(*b))
+        });
+    }
+    let digits: String = f
+        .iter()
+        .take_while(|b| **b != 0)
+        .map(|b| *b as char)
+        .collect();
+    u64::from_str_radix(digits.trim(), 8).unwrap_or(0)
 }
 
 type Out<'a> = Option<&'a mut tar::Builder<BufWriter<File>>>;
@@ -171,6 +257,10 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
         inner: BufReader::new(f).take(MAX_TARBALL),
         hash: Sha256::new(),
         read: 0,
+        next_header: 0,
+        header: Vec::with_capacity(512),
+        pax: Vec::new(),
+        pax_left: 0,
     };
     let mut seen: HashSet<String> = HashSet::new();
     let mut files: HashSet<String> = HashSet::new();
@@ -724,6 +814,54 @@ mod tests {
             let e = check(&p).unwrap_err();
             let msg = e.to_string();
             assert!(msg.contains(why) && msg.contains(bad.0), "{}: {msg}", bad.0);
+        }
+        // Metadata the tar crate would read whole into memory is refused
+        // by its size first; a PAX size record is refused too.
+        for (kind, body, why) in [
+            (T::GNULongName, vec![b'a'; 1 << 20], "metadata entry"),
+            (
+                T::XHeader,
+                b"20 size=99999999999\n".to_vec(),
+                "sets an entry's size",
+            ),
+        ] {
+            let d = tempfile::tempdir().unwrap();
+            let p = d.path().join("big.tar");
+            let mut b = tar::Builder::new(File::create(&p).unwrap());
+            for (path, kind, mode, link, data) in base() {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(kind);
+                h.set_mode(mode);
+                h.set_uid(0);
+                h.set_gid(0);
+                h.set_mtime(0);
+                h.set_size(data.len() as u64);
+                if !link.is_empty() {
+                    b.append_link(&mut h, path, link).unwrap();
+                } else {
+                    b.append_data(&mut h, path, data).unwrap();
+                }
+            }
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(kind);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            h.set_size(body.len() as u64);
+            h.set_cksum();
+            b.append(&h, &body[..]).unwrap();
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(T::Regular);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            h.set_size(1);
+            b.append_data(&mut h, "last", &b"x"[..]).unwrap();
+            b.finish().unwrap();
+            let e = check(&p).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
         }
         // No shell: refused as a whole.
         let d = tempfile::tempdir().unwrap();
