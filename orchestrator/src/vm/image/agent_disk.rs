@@ -26,6 +26,7 @@
 //! private: [`super::Cache::check_private`]); unlike the image's files it is
 //! not digest-checked before use (hull makes it and never writes it again).
 
+use super::hex;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -209,10 +210,6 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), ImageError> {
     #[cfg(not(unix))]
     let _ = (path, mode);
     Ok(())
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// The agent disks in `dir`, newest first (by modification time).

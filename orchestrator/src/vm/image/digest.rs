@@ -14,6 +14,7 @@
 //! no process can set back, so a file changed after its check is hashed again
 //! and refused.
 
+use super::hex;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
@@ -70,10 +71,6 @@ fn stamp(_f: &File) -> io::Result<Stamp> {
         mtime_ns: -1,
         ctime_ns: -1,
     })
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// The digest of the open file `f`.

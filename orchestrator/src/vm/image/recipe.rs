@@ -7,6 +7,7 @@
 //! The guest agent is not part of the image (see [`super::agent_disk`]). What the id does not cover: the Debian mirror's state at build time
 //! (package versions are recorded in the manifest instead).
 
+use super::hex;
 use std::io;
 use std::path::Path;
 
@@ -222,15 +223,6 @@ pub fn image_hash() -> String {
 /// The id of the default image: the first [`ID_LEN`] hex digits of [`image_hash`].
 pub fn image_id() -> String {
     Recipe::base().id()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@
 //! Absolute symbolic links stay: inside the container they resolve in its
 //! own root.
 
+use super::hex;
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read};
@@ -512,23 +513,11 @@ fn with_hull_account(text: &str, line: &str, id_field: usize) -> String {
 /// What every container of the image needs and the tarball lacks.
 fn add_missing(out: &mut tar::Builder<BufWriter<File>>, seen: &HashSet<String>) -> io::Result<()> {
     let dir = |out: &mut tar::Builder<BufWriter<File>>, name: &str, id: u64| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Directory);
-        h.set_mode(0o755);
-        h.set_uid(id);
-        h.set_gid(id);
-        h.set_mtime(0);
-        h.set_size(0);
+        let mut h = header(tar::EntryType::Directory, 0o755, id, 0);
         out.append_data(&mut h, name, io::empty())
     };
     let file = |out: &mut tar::Builder<BufWriter<File>>, name: &str, body: &str| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        h.set_size(body.len() as u64);
+        let mut h = header(tar::EntryType::Regular, 0o644, 0, body.len() as u64);
         out.append_data(&mut h, name, body.as_bytes())
     };
     for d in ["etc", "opt", "home"] {
@@ -553,6 +542,18 @@ fn add_missing(out: &mut tar::Builder<BufWriter<File>>, seen: &HashSet<String>) 
         }
     }
     Ok(())
+}
+
+/// A header of hull's own: owner and group `id`, time 0.
+fn header(kind: tar::EntryType, mode: u32, id: u64, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(id);
+    h.set_gid(id);
+    h.set_mtime(0);
+    h.set_size(size);
+    h
 }
 
 /// The proper ancestors of a normalised path: `a/b/c` gives `a`, `a/b`.
@@ -607,15 +608,6 @@ fn check_symlink(name: &str, target: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -634,19 +626,13 @@ mod tests {
         let p = dir.join("rootfs.tar");
         let mut b = tar::Builder::new(File::create(&p).unwrap());
         for (path, kind, mode, link, data) in entries {
-            let mut h = tar::Header::new_gnu();
+            let mut h = header(*kind, *mode, 0, data.len() as u64);
             // Raw names, so that hostile ones ("/x", "a/../b") reach the tarball.
             let name = h.as_gnu_mut().unwrap();
             name.name[..path.len()].copy_from_slice(path.as_bytes());
             if !link.is_empty() {
                 name.linkname[..link.len()].copy_from_slice(link.as_bytes());
             }
-            h.set_entry_type(*kind);
-            h.set_mode(*mode);
-            h.set_uid(0);
-            h.set_gid(0);
-            h.set_mtime(0);
-            h.set_size(data.len() as u64);
             h.set_cksum();
             b.append(&h, *data).unwrap();
         }
@@ -817,50 +803,22 @@ mod tests {
         }
         // Metadata the tar crate would read whole into memory is refused
         // by its size first; a PAX size record is refused too.
-        for (kind, body, why) in [
-            (T::GNULongName, vec![b'a'; 1 << 20], "metadata entry"),
+        let long_name: &'static [u8] = vec![b'a'; 1 << 20].leak();
+        for (meta, why) in [
             (
-                T::XHeader,
-                b"20 size=99999999999\n".to_vec(),
+                ("././@LongLink", T::GNULongName, 0o644, "", long_name),
+                "metadata entry",
+            ),
+            (
+                ("pax", T::XHeader, 0o644, "", &b"20 size=99999999999\n"[..]),
                 "sets an entry's size",
             ),
         ] {
             let d = tempfile::tempdir().unwrap();
-            let p = d.path().join("big.tar");
-            let mut b = tar::Builder::new(File::create(&p).unwrap());
-            for (path, kind, mode, link, data) in base() {
-                let mut h = tar::Header::new_gnu();
-                h.set_entry_type(kind);
-                h.set_mode(mode);
-                h.set_uid(0);
-                h.set_gid(0);
-                h.set_mtime(0);
-                h.set_size(data.len() as u64);
-                if !link.is_empty() {
-                    b.append_link(&mut h, path, link).unwrap();
-                } else {
-                    b.append_data(&mut h, path, data).unwrap();
-                }
-            }
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(kind);
-            h.set_mode(0o644);
-            h.set_uid(0);
-            h.set_gid(0);
-            h.set_mtime(0);
-            h.set_size(body.len() as u64);
-            h.set_cksum();
-            b.append(&h, &body[..]).unwrap();
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(T::Regular);
-            h.set_mode(0o644);
-            h.set_uid(0);
-            h.set_gid(0);
-            h.set_mtime(0);
-            h.set_size(1);
-            b.append_data(&mut h, "last", &b"x"[..]).unwrap();
-            b.finish().unwrap();
-            let e = check(&p).unwrap_err().to_string();
+            let mut entries = base();
+            entries.push(meta);
+            entries.push(("./last", T::Regular, 0o644, "", b"x"));
+            let e = check(&tarball(d.path(), &entries)).unwrap_err().to_string();
             assert!(e.contains(why), "{e}");
         }
         // No shell: refused as a whole.
