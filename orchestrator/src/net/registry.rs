@@ -342,16 +342,32 @@ fn npm() -> Result<Resolved, RegistryError> {
         registry: r,
         why: format!("npm config list --json: {why}"),
     })?;
+    resolved(
+        r,
+        &urls,
+        "npm config list (registry, @scope:registry)".into(),
+        || "npm config list --json names no registry".into(),
+    )
+}
+
+/// What `r`'s client named, with where it came from, or why nothing
+/// (`none`) when it named no URL.
+fn resolved(
+    r: Registry,
+    urls: &[String],
+    from: String,
+    none: impl FnOnce() -> String,
+) -> Result<Resolved, RegistryError> {
     if urls.is_empty() {
         return Err(RegistryError::Nothing {
             registry: r,
-            why: "npm config list --json names no registry".into(),
+            why: none(),
         });
     }
     Ok(Resolved {
         registry: r,
-        endpoints: endpoints(r, &urls)?,
-        from: "npm config list (registry, @scope:registry)".into(),
+        endpoints: endpoints(r, urls)?,
+        from,
     })
 }
 
@@ -430,25 +446,23 @@ fn cargo() -> Result<Resolved, RegistryError> {
         }
     }
     urls.extend(hosts);
-    if urls.is_empty() {
-        return Err(RegistryError::Nothing {
-            registry: r,
-            why: format!(
-                "cargo has not used a registry on this machine yet (nothing in {}) and {} names none; run `cargo fetch` once outside hull, or allow the index's host by name",
-                index.display(),
-                home.join("config.toml").display()
-            ),
-        });
-    }
-    Ok(Resolved {
-        registry: r,
-        endpoints: endpoints(r, &urls)?,
-        from: format!(
+    let config = home.join("config.toml");
+    resolved(
+        r,
+        &urls,
+        format!(
             "the registries cargo used ({}) and {}",
             index.display(),
-            home.join("config.toml").display()
+            config.display()
         ),
-    })
+        || {
+            format!(
+            "cargo has not used a registry on this machine yet (nothing in {}) and {} names none; run `cargo fetch` once outside hull, or allow the index's host by name",
+            index.display(),
+            config.display()
+        )
+        },
+    )
 }
 
 fn read_capped(p: &Path) -> std::io::Result<String> {
@@ -468,16 +482,8 @@ fn apt() -> Result<Resolved, RegistryError> {
         .filter(|l| !l.is_empty())
         .map(str::to_string)
         .collect();
-    if urls.is_empty() {
-        return Err(RegistryError::Nothing {
-            registry: r,
-            why: "apt-get indextargets names no source (run apt-get update once?)".into(),
-        });
-    }
-    Ok(Resolved {
-        registry: r,
-        endpoints: endpoints(r, &urls)?,
-        from: "apt-get indextargets".into(),
+    resolved(r, &urls, "apt-get indextargets".into(), || {
+        "apt-get indextargets names no source (run apt-get update once?)".into()
     })
 }
 
