@@ -72,6 +72,9 @@ if [ "$want_test" -eq 1 ]; then
   command -v openssl >/dev/null || need_pkgs+=(openssl)
   # A venv in the project, made inside the sandbox by Debian's python3.
   /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
+  # The real-workload tests fetch a Debian source package (apt-get source)
+  # and unpack it with dpkg-source.
+  command -v dpkg-source >/dev/null || need_pkgs+=(dpkg-dev)
 fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)

@@ -9,6 +9,8 @@
 //! machine without a capability says so by building without the feature,
 //! never by a test that passes without running.
 
+pub mod workloads;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -388,56 +390,6 @@ impl Drop for Tree<'_> {
                 .output();
         }
     }
-}
-
-/// `tests/fixtures/c-build-crate` in `dest` with its dependencies vendored
-/// into `dest/vendor/`, ready for `cargo build --offline`. The vendored
-/// sources are fetched once into `cache` (from the registry cargo is
-/// configured with, at the versions the fixture's Cargo.lock pins; the
-/// cache is keyed by that lock file, and a lock serialises the test
-/// processes) and copied from there.
-pub fn c_build_crate(cache: &Path, dest: &Path) {
-    use std::hash::{Hash, Hasher};
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/c-build-crate");
-    let lockfile = std::fs::read(fixture.join("Cargo.lock")).expect("the fixture's Cargo.lock");
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    lockfile.hash(&mut h);
-    let vendor = cache.join(format!("c-build-crate-vendor-{:016x}", h.finish()));
-    if !vendor.is_dir() {
-        std::fs::create_dir_all(cache).expect("create the fixture cache");
-        let lock = std::fs::File::create(cache.join("c-build-crate.lock")).expect("lock file");
-        lock.lock().expect("lock the fixture cache");
-        if !vendor.is_dir() {
-            let tmp = cache.join(format!("c-build-crate.tmp-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&tmp);
-            copy_tree(&fixture, &tmp);
-            // Without the vendored-sources config: `vendor/` is not there yet.
-            std::fs::remove_dir_all(tmp.join(".cargo")).expect("rm .cargo");
-            let out = Command::new("timeout")
-                .args([
-                    "120",
-                    "cargo",
-                    "vendor",
-                    "--locked",
-                    "--versioned-dirs",
-                    "vendor",
-                ])
-                .current_dir(&tmp)
-                .stdin(Stdio::null())
-                .output()
-                .expect("run cargo vendor");
-            assert!(
-                out.status.success(),
-                "cargo vendor of {} (the test setup fetches the crate's dependencies once): {}",
-                fixture.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::fs::rename(tmp.join("vendor"), &vendor).expect("move vendor/ into the cache");
-            let _ = std::fs::remove_dir_all(&tmp);
-        }
-    }
-    copy_tree(&fixture, dest);
-    copy_tree(&vendor, &dest.join("vendor"));
 }
 
 /// `cp -a from/. to/` (`to` is created).

@@ -1780,42 +1780,6 @@ fn a_flat_c_project_makes_at_the_top(t: &str) {
     }
 }
 
-/// A real build: a crate whose build script compiles C (the compiler and
-/// `ar` as grandchildren; a vendored dependency) builds offline with the
-/// host's Rust toolchain, granted
-/// read+exec as the build profile grants it, and the program runs; the
-/// outputs land in the project, `target/` created at its top.
-fn a_crate_with_a_c_build_script_builds_offline(t: &str) {
-    require_tier(t);
-    let w = World::new();
-    w.git_init();
-    hull_tests::c_build_crate(Path::new(env!("CARGO_TARGET_TMPDIR")), &w.project);
-    let (rustup, cargo) = hull_tests::host_rust();
-    let bin = cargo.join("bin");
-    let pol = w.root.path().join("rust.toml");
-    std::fs::write(
-        &pol,
-        format!(
-            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", {rustup:?}, {bin:?}]\n\
-             read = [\"/etc\"]\nread_write = [\"${{PROJECT}}\"]\n[limits]\nmemory = \"2GiB\"\n\
-             [env]\npass = [\"RUSTUP_TOOLCHAIN\"]\n[env.set]\nRUSTUP_HOME = {rustup:?}\n\
-             CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n",
-            bin.display()
-        ),
-    )
-    .expect("write policy");
-    // Under TCG the build takes about 100 s in tier 3 (rustc emulated):
-    // the run's deadline stays inside the test runner's 5 minutes.
-    let o = w.run(
-        t,
-        &["--policy", pol.to_str().expect("utf8"), "--timeout", "260s"],
-        "cargo build --offline -q && ./target/debug/cbuild",
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "hello from C: 42\n");
-    assert!(w.project.join("target/debug/cbuild").is_file());
-}
-
 /// `read` is not `read_exec`: a program in a `read` grant does not run
 /// (execve refused), the same program in a `read_exec` grant does. First
 /// shown to run under tier `none`. (Its bytes stay readable: a copy into
@@ -2909,7 +2873,6 @@ matrix!(
         a_stdout_file_gets_the_output_after_what_it_held,
         top_level_entries_of_the_project,
         a_flat_c_project_makes_at_the_top,
-        a_crate_with_a_c_build_script_builds_offline,
         tmp_works_and_tmpdir_is_honoured,
         exit_codes_and_signals,
         the_json_result_says_how_the_run_ended,
