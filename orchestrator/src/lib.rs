@@ -10,6 +10,8 @@
 
 #[cfg(unix)]
 pub mod canary;
+#[cfg(target_os = "linux")]
+pub mod changes;
 pub mod cli;
 pub mod exec;
 pub mod mountinfo;

@@ -17,6 +17,8 @@ pub struct Settings {
     pub runs_dir: Option<PathBuf>,
     /// `HULL_VMS_DIR`: the state of `hull vm up`'s VMs.
     pub vms_dir: Option<PathBuf>,
+    /// `HULL_CHANGES_DIR`: where the change sets of `--cow` runs are kept.
+    pub changes_dir: Option<PathBuf>,
     /// `HULL_IMAGE_CACHE`: where tier-3 images are built and kept.
     pub image_cache: Option<PathBuf>,
     /// `HULL_IMAGE_CACHE_MAX`: the size the image cache is brought back
@@ -52,6 +54,7 @@ impl Settings {
         Settings {
             runs_dir: path("HULL_RUNS_DIR"),
             vms_dir: path("HULL_VMS_DIR"),
+            changes_dir: path("HULL_CHANGES_DIR"),
             image_cache: path("HULL_IMAGE_CACHE"),
             image_cache_max: text("HULL_IMAGE_CACHE_MAX")
                 .and_then(|s| crate::policy::resolve::parse_bytes(&s).ok()),

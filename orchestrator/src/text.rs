@@ -1,5 +1,10 @@
 //! Text from outside hull (the guest, the command) made safe to show on
-//! the user's terminal.
+//! the user's terminal, and hex.
+
+/// Lowercase hex of `b` (digests, ids, disk names).
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
 
 /// `text` with every control character but newline and tab escaped
 /// (carriage returns dropped), and the invisible formatting characters that

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod canary;
+pub mod changes;
 pub mod docs;
 pub mod explain;
 pub mod image;
@@ -52,6 +53,9 @@ pub enum Command {
     /// List or clean hull instance directories.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
+    /// Review, apply or discard what copy-on-write runs wrote.
+    #[command(subcommand)]
+    Changes(changes::ChangesCommand),
     /// Read UTF-8 text from the project or this instance's spill, in bounded pieces.
     Read(read::ReadArgs),
     /// Build, list or remove tier-3 guest images.
@@ -152,6 +156,7 @@ pub fn main() -> i32 {
         Command::Policy(PolicyCommand::Check { policy }) => explain::check(&policy),
         Command::Policy(PolicyCommand::Explain(a)) => explain::explain(a),
         Command::Runs(c) => runs::runs(c),
+        Command::Changes(c) => changes::changes(c),
         Command::Read(a) => read::read(a),
         Command::Image(c) => image::image(c),
         Command::Vm(c) => vm::vm(c),
@@ -191,6 +196,11 @@ fn prints_only(c: &Command) -> bool {
             | Command::Man(_)
             | Command::Read(_)
             | Command::Runs(runs::RunsCommand::List { .. })
+            | Command::Changes(
+                changes::ChangesCommand::List { .. }
+                    | changes::ChangesCommand::Show { .. }
+                    | changes::ChangesCommand::Diff { .. }
+            )
             | Command::Image(image::ImageCommand::List | image::ImageCommand::Show { .. })
             | Command::Vm(vm::VmCommand::Status { .. })
     )

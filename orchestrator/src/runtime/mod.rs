@@ -40,7 +40,7 @@ pub mod spill;
 
 mod beneath;
 mod cursor;
-mod fsx;
+pub(crate) mod fsx;
 mod lock;
 
 #[cfg(unix)]

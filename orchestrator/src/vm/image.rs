@@ -433,9 +433,7 @@ pub fn recipe_for(vm: &crate::policy::VmPolicy) -> Result<recipe::Recipe, ImageE
 }
 
 /// Lowercase hex of `b` (digests, ids, disk names).
-pub(crate) fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
+pub(crate) use crate::text::hex;
 
 /// The most tarballs whose digests the cache remembers.
 const MAX_ROOTFS_DIGESTS: usize = 64;

@@ -1,0 +1,301 @@
+//! Where change sets are kept: `$HULL_CHANGES_DIR`, else
+//! `$XDG_STATE_HOME/hull/changes`, else `~/.local/state/hull/changes`
+//! (0700); one directory per set, named by its ID.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{scan, Baseline, Change, ChangesError, Op};
+
+/// What a change set records about its run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Meta {
+    pub id: String,
+    /// The project the run saw (the overlay's lower layer).
+    pub project: PathBuf,
+    pub tier: String,
+    pub argv: Vec<String>,
+    /// Unix seconds.
+    pub created: u64,
+    /// When the run ended and the upper layer was scanned.
+    #[serde(default)]
+    pub finished: Option<u64>,
+    #[serde(default)]
+    pub counts: Counts,
+    /// The project's state at the start of the run, for the changed paths.
+    #[serde(default)]
+    pub baseline: Baseline,
+}
+
+/// How many changes of each kind a set holds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Counts {
+    pub added: usize,
+    pub modified: usize,
+    pub deleted: usize,
+    pub mode: usize,
+    pub refused: usize,
+}
+
+impl Counts {
+    fn of(changes: &[Change]) -> Counts {
+        let mut c = Counts::default();
+        for ch in changes {
+            match ch.op {
+                Op::Added => c.added += 1,
+                Op::Modified => c.modified += 1,
+                Op::Deleted => c.deleted += 1,
+                Op::Mode => c.mode += 1,
+                Op::Refused => c.refused += 1,
+            }
+        }
+        c
+    }
+}
+
+/// One change set: its directory, its record and (once finished) its
+/// changes.
+#[derive(Debug)]
+pub struct ChangeSet {
+    pub dir: PathBuf,
+    pub meta: Meta,
+    pub changes: Vec<Change>,
+}
+
+impl ChangeSet {
+    /// The overlay's upper layer.
+    pub fn upper(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+
+    /// The overlay's work directory (same filesystem as the upper).
+    pub fn work(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+
+    /// The changes at or below each path of `only` (all when empty); a
+    /// path with none is an error naming it.
+    pub fn select(&self, only: &[String]) -> Result<Vec<&Change>, ChangesError> {
+        if only.is_empty() {
+            return Ok(self.changes.iter().collect());
+        }
+        let mut keep = vec![false; self.changes.len()];
+        for p in only {
+            let p = p.trim_start_matches("./").trim_end_matches('/');
+            let prefix = format!("{p}/");
+            let mut any = false;
+            for (i, c) in self.changes.iter().enumerate() {
+                if c.path == p || c.path.starts_with(&prefix) {
+                    keep[i] = true;
+                    any = true;
+                }
+            }
+            if !any {
+                return Err(ChangesError::NoSuchPath {
+                    id: self.meta.id.clone(),
+                    path: p.to_string(),
+                });
+            }
+        }
+        Ok(self
+            .changes
+            .iter()
+            .zip(keep)
+            .filter(|(_, k)| *k)
+            .map(|(c, _)| c)
+            .collect())
+    }
+
+    /// After the run: reads the upper layer against the project and keeps
+    /// the changes and, from `baseline` (captured before the run started),
+    /// the stamps of the changed paths.
+    pub fn finish(&mut self, baseline: &Baseline) -> Result<(), ChangesError> {
+        let changes = scan(&self.upper(), &self.meta.project)?;
+        let paths: Vec<(&str, bool)> = changes
+            .iter()
+            .map(|c| {
+                let subtree = matches!(c.before, Some(super::Node::Dir { .. }));
+                (c.path.as_str(), subtree)
+            })
+            .collect();
+        self.meta.baseline = baseline.restrict(&paths);
+        self.meta.counts = Counts::of(&changes);
+        self.meta.finished = Some(now());
+        self.changes = changes;
+        write_json(&self.dir.join("changes.json"), &self.changes)?;
+        write_json(&self.dir.join("meta.json"), &self.meta)
+    }
+}
+
+/// The change sets of one store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// The store of this user (see the module's doc).
+    pub fn default_root() -> PathBuf {
+        if let Some(d) = &crate::settings::get().changes_dir {
+            return d.clone();
+        }
+        let state = std::env::var_os("XDG_STATE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(std::env::temp_dir);
+        state.join("hull/changes")
+    }
+
+    pub fn open(root: PathBuf) -> Store {
+        Store { root }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// A new, empty change set for a run of `argv` on `project`.
+    pub fn create(
+        &self,
+        project: &Path,
+        tier: &str,
+        argv: &[String],
+    ) -> Result<ChangeSet, ChangesError> {
+        let io = |what: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ChangesError::Io { what, path, source }
+        };
+        crate::runtime::fsx::make_private_dir_all(&self.root)
+            .map_err(io("cannot create the change-set store", &self.root))?;
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let dir = self.root.join(&id);
+        crate::runtime::fsx::make_private_dir(&dir).map_err(io("cannot create", &dir))?;
+        let set = ChangeSet {
+            dir,
+            meta: Meta {
+                id,
+                project: project.to_path_buf(),
+                tier: tier.to_string(),
+                argv: argv.to_vec(),
+                created: now(),
+                finished: None,
+                counts: Counts::default(),
+                baseline: Baseline::default(),
+            },
+            changes: Vec::new(),
+        };
+        for d in [set.upper(), set.work()] {
+            std::fs::create_dir(&d).map_err(io("cannot create", &d))?;
+        }
+        write_json(&set.dir.join("meta.json"), &set.meta)?;
+        Ok(set)
+    }
+
+    fn dir_of(&self, id: &str) -> Result<PathBuf, ChangesError> {
+        let ok = !id.is_empty() && id.len() <= 32 && id.bytes().all(|b| b.is_ascii_alphanumeric());
+        if !ok {
+            return Err(ChangesError::BadId { id: id.to_string() });
+        }
+        let dir = self.root.join(id);
+        if !dir.join("meta.json").is_file() {
+            return Err(ChangesError::NotFound {
+                id: id.to_string(),
+                store: self.root.clone(),
+            });
+        }
+        Ok(dir)
+    }
+
+    /// The change set `id`, with its changes.
+    pub fn get(&self, id: &str) -> Result<ChangeSet, ChangesError> {
+        let dir = self.dir_of(id)?;
+        let meta: Meta = read_json(&dir.join("meta.json"), id, "meta.json")?;
+        let changes = if dir.join("changes.json").is_file() {
+            read_json(&dir.join("changes.json"), id, "changes.json")?
+        } else {
+            Vec::new()
+        };
+        Ok(ChangeSet { dir, meta, changes })
+    }
+
+    /// Every change set's record, oldest first (unreadable ones left out).
+    pub fn list(&self) -> Result<Vec<Meta>, ChangesError> {
+        let rd = match std::fs::read_dir(&self.root) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(ChangesError::Io {
+                    what: "cannot read the change-set store",
+                    path: self.root.clone(),
+                    source,
+                })
+            }
+        };
+        let mut out: Vec<Meta> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter_map(|id| {
+                let dir = self.dir_of(&id).ok()?;
+                read_json::<Meta>(&dir.join("meta.json"), &id, "meta.json").ok()
+            })
+            .collect();
+        out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    /// Removes the change set `id` and everything in it.
+    pub fn discard(&self, id: &str) -> Result<(), ChangesError> {
+        let dir = self.dir_of(id)?;
+        // The overlay leaves `work/work` mode 0; make it removable.
+        let inner = dir.join("work/work");
+        if inner.is_dir() {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700));
+        }
+        // std's remove_dir_all does not follow symlinks (the upper layer
+        // holds the command's).
+        std::fs::remove_dir_all(&dir).map_err(|source| ChangesError::Io {
+            what: "cannot remove",
+            path: dir,
+            source,
+        })
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), ChangesError> {
+    let io = |source| ChangesError::Io {
+        what: "cannot write",
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_vec(v).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    id: &str,
+    file: &'static str,
+) -> Result<T, ChangesError> {
+    let bytes = std::fs::read(path).map_err(|source| ChangesError::Io {
+        what: "cannot read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| ChangesError::Corrupt {
+        id: id.to_string(),
+        file,
+        source,
+    })
+}
