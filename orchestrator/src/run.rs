@@ -48,11 +48,19 @@ pub struct RunOptions {
     pub instance: Option<String>,
     /// `--vm NAME`: run in a VM kept up by `hull vm up` (tier 3).
     pub vm: Option<String>,
+    /// `--cow`: the project read-only to the command, its writes kept as a
+    /// change set ([`crate::changes`]).
+    pub cow: bool,
     pub argv: Vec<OsString>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    #[error("tier {tier}: --cow is refused: {why}. Nothing was run")]
+    CowRefused { tier: Tier, why: &'static str },
+    #[cfg(target_os = "linux")]
+    #[error("--cow: {0}")]
+    Changes(#[from] crate::changes::ChangesError),
     #[error("unknown tier {0:?}; tiers: auto, none, landlock, restricted, bwrap, seatbelt, appcontainer, vm (or --tier3)")]
     UnknownTier(String),
     #[error("--tier auto: this host's tier 2 ({tier}) is unavailable: {reason}. Nothing was run. Ask for a lower tier explicitly (--tier landlock, or --tier none to run unsandboxed), or for tier 3 (--tier3)")]
@@ -338,6 +346,7 @@ pub fn run_process_tier(
     run_dir: &Path,
     lock_fd: crate::runtime::LockFd,
     sink: Option<&mut dyn OutputSink>,
+    cow: Option<&Path>,
 ) -> Result<ExitStatus, RunError> {
     use crate::policy::RealFs;
     use crate::tier::launch::{self, ChildSetup};
@@ -425,7 +434,7 @@ pub fn run_process_tier(
             if crate::tier::identity::hull_is_root() {
                 // Registered before ChildSetup's hook: the change of
                 // credentials clears PDEATHSIG, which ChildSetup sets.
-                let grants: Vec<crate::tier::identity::Grant> = plan
+                let mut grants: Vec<crate::tier::identity::Grant> = plan
                     .sources
                     .iter()
                     .map(|s| crate::tier::identity::Grant {
@@ -435,7 +444,21 @@ pub fn run_process_tier(
                         own: s.writable || s.path.starts_with(run_dir),
                     })
                     .collect();
-                let switch = crate::tier::identity::Switch::prepare("bwrap", &grants)?;
+                // `--cow`: the change set's directory must be there in the
+                // child's mount namespace (below a 0700 directory it is
+                // mounted into the skeleton) for the overlay's upper layer;
+                // bwrap does not bind it, the command never sees it.
+                if let Some(set_dir) = cow {
+                    grants.push(crate::tier::identity::Grant {
+                        path: set_dir.to_path_buf(),
+                        writable: false,
+                        own: false,
+                    });
+                }
+                let mut switch = crate::tier::identity::Switch::prepare("bwrap", &grants)?;
+                if let Some(set_dir) = cow {
+                    switch = switch.with_overlay(&spec.cwd, set_dir)?;
+                }
                 install_switch(&mut prepared.command, switch);
             }
             for fd in &prepared.keep {
@@ -680,6 +703,7 @@ pub fn run_process_tier(
     _run_dir: &Path,
     _lock_fd: crate::runtime::LockFd,
     sink: Option<&mut dyn OutputSink>,
+    _cow: Option<&Path>,
 ) -> Result<ExitStatus, RunError> {
     let mut cmd = match tier {
         Tier::None => {
@@ -707,6 +731,8 @@ pub struct RunOutcome {
     pub tier: Tier,
     pub instance: String,
     pub spill: PathBuf,
+    /// `--cow`: the ID of the change set the run's writes were kept as.
+    pub changes: Option<String>,
 }
 
 /// Runs the command. `result_file` (`--json-result`) is refused when it
@@ -717,6 +743,9 @@ pub fn execute(
 ) -> Result<RunOutcome, RunError> {
     let (tier, _probe) = select_tier(opts.tier)?;
     tracing::debug!(%tier, "tier ready");
+    if let Some(why) = opts.cow.then(|| cow_refused(tier)).flatten() {
+        return Err(RunError::CowRefused { tier, why });
+    }
     let runs = crate::runtime::runs_root();
     let project = project_path(&opts.project, &runs)?;
     let pf = policy::profiles::load(&opts.policy)?;
@@ -754,6 +783,16 @@ pub fn execute(
         .map(|threshold| crate::runtime::spill::SpillSink::stdio(instance.spill(), threshold))
         .transpose()?;
     let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
+    #[cfg(target_os = "linux")]
+    let mut cow = if opts.cow {
+        Some(start_cow(tier, &spec)?)
+    } else {
+        None
+    };
+    #[cfg(target_os = "linux")]
+    let cow_dir = cow.as_ref().map(|(set, _)| set.dir.clone());
+    #[cfg(not(target_os = "linux"))]
+    let cow_dir: Option<PathBuf> = None;
     let started = std::time::SystemTime::now();
     let result = match tier {
         Tier::Vm => crate::tier::vm::run(
@@ -777,6 +816,7 @@ pub fn execute(
             instance.dir(),
             instance.lock_raw_fd(),
             sink,
+            cow_dir.as_deref(),
         ),
     };
     // Second layer behind seccomp: no set-id file of the command's is left
@@ -787,6 +827,22 @@ pub fn execute(
     if let Err(e) = instance.finish() {
         tracing::warn!("cleaning up the instance: {e}");
     }
+    // What the command wrote is kept whatever its status: the upper
+    // layer is read once, now, and the set's ID said.
+    #[cfg(target_os = "linux")]
+    let changes = match cow.as_mut() {
+        Some((set, baseline)) => {
+            set.finish(baseline)?;
+            eprintln!(
+                "hull: changes kept as {id}; review with 'hull changes show {id}'",
+                id = set.meta.id
+            );
+            Some(set.meta.id.clone())
+        }
+        None => None,
+    };
+    #[cfg(not(target_os = "linux"))]
+    let changes = None;
     let status = result?;
     swept?;
     Ok(RunOutcome {
@@ -794,7 +850,40 @@ pub fn execute(
         tier,
         instance: instance_id,
         spill,
+        changes,
     })
+}
+
+/// Why `--cow` is refused on `tier`, if it is: where the tier cannot show
+/// the project through an overlay.
+fn cow_refused(tier: Tier) -> Option<&'static str> {
+    match tier {
+        #[cfg(target_os = "linux")]
+        Tier::Bwrap if crate::tier::identity::hull_is_root() => None,
+        Tier::Bwrap => Some("on this version hull mounts the overlay in the command's mount namespace as root, before it drops to the sandbox user: run hull as root"),
+        Tier::Landlock => Some("Landlock only narrows access to the real files and has no mount namespace in which the project could be shown through an overlay; use --tier bwrap"),
+        Tier::None => Some("tier none has no mount namespace: nothing would keep the command's writes from the project"),
+        Tier::Vm => Some("the overlay in the guest is not built yet; use --tier bwrap (as root)"),
+        Tier::Seatbelt | Tier::Restricted | Tier::AppContainer => Some("not on this tier yet"),
+    }
+}
+
+/// `--cow` (on a tier [`cow_refused`] let through): the project's baseline
+/// and a new change set, before the command starts.
+#[cfg(target_os = "linux")]
+fn start_cow(
+    tier: Tier,
+    spec: &CommandSpec,
+) -> Result<(crate::changes::ChangeSet, crate::changes::Baseline), RunError> {
+    let baseline = crate::changes::Baseline::capture(&spec.cwd)?;
+    let store = crate::changes::Store::open(crate::changes::Store::default_root());
+    let argv: Vec<String> = spec
+        .argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let set = store.create(&spec.cwd, tier.name(), &argv)?;
+    Ok((set, baseline))
 }
 
 /// Refuses a program the sandbox would not find (exit 127) or could not

@@ -152,6 +152,7 @@ impl World {
         c.env("HOME", &self.home)
             .env("HULL_RUNS_DIR", &self.runs)
             .env("HULL_VMS_DIR", self.root.path().join("vms"))
+            .env("HULL_CHANGES_DIR", self.root.path().join("changes"))
             .env("HULL_TEST_SECRET", "s3cr3t-host-env-value")
             .env_remove("HULL_INSTANCE");
         c

@@ -41,6 +41,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub json_result: Option<PathBuf>,
     /// The command and its arguments.
+    /// Copy-on-write: the project is read-only to the command, its writes
+    /// land in a change set kept by hull (`hull changes show|diff|apply
+    /// ID`). bwrap (as root) only, on this version.
+    #[arg(long)]
+    pub cow: bool,
     #[arg(last = true, required = true)]
     pub argv: Vec<OsString>,
 }
@@ -92,6 +97,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         spill: a.spill,
         instance: a.instance,
         vm: a.vm,
+        cow: a.cow,
         argv: a.argv,
     };
     let started = std::time::SystemTime::now();

@@ -64,6 +64,16 @@ pub enum IdentityError {
     },
     #[error("tier {tier}: path {path} contains a NUL byte")]
     Nul { tier: &'static str, path: PathBuf },
+    #[error("tier {tier}: --cow: the project's path {path} holds a character an overlay's options cannot carry (`,`, `:` or `\\`); move the project or run without --cow")]
+    OverlayPath { tier: &'static str, path: PathBuf },
+    #[error("tier {tier}: --cow: cannot mount an overlay of {project} with its upper layer in {upper} (the upper layer's filesystem must support overlayfs upper layers: ext4, xfs, btrfs, tmpfs; set HULL_CHANGES_DIR to a directory on one): {source}; the command did not run")]
+    Overlay {
+        tier: &'static str,
+        project: PathBuf,
+        upper: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("tier {tier}: cannot create the user namespace for an idmapped mount: {source}")]
     Userns {
         tier: &'static str,
@@ -100,6 +110,18 @@ pub struct Switch {
     /// Entered again once the mounts are in place (the child's working
     /// directory, set before the mounts, still names the mount below).
     cwd: Option<CString>,
+    /// `--cow`: an overlay mounted over the project after the re-mounts.
+    overlay: Option<Overlay>,
+}
+
+/// The copy-on-write view of a project: overlayfs mounted over the
+/// project's own path in the child's mount namespace, its lower layer the
+/// project (as re-mounted for the sandbox user), its upper layer a change
+/// set's `upper/`. The host's mounts never see it.
+#[derive(Debug)]
+struct Overlay {
+    target: CString,
+    options: CString,
 }
 
 /// A path the command is given, whether it must be writable, and whether
@@ -289,7 +311,81 @@ impl Switch {
             user,
             remounts,
             cwd: None,
+            overlay: None,
         })
+    }
+
+    /// `--cow`: shows the command `project` through an overlay whose upper
+    /// layer is `set_dir/upper` (work directory `set_dir/work`). The
+    /// project must be among the grants (re-mounted for the sandbox user).
+    /// The overlay is tried once now,
+    /// on the host's own paths (a filesystem that cannot hold an upper
+    /// layer fails here, naming it), then mounted in the child.
+    pub fn with_overlay(mut self, project: &Path, set_dir: &Path) -> Result<Switch, IdentityError> {
+        let tier = self.tier;
+        let (upper, work) = (set_dir.join("upper"), set_dir.join("work"));
+        for p in [project, &upper, &work] {
+            let bad = p
+                .as_os_str()
+                .as_bytes()
+                .iter()
+                .any(|b| matches!(b, b',' | b':' | b'\\'));
+            if bad {
+                return Err(IdentityError::OverlayPath {
+                    tier,
+                    path: p.to_path_buf(),
+                });
+            }
+        }
+        let opts = |lower: &Path| {
+            format!(
+                "lowerdir={},upperdir={},workdir={},redirect_dir=off,metacopy=off,index=off,xino=off",
+                lower.display(),
+                upper.display(),
+                work.display()
+            )
+        };
+        try_overlay(project, &upper, &work).map_err(|source| IdentityError::Overlay {
+            tier,
+            project: project.to_path_buf(),
+            upper: upper.clone(),
+            source,
+        })?;
+        // The upper layer's top is the merged view's top: the sandbox
+        // user's, with the project's mode. Below it the overlay stores what
+        // the command makes as the command's uid (the mounter, root, makes
+        // the work directory), and copies up the project's entries with
+        // their ids as the re-mounted project shows them: the sandbox
+        // user's. Nothing of the set is reachable from the sandbox but
+        // through the overlay.
+        let mode = std::fs::metadata(project)
+            .map(|m| m.mode() & 0o7777)
+            .map_err(|source| IdentityError::Inspect {
+                tier,
+                path: project.to_path_buf(),
+                source,
+            })?;
+        let top = (|| {
+            std::os::unix::fs::chown(&upper, Some(self.user.uid), Some(self.user.gid))?;
+            std::fs::set_permissions(
+                &upper,
+                std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777),
+            )
+        })();
+        top.map_err(|source| IdentityError::Inspect {
+            tier,
+            path: upper.clone(),
+            source,
+        })?;
+        let nul = |path: &Path| IdentityError::Nul {
+            tier,
+            path: path.to_path_buf(),
+        };
+        self.overlay = Some(Overlay {
+            target: CString::new(project.as_os_str().as_bytes()).map_err(|_| nul(project))?,
+            options: CString::new(opts(project)).map_err(|_| nul(project))?,
+        });
+        Ok(self)
     }
 
     /// Makes the child enter `dir` again after the mounts (for commands
@@ -338,6 +434,21 @@ impl Switch {
                 )
             };
             if moved != 0 {
+                return Err(err());
+            }
+        }
+        if let Some(o) = &self.overlay {
+            // SAFETY: mount(2) with NUL-terminated strings `self` owns.
+            let r = unsafe {
+                libc::mount(
+                    c"overlay".as_ptr(),
+                    o.target.as_ptr(),
+                    c"overlay".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    o.options.as_ptr().cast(),
+                )
+            };
+            if r != 0 {
                 return Err(err());
             }
         }
@@ -410,6 +521,35 @@ fn skeleton_tree(points: &[(PathBuf, bool)]) -> Result<OwnedFd, (&'static str, s
         }
     }
     Ok(tree)
+}
+
+/// Makes (and drops) a detached overlay of `lower` with `upper` and `work`,
+/// as the child will: what the filesystems refuse shows here.
+fn try_overlay(lower: &Path, upper: &Path, work: &Path) -> std::io::Result<()> {
+    use rustix::mount::{
+        fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
+        MountAttrFlags,
+    };
+    let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    let text = |p: &Path| p.to_string_lossy().into_owned();
+    for (k, v) in [
+        ("lowerdir", text(lower)),
+        ("upperdir", text(upper)),
+        ("workdir", text(work)),
+        ("redirect_dir", "off".into()),
+        ("metacopy", "off".into()),
+        ("index", "off".into()),
+        ("xino", "off".into()),
+    ] {
+        fsconfig_set_string(&fs, k, v.as_str())?;
+    }
+    fsconfig_create(&fs)?;
+    let _tree = fsmount(
+        &fs,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
+    )?;
+    Ok(())
 }
 
 /// A detached copy of the mounts at `path` (submounts included), nosuid and

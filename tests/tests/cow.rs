@@ -1,0 +1,266 @@
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+// Test code: a failed expectation is a failed test.
+//! Copy-on-write runs (`hull run --cow`) end to end, with the real `hull`:
+//! the project stays as it was, the command's writes are kept as a change
+//! set, `hull changes` lists, applies and discards it. bwrap runs them (as
+//! root, as CI does); landlock refuses them with its reason.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use hull_tests::{require_tier, show, World};
+
+/// Every entry of `dir` but `.git` and `.hull`: type, mode, path, link
+/// target, and each file's sha256: what the command saw, printed inside,
+/// and what the project holds, printed on the host.
+const LISTING: &str = "find . -path ./.git -prune -o -path ./.hull -prune -o -printf '%y %m %p %l\\n' | sort; \
+     find . -path ./.git -prune -o -path ./.hull -prune -o -type f -print | sort | xargs -r sha256sum";
+
+fn listing(dir: &Path) -> String {
+    let o = Command::new("sh")
+        .args(["-c", LISTING])
+        .current_dir(dir)
+        .output()
+        .expect("sh");
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// The change set ID a `--cow` run named on stderr.
+fn kept_id(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("hull: changes kept as "))
+        .unwrap_or_else(|| panic!("no change set named: {}", show(o)));
+    line["hull: changes kept as ".len()..]
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn changes(w: &World, args: &[&str]) -> Output {
+    w.hull()
+        .arg("changes")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("hull changes")
+}
+
+fn seed(w: &World) {
+    let p = &w.project;
+    std::fs::write(p.join("a.txt"), "one\n").unwrap();
+    std::fs::write(p.join("del.txt"), "bye\n").unwrap();
+    std::fs::create_dir_all(p.join("gone/deep")).unwrap();
+    std::fs::write(p.join("gone/deep/y"), "y\n").unwrap();
+    std::fs::write(p.join("run.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::write(w.outside.join("victim"), hull_tests::VICTIM).unwrap();
+}
+
+/// A run that adds, modifies and deletes files and directories, changes a
+/// mode, makes links (out of the project, at `.git/hooks`) and a binary
+/// file leaves the project as it was and lists exactly those changes;
+/// applied, the project is what the command saw; discarded, it is gone.
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_a_cow_run_is_kept_apart_listed_applied_and_discarded() {
+    require_tier("bwrap");
+    let w = World::new();
+    w.git_init();
+    seed(&w);
+    let before = listing(&w.project);
+    let victim = w.outside.join("victim");
+    let script = format!(
+        "printf 'one\\ntwo\\n' > a.txt && echo new > new.txt && mkdir -p nd/sub && echo f > nd/sub/f \
+         && rm del.txt && rm -r gone && chmod 755 run.sh && ln -s {} out-link \
+         && ln -s .git/hooks hooks-link && printf 'bin\\000ary' > bin.dat && {LISTING}",
+        victim.display()
+    );
+    let o = w.run("bwrap", &["--cow"], &script);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let seen = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(seen.contains("f 755 ./run.sh"), "{seen}");
+    assert_eq!(
+        listing(&w.project),
+        before,
+        "the project changed under --cow"
+    );
+    let id = kept_id(&o);
+
+    let s = changes(&w, &["show", &id, "--json"]);
+    assert!(s.status.success(), "{}", show(&s));
+    let v: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    let got: Vec<String> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["op"].as_str().unwrap(),
+                c["path"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "modified a.txt",
+            "added bin.dat",
+            "deleted del.txt",
+            "deleted gone",
+            "added hooks-link",
+            "added nd",
+            "added nd/sub",
+            "added nd/sub/f",
+            "added new.txt",
+            "added out-link",
+            "mode run.sh",
+        ]
+    );
+    let bin = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == "bin.dat")
+        .unwrap();
+    assert_eq!(bin["after"]["binary"], true, "{bin}");
+
+    let a = changes(&w, &["apply", &id]);
+    assert_eq!(a.status.code(), Some(0), "{}", show(&a));
+    assert_eq!(
+        listing(&w.project),
+        seen,
+        "applied, the project is not what the command saw"
+    );
+    // Links were made, not followed.
+    assert_eq!(
+        std::fs::read_link(w.project.join("out-link")).unwrap(),
+        victim
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        hull_tests::VICTIM
+    );
+    assert!(std::fs::read_dir(w.project.join(".git/hooks"))
+        .unwrap()
+        .all(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".sample")));
+
+    let d = changes(&w, &["discard", &id]);
+    assert!(d.status.success(), "{}", show(&d));
+    let s = changes(&w, &["show", &id]);
+    assert_eq!(s.status.code(), Some(125), "{}", show(&s));
+    assert!(String::from_utf8_lossy(&s.stderr).contains(&format!("no change set {id}")));
+}
+
+/// Two `--cow` runs of one project: the second does not see the first's
+/// writes, and each keeps its own.
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_two_cow_runs_do_not_see_each_other() {
+    require_tier("bwrap");
+    let w = World::new();
+    let one = w.run("bwrap", &["--cow"], "echo 1 > first.txt");
+    assert_eq!(one.status.code(), Some(0), "{}", show(&one));
+    let two = w.run(
+        "bwrap",
+        &["--cow"],
+        "test ! -e first.txt && echo 2 > second.txt",
+    );
+    assert_eq!(
+        two.status.code(),
+        Some(0),
+        "the second run saw the first's write: {}",
+        show(&two)
+    );
+    assert!(!w.project.join("first.txt").exists());
+    for (o, path) in [(&one, "first.txt"), (&two, "second.txt")] {
+        let s = changes(&w, &["show", &kept_id(o), "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+        let paths: Vec<&str> = v["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, [path]);
+    }
+}
+
+/// A path the project changes while the run goes on is a conflict: the
+/// apply changes nothing, names it, and the other path applies when named.
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_a_path_changed_during_the_run_is_a_conflict() {
+    require_tier("bwrap");
+    let w = World::new();
+    std::fs::write(w.project.join("a.txt"), "a\n").unwrap();
+    std::fs::write(w.project.join("b.txt"), "b\n").unwrap();
+    let mut c = hull_tests::started(w.cmd(
+        "bwrap",
+        &["--cow"],
+        "echo A > a.txt; echo B > b.txt; echo started; sleep 2",
+    ));
+    std::fs::write(w.project.join("b.txt"), "host edit\n").unwrap();
+    let status = c.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let list = changes(&w, &["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let id = v[0]["id"].as_str().unwrap().to_string();
+    let a = changes(&w, &["apply", &id]);
+    assert_eq!(a.status.code(), Some(1), "{}", show(&a));
+    assert!(
+        String::from_utf8_lossy(&a.stderr)
+            .contains("conflict: b.txt: changed in the project since the run started"),
+        "{}",
+        show(&a)
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("a.txt")).unwrap(),
+        "a\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("b.txt")).unwrap(),
+        "host edit\n"
+    );
+    let a = changes(&w, &["apply", &id, "a.txt"]);
+    assert_eq!(a.status.code(), Some(0), "{}", show(&a));
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("a.txt")).unwrap(),
+        "A\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("b.txt")).unwrap(),
+        "host edit\n"
+    );
+}
+
+/// landlock cannot show the project through an overlay: `--cow` is refused
+/// with that reason before anything runs, and no change set is made.
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_refuses_cow_with_its_reason() {
+    require_tier("landlock");
+    let w = World::new();
+    let o = w.run("landlock", &["--cow"], "echo ran > ran.txt");
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("tier landlock: --cow is refused: Landlock only narrows access"),
+        "{err}"
+    );
+    assert!(!w.project.join("ran.txt").exists());
+    let l = changes(&w, &["list", "--json"]);
+    assert_eq!(
+        String::from_utf8_lossy(&l.stdout).trim(),
+        "[]",
+        "{}",
+        show(&l)
+    );
+}
