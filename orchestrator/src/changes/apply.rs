@@ -310,7 +310,7 @@ fn write(
                 OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o600),
             )?;
-            let done = (|| {
+            replace_with(parent, &tmp, name, existing, || {
                 let mut out = std::fs::File::from(fd);
                 let up_parent = at::open_dir_path(upper, parent_rel)?;
                 let mut src = at::open_file(up_parent.as_fd(), name)?;
@@ -334,37 +334,42 @@ fn write(
                     let (u, g) = (rustix::fs::Uid::from_raw(u), rustix::fs::Gid::from_raw(g));
                     rustix::fs::fchown(&out, Some(u), Some(g))?;
                 }
-                out.sync_all()?;
-                if existing == Some(FileType::Directory) {
-                    remove_at(parent, name, 0)?;
-                }
-                rustix::fs::renameat(parent, tmp.as_str(), parent, name)?;
-                Ok(())
-            })();
-            if done.is_err() {
-                let _ = rustix::fs::unlinkat(parent, tmp.as_str(), AtFlags::empty());
-            }
-            done
+                out.sync_all()
+            })
         }
         (_, Some(Node::Symlink { target })) => {
             let tmp = temp_name(name);
             let _ = rustix::fs::unlinkat(parent, tmp.as_str(), AtFlags::empty());
             rustix::fs::symlinkat(target.as_str(), parent, tmp.as_str())?;
-            let done = (|| {
-                chown_at(parent, &tmp, owner)?;
-                if existing == Some(FileType::Directory) {
-                    remove_at(parent, name, 0)?;
-                }
-                rustix::fs::renameat(parent, tmp.as_str(), parent, name)?;
-                Ok(())
-            })();
-            if done.is_err() {
-                let _ = rustix::fs::unlinkat(parent, tmp.as_str(), AtFlags::empty());
-            }
-            done
+            replace_with(parent, &tmp, name, existing, || {
+                chown_at(parent, &tmp, owner)
+            })
         }
         (_, None) => Err(std::io::Error::other("a change with nothing to write")),
     }
+}
+
+/// Finishes the entry made as `tmp` beside `name` (`finish`), then puts it
+/// in `name`'s place (a directory there is removed first; a link there is
+/// replaced, not followed); on any failure `tmp` is removed.
+fn replace_with(
+    parent: BorrowedFd<'_>,
+    tmp: &str,
+    name: &str,
+    existing: Option<FileType>,
+    finish: impl FnOnce() -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let done = (|| {
+        finish()?;
+        if existing == Some(FileType::Directory) {
+            remove_at(parent, name, 0)?;
+        }
+        Ok(rustix::fs::renameat(parent, tmp, parent, name)?)
+    })();
+    if done.is_err() {
+        let _ = rustix::fs::unlinkat(parent, tmp, AtFlags::empty());
+    }
+    done
 }
 
 /// The permission bits applied: never set-uid or set-gid; the sticky bit
