@@ -94,6 +94,15 @@ pub fn apply(set: &ChangeSet, only: &[String]) -> Result<ApplyReport, ChangesErr
         })?;
         report.applied.push(c.path.clone());
     }
+    // On disk before hull says so: one syncfs for the project's filesystem
+    // rather than an fsync per file.
+    if !report.applied.is_empty() {
+        rustix::fs::syncfs(&root).map_err(|e| ChangesError::Io {
+            what: "cannot sync",
+            path: project.clone(),
+            source: e.into(),
+        })?;
+    }
     Ok(report)
 }
 
@@ -334,7 +343,7 @@ fn write(
                     let (u, g) = (rustix::fs::Uid::from_raw(u), rustix::fs::Gid::from_raw(g));
                     rustix::fs::fchown(&out, Some(u), Some(g))?;
                 }
-                out.sync_all()
+                Ok(())
             })
         }
         (_, Some(Node::Symlink { target })) => {
