@@ -61,6 +61,9 @@ pub enum RunError {
     #[cfg(target_os = "linux")]
     #[error("--cow: {0}")]
     Changes(#[from] crate::changes::ChangesError),
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Cow(#[from] crate::tier::cow::CowError),
     #[error("unknown tier {0:?}; tiers: auto, none, landlock, restricted, bwrap, seatbelt, appcontainer, vm (or --tier3)")]
     UnknownTier(String),
     #[error("--tier auto: this host's tier 2 ({tier}) is unavailable: {reason}. Nothing was run. Ask for a lower tier explicitly (--tier landlock, or --tier none to run unsandboxed), or for tier 3 (--tier3)")]
@@ -460,6 +463,16 @@ pub fn run_process_tier(
                     switch = switch.with_overlay(&spec.cwd, set_dir)?;
                 }
                 install_switch(&mut prepared.command, switch);
+            } else if let Some(set_dir) = cow {
+                let overlay = crate::tier::cow::UserOverlay::prepare(&spec.cwd, set_dir)?;
+                // SAFETY: `apply_in_child` makes raw, async-signal-safe
+                // system calls only, on memory prepared before the fork.
+                unsafe {
+                    crate::exec::spawn::PreExec::pre_exec_step(
+                        &mut prepared.command,
+                        Box::new(move || overlay.apply_in_child()),
+                    );
+                }
             }
             for fd in &prepared.keep {
                 setup.keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(fd));
@@ -859,11 +872,12 @@ pub fn execute(
 fn cow_refused(tier: Tier) -> Option<&'static str> {
     match tier {
         #[cfg(target_os = "linux")]
-        Tier::Bwrap if crate::tier::identity::hull_is_root() => None,
-        Tier::Bwrap => Some("on this version hull mounts the overlay in the command's mount namespace as root, before it drops to the sandbox user: run hull as root"),
+        Tier::Bwrap => None,
+        #[cfg(not(target_os = "linux"))]
+        Tier::Bwrap => Some("bwrap runs on Linux only"),
         Tier::Landlock => Some("Landlock only narrows access to the real files and has no mount namespace in which the project could be shown through an overlay; use --tier bwrap"),
         Tier::None => Some("tier none has no mount namespace: nothing would keep the command's writes from the project"),
-        Tier::Vm => Some("the overlay in the guest is not built yet; use --tier bwrap (as root)"),
+        Tier::Vm => Some("the overlay in the guest is not built yet; use --tier bwrap"),
         Tier::Seatbelt | Tier::Restricted | Tier::AppContainer => Some("not on this tier yet"),
     }
 }

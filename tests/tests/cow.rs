@@ -264,3 +264,96 @@ fn landlock_refuses_cow_with_its_reason() {
         show(&l)
     );
 }
+
+/// `--cow` on bwrap when hull runs as an ordinary user (nobody here): the
+/// overlay is mounted in a user namespace of the run's own, the project
+/// stays as it was, and the user applies the set, whose files are theirs.
+#[cfg(feature = "bwrap")]
+#[test]
+#[ignore = "needs root: runs hull as the user nobody"]
+fn bwrap_a_cow_run_as_a_user() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    require_tier("bwrap");
+    assert_eq!(
+        euid(),
+        0,
+        "this test runs hull as the user nobody and needs root to do so"
+    );
+    let top = tempfile::Builder::new()
+        .prefix("hull-cow-user-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hull = top.path().join("hull");
+    std::fs::copy(hull_tests::hull_bin(), &hull).unwrap();
+    let u = top.path().join("u");
+    let project = u.join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("a.txt"), "a\n").unwrap();
+    let st = Command::new("chown")
+        .args(["-R", "nobody:nogroup"])
+        .arg(&u)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::set_permissions(&u, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(&hull)
+            .args(args)
+            .current_dir(&project)
+            .env("HOME", &u)
+            .env("HULL_RUNS_DIR", u.join("runs"))
+            .env("HULL_CHANGES_DIR", u.join("changes"))
+            .env_remove("HULL_INSTANCE")
+            .env_remove("XDG_STATE_HOME")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = as_nobody(&[
+        "run",
+        "--tier",
+        "bwrap",
+        "--cow",
+        "--timeout",
+        hull_tests::RUN_TIMEOUT,
+        "--",
+        "sh",
+        "-c",
+        "echo A > a.txt && mkdir d && echo n > d/new && id -un && cat a.txt",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "nobody\nA\n",
+        "{}",
+        show(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("a.txt")).unwrap(),
+        "a\n"
+    );
+    assert!(!project.join("d").exists());
+    let id = kept_id(&o);
+    let a = as_nobody(&["changes", "apply", &id]);
+    assert_eq!(a.status.code(), Some(0), "{}", show(&a));
+    assert_eq!(
+        std::fs::read_to_string(project.join("a.txt")).unwrap(),
+        "A\n"
+    );
+    let nobody = std::fs::metadata(&u).unwrap().uid();
+    for p in ["a.txt", "d", "d/new"] {
+        assert_eq!(
+            std::fs::metadata(project.join(p)).unwrap().uid(),
+            nobody,
+            "{p}"
+        );
+    }
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}

@@ -40,12 +40,12 @@ pub struct RunArgs {
     /// outside the policy's writable roots.
     #[arg(long, value_name = "FILE")]
     pub json_result: Option<PathBuf>,
-    /// The command and its arguments.
     /// Copy-on-write: the project is read-only to the command, its writes
     /// land in a change set kept by hull (`hull changes show|diff|apply
-    /// ID`). bwrap (as root) only, on this version.
+    /// ID`). bwrap only, on this version.
     #[arg(long)]
     pub cow: bool,
+    /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<OsString>,
 }

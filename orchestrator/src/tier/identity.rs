@@ -64,8 +64,8 @@ pub enum IdentityError {
     },
     #[error("tier {tier}: path {path} contains a NUL byte")]
     Nul { tier: &'static str, path: PathBuf },
-    #[error("tier {tier}: --cow: the project's path {path} holds a character an overlay's options cannot carry (`,`, `:` or `\\`); move the project or run without --cow")]
-    OverlayPath { tier: &'static str, path: PathBuf },
+    #[error(transparent)]
+    Cow(#[from] crate::tier::cow::CowError),
     #[error("tier {tier}: --cow: cannot mount an overlay of {project} with its upper layer in {upper} (the upper layer's filesystem must support overlayfs upper layers: ext4, xfs, btrfs, tmpfs; set HULL_CHANGES_DIR to a directory on one): {source}; the command did not run")]
     Overlay {
         tier: &'static str,
@@ -324,27 +324,7 @@ impl Switch {
     pub fn with_overlay(mut self, project: &Path, set_dir: &Path) -> Result<Switch, IdentityError> {
         let tier = self.tier;
         let (upper, work) = (set_dir.join("upper"), set_dir.join("work"));
-        for p in [project, &upper, &work] {
-            let bad = p
-                .as_os_str()
-                .as_bytes()
-                .iter()
-                .any(|b| matches!(b, b',' | b':' | b'\\'));
-            if bad {
-                return Err(IdentityError::OverlayPath {
-                    tier,
-                    path: p.to_path_buf(),
-                });
-            }
-        }
-        let opts = |lower: &Path| {
-            format!(
-                "lowerdir={},upperdir={},workdir={},redirect_dir=off,metacopy=off,index=off,xino=off",
-                lower.display(),
-                upper.display(),
-                work.display()
-            )
-        };
+        let options = crate::tier::cow::options(project, set_dir, false)?;
         try_overlay(project, &upper, &work).map_err(|source| IdentityError::Overlay {
             tier,
             project: project.to_path_buf(),
@@ -383,7 +363,7 @@ impl Switch {
         };
         self.overlay = Some(Overlay {
             target: CString::new(project.as_os_str().as_bytes()).map_err(|_| nul(project))?,
-            options: CString::new(opts(project)).map_err(|_| nul(project))?,
+            options: CString::new(options).map_err(|_| nul(project))?,
         });
         Ok(self)
     }

@@ -10,6 +10,8 @@ pub mod broker;
 #[cfg(target_os = "linux")]
 pub mod bwrap;
 #[cfg(target_os = "linux")]
+pub mod cow;
+#[cfg(target_os = "linux")]
 pub mod identity;
 #[cfg(target_os = "linux")]
 pub mod landlock;
