@@ -896,7 +896,14 @@ fn start_cow(
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let set = store.create(&spec.cwd, tier.name(), &argv)?;
+    // As root the overlay is mounted by root (trusted xattrs); as a user in
+    // a user namespace of the run's own (user xattrs).
+    let marks = if crate::tier::identity::hull_is_root() {
+        crate::changes::Marks::Trusted
+    } else {
+        crate::changes::Marks::User
+    };
+    let set = store.create(&spec.cwd, tier.name(), &argv, marks)?;
     Ok((set, baseline))
 }
 

@@ -13,7 +13,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use hull::changes::{Baseline, ChangeSet, Op, Store};
+use hull::changes::{Baseline, ChangeSet, Marks, Op, Store};
 
 struct World {
     root: tempfile::TempDir,
@@ -55,23 +55,29 @@ impl World {
     /// before the scan (a change the project gets during the run).
     fn cow_then(&self, script: &str, meanwhile: impl FnOnce(&ChangeSet)) -> ChangeSet {
         let baseline = Baseline::capture(&self.project).unwrap();
+        let root = rustix::process::geteuid().is_root();
+        let marks = if root { Marks::Trusted } else { Marks::User };
         let mut set = self
             .store
             .create(
                 &self.project,
                 "test",
                 &["sh".into(), "-c".into(), script.into()],
+                marks,
             )
             .unwrap();
         let merged = self.root.path().join(format!("merged-{}", set.meta.id));
         std::fs::create_dir(&merged).unwrap();
-        let root = rustix::process::geteuid().is_root();
         let opts = format!(
-            "lowerdir={},upperdir={},workdir={},redirect_dir=off,metacopy=off,index=off{}",
+            "lowerdir={},upperdir={},workdir={},metacopy=off,index=off{}",
             self.project.display(),
             set.upper().display(),
             set.work().display(),
-            if root { "" } else { ",userxattr" }
+            if root {
+                ",redirect_dir=off"
+            } else {
+                ",userxattr"
+            }
         );
         let o = Command::new("timeout")
             .args(["30", "unshare", if root { "-m" } else { "-Urm" }])
@@ -411,4 +417,22 @@ fn two_change_sets_of_one_project_do_not_see_each_other() {
         text.contains(&first.meta.id) && text.contains(&second.meta.id),
         "{text}"
     );
+}
+
+/// Under a root-mounted overlay the command may set `user.*` xattrs
+/// itself: a `user.overlay.opaque` it sets on a directory is not taken for
+/// the overlay's mark (which would delete what the directory holds).
+#[test]
+fn marks_the_command_sets_itself_are_not_the_overlay_s() {
+    if !rustix::process::geteuid().is_root() {
+        panic!("this test mounts the overlay as root (trusted marks) and needs root");
+    }
+    let w = World::new();
+    w.file("k/x", "x\n");
+    let set = w.cow(
+        "python3 -c \"import os; os.setxattr('k', 'user.overlay.opaque', b'y')\" && \
+         python3 -c \"import os; print(os.getxattr('k', 'user.overlay.opaque'))\" && echo y > k/y",
+    );
+    let got: Vec<(String, Op)> = set.changes.iter().map(|c| (c.path.clone(), c.op)).collect();
+    assert_eq!(got, [("k/y".to_string(), Op::Added)]);
 }

@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStringExt;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest, Sha256};
 
-use super::BINARY_SNIFF;
+use super::{Marks, BINARY_SNIFF};
 
 /// Opens the directory `name` in `dir`; a symlink there is `ELOOP`, a
 /// non-directory `ENOTDIR`.
@@ -101,17 +101,21 @@ pub(super) fn read_link(dir: BorrowedFd<'_>, name: &str) -> io::Result<Vec<u8>> 
     Ok(t.into_bytes())
 }
 
-/// Whether the directory has the overlay's opaque mark (`trusted.` when
-/// mounted by real root, `user.` in a user namespace).
-pub(super) fn is_opaque(dir: BorrowedFd<'_>) -> bool {
-    xattr_is(dir, c"trusted.overlay.opaque", b"y") || xattr_is(dir, c"user.overlay.opaque", b"y")
+/// Whether the directory has the overlay's opaque mark in `marks`' namespace.
+pub(super) fn is_opaque(dir: BorrowedFd<'_>, marks: Marks) -> bool {
+    match marks {
+        Marks::Trusted => xattr_is(dir, c"trusted.overlay.opaque", b"y"),
+        Marks::User => xattr_is(dir, c"user.overlay.opaque", b"y"),
+    }
 }
 
 /// Whether a regular file is an overlay whiteout made with an xattr (the
 /// layout of nested overlays) rather than a 0/0 character device.
-pub(super) fn is_xattr_whiteout(file: &std::fs::File) -> bool {
-    has_xattr(file.as_fd(), c"trusted.overlay.whiteout")
-        || has_xattr(file.as_fd(), c"user.overlay.whiteout")
+pub(super) fn is_xattr_whiteout(file: &std::fs::File, marks: Marks) -> bool {
+    match marks {
+        Marks::Trusted => has_xattr(file.as_fd(), c"trusted.overlay.whiteout"),
+        Marks::User => has_xattr(file.as_fd(), c"user.overlay.whiteout"),
+    }
 }
 
 fn xattr_is(fd: BorrowedFd<'_>, name: &CStr, want: &[u8]) -> bool {

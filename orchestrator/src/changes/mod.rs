@@ -88,6 +88,19 @@ impl Node {
     }
 }
 
+/// Where the overlay keeps its marks (opaque directories, whiteouts made
+/// as xattrs): `trusted.overlay.*` when mounted by root, `user.overlay.*`
+/// in a user namespace (`userxattr`). Only that namespace is read: under a
+/// root mount the command may set `user.*` xattrs itself, and they must
+/// not pass for the overlay's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Marks {
+    #[default]
+    Trusted,
+    User,
+}
+
 /// What happened at a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

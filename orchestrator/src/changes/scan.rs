@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use rustix::fs::FileType;
 
 use super::at;
-use super::{Change, ChangesError, Node, Op, MAX_CHANGES, MAX_DEPTH};
+use super::{Change, ChangesError, Marks, Node, Op, MAX_CHANGES, MAX_DEPTH};
 
 /// The changes an upper layer holds against its lower one, sorted by path
 /// (a directory before what is in it).
-pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<Change>, ChangesError> {
+pub fn scan(upper: &Path, lower: &Path, marks: Marks) -> Result<Vec<Change>, ChangesError> {
     let open = |p: &Path| {
         at::open_root(p).map_err(|source| ChangesError::Io {
             what: "cannot open",
@@ -28,6 +28,7 @@ pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<Change>, ChangesError> {
     };
     let mut s = Scan {
         upper: upper.to_path_buf(),
+        marks,
         out: Vec::new(),
     };
     let (u, l) = (open(upper)?, open(lower)?);
@@ -38,6 +39,7 @@ pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<Change>, ChangesError> {
 
 struct Scan {
     upper: PathBuf,
+    marks: Marks,
     out: Vec<Change>,
 }
 
@@ -107,7 +109,7 @@ impl Scan {
                     let after = Node::Dir {
                         mode: at::perm(&st),
                     };
-                    let sub_opaque = at::is_opaque(sub.as_fd());
+                    let sub_opaque = at::is_opaque(sub.as_fd(), self.marks);
                     let lower_dir: Option<OwnedFd> = match before {
                         Some((Node::Dir { mode }, _)) => {
                             if mode != at::perm(&st) {
@@ -144,7 +146,7 @@ impl Scan {
                 }
                 FileType::RegularFile => {
                     let f = at::open_file(upper, name).map_err(self.io("cannot open", &path))?;
-                    if st.st_size == 0 && at::is_xattr_whiteout(&f) {
+                    if st.st_size == 0 && at::is_xattr_whiteout(&f, self.marks) {
                         if let Some(b) = before {
                             let b =
                                 settle(b).map_err(self.io("cannot read the project's", &path))?;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{scan, Baseline, Change, ChangesError, Op};
+use super::{scan, Baseline, Change, ChangesError, Marks, Op};
 
 /// What a change set records about its run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -26,6 +26,9 @@ pub struct Meta {
     /// The project's state at the start of the run, for the changed paths.
     #[serde(default)]
     pub baseline: Baseline,
+    /// Where the overlay of the run keeps its marks.
+    #[serde(default)]
+    pub marks: Marks,
 }
 
 /// How many changes of each kind a set holds.
@@ -111,7 +114,7 @@ impl ChangeSet {
     /// the changes and, from `baseline` (captured before the run started),
     /// the stamps of the changed paths.
     pub fn finish(&mut self, baseline: &Baseline) -> Result<(), ChangesError> {
-        let changes = scan(&self.upper(), &self.meta.project)?;
+        let changes = scan(&self.upper(), &self.meta.project, self.meta.marks)?;
         let paths: Vec<(&str, bool)> = changes
             .iter()
             .map(|c| {
@@ -162,6 +165,7 @@ impl Store {
         project: &Path,
         tier: &str,
         argv: &[String],
+        marks: Marks,
     ) -> Result<ChangeSet, ChangesError> {
         let io = |what: &'static str, path: &Path| {
             let path = path.to_path_buf();
@@ -183,6 +187,7 @@ impl Store {
                 finished: None,
                 counts: Counts::default(),
                 baseline: Baseline::default(),
+                marks,
             },
             changes: Vec::new(),
         };
