@@ -82,6 +82,9 @@ pub struct RunResult {
     /// Wall-clock start, seconds since the Unix epoch, and duration.
     pub started: f64,
     pub seconds: f64,
+    /// `--cow`: the change set the command's writes were kept as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<String>,
 }
 
 /// The result file's directory, held open from before the run.
@@ -216,6 +219,7 @@ mod tests {
             spill: None,
             started: 1.5,
             seconds: 0.25,
+            changes: None,
         }
     }
 

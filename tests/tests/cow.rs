@@ -166,8 +166,19 @@ fn bwrap_a_cow_run_is_kept_apart_listed_applied_and_discarded() {
 fn bwrap_two_cow_runs_do_not_see_each_other() {
     require_tier("bwrap");
     let w = World::new();
-    let one = w.run("bwrap", &["--cow"], "echo 1 > first.txt");
+    let result = w.root.path().join("result.json");
+    let one = w.run(
+        "bwrap",
+        &["--cow", "--json-result", result.to_str().unwrap()],
+        "echo 1 > first.txt",
+    );
     assert_eq!(one.status.code(), Some(0), "{}", show(&one));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    assert_eq!(
+        doc["changes"].as_str(),
+        Some(kept_id(&one).as_str()),
+        "{doc}"
+    );
     let two = w.run(
         "bwrap",
         &["--cow"],

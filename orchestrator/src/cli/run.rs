@@ -180,5 +180,6 @@ fn result_doc(
         spill,
         started,
         seconds: took.as_secs_f64(),
+        changes: res.as_ref().ok().and_then(|o| o.changes.clone()),
     }
 }
