@@ -64,6 +64,8 @@ pub enum GrantOrigin {
     InstanceTmp,
     /// This instance's `spill/` (always read-only).
     InstanceSpill,
+    /// A copy-on-write run's upper directory (read-write; [`Policy::cow_view`]).
+    ChangeSet,
 }
 
 /// A path the command may use.
@@ -186,6 +188,28 @@ pub struct VmPolicy {
 }
 
 impl Policy {
+    /// The view of a copy-on-write run where a tier shows no overlay
+    /// (seatbelt, appcontainer: the seeds' design): the project is
+    /// read-only (its `read_write` grant becomes `read_exec`), and `upper`,
+    /// the change set's directory outside it, is the one place the run
+    /// writes its changes to the project. The boundary is this plan: what
+    /// would carry writes aimed at the project into `upper` (a redirector)
+    /// is convenience only, and without it those writes fail.
+    pub fn cow_view(&self, upper: &std::path::Path) -> Policy {
+        let mut p = self.clone();
+        for g in &mut p.grants {
+            if g.path == p.vars.project && g.access == Access::ReadWrite {
+                g.access = Access::ReadExec;
+            }
+        }
+        p.grants.push(Grant {
+            path: upper.to_path_buf(),
+            access: Access::ReadWrite,
+            origin: GrantOrigin::ChangeSet,
+        });
+        p
+    }
+
     /// Writable roots other than the instance tmp (the ones protections apply to).
     pub fn writable_roots(&self) -> impl Iterator<Item = &Grant> {
         self.grants.iter().filter(|g| g.access == Access::ReadWrite)

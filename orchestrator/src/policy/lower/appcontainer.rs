@@ -525,6 +525,10 @@ pub fn lower_with(
             GrantOrigin::Policy => (pkg.clone(), format!("policy {}", access.as_str())),
             GrantOrigin::InstanceTmp => (cap.clone(), "instance tmp".to_string()),
             GrantOrigin::InstanceSpill => (cap.clone(), "instance spill, read-only".to_string()),
+            GrantOrigin::ChangeSet => (
+                cap.clone(),
+                "the change set's upper directory (--cow), read-write".to_string(),
+            ),
         };
         plan.entries.push(AclEntry {
             path: path.clone(),
@@ -814,6 +818,38 @@ pub(crate) mod tests {
         let text = plan.render();
         assert!(text.contains("WFP filters keyed on it"), "{text}");
         crate::policy::lower::testing::golden("appcontainer-default-allowlist.txt", &text);
+    }
+
+    /// `--cow` as the seeds design it: the workspace's ACE read-only (and
+    /// execute) for the package, the change set's upper directory (under
+    /// %LOCALAPPDATA%) modify for this run's capability only. Golden:
+    /// `appcontainer-default-cow.txt`.
+    #[test]
+    fn a_cow_view_makes_the_workspace_read_only_and_the_upper_writable() {
+        let upper = Path::new("C:\\Users\\u\\AppData\\Local\\hull\\changes\\0123456789ab\\upper");
+        let plain = lower(&windows_policy("default"), "ws1").unwrap();
+        let plan = lower(&windows_policy("default").cow_view(upper), "ws1").unwrap();
+        let proj = WinPath::parse_str("C:\\Users\\u\\proj").unwrap();
+        let up = WinPath::parse_str(upper.to_str().unwrap()).unwrap();
+        let rights = |p: &AclPlan, w: &WinPath| {
+            p.entries
+                .iter()
+                .filter(|e| e.path == *w)
+                .map(|e| e.rights)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rights(&plain, &proj), [Rights::M], "control");
+        assert!(
+            !rights(&plan, &proj).contains(&Rights::M),
+            "{}",
+            plan.render()
+        );
+        assert_eq!(rights(&plan, &up), [Rights::M], "{}", plan.render());
+        assert!(plan
+            .entries
+            .iter()
+            .any(|e| e.path == up && e.trustee != Trustee::Package("hull.ws.ws1".into())));
+        crate::policy::lower::testing::golden("appcontainer-default-cow.txt", &plan.render());
     }
 
     #[test]

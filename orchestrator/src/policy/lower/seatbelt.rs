@@ -466,6 +466,7 @@ fn origin_str(o: &GrantOrigin) -> &'static str {
         GrantOrigin::Policy => "policy",
         GrantOrigin::InstanceTmp => "instance tmp",
         GrantOrigin::InstanceSpill => "instance spill, read-only",
+        GrantOrigin::ChangeSet => "the change set's upper directory, --cow",
     }
 }
 
@@ -557,6 +558,34 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `--cow` as the seeds design it for a tier with no overlay: the
+    /// project readable and executable, never writable; the change set's
+    /// upper directory writable. Golden: `seatbelt-default-cow.sb`.
+    #[test]
+    fn a_cow_view_makes_the_project_read_only_and_the_upper_writable() {
+        let plain = policy("default");
+        let upper = Path::new("/Users/u/.local/state/hull/changes/0123456789ab/upper");
+        let pol = plain.cow_view(upper);
+        let p = lower(&pol, None);
+        let writes = |p: &SeatbeltProfile, path: &str| {
+            param(p, path).iter().any(|k| {
+                p.text.split("(allow file-write*").skip(1).any(|rule| {
+                    rule.split("\n(")
+                        .next()
+                        .unwrap_or("")
+                        .contains(&format!("(param \"{k}\")"))
+                })
+            })
+        };
+        assert!(
+            writes(&lower(&plain, None), "/Users/u/proj"),
+            "control: the project is writable without --cow"
+        );
+        assert!(!writes(&p, "/Users/u/proj"), "{}", p.explain());
+        assert!(writes(&p, upper.to_str().unwrap()), "{}", p.explain());
+        crate::policy::lower::testing::golden("seatbelt-default-cow.sb", &p.explain());
     }
 
     /// `net.mode = "allowlist"`: one outbound rule, to the proxy's loopback

@@ -201,6 +201,10 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<VmPlan, VmLowerError> {
             GrantOrigin::Policy => ShareOrigin::Policy,
             GrantOrigin::InstanceTmp => ShareOrigin::InstanceTmp,
             GrantOrigin::InstanceSpill => ShareOrigin::InstanceSpill,
+            // A host directory as a policy grant is (`--cow` is refused on
+            // tier 3 before anything is lowered; `hull policy explain` may
+            // still show such a view).
+            GrantOrigin::ChangeSet => ShareOrigin::Policy,
         };
         let skip = |why| Skipped {
             path: g.path.clone(),
