@@ -278,7 +278,8 @@ fn landlock_refuses_cow_with_its_reason() {
 
 /// `--cow` on bwrap when hull runs as an ordinary user (nobody here): the
 /// overlay is mounted in a user namespace of the run's own, the project
-/// stays as it was, and the user applies the set, whose files are theirs.
+/// stays as it was, and the user applies the set, whose files are theirs;
+/// a file the command left unreadable (mode 000) is reported, not applied.
 #[cfg(feature = "bwrap")]
 #[test]
 #[ignore = "needs root: runs hull as the user nobody"]
@@ -333,7 +334,8 @@ fn bwrap_a_cow_run_as_a_user() {
         "--",
         "sh",
         "-c",
-        "echo A > a.txt && mkdir d && echo n > d/new && id -un && cat a.txt",
+        "echo A > a.txt && mkdir d && echo n > d/new && echo s > locked && chmod 000 locked \
+         && id -un && cat a.txt",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     assert_eq!(
@@ -350,6 +352,14 @@ fn bwrap_a_cow_run_as_a_user() {
     let id = kept_id(&o);
     let a = as_nobody(&["changes", "apply", &id]);
     assert_eq!(a.status.code(), Some(0), "{}", show(&a));
+    // What the command made unreadable to its own user is reported, not
+    // applied, and does not cost the rest.
+    assert!(
+        String::from_utf8_lossy(&a.stdout).contains("refused locked: a file hull cannot read"),
+        "{}",
+        show(&a)
+    );
+    assert!(!project.join("locked").exists());
     assert_eq!(
         std::fs::read_to_string(project.join("a.txt")).unwrap(),
         "A\n"

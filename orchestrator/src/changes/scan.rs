@@ -105,7 +105,20 @@ impl Scan {
                     }
                 }
                 FileType::Directory => {
-                    let sub = at::open_dir(upper, name).map_err(self.io("cannot open", &path))?;
+                    let sub = match at::open_dir(upper, name) {
+                        Ok(d) => d,
+                        // The command may leave what it made unreadable
+                        // (mode 000): when hull is not root it cannot read
+                        // it either. Reported, not applied; the rest is kept.
+                        Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                            self.push(refused(
+                                &path,
+                                "a directory hull cannot read (its mode denies it)",
+                            ))?;
+                            continue;
+                        }
+                        Err(e) => return Err(self.io("cannot open", &path)(e)),
+                    };
                     let after = Node::Dir {
                         mode: at::perm(&st),
                     };
@@ -145,7 +158,17 @@ impl Scan {
                     )?;
                 }
                 FileType::RegularFile => {
-                    let f = at::open_file(upper, name).map_err(self.io("cannot open", &path))?;
+                    let f = match at::open_file(upper, name) {
+                        Ok(f) => f,
+                        Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                            self.push(refused(
+                                &path,
+                                "a file hull cannot read (its mode denies it)",
+                            ))?;
+                            continue;
+                        }
+                        Err(e) => return Err(self.io("cannot open", &path)(e)),
+                    };
                     if st.st_size == 0 && at::is_xattr_whiteout(&f, self.marks) {
                         if let Some(b) = before {
                             let b =
