@@ -151,30 +151,3 @@ pub(super) fn digest(mut f: &std::fs::File) -> io::Result<(String, u64, bool)> {
     }
     Ok((crate::text::hex(&h.finalize()), size, binary))
 }
-
-/// Whether two open files hold the same bytes.
-pub(super) fn same_contents(mut a: &std::fs::File, mut b: &std::fs::File) -> io::Result<bool> {
-    let (mut x, mut y) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
-    loop {
-        let n = read_full(&mut a, &mut x)?;
-        let m = read_full(&mut b, &mut y)?;
-        if n != m || x[..n] != y[..m] {
-            return Ok(false);
-        }
-        if n == 0 {
-            return Ok(true);
-        }
-    }
-}
-
-fn read_full(f: &mut &std::fs::File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        let n = f.read(&mut buf[got..])?;
-        if n == 0 {
-            break;
-        }
-        got += n;
-    }
-    Ok(got)
-}

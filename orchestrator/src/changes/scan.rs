@@ -5,8 +5,8 @@
 //! of the lower layer as an opaque directory (`overlay.opaque=y`), and any
 //! other write as a full copy of the entry (hull mounts with `metacopy=off`
 //! and `redirect_dir=off`: a renamed directory is a new one plus a
-//! whiteout). A copy whose bytes equal the lower file's is a mode change,
-//! or nothing at all (a file opened for writing and left alone, a touch).
+//! whiteout). A copy whose bytes equal the lower file's (the same size and
+//! sha256) is a mode change, or nothing at all (a file opened for writing and left alone, a touch).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -47,6 +47,29 @@ impl Scan {
     fn io(&self, what: &'static str, rel: &str) -> impl FnOnce(std::io::Error) -> ChangesError {
         let path = self.upper.join(rel);
         move |source| ChangesError::Io { what, path, source }
+    }
+
+    /// `opened`, or `None` with the entry reported as refused when its mode
+    /// denies hull reading it: the command may leave what it made
+    /// unreadable (mode 000), and when hull is not root it cannot read it
+    /// either. The rest of the set is kept.
+    fn readable<T>(
+        &mut self,
+        opened: std::io::Result<T>,
+        path: &str,
+        what: &str,
+    ) -> Result<Option<T>, ChangesError> {
+        match opened {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                self.push(refused(
+                    path,
+                    &format!("{what} hull cannot read (its mode denies it)"),
+                ))?;
+                Ok(None)
+            }
+            Err(e) => Err(self.io("cannot open", path)(e)),
+        }
     }
 
     fn push(&mut self, c: Change) -> Result<(), ChangesError> {
@@ -105,19 +128,10 @@ impl Scan {
                     }
                 }
                 FileType::Directory => {
-                    let sub = match at::open_dir(upper, name) {
-                        Ok(d) => d,
-                        // The command may leave what it made unreadable
-                        // (mode 000): when hull is not root it cannot read
-                        // it either. Reported, not applied; the rest is kept.
-                        Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
-                            self.push(refused(
-                                &path,
-                                "a directory hull cannot read (its mode denies it)",
-                            ))?;
-                            continue;
-                        }
-                        Err(e) => return Err(self.io("cannot open", &path)(e)),
+                    let Some(sub) =
+                        self.readable(at::open_dir(upper, name), &path, "a directory")?
+                    else {
+                        continue;
                     };
                     let after = Node::Dir {
                         mode: at::perm(&st),
@@ -158,16 +172,9 @@ impl Scan {
                     )?;
                 }
                 FileType::RegularFile => {
-                    let f = match at::open_file(upper, name) {
-                        Ok(f) => f,
-                        Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
-                            self.push(refused(
-                                &path,
-                                "a file hull cannot read (its mode denies it)",
-                            ))?;
-                            continue;
-                        }
-                        Err(e) => return Err(self.io("cannot open", &path)(e)),
+                    let Some(f) = self.readable(at::open_file(upper, name), &path, "a file")?
+                    else {
+                        continue;
                     };
                     if st.st_size == 0 && at::is_xattr_whiteout(&f, self.marks) {
                         if let Some(b) = before {
@@ -187,12 +194,14 @@ impl Scan {
                     };
                     match before {
                         Some((Node::File { mode, .. }, Some(lf))) => {
-                            let f = at::open_file(upper, name)
-                                .map_err(self.io("cannot open", &path))?;
-                            let same = at::same_contents(&f, &lf)
-                                .map_err(self.io("cannot compare", &path))?;
                             let b = lower_file_node(&lf, mode)
                                 .map_err(self.io("cannot read the project's", &path))?;
+                            // The same bytes: the same size and sha256.
+                            let same = matches!(
+                                (&b, &after),
+                                (Node::File { size: s1, sha256: h1, .. }, Node::File { size: s2, sha256: h2, .. })
+                                    if s1 == s2 && h1 == h2
+                            );
                             if !same {
                                 self.push(change(&path, Op::Modified, Some(b), Some(after)))?;
                             } else if mode != at::perm(&st) {
@@ -340,11 +349,8 @@ fn settle((node, file): (Node, Option<std::fs::File>)) -> std::io::Result<Node> 
     }
 }
 
-/// The lower file's node with its digest (its offset rewound first).
+/// The lower file's node with its digest.
 fn lower_file_node(f: &std::fs::File, mode: u32) -> std::io::Result<Node> {
-    use std::io::Seek;
-    let mut f = f;
-    f.seek(std::io::SeekFrom::Start(0))?;
     let (sha256, size, binary) = at::digest(f)?;
     Ok(Node::File {
         size,

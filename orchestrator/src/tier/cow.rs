@@ -15,6 +15,7 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +37,7 @@ pub enum CowError {
 /// inode-number mixing (a renamed directory is a copy and a whiteout,
 /// which `changes::scan` reads as such); `userxattr` in a user namespace
 /// (where the kernel itself makes no redirects).
-pub fn options(project: &Path, set_dir: &Path, userxattr: bool) -> Result<String, CowError> {
+fn options(project: &Path, set_dir: &Path, userxattr: bool) -> Result<String, CowError> {
     let (upper, work) = (set_dir.join("upper"), set_dir.join("work"));
     for p in [project, upper.as_path(), work.as_path()] {
         let bad = p
@@ -62,80 +63,129 @@ pub fn options(project: &Path, set_dir: &Path, userxattr: bool) -> Result<String
     ))
 }
 
-/// The child's steps when hull is not root, prepared before the fork.
+/// The overlay of a `--cow` run, prepared before the fork and mounted over
+/// the project's own path in the child.
 #[derive(Debug)]
-pub struct UserOverlay {
-    uid_map: CString,
-    gid_map: CString,
+pub struct Overlay {
     target: CString,
     options: CString,
 }
 
-impl UserOverlay {
-    /// Prepares the overlay of `project` with the change set in `set_dir`;
-    /// the upper layer's top takes the project's mode (it is the merged
-    /// view's top).
-    pub fn prepare(project: &Path, set_dir: &Path) -> Result<UserOverlay, CowError> {
-        let nul = |p: &Path| CowError::Nul {
-            path: p.to_path_buf(),
+impl Overlay {
+    /// The overlay of `project` with the change set in `set_dir`
+    /// (`userxattr` in a user namespace). The upper layer's top is the
+    /// merged view's top: it takes the project's mode.
+    pub fn prepare(project: &Path, set_dir: &Path, userxattr: bool) -> Result<Overlay, CowError> {
+        let nul = || CowError::Nul {
+            path: project.to_path_buf(),
         };
+        let options = options(project, set_dir, userxattr)?;
         let mode = std::fs::metadata(project)
-            .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+            .map(|m| m.permissions().mode() & 0o777)
             .map_err(|source| CowError::Inspect {
                 path: project.to_path_buf(),
                 source,
             })?;
         let upper = set_dir.join("upper");
-        std::fs::set_permissions(&upper, std::os::unix::fs::PermissionsExt::from_mode(mode))
-            .map_err(|source| CowError::Inspect {
-                path: upper.clone(),
+        std::fs::set_permissions(&upper, std::fs::Permissions::from_mode(mode)).map_err(
+            |source| CowError::Inspect {
+                path: upper,
                 source,
-            })?;
+            },
+        )?;
+        Ok(Overlay {
+            target: CString::new(project.as_os_str().as_bytes()).map_err(|_| nul())?,
+            options: CString::new(options).map_err(|_| nul())?,
+        })
+    }
+
+    /// Makes (and drops) a detached overlay with the same options, here, as
+    /// the child will mount it: what the filesystems refuse shows before
+    /// the run (as root; in a user namespace the child's mount is the
+    /// first try).
+    pub fn try_here(&self) -> std::io::Result<()> {
+        use rustix::mount::{
+            fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
+            MountAttrFlags,
+        };
+        let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
+        let text = self.options.to_string_lossy();
+        // No value holds `,` ([`options`] refuses such paths).
+        for kv in text.split(',') {
+            match kv.split_once('=') {
+                Some((k, v)) => fsconfig_set_string(&fs, k, v)?,
+                None => rustix::mount::fsconfig_set_flag(&fs, kv)?,
+            }
+        }
+        fsconfig_create(&fs)?;
+        let _tree = fsmount(
+            &fs,
+            FsMountFlags::FSMOUNT_CLOEXEC,
+            MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
+        )?;
+        Ok(())
+    }
+
+    /// In the child, in a mount namespace of its own: mounts the overlay
+    /// over the project. One raw system call.
+    pub fn mount_in_child(&self) -> std::io::Result<()> {
+        // SAFETY: mount(2) with NUL-terminated strings `self` owns.
+        let r = unsafe {
+            libc::mount(
+                c"overlay".as_ptr(),
+                self.target.as_ptr(),
+                c"overlay".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                self.options.as_ptr().cast(),
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// The child's steps when hull is not root, prepared before the fork.
+#[derive(Debug)]
+pub struct UserOverlay {
+    uid_map: CString,
+    gid_map: CString,
+    overlay: Overlay,
+}
+
+impl UserOverlay {
+    /// Prepares the overlay of `project` with the change set in `set_dir`.
+    pub fn prepare(project: &Path, set_dir: &Path) -> Result<UserOverlay, CowError> {
         let uid = rustix::process::getuid().as_raw();
         let gid = rustix::process::getgid().as_raw();
+        let map = |id: u32| {
+            CString::new(format!("{id} {id} 1\n")).map_err(|_| CowError::Nul {
+                path: project.to_path_buf(),
+            })
+        };
         Ok(UserOverlay {
-            uid_map: CString::new(format!("{uid} {uid} 1\n")).map_err(|_| nul(project))?,
-            gid_map: CString::new(format!("{gid} {gid} 1\n")).map_err(|_| nul(project))?,
-            target: CString::new(project.as_os_str().as_bytes()).map_err(|_| nul(project))?,
-            options: CString::new(options(project, set_dir, true)?).map_err(|_| nul(project))?,
+            uid_map: map(uid)?,
+            gid_map: map(gid)?,
+            overlay: Overlay::prepare(project, set_dir, true)?,
         })
     }
 
     /// In the child, before bwrap is executed: the user and mount
     /// namespaces, the id maps, the overlay. Raw system calls only.
     pub fn apply_in_child(&self) -> std::io::Result<()> {
-        let err = std::io::Error::last_os_error;
         // SAFETY: integer flags; NUL-terminated strings `self` owns or
-        // static ones; buffers written by length.
+        // static ones.
         unsafe {
             if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
-                return Err(err());
+                return Err(std::io::Error::last_os_error());
             }
             write_file(c"/proc/self/setgroups", c"deny")?;
             write_file(c"/proc/self/uid_map", &self.uid_map)?;
             write_file(c"/proc/self/gid_map", &self.gid_map)?;
-            if libc::mount(
-                c"none".as_ptr(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(err());
-            }
-            if libc::mount(
-                c"overlay".as_ptr(),
-                self.target.as_ptr(),
-                c"overlay".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                self.options.as_ptr().cast(),
-            ) != 0
-            {
-                return Err(err());
-            }
         }
-        Ok(())
+        super::identity::make_mounts_private()?;
+        self.overlay.mount_in_child()
     }
 }
 

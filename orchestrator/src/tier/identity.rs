@@ -110,18 +110,11 @@ pub struct Switch {
     /// Entered again once the mounts are in place (the child's working
     /// directory, set before the mounts, still names the mount below).
     cwd: Option<CString>,
-    /// `--cow`: an overlay mounted over the project after the re-mounts.
-    overlay: Option<Overlay>,
-}
-
-/// The copy-on-write view of a project: overlayfs mounted over the
-/// project's own path in the child's mount namespace, its lower layer the
-/// project (as re-mounted for the sandbox user), its upper layer a change
-/// set's `upper/`. The host's mounts never see it.
-#[derive(Debug)]
-struct Overlay {
-    target: CString,
-    options: CString,
+    /// `--cow`: the copy-on-write view of the project, mounted over its
+    /// path after the re-mounts: its lower layer the project (as re-mounted
+    /// for the sandbox user), its upper layer a change set's `upper/`. The
+    /// host's mounts never see it.
+    overlay: Option<crate::tier::cow::Overlay>,
 }
 
 /// A path the command is given, whether it must be writable, and whether
@@ -323,48 +316,30 @@ impl Switch {
     /// layer fails here, naming it), then mounted in the child.
     pub fn with_overlay(mut self, project: &Path, set_dir: &Path) -> Result<Switch, IdentityError> {
         let tier = self.tier;
-        let (upper, work) = (set_dir.join("upper"), set_dir.join("work"));
-        let options = crate::tier::cow::options(project, set_dir, false)?;
-        try_overlay(project, &upper, &work).map_err(|source| IdentityError::Overlay {
-            tier,
-            project: project.to_path_buf(),
-            upper: upper.clone(),
-            source,
-        })?;
-        // The upper layer's top is the merged view's top: the sandbox
-        // user's, with the project's mode. Below it the overlay stores what
-        // the command makes as the command's uid (the mounter, root, makes
-        // the work directory), and copies up the project's entries with
-        // their ids as the re-mounted project shows them: the sandbox
-        // user's. Nothing of the set is reachable from the sandbox but
-        // through the overlay.
-        let mode = std::fs::metadata(project)
-            .map(|m| m.mode() & 0o7777)
-            .map_err(|source| IdentityError::Inspect {
+        let upper = set_dir.join("upper");
+        let overlay = crate::tier::cow::Overlay::prepare(project, set_dir, false)?;
+        overlay
+            .try_here()
+            .map_err(|source| IdentityError::Overlay {
                 tier,
-                path: project.to_path_buf(),
+                project: project.to_path_buf(),
+                upper: upper.clone(),
                 source,
             })?;
-        let top = (|| {
-            std::os::unix::fs::chown(&upper, Some(self.user.uid), Some(self.user.gid))?;
-            std::fs::set_permissions(
-                &upper,
-                std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777),
-            )
-        })();
-        top.map_err(|source| IdentityError::Inspect {
-            tier,
-            path: upper.clone(),
-            source,
-        })?;
-        let nul = |path: &Path| IdentityError::Nul {
-            tier,
-            path: path.to_path_buf(),
-        };
-        self.overlay = Some(Overlay {
-            target: CString::new(project.as_os_str().as_bytes()).map_err(|_| nul(project))?,
-            options: CString::new(options).map_err(|_| nul(project))?,
-        });
+        // The upper layer's top is the merged view's top: the sandbox
+        // user's. Below it the overlay stores what the command makes as the
+        // command's uid (the mounter, root, makes the work directory), and
+        // copies up the project's entries with their ids as the re-mounted
+        // project shows them: the sandbox user's. Nothing of the set is
+        // reachable from the sandbox but through the overlay.
+        std::os::unix::fs::chown(&upper, Some(self.user.uid), Some(self.user.gid)).map_err(
+            |source| IdentityError::Inspect {
+                tier,
+                path: upper,
+                source,
+            },
+        )?;
+        self.overlay = Some(overlay);
         Ok(self)
     }
 
@@ -383,23 +358,11 @@ impl Switch {
     /// their paths, parents first. Raw system calls only.
     fn mount_all(&self) -> std::io::Result<()> {
         let err = std::io::Error::last_os_error;
-        // SAFETY: unshare and mount take integer flags and NUL-terminated
-        // static strings.
-        unsafe {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return Err(err());
-            }
-            if libc::mount(
-                c"none".as_ptr(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(err());
-            }
+        // SAFETY: unshare takes integer flags.
+        if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+            return Err(err());
         }
+        make_mounts_private()?;
         for r in &self.remounts {
             // SAFETY: attaches the detached tree (a descriptor `self` owns)
             // onto the NUL-terminated path `self` owns.
@@ -418,19 +381,7 @@ impl Switch {
             }
         }
         if let Some(o) = &self.overlay {
-            // SAFETY: mount(2) with NUL-terminated strings `self` owns.
-            let r = unsafe {
-                libc::mount(
-                    c"overlay".as_ptr(),
-                    o.target.as_ptr(),
-                    c"overlay".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    o.options.as_ptr().cast(),
-                )
-            };
-            if r != 0 {
-                return Err(err());
-            }
+            o.mount_in_child()?;
         }
         Ok(())
     }
@@ -503,32 +454,23 @@ fn skeleton_tree(points: &[(PathBuf, bool)]) -> Result<OwnedFd, (&'static str, s
     Ok(tree)
 }
 
-/// Makes (and drops) a detached overlay of `lower` with `upper` and `work`,
-/// as the child will: what the filesystems refuse shows here.
-fn try_overlay(lower: &Path, upper: &Path, work: &Path) -> std::io::Result<()> {
-    use rustix::mount::{
-        fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
-        MountAttrFlags,
+/// In a child that has a mount namespace of its own: every mount private,
+/// so that nothing it mounts propagates back to the host's. One raw
+/// system call.
+pub(super) fn make_mounts_private() -> std::io::Result<()> {
+    // SAFETY: mount(2) with integer flags and static NUL-terminated strings.
+    let r = unsafe {
+        libc::mount(
+            c"none".as_ptr(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
     };
-    let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
-    let text = |p: &Path| p.to_string_lossy().into_owned();
-    for (k, v) in [
-        ("lowerdir", text(lower)),
-        ("upperdir", text(upper)),
-        ("workdir", text(work)),
-        ("redirect_dir", "off".into()),
-        ("metacopy", "off".into()),
-        ("index", "off".into()),
-        ("xino", "off".into()),
-    ] {
-        fsconfig_set_string(&fs, k, v.as_str())?;
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    fsconfig_create(&fs)?;
-    let _tree = fsmount(
-        &fs,
-        FsMountFlags::FSMOUNT_CLOEXEC,
-        MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
-    )?;
     Ok(())
 }
 
