@@ -401,6 +401,82 @@ fn git_and_hull_in_an_upper_layer_are_refused_and_untouched() {
     );
 }
 
+/// What the run's policy protected inside the project (hidden or
+/// read-only) is refused when the set is read, whatever the upper holds:
+/// a write below it (a guest past its read-only binds would leave one),
+/// and the deletion of a directory that holds it. The rest applies.
+#[test]
+fn paths_the_policy_protected_are_refused_on_the_host() {
+    let w = World::new();
+    w.file("a.txt", "a\n");
+    w.file("secrets/key", "k\n");
+    w.file("vendor/lib/x", "x\n");
+    let baseline = Baseline::capture(&w.project).unwrap();
+    let mut set = w.cow_then("echo A > a.txt && rm -r vendor", |set| {
+        std::fs::create_dir_all(set.upper().join("secrets")).unwrap();
+        std::fs::write(set.upper().join("secrets/new"), "planted\n").unwrap();
+    });
+    // As `hull run` records them before the command starts.
+    set.protect(vec!["secrets".into(), "vendor/lib".into()])
+        .unwrap();
+    set.finish(&baseline).unwrap();
+    let refused: Vec<&str> = set
+        .changes
+        .iter()
+        .filter(|c| c.op == Op::Refused)
+        .map(|c| c.path.as_str())
+        .collect();
+    assert!(refused.contains(&"secrets/new"), "{:?}", set.changes);
+    assert!(refused.contains(&"vendor"), "{:?}", set.changes);
+    let o = w.hull(&["changes", "apply", &set.meta.id]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("the run's policy protects secrets"),
+        "{}",
+        show(&o)
+    );
+    assert!(!w.project.join("secrets/new").exists());
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("vendor/lib/x")).unwrap(),
+        "x\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("a.txt")).unwrap(),
+        "A\n"
+    );
+}
+
+/// `discard` makes the overlay's `work/work` removable without following
+/// a link there (a guest could plant one in its share): the link's target
+/// keeps its mode, and the set is gone.
+#[test]
+fn discard_follows_no_link_in_the_work_directory() {
+    let w = World::new();
+    w.file("a.txt", "a\n");
+    let set = w.cow("echo A > a.txt");
+    let target = w.root.path().join("host-dir");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let inner = set.work().join("work");
+    std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::remove_dir_all(&inner).unwrap();
+    std::os::unix::fs::symlink(&target, &inner).unwrap();
+    let o = w.hull(&["changes", "discard", &set.meta.id]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(!set.dir.exists());
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o755, "chmod went through the link");
+    // The control: the same chmod by path goes through it.
+    std::os::unix::fs::symlink(&target, w.root.path().join("link")).unwrap();
+    std::fs::set_permissions(
+        w.root.path().join("link"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700);
+}
+
 #[test]
 fn two_change_sets_of_one_project_do_not_see_each_other() {
     let w = World::new();

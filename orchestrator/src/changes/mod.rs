@@ -3,7 +3,7 @@
 //!
 //! A `--cow` run shows the command its project through an overlay whose
 //! lower layer is the project (read-only) and whose upper layer is the
-//! change set's `upper/` directory, kept by hull. When the run ends the
+//! change set's `layers/upper/` directory, kept by hull. When the run ends the
 //! upper layer is read once ([`scan`]) into a structured list of changes
 //! (added, modified, deleted, mode changes, symlinks, binary files by size
 //! and hash; fifos, sockets and device nodes refused and reported), saved
@@ -20,7 +20,7 @@
 //!
 //! One change set is a directory `<store>/<ID>/` ([`Store`]): `meta.json`
 //! (what ran, where, when, and the baseline of the changed paths),
-//! `changes.json` (the scan), `upper/` and `work/` (the overlay's).
+//! `changes.json` (the scan), `layers/upper/` and `layers/work/` (the overlay's, alone in `layers/`: tier 3 serves that directory to the guest).
 
 mod apply;
 mod at;
@@ -37,7 +37,7 @@ pub use apply::{apply, ApplyReport, Skipped};
 pub use baseline::{Baseline, Stamp};
 pub use diff::diff;
 pub use scan::scan;
-pub use store::{ChangeSet, Meta, Store};
+pub use store::{ChangeSet, Layers, Meta, Store};
 
 /// At most this many changes in one set (a scan past it fails naming it).
 pub const MAX_CHANGES: usize = 1_000_000;

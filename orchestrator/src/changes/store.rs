@@ -29,6 +29,29 @@ pub struct Meta {
     /// Where the overlay of the run keeps its marks.
     #[serde(default)]
     pub marks: Marks,
+    /// The paths (relative to the project) the run's policy protected
+    /// inside it, hidden or read-only: nothing at or below them, and no
+    /// deletion or replacement of a directory holding one, is ever
+    /// applied. Checked on the host, so a guest or command that got past
+    /// the protections in its own view gains nothing by it.
+    #[serde(default)]
+    pub protected: Vec<String>,
+}
+
+/// The protected path `c` would write or remove, if any: one at or above
+/// its path, or, for a deletion or a replacement of a directory, one
+/// below it.
+fn reaches_protected<'a>(c: &Change, protected: &'a [String]) -> Option<&'a str> {
+    let removes_dir = matches!(c.op, Op::Deleted | Op::Modified)
+        && matches!(c.before, Some(super::Node::Dir { .. }));
+    protected
+        .iter()
+        .find(|p| {
+            let (p, path) = (p.as_str(), c.path.as_str());
+            let below = |a: &str, b: &str| a.strip_prefix(b).is_some_and(|r| r.starts_with('/'));
+            path == p || below(path, p) || (removes_dir && below(p, path))
+        })
+        .map(String::as_str)
 }
 
 /// How many changes of each kind a set holds.
@@ -66,15 +89,43 @@ pub struct ChangeSet {
     pub changes: Vec<Change>,
 }
 
+/// A change set's overlay directories, `layers/upper` and `layers/work`:
+/// under a directory of their own, the one tier 3 serves to the guest, so
+/// that nothing else of the set (its record, its baseline) is in reach of
+/// the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layers {
+    pub dir: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+}
+
+impl Layers {
+    /// The layers of the change set in `set_dir`.
+    pub fn of(set_dir: &Path) -> Layers {
+        let dir = set_dir.join("layers");
+        Layers {
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            dir,
+        }
+    }
+}
+
 impl ChangeSet {
+    /// The overlay's directories.
+    pub fn layers(&self) -> Layers {
+        Layers::of(&self.dir)
+    }
+
     /// The overlay's upper layer.
     pub fn upper(&self) -> PathBuf {
-        self.dir.join("upper")
+        self.layers().upper
     }
 
     /// The overlay's work directory (same filesystem as the upper).
     pub fn work(&self) -> PathBuf {
-        self.dir.join("work")
+        self.layers().work
     }
 
     /// The changes at or below each path of `only` (all when empty); a
@@ -110,11 +161,28 @@ impl ChangeSet {
             .collect())
     }
 
+    /// Records the paths the run's policy protects inside the project
+    /// ([`Meta::protected`]), before the run.
+    pub fn protect(&mut self, paths: Vec<String>) -> Result<(), ChangesError> {
+        self.meta.protected = paths;
+        write_json(&self.dir.join("meta.json"), &self.meta)
+    }
+
     /// After the run: reads the upper layer against the project and keeps
     /// the changes and, from `baseline` (captured before the run started),
-    /// the stamps of the changed paths.
+    /// the stamps of the changed paths. A change that would reach a
+    /// protected path is kept as refused.
     pub fn finish(&mut self, baseline: &Baseline) -> Result<(), ChangesError> {
-        let changes = scan(&self.upper(), &self.meta.project, self.meta.marks)?;
+        let mut changes = scan(&self.upper(), &self.meta.project, self.meta.marks)?;
+        for c in &mut changes {
+            if let Some(p) = reaches_protected(c, &self.meta.protected) {
+                c.op = Op::Refused;
+                c.reason = Some(format!(
+                    "the run's policy protects {p} (hidden or read-only): the command was not \
+                     to write it"
+                ));
+            }
+        }
         let paths: Vec<(&str, bool)> = changes
             .iter()
             .map(|c| {
@@ -188,10 +256,12 @@ impl Store {
                 counts: Counts::default(),
                 baseline: Baseline::default(),
                 marks,
+                protected: Vec::new(),
             },
             changes: Vec::new(),
         };
-        for d in [set.upper(), set.work()] {
+        let layers = set.layers();
+        for d in [layers.dir, layers.upper, layers.work] {
             std::fs::create_dir(&d).map_err(io("cannot create", &d))?;
         }
         write_json(&set.dir.join("meta.json"), &set.meta)?;
@@ -253,11 +323,21 @@ impl Store {
     /// Removes the change set `id` and everything in it.
     pub fn discard(&self, id: &str) -> Result<(), ChangesError> {
         let dir = self.dir_of(id)?;
-        // The overlay leaves `work/work` mode 0; make it removable.
-        let inner = dir.join("work/work");
-        if inner.is_dir() {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700));
+        // The overlay leaves `work/work` mode 0; make it removable. Neither
+        // `work` nor `work/work` is followed if a link: on tier 3 the guest
+        // could have put one there, and a chmod through it would reach a
+        // host path.
+        {
+            use rustix::fs::{chmodat, open, statat, AtFlags, FileType, Mode, OFlags};
+            let work = Layers::of(&dir).work;
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            if let Ok(fd) = open(&work, flags, Mode::empty()) {
+                let inner_is_dir = statat(&fd, "work", AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory);
+                if inner_is_dir {
+                    let _ = chmodat(&fd, "work", Mode::from_raw_mode(0o700), AtFlags::empty());
+                }
+            }
         }
         // std's remove_dir_all does not follow symlinks (the upper layer
         // holds the command's).

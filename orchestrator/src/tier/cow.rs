@@ -32,13 +32,13 @@ pub enum CowError {
     },
 }
 
-/// The overlay's mount options: `project` below, `set_dir/upper` above
-/// (work directory `set_dir/work`), no redirects, metacopy, index or
+/// The overlay's mount options: `project` below, `set_dir/layers/upper` above
+/// (work directory `set_dir/layers/work`), no redirects, metacopy, index or
 /// inode-number mixing (a renamed directory is a copy and a whiteout,
 /// which `changes::scan` reads as such); `userxattr` in a user namespace
 /// (where the kernel itself makes no redirects).
 fn options(project: &Path, set_dir: &Path, userxattr: bool) -> Result<String, CowError> {
-    let (upper, work) = (set_dir.join("upper"), set_dir.join("work"));
+    let crate::changes::Layers { upper, work, .. } = crate::changes::Layers::of(set_dir);
     for p in [project, upper.as_path(), work.as_path()] {
         let bad = p
             .as_os_str()
@@ -86,7 +86,7 @@ impl Overlay {
                 path: project.to_path_buf(),
                 source,
             })?;
-        let upper = set_dir.join("upper");
+        let upper = crate::changes::Layers::of(set_dir).upper;
         std::fs::set_permissions(&upper, std::fs::Permissions::from_mode(mode)).map_err(
             |source| CowError::Inspect {
                 path: upper,
@@ -220,11 +220,11 @@ mod tests {
         let o = options(Path::new("/p"), Path::new("/s/1"), false).unwrap();
         assert_eq!(
             o,
-            "lowerdir=/p,upperdir=/s/1/upper,workdir=/s/1/work,redirect_dir=off,metacopy=off,index=off,xino=off"
+            "lowerdir=/p,upperdir=/s/1/layers/upper,workdir=/s/1/layers/work,redirect_dir=off,metacopy=off,index=off,xino=off"
         );
         assert_eq!(
             options(Path::new("/p"), Path::new("/s"), true).unwrap(),
-            "lowerdir=/p,upperdir=/s/upper,workdir=/s/work,metacopy=off,index=off,xino=off,userxattr"
+            "lowerdir=/p,upperdir=/s/layers/upper,workdir=/s/layers/work,metacopy=off,index=off,xino=off,userxattr"
         );
         for bad in ["/a,b", "/a:b", "/a\\b"] {
             assert!(matches!(

@@ -309,14 +309,14 @@ impl Switch {
     }
 
     /// `--cow`: shows the command `project` through an overlay whose upper
-    /// layer is `set_dir/upper` (work directory `set_dir/work`). The
+    /// layer is `set_dir/layers/upper` (work directory `set_dir/layers/work`). The
     /// project must be among the grants (re-mounted for the sandbox user).
     /// The overlay is tried once now,
     /// on the host's own paths (a filesystem that cannot hold an upper
     /// layer fails here, naming it), then mounted in the child.
     pub fn with_overlay(mut self, project: &Path, set_dir: &Path) -> Result<Switch, IdentityError> {
         let tier = self.tier;
-        let upper = set_dir.join("upper");
+        let upper = crate::changes::Layers::of(set_dir).upper;
         let overlay = crate::tier::cow::Overlay::prepare(project, set_dir, false)?;
         overlay
             .try_here()
