@@ -3,7 +3,7 @@
 of many files.
 
   build:  the zlib workload of tests/tests/workloads.rs (configure, make -j,
-          make test) on bwrap, plain and with --cow, interleaved round by
+          make test) on the tier (bwrap, or vm), plain and with --cow, interleaved round by
           round, each in a fresh copy of its sources (not timed): median,
           min, max and the ratio (the --cow time includes the baseline, the
           scan of the upper layer and writing the set).
@@ -14,7 +14,7 @@ of many files.
 As root (bwrap's --cow mounts the overlay as root). The zlib sources come
 from the tests' cache: run the workload tests once first.
 
-Usage: benches/cow.py [--hull PATH] [--rounds N] [--files N]
+Usage: benches/cow.py [--hull PATH] [--tier bwrap|vm] [--rounds N] [--files N]
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--hull", default="target/debug/hull")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--files", type=int, default=10000)
+    ap.add_argument("--tier", default="bwrap", choices=["bwrap", "vm"])
     a = ap.parse_args()
     hull = os.path.abspath(a.hull)
     if not os.path.isdir(CACHE):
@@ -55,10 +56,10 @@ def main():
             shutil.rmtree(proj, ignore_errors=True)
             subprocess.run(["cp", "-a", CACHE, proj], check=True)
             extra = ["--cow"] if label == "cow" else []
-            dt, _ = timed([hull, "run", "--tier", "bwrap", "--policy", pol, "--project", proj,
+            dt, _ = timed([hull, "run", "--tier", a.tier, "--policy", pol, "--project", proj,
                            "--timeout", "300s"] + extra + ["--", "sh", "-c", ZLIB], env)
             times[label].append(dt)
-    print("| zlib on bwrap | median | min | max |")
+    print(f"| zlib on {a.tier} | median | min | max |")
     print("|---|---|---|---|")
     for label, ts in times.items():
         print(f"| {label} | {statistics.median(ts):.2f} s | {min(ts):.2f} | {max(ts):.2f} |")
@@ -68,8 +69,8 @@ def main():
     os.makedirs(many)
     write = (f"i=0; mkdir -p out; while [ $i -lt {a.files} ]; do "
              "printf '%0100d' $i > out/f$i; i=$((i+1)); done")
-    dt_run, r = timed([hull, "run", "--tier", "bwrap", "--project", many, "--cow",
-                       "--timeout", "300s", "--", "sh", "-c", write], env)
+    dt_run, r = timed([hull, "run", "--tier", a.tier, "--project", many, "--cow",
+                       "--timeout", "600s", "--", "sh", "-c", write], env)
     line = [l for l in r.stderr.decode().splitlines() if l.startswith("hull: changes kept as ")][0]
     cid = line.split()[4].rstrip(";")
     dt_show, r = timed([hull, "changes", "show", cid, "--json"], env)

@@ -39,6 +39,14 @@ pub enum MountError {
     NotReadOnly { tag: String, path: PathBuf },
     #[error("cannot read /proc/self/mountinfo")]
     MountInfo(#[source] std::io::Error),
+    #[error("overlay over share {lower}: {what} {path}")]
+    Overlay {
+        lower: String,
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What one share mount does, decided before touching the system.
@@ -188,6 +196,146 @@ pub fn mount(p: &MountPlan) -> Result<(), MountError> {
     Ok(())
 }
 
+/// overlayfs's `statfs` magic.
+const OVERLAYFS_SUPER_MAGIC: u64 = 0x794c_7630;
+
+/// `--cow`: mounts the writable share of `o` (its `upper/` and `work/`,
+/// `nosuid,nodev`) and an overlay of the read-only share mounted at
+/// `lower` beneath them, at `<o.guest_path>.merged`; returns that path.
+///
+/// The overlay keeps its marks (whiteouts aside: opaque directories) in
+/// `user.overlay.*` (`userxattr`), the one xattr namespace the host's
+/// virtiofsd lets through for this share, and the one `changes::scan`
+/// reads on the host. Redirects are neither made nor followed (implied by
+/// `userxattr`: a renamed directory is a copy and a deletion), no
+/// metacopy, no index, no inode-number mixing. The command never sees the
+/// upper share itself, only the overlay.
+pub fn mount_overlay(o: &hull_protocol::OverlaySpec, lower: &str) -> Result<PathBuf, MountError> {
+    let upper_share = Share {
+        tag: o.tag.clone(),
+        guest_path: o.guest_path.clone(),
+        container_path: o.guest_path.clone(),
+        readonly: false,
+        subdir: None,
+        noexec: false,
+    };
+    mount(&plan(&upper_share)?)?;
+    let merged = PathBuf::from(format!("{}.merged", o.guest_path));
+    let err = |what: &'static str, path: &Path| {
+        let (lower, path) = (o.lower.clone(), path.to_path_buf());
+        move |source: std::io::Error| MountError::Overlay {
+            lower,
+            what,
+            path,
+            source,
+        }
+    };
+    let (upper, work) = (
+        Path::new(&o.guest_path).join("upper"),
+        Path::new(&o.guest_path).join("work"),
+    );
+    for d in [&upper, &work] {
+        let meta = std::fs::symlink_metadata(d).map_err(err("cannot stat", d))?;
+        if !meta.is_dir() {
+            return Err(err("not a directory:", d)(
+                std::io::ErrorKind::NotADirectory.into(),
+            ));
+        }
+    }
+    std::fs::create_dir_all(&merged).map_err(err("cannot create", &merged))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(MountError::MountInfo)?;
+    if is_mount_point(&info, &merged) {
+        return Err(err("already mounted:", &merged)(
+            std::io::ErrorKind::AlreadyExists.into(),
+        ));
+    }
+    let options = std::ffi::CString::new(overlay_options(lower, &upper, &work)).map_err(|_| {
+        err("a NUL byte in the options for", &merged)(std::io::ErrorKind::InvalidInput.into())
+    })?;
+    rustix::mount::mount(
+        "overlay",
+        &merged,
+        "overlay",
+        share_flags(false, false),
+        options.as_c_str(),
+    )
+    .map_err(|e| err("cannot mount the overlay at", &merged)(e.into()))?;
+    let fs = rustix::fs::statfs(&merged).map_err(|e| err("cannot statfs", &merged)(e.into()))?;
+    if fs.f_type as u64 != OVERLAYFS_SUPER_MAGIC {
+        return Err(err("not an overlay:", &merged)(
+            std::io::ErrorKind::Other.into(),
+        ));
+    }
+    Ok(merged)
+}
+
+/// The overlay's mount options (the paths are hull's own: `/mnt/hull/...`,
+/// no `,`, `:` or `\\`).
+pub fn overlay_options(lower: &str, upper: &Path, work: &Path) -> String {
+    format!(
+        "lowerdir={lower},upperdir={},workdir={},userxattr,metacopy=off,index=off,xino=off",
+        upper.display(),
+        work.display()
+    )
+}
+
+/// Binds each of `paths` in the container whose init is `pid` read-only
+/// onto itself (`nosuid,nodev`), checked after: what the host masks in an
+/// overlay's lower layer stays unwritable in the merged view. Call only
+/// for a pristine container: the paths are resolved in it as guest root,
+/// before anything ran there (what they show is the lower layer, whose
+/// protected paths the host refused to mask when they were links).
+pub fn protect(pid: u32, paths: &[PathBuf]) -> Result<(), InjectError> {
+    let paths = paths.to_vec();
+    in_mount_ns(pid, move || {
+        for p in &paths {
+            bind_read_only(p).map_err(|source| InjectError::Protect {
+                path: p.clone(),
+                source,
+            })?;
+            if !is_read_only(p).map_err(|source| InjectError::Protect {
+                path: p.clone(),
+                source,
+            })? {
+                return Err(InjectError::Protect {
+                    path: p.clone(),
+                    source: std::io::Error::other("still writable after the read-only bind"),
+                });
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `p` bound read-only onto itself (`open_tree` of the path itself, never
+/// of a link's target, then `move_mount` onto it).
+fn bind_read_only(p: &Path) -> std::io::Result<()> {
+    use rustix::mount::{
+        move_mount, open_tree, MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags,
+    };
+    let meta = std::fs::symlink_metadata(p)?;
+    if meta.file_type().is_symlink() {
+        return Err(std::io::Error::other("a symlink"));
+    }
+    let tree = open_tree(
+        rustix::fs::CWD,
+        p,
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+            | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
+    )?;
+    move_mount(
+        &tree,
+        "",
+        rustix::fs::CWD,
+        p,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )?;
+    rustix::mount::mount_change(p, MountPropagationFlags::PRIVATE)?;
+    rustix::mount::mount_remount(p, MountFlags::BIND | share_flags(true, false), "")?;
+    Ok(())
+}
+
 /// One share to attach to a running container: the guest mount `source`
 /// appears at `target` in the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,6 +380,12 @@ pub enum InjectError {
         path: PathBuf,
         #[source]
         source: ReachError,
+    },
+    #[error("cannot keep {path} read-only in the container's overlay")]
+    Protect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
     },
     #[error("the mount thread failed: {0}")]
     Thread(String),

@@ -749,6 +749,7 @@ fn configure_is_unsupported_without_a_configurator() {
         clock_unix_ns: 0,
         prepare: false,
         network: None,
+        overlay: None,
     };
     a.conn.send(&Message::Configure(spec), 0).unwrap();
     let (id, m) = a.conn.recv().unwrap();

@@ -123,6 +123,7 @@ fn spec() -> ConfigureSpec {
         clock_unix_ns: 0,
         prepare: false,
         network: None,
+        overlay: None,
     }
 }
 

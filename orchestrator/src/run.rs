@@ -798,7 +798,7 @@ pub fn execute(
     let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
     #[cfg(target_os = "linux")]
     let mut cow = if opts.cow {
-        Some(start_cow(tier, &spec)?)
+        Some(start_cow(tier, &pol, &spec)?)
     } else {
         None
     };
@@ -806,6 +806,10 @@ pub fn execute(
     let cow_dir = cow.as_ref().map(|(set, _)| set.dir.clone());
     #[cfg(not(target_os = "linux"))]
     let cow_dir: Option<PathBuf> = None;
+    #[cfg(target_os = "linux")]
+    let cow_layers = cow.as_ref().map(|(set, _)| set.layers().dir);
+    #[cfg(not(target_os = "linux"))]
+    let cow_layers: Option<PathBuf> = None;
     let started = std::time::SystemTime::now();
     let result = match tier {
         Tier::Vm => crate::tier::vm::run(
@@ -815,6 +819,7 @@ pub fn execute(
             &instance.id().to_string(),
             sink,
             opts.vm.as_deref(),
+            cow_layers.as_deref(),
         )
         .map_err(RunError::from),
         Tier::None
@@ -877,7 +882,10 @@ fn cow_refused(tier: Tier) -> Option<&'static str> {
         Tier::Bwrap => Some("bwrap runs on Linux only"),
         Tier::Landlock => Some("Landlock only narrows access to the real files and has no mount namespace in which the project could be shown through an overlay; use --tier bwrap"),
         Tier::None => Some("tier none has no mount namespace: nothing would keep the command's writes from the project"),
-        Tier::Vm => Some("the overlay in the guest is not built yet; use --tier bwrap"),
+        #[cfg(target_os = "linux")]
+        Tier::Vm => None,
+        #[cfg(not(target_os = "linux"))]
+        Tier::Vm => Some("tier vm runs on Linux hosts only for now"),
         Tier::Seatbelt | Tier::Restricted | Tier::AppContainer => Some("not on this tier yet"),
     }
 }
@@ -887,6 +895,7 @@ fn cow_refused(tier: Tier) -> Option<&'static str> {
 #[cfg(target_os = "linux")]
 fn start_cow(
     tier: Tier,
+    pol: &Policy,
     spec: &CommandSpec,
 ) -> Result<(crate::changes::ChangeSet, crate::changes::Baseline), RunError> {
     let baseline = crate::changes::Baseline::capture(&spec.cwd)?;
@@ -897,13 +906,42 @@ fn start_cow(
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     // As root the overlay is mounted by root (trusted xattrs); as a user in
-    // a user namespace of the run's own (user xattrs).
-    let marks = if crate::tier::identity::hull_is_root() {
+    // a user namespace of the run's own (user xattrs); on tier 3 by guest
+    // root with `userxattr`, the one namespace the upper share lets through.
+    let marks = if tier == Tier::Vm {
+        crate::changes::Marks::User
+    } else if crate::tier::identity::hull_is_root() {
         crate::changes::Marks::Trusted
     } else {
         crate::changes::Marks::User
     };
-    let set = store.create(&spec.cwd, tier.name(), &argv, marks)?;
+    let mut set = store.create(&spec.cwd, tier.name(), &argv, marks)?;
+    // What the policy protects inside the project is checked again on the
+    // host when the set is read: no change there is ever applied.
+    let protected = pol
+        .protects
+        .iter()
+        .filter_map(|p| p.path.strip_prefix(&spec.cwd).ok())
+        .filter(|rel| !rel.as_os_str().is_empty())
+        .filter_map(|rel| rel.to_str().map(str::to_string))
+        .collect();
+    set.protect(protected)?;
+    // The upper layer's top is the merged view's top: the project's mode.
+    let mode = std::fs::metadata(&spec.cwd)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+        .map_err(|source| crate::changes::ChangesError::Io {
+            what: "cannot stat",
+            path: spec.cwd.clone(),
+            source,
+        })?;
+    let upper = set.upper();
+    std::fs::set_permissions(&upper, std::os::unix::fs::PermissionsExt::from_mode(mode)).map_err(
+        |source| crate::changes::ChangesError::Io {
+            what: "cannot set the mode of",
+            path: upper,
+            source,
+        },
+    )?;
     Ok((set, baseline))
 }
 

@@ -336,6 +336,7 @@ fn boot_configure_and_run_in_the_container() {
         clock_unix_ns: now_ns,
         prepare: false,
         network: None,
+        overlay: None,
     };
     let t_conf = Instant::now();
     conn.send(&Message::Configure(spec), 0).unwrap();

@@ -58,6 +58,31 @@ impl Share {
     }
 }
 
+/// A `--cow` run's overlay: the guest mounts the writable share `tag` (its
+/// `upper/` and `work/`), mounts an overlay of the read-only share `lower`
+/// beneath them, and attaches that overlay at `lower`'s container path
+/// instead of the share itself. The upper share is never attached to the
+/// container. Each path of `protect` (inside the overlay's container path)
+/// is then bound read-only onto itself in the container, as the host's
+/// masks make it in the lower layer: what the command cannot write in an
+/// ordinary run, it cannot write in its change set either.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverlaySpec {
+    /// virtiofs tag of the writable share holding `upper/` and `work/`.
+    pub tag: String,
+    /// Where the outer agent mounts that share in the guest.
+    pub guest_path: String,
+    /// The tag of the read-only share that is the lower layer.
+    pub lower: String,
+    /// Container paths bound read-only onto themselves over the overlay.
+    #[serde(default)]
+    pub protect: Vec<String>,
+}
+
+/// Most paths in [`OverlaySpec::protect`].
+pub const MAX_PROTECT: usize = 256;
+
 /// The per-instance container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,6 +123,10 @@ pub struct ConfigureSpec {
     /// container has no network at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkSpec>,
+    /// `--cow`: the overlay shown at the project's path. `None`: the
+    /// shares as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<OverlaySpec>,
 }
 
 /// Where the container's end of the network channel listens.
@@ -167,7 +196,55 @@ impl ConfigureSpec {
             }
             _ => {}
         }
+        if let Some(o) = &self.overlay {
+            self.validate_overlay(o)?;
+        }
         self.container.validate()
+    }
+
+    /// The overlay names one read-only, unpacked share as its lower layer,
+    /// its upper share has a tag and mount of its own, and every protected
+    /// path lies strictly inside the lower share's container path.
+    fn validate_overlay(&self, o: &OverlaySpec) -> Result<(), String> {
+        if self.prepare {
+            return Err("a prepare configure takes no overlay".into());
+        }
+        check_tag(&o.tag).map_err(|r| format!("overlay.tag {r}"))?;
+        check_path(&o.guest_path).map_err(|r| format!("overlay.guest_path {r}"))?;
+        if self
+            .shares
+            .iter()
+            .any(|s| s.tag == o.tag || s.guest_path == o.guest_path)
+        {
+            return Err("overlay.tag or overlay.guest_path is also a share's".into());
+        }
+        let lower: Vec<&Share> = self.shares.iter().filter(|s| s.tag == o.lower).collect();
+        let [lower] = lower.as_slice() else {
+            return Err("overlay.lower names no share, or a packed one".into());
+        };
+        if !lower.readonly || lower.subdir.is_some() {
+            return Err("overlay.lower must be a read-only share of its own".into());
+        }
+        if o.protect.len() > MAX_PROTECT {
+            return Err(format!(
+                "overlay.protect has {} paths, more than {MAX_PROTECT}",
+                o.protect.len()
+            ));
+        }
+        let root = std::path::Path::new(&lower.container_path);
+        for (i, p) in o.protect.iter().enumerate() {
+            check_path(p).map_err(|r| format!("overlay.protect[{i}] {r}"))?;
+            let inside = std::path::Path::new(p)
+                .strip_prefix(root)
+                .is_ok_and(|rest| !rest.as_os_str().is_empty());
+            if !inside {
+                return Err(format!(
+                    "overlay.protect[{i}] is not inside {}",
+                    lower.container_path
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -288,6 +365,53 @@ mod tests {
             clock_unix_ns: 1,
             prepare: false,
             network: None,
+            overlay: None,
+        }
+    }
+
+    #[test]
+    fn an_overlay_covers_one_read_only_share_and_protects_inside_it() {
+        let mut s = spec();
+        s.shares[0].readonly = true;
+        s.overlay = Some(OverlaySpec {
+            tag: "hull7".into(),
+            guest_path: "/mnt/hull/hull7".into(),
+            lower: "project".into(),
+            protect: vec!["/home/u/proj/.git".into(), "/home/u/proj/.hull".into()],
+        });
+        assert_eq!(s.validate(), Ok(()));
+        // Without one the field is left out: an older agent reads it.
+        assert!(!serde_json::to_string(&spec()).unwrap().contains("overlay"));
+        for (i, bad) in [
+            |x: &mut ConfigureSpec| x.shares[0].readonly = false,
+            |x: &mut ConfigureSpec| x.overlay.as_mut().unwrap().lower = "other".into(),
+            |x: &mut ConfigureSpec| x.overlay.as_mut().unwrap().tag = "project".into(),
+            |x: &mut ConfigureSpec| {
+                x.overlay.as_mut().unwrap().guest_path = "/mnt/hull/project".into()
+            },
+            |x: &mut ConfigureSpec| {
+                x.overlay.as_mut().unwrap().protect = vec!["/home/u/proj".into()]
+            },
+            |x: &mut ConfigureSpec| {
+                x.overlay.as_mut().unwrap().protect = vec!["/home/u/projx/.git".into()]
+            },
+            |x: &mut ConfigureSpec| {
+                x.overlay.as_mut().unwrap().protect = vec!["/home/u/proj/../etc".into()]
+            },
+            |x: &mut ConfigureSpec| {
+                x.overlay.as_mut().unwrap().protect = vec!["/home/u/proj/a".into(); 257]
+            },
+            |x: &mut ConfigureSpec| {
+                x.shares.clear();
+                x.prepare = true
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut t = s.clone();
+            bad(&mut t);
+            assert!(t.validate().is_err(), "case {i}: {t:?}");
         }
     }
 

@@ -2,8 +2,9 @@
 // Test code: a failed expectation is a failed test.
 //! Copy-on-write runs (`hull run --cow`) end to end, with the real `hull`:
 //! the project stays as it was, the command's writes are kept as a change
-//! set, `hull changes` lists, applies and discards it. bwrap runs them (as
-//! root, as CI does); landlock refuses them with its reason.
+//! set, `hull changes` lists, applies and discards it. bwrap and vm run
+//! them (as root, as CI does; the same assertions, module per tier);
+//! landlock refuses them with its reason.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -63,10 +64,8 @@ fn seed(w: &World) {
 /// mode, makes links (out of the project, at `.git/hooks`) and a binary
 /// file leaves the project as it was and lists exactly those changes;
 /// applied, the project is what the command saw; discarded, it is gone.
-#[cfg(feature = "bwrap")]
-#[test]
-fn bwrap_a_cow_run_is_kept_apart_listed_applied_and_discarded() {
-    require_tier("bwrap");
+fn a_cow_run_is_kept_apart_listed_applied_and_discarded(tier: &str) {
+    require_tier(tier);
     let w = World::new();
     w.git_init();
     seed(&w);
@@ -78,7 +77,7 @@ fn bwrap_a_cow_run_is_kept_apart_listed_applied_and_discarded() {
          && ln -s .git/hooks hooks-link && printf 'bin\\000ary' > bin.dat && {LISTING}",
         victim.display()
     );
-    let o = w.run("bwrap", &["--cow"], &script);
+    let o = w.run(tier, &["--cow"], &script);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let seen = String::from_utf8(o.stdout.clone()).unwrap();
     assert!(seen.contains("f 755 ./run.sh"), "{seen}");
@@ -161,14 +160,12 @@ fn bwrap_a_cow_run_is_kept_apart_listed_applied_and_discarded() {
 
 /// Two `--cow` runs of one project: the second does not see the first's
 /// writes, and each keeps its own.
-#[cfg(feature = "bwrap")]
-#[test]
-fn bwrap_two_cow_runs_do_not_see_each_other() {
-    require_tier("bwrap");
+fn two_cow_runs_do_not_see_each_other(tier: &str) {
+    require_tier(tier);
     let w = World::new();
     let result = w.root.path().join("result.json");
     let one = w.run(
-        "bwrap",
+        tier,
         &["--cow", "--json-result", result.to_str().unwrap()],
         "echo 1 > first.txt",
     );
@@ -180,7 +177,7 @@ fn bwrap_two_cow_runs_do_not_see_each_other() {
         "{doc}"
     );
     let two = w.run(
-        "bwrap",
+        tier,
         &["--cow"],
         "test ! -e first.txt && echo 2 > second.txt",
     );
@@ -206,15 +203,13 @@ fn bwrap_two_cow_runs_do_not_see_each_other() {
 
 /// A path the project changes while the run goes on is a conflict: the
 /// apply changes nothing, names it, and the other path applies when named.
-#[cfg(feature = "bwrap")]
-#[test]
-fn bwrap_a_path_changed_during_the_run_is_a_conflict() {
-    require_tier("bwrap");
+fn a_path_changed_during_the_run_is_a_conflict(tier: &str) {
+    require_tier(tier);
     let w = World::new();
     std::fs::write(w.project.join("a.txt"), "a\n").unwrap();
     std::fs::write(w.project.join("b.txt"), "b\n").unwrap();
     let mut c = hull_tests::started(w.cmd(
-        "bwrap",
+        tier,
         &["--cow"],
         "echo A > a.txt; echo B > b.txt; echo started; sleep 2",
     ));
@@ -250,6 +245,112 @@ fn bwrap_a_path_changed_during_the_run_is_a_conflict() {
         std::fs::read_to_string(w.project.join("b.txt")).unwrap(),
         "host edit\n"
     );
+}
+
+#[cfg(feature = "bwrap")]
+mod bwrap {
+    #[test]
+    fn a_cow_run_is_kept_apart_listed_applied_and_discarded() {
+        super::a_cow_run_is_kept_apart_listed_applied_and_discarded("bwrap");
+    }
+
+    #[test]
+    fn two_cow_runs_do_not_see_each_other() {
+        super::two_cow_runs_do_not_see_each_other("bwrap");
+    }
+
+    #[test]
+    fn a_path_changed_during_the_run_is_a_conflict() {
+        super::a_path_changed_during_the_run_is_a_conflict("bwrap");
+    }
+}
+
+/// Tier 3: the overlay is mounted in the guest over the read-only project
+/// share, its upper layer on a writable share of the change set's
+/// `layers/`; the same assertions as on bwrap.
+#[cfg(feature = "tier3")]
+mod vm {
+    use super::*;
+
+    #[test]
+    fn a_cow_run_is_kept_apart_listed_applied_and_discarded() {
+        super::a_cow_run_is_kept_apart_listed_applied_and_discarded("vm");
+    }
+
+    #[test]
+    fn two_cow_runs_do_not_see_each_other() {
+        super::two_cow_runs_do_not_see_each_other("vm");
+    }
+
+    #[test]
+    fn a_path_changed_during_the_run_is_a_conflict() {
+        super::a_path_changed_during_the_run_is_a_conflict("vm");
+    }
+
+    /// What the policy protects inside the project stays protected in the
+    /// overlay: `.git` and a `deny` path cannot be written (the guest binds
+    /// them read-only over it), so nothing of them is in the change set;
+    /// a write elsewhere is. The same writes succeed under tier none.
+    #[test]
+    fn protected_paths_stay_unwritable_in_the_overlay() {
+        require_tier("vm");
+        let w = World::new();
+        w.git_init();
+        std::fs::create_dir(w.project.join("secrets")).unwrap();
+        std::fs::write(w.project.join("secrets/key"), "k\n").unwrap();
+        let pol = w.root.path().join("deny.toml");
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../policies/default.toml"
+        ))
+        .unwrap()
+        .replace("deny = [", "deny = [\n  \"${PROJECT}/secrets\",");
+        assert!(text.contains("/secrets\","));
+        std::fs::write(&pol, text).unwrap();
+        let script = "echo x >> .git/config; echo a=$?; echo y > .git/new; echo b=$?; \
+                      ls secrets | wc -l; echo z > secrets/new; echo c=$?; echo ok > ok.txt";
+        // The control: under none every write lands.
+        let c = w.run(
+            "none",
+            &[],
+            "echo x >> .git/config && echo y > .git/new && echo ok",
+        );
+        assert_eq!(c.status.code(), Some(0), "{}", show(&c));
+        assert!(w.project.join(".git/new").exists());
+        std::fs::remove_file(w.project.join(".git/new")).unwrap();
+        let config = std::fs::read(w.project.join(".git/config")).unwrap();
+        let o = w.run("vm", &["--cow", "--policy", pol.to_str().unwrap()], script);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        for refused in ["a=", "b=", "c="] {
+            assert!(
+                out.contains(refused) && !out.contains(&format!("{refused}0")),
+                "{refused}: {}",
+                show(&o)
+            );
+        }
+        assert!(
+            out.contains("\n0\n"),
+            "the deny path showed its files: {}",
+            show(&o)
+        );
+        let s = changes(&w, &["show", &kept_id(&o), "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+        let paths: Vec<&str> = v["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, ["ok.txt"], "{}", show(&s));
+        assert_eq!(
+            std::fs::read(w.project.join(".git/config")).unwrap(),
+            config
+        );
+        assert!(!w.project.join(".git/new").exists());
+        assert!(!w.project.join("secrets/new").exists());
+        assert!(!w.project.join("ok.txt").exists());
+    }
 }
 
 /// landlock cannot show the project through an overlay: `--cow` is refused

@@ -200,11 +200,11 @@ impl<T: incus::Transport> IncusBackend<T> {
     /// when it was prepared) is not changed.
     fn configure_prepared(
         &self,
-        spec: &ConfigureSpec,
+        view: &ShareView,
         pid: u32,
         root: ContainerRoot,
     ) -> Result<(String, UnixStream), SetupError> {
-        let name = spec.container.name.clone();
+        let name = view.spec.container.name.clone();
         let t0 = Instant::now();
         let verr = |why: String| SetupError::Verify {
             name: name.clone(),
@@ -217,6 +217,7 @@ impl<T: incus::Transport> IncusBackend<T> {
         if nics.iter().any(|n| n != "lo") {
             return Err(verr(format!("network interfaces besides lo: {nics:?}")));
         }
+        let (spec, protected) = (&view.spec, &view.protect);
         set_cgroup_limits(pid, spec).map_err(|source| SetupError::Limits {
             name: name.clone(),
             source,
@@ -233,6 +234,7 @@ impl<T: incus::Transport> IncusBackend<T> {
             })
             .collect();
         mounts::inject(pid, (root.uid, root.gid), &binds)?;
+        mounts::protect(pid, protected)?;
         tracing::info!(
             "limits set and {} shares attached in {:.3} s",
             binds.len(),
@@ -254,6 +256,42 @@ impl<T: incus::Transport> IncusBackend<T> {
         })?;
         check_init_ids(name, pid, root)?;
         Ok(pid)
+    }
+}
+
+/// The shares as the container gets them: with a `--cow` overlay, the
+/// overlay (mounted here, in the guest) at the lower share's container
+/// path instead of the share, writable, and the paths to bind read-only
+/// over it.
+struct ShareView {
+    spec: ConfigureSpec,
+    protect: Vec<PathBuf>,
+}
+
+impl ShareView {
+    /// Mounts the overlay `spec` asks for, if any (after its shares).
+    fn of(spec: &ConfigureSpec) -> Result<ShareView, SetupError> {
+        let mut view = ShareView {
+            spec: spec.clone(),
+            protect: Vec::new(),
+        };
+        let Some(o) = &spec.overlay else {
+            return Ok(view);
+        };
+        // `validate` checked it names one read-only share of its own.
+        let Some(lower) = view.spec.shares.iter_mut().find(|s| s.tag == o.lower) else {
+            return Err(SetupError::Mount(mounts::MountError::Overlay {
+                lower: o.lower.clone(),
+                what: "no share has this tag; the overlay would be mounted at",
+                path: PathBuf::from(&o.guest_path),
+                source: io::ErrorKind::NotFound.into(),
+            }));
+        };
+        let merged = mounts::mount_overlay(o, &lower.guest_path)?;
+        lower.guest_path = merged.to_string_lossy().into_owned();
+        lower.readonly = false;
+        view.protect = o.protect.iter().map(PathBuf::from).collect();
+        Ok(view)
     }
 }
 
@@ -307,13 +345,15 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
                 mounts::mount(&mounts::plan(share)?)?;
             }
         }
+        let view = ShareView::of(spec)?;
         let prepared = match lock(&self.configured).as_ref() {
             Some(Use::Prepared { pid, root, .. }) => Some((*pid, *root)),
             _ => None,
         };
         if let Some((pid, root)) = prepared {
-            return self.configure_prepared(spec, pid, root);
+            return self.configure_prepared(&view, pid, root);
         }
+        let (spec, protected) = (&view.spec, &view.protect);
         let ctl_dir = self.ctl_root.join(&name);
         // No Incus limits: they are written to the container's cgroup once
         // it runs, on this path as after a restore ([`cgroup_limits`]).
@@ -389,6 +429,7 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
         // Incus made the mount points; the way to them must let the
         // command's user through (the container's /root is 0700).
         mounts::reach(pid, (root.uid, root.gid), &spec.shares)?;
+        mounts::protect(pid, protected)?;
         if let Some(net) = &spec.network {
             super::network::start(pid, net)?;
         }

@@ -246,5 +246,6 @@ fn test_spec() -> hull_protocol::ConfigureSpec {
         clock_unix_ns: 0,
         prepare: false,
         network: None,
+        overlay: None,
     }
 }

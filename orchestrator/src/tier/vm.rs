@@ -47,6 +47,11 @@ pub enum VmTierError {
     Signals(#[source] std::io::Error),
     #[error("tier vm is not built for this OS yet (Linux hosts only for now)")]
     Unsupported,
+    #[error(
+        "tier vm: --cow cannot run in the kept VM {name}: its shares were fixed when it \
+         started (the project writable). Run without --vm for a VM of the run's own"
+    )]
+    CowInKeptVm { name: String },
     #[error(transparent)]
     SandboxUser(#[from] crate::sandbox_user::SandboxUserError),
     #[cfg(unix)]
@@ -123,7 +128,9 @@ pub fn probe() -> Probe {
 
 /// Runs one command in a fresh VM (or in `vm` when named) and returns how
 /// it ended. `instance_dir` holds the VM's sockets, logs and pid files;
-/// `instance_id` names the container.
+/// `instance_id` names the container. `cow`: the `layers/` directory of a
+/// `--cow` run's change set ([`lower_vm::with_cow`]; not with `vm`, whose
+/// shares were fixed when it started).
 pub fn run(
     policy: &Policy,
     spec: &CommandSpec,
@@ -131,8 +138,14 @@ pub fn run(
     instance_id: &str,
     sink: Option<&mut dyn OutputSink>,
     vm: Option<&str>,
+    cow: Option<&Path>,
 ) -> Result<ExitStatus, VmTierError> {
-    imp::run(policy, spec, instance_dir, instance_id, sink, vm)
+    if let (Some(name), Some(_)) = (vm, cow) {
+        return Err(VmTierError::CowInKeptVm {
+            name: name.to_string(),
+        });
+    }
+    imp::run(policy, spec, instance_dir, instance_id, sink, vm, cow)
 }
 
 /// Writes output straight to hull's stdout and stderr.
@@ -279,8 +292,13 @@ mod imp {
         instance_id: &str,
         sink: Option<&mut dyn OutputSink>,
         vm: Option<&str>,
+        cow: Option<&Path>,
     ) -> Result<ExitStatus, VmTierError> {
         let plan = lower_vm::lower(policy, &crate::policy::RealFs)?;
+        let plan = match cow {
+            Some(layers) => lower_vm::with_cow(plan, &policy.vars.project, layers)?,
+            None => plan,
+        };
         // A host program that cannot run on the image's C library is
         // said before anything starts, not by the loader in the guest.
         if let Some(argv0) = spec.argv.first() {
@@ -430,6 +448,7 @@ mod imp {
         _instance_id: &str,
         _sink: Option<&mut dyn OutputSink>,
         _vm: Option<&str>,
+        _cow: Option<&Path>,
     ) -> Result<ExitStatus, VmTierError> {
         Err(VmTierError::Unsupported)
     }

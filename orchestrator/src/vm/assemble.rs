@@ -7,14 +7,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hull_protocol::{ConfigureSpec, ContainerSpec, Share as ProtoShare};
+use hull_protocol::{ConfigureSpec, ContainerSpec, OverlaySpec, Share as ProtoShare};
 
 use crate::policy::lower::vm::{self as lower_vm, VmPlan};
 use crate::policy::Protection;
 use crate::vm::image::recipe::Recipe;
 use crate::vm::image::GuestImage;
 use crate::vm::qemu::Accel;
-use crate::vm::virtiofsd::{HostMask, MaskKind, SandboxMode, ViewBind, VirtiofsdSpec};
+use crate::vm::virtiofsd::{HostMask, MaskKind, OverlayRole, SandboxMode, ViewBind, VirtiofsdSpec};
 #[cfg(target_os = "linux")]
 use crate::vm::{
     machine::{BootImage, Machine, MachineSpec, Tools},
@@ -148,7 +148,11 @@ pub fn vm_cpus(plan: &VmPlan) -> u32 {
 /// container user reads only what others may there (a 0600 root file stays
 /// unreadable), as on the process tiers. When hull is not root, uid 0 in
 /// virtiofsd is the caller, and the caller's files stay the command's.
-fn own_ids(s: &lower_vm::Share) -> bool {
+/// A `--cow` overlay's lower layer is the project: the command's too.
+fn own_ids(plan: &VmPlan, s: &lower_vm::Share) -> bool {
+    if plan.is_overlay_lower(s) {
+        return true;
+    }
     #[cfg(unix)]
     // SAFETY: geteuid takes no arguments and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
@@ -180,9 +184,10 @@ pub fn share_specs(plan: &VmPlan, dir: &Path) -> Vec<VirtiofsdSpec> {
                 socket: dir.join(format!("vfs-{}.sock", s.tag)),
                 readonly: true,
                 sandbox: SandboxMode::Namespace,
-                translate: own_ids(s).then_some((plan.uid, plan.gid)),
+                translate: own_ids(plan, s).then_some((plan.uid, plan.gid)),
                 masks: Vec::new(),
                 views: vec![bind],
+                overlay: None,
             }),
         }
     }
@@ -196,7 +201,7 @@ fn one_share_spec(plan: &VmPlan, s: &lower_vm::Share, dir: &Path) -> VirtiofsdSp
         socket: dir.join(format!("vfs-{}.sock", s.tag)),
         readonly: s.readonly,
         sandbox: SandboxMode::Namespace,
-        translate: own_ids(s).then_some((plan.uid, plan.gid)),
+        translate: own_ids(plan, s).then_some((plan.uid, plan.gid)),
         masks: s
             .masks
             .iter()
@@ -210,6 +215,13 @@ fn one_share_spec(plan: &VmPlan, s: &lower_vm::Share, dir: &Path) -> VirtiofsdSp
             })
             .collect(),
         views: Vec::new(),
+        overlay: if s.origin == lower_vm::ShareOrigin::ChangeSet {
+            Some(OverlayRole::Upper)
+        } else if plan.is_overlay_lower(s) {
+            Some(OverlayRole::Lower)
+        } else {
+            None
+        },
     }
 }
 
@@ -223,6 +235,10 @@ pub fn configure_spec(
 ) -> Result<ConfigureSpec, AssembleError> {
     let mut shares = Vec::new();
     for s in &plan.shares {
+        if s.origin == lower_vm::ShareOrigin::ChangeSet {
+            // Mounted in the guest only: the overlay's upper layer.
+            continue;
+        }
         let container_path = s
             .container_path
             .to_str()
@@ -254,9 +270,35 @@ pub fn configure_spec(
         clock_unix_ns,
         prepare: false,
         network,
+        overlay: overlay_spec(plan)?,
     };
     spec.validate().map_err(AssembleError::Configure)?;
     Ok(spec)
+}
+
+/// The `Configure`'s overlay of a `--cow` plan: the change set's share
+/// over the project's, with every protected path of the project (its
+/// masks, at their container paths) to be bound read-only over it.
+fn overlay_spec(plan: &VmPlan) -> Result<Option<OverlaySpec>, AssembleError> {
+    let Some((upper, lower)) = plan.overlay() else {
+        return Ok(None);
+    };
+    let mut protect = Vec::new();
+    for m in &lower.masks {
+        let rel = m.path.strip_prefix(&lower.host_path).unwrap_or(&m.path);
+        let at = lower.container_path.join(rel);
+        protect.push(
+            at.to_str()
+                .ok_or_else(|| AssembleError::NotUtf8(at.clone()))?
+                .to_string(),
+        );
+    }
+    Ok(Some(OverlaySpec {
+        tag: upper.tag.clone(),
+        guest_path: upper.guest_path.clone(),
+        lower: lower.tag.clone(),
+        protect,
+    }))
 }
 
 /// The guest image to boot: `HULL_VM_IMAGE` (one image dir), else the image
@@ -524,11 +566,62 @@ pub(crate) mod tests {
         assert_eq!(
             got,
             [
-                "spill: --socket-path=/tmp/hull-runs/ID/vm/vfs-spill.sock --shared-dir=/tmp/hull-runs/ID/spill --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-gid=map:1000:0:1 --log-level=info --readonly | ",
-                "tmp: --socket-path=/tmp/hull-runs/ID/vm/vfs-tmp.sock --shared-dir=/tmp/hull-runs/ID/tmp --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-gid=map:1000:0:1 --log-level=info | ",
-                "project: --socket-path=/tmp/hull-runs/ID/vm/vfs-project.sock --shared-dir=/work/proj --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-gid=map:1000:0:1 --log-level=info | ReadOnly /work/proj/.git, Hidden /work/proj/.hull",
+                "spill: --socket-path=/tmp/hull-runs/ID/vm/vfs-spill.sock --shared-dir=/tmp/hull-runs/ID/spill --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-gid=map:1000:0:1 --modcaps=-mknod --log-level=info --readonly | ",
+                "tmp: --socket-path=/tmp/hull-runs/ID/vm/vfs-tmp.sock --shared-dir=/tmp/hull-runs/ID/tmp --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-gid=map:1000:0:1 --modcaps=-mknod --log-level=info | ",
+                "project: --socket-path=/tmp/hull-runs/ID/vm/vfs-project.sock --shared-dir=/work/proj --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-gid=map:1000:0:1 --modcaps=-mknod --log-level=info | ReadOnly /work/proj/.git, Hidden /work/proj/.hull",
             ]
         );
+    }
+
+    #[test]
+    fn a_cow_plan_makes_the_project_the_read_only_lower_of_an_overlay() {
+        let cow = lower_vm::with_cow(
+            plan(),
+            Path::new("/work/proj"),
+            Path::new("/state/changes/ID/layers"),
+        )
+        .unwrap();
+        let specs = share_specs(&cow, Path::new("/tmp/hull-runs/ID/vm"));
+        let project = specs.iter().find(|s| s.tag == "project").unwrap();
+        assert!(project.readonly);
+        assert_eq!(project.overlay, Some(OverlayRole::Lower));
+        assert_eq!(project.translate, Some((1000, 1000)), "the command's files");
+        assert!(!project.argv().iter().any(|a| a == "--xattr"));
+        let upper = specs.iter().find(|s| s.tag == "changes").unwrap();
+        assert_eq!(upper.shared_dir, Path::new("/state/changes/ID/layers"));
+        assert!(!upper.readonly);
+        assert_eq!(upper.overlay, Some(OverlayRole::Upper));
+        assert!(upper.argv().iter().any(|a| a == "--xattr"));
+        assert_eq!(upper.translate, Some((1000, 1000)));
+        // The guest gets the project read-only, the overlay over it, and
+        // never the change set's share as a container path.
+        let c = configure_spec(&cow, lower_vm::RUN_CONTAINER, 42, None).unwrap();
+        assert!(c.shares.iter().all(|s| s.tag != "changes"));
+        let p = c.shares.iter().find(|s| s.tag == "project").unwrap();
+        assert!(p.readonly);
+        assert_eq!(
+            c.overlay,
+            Some(OverlaySpec {
+                tag: "changes".into(),
+                guest_path: "/mnt/hull/changes".into(),
+                lower: "project".into(),
+                protect: vec!["/work/proj/.git".into(), "/work/proj/.hull".into()],
+            })
+        );
+        // Slotted for a restore, the lower is never packed away.
+        #[cfg(target_os = "linux")]
+        {
+            let slotted = crate::vm::snapshot::slotted(&cow, 2);
+            let (u, l) = slotted.overlay().unwrap();
+            assert!(l.subdir.is_none() && u.subdir.is_none());
+            let c = configure_spec(&slotted, lower_vm::RUN_CONTAINER, 42, None).unwrap();
+            assert_eq!(c.overlay.as_ref().unwrap().lower, l.tag);
+        }
+        // A read-only project has nothing to keep.
+        let mut ro = plan();
+        ro.shares.iter_mut().for_each(|s| s.readonly = true);
+        let e = lower_vm::with_cow(ro, Path::new("/work/proj"), Path::new("/l")).unwrap_err();
+        assert!(e.to_string().contains("read-only"), "{e}");
     }
 
     #[test]

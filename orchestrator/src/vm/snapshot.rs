@@ -213,9 +213,13 @@ pub fn fits(plan: &VmPlan, g: &Geometry) -> Result<(), String> {
 
 /// Whether a share may be packed with others into one virtiofs device: a
 /// read-only grant of the policy with nothing masked inside (masks are
-/// mounted per share).
-fn packable(s: &lower_vm::Share) -> bool {
-    s.readonly && s.origin == lower_vm::ShareOrigin::Policy && s.masks.is_empty()
+/// mounted per share), and not a `--cow` overlay's lower layer (mounted
+/// on its own beneath the overlay).
+fn packable(plan: &VmPlan, s: &lower_vm::Share) -> bool {
+    s.readonly
+        && s.origin == lower_vm::ShareOrigin::Policy
+        && s.masks.is_empty()
+        && !plan.is_overlay_lower(s)
 }
 
 /// `plan` with its shares renamed to slot tags (`hull0`, ...), mounted in
@@ -226,11 +230,12 @@ fn packable(s: &lower_vm::Share) -> bool {
 /// with many read-only grants still restores.
 pub fn slotted(plan: &VmPlan, slots: usize) -> VmPlan {
     let mut p = plan.clone();
-    let pack = p.shares.len() > slots && p.shares.iter().filter(|s| packable(s)).count() >= 2;
+    let can_pack: Vec<bool> = plan.shares.iter().map(|s| packable(plan, s)).collect();
+    let pack = p.shares.len() > slots && can_pack.iter().filter(|c| **c).count() >= 2;
     let mut next = 0;
     let mut packed: Option<(String, usize)> = None;
-    for s in p.shares.iter_mut() {
-        if pack && packable(s) {
+    for (s, can) in p.shares.iter_mut().zip(can_pack) {
+        if pack && can {
             let (tag, n) = packed.get_or_insert_with(|| {
                 next += 1;
                 (slot_tag(next - 1), 0)
@@ -271,6 +276,7 @@ pub fn slot_specs(slotted: &VmPlan, dir: &Path, empty: &Path, slots: usize) -> V
             translate: None,
             masks: Vec::new(),
             views: Vec::new(),
+            overlay: None,
         });
     }
     specs
@@ -687,6 +693,7 @@ fn boot_and_save(
         clock_unix_ns: crate::vm::assemble::now_ns(),
         prepare: true,
         network: None,
+        overlay: None,
     };
     let guest = |step: &'static str, why: String| SnapshotError::Guest {
         step,

@@ -29,6 +29,7 @@ fn share(
         translate: Some((super::GUEST_UID, super::GUEST_GID)),
         masks,
         views: Vec::new(),
+        overlay: None,
     }
 }
 
@@ -113,6 +114,9 @@ mount -o remount,rw /mnt/s && echo REMOUNTED
 echo x > /mnt/s/new2 && echo SPILL-WRITTEN-AFTER-REMOUNT
 umount /mnt/p/.git && echo GIT-UNMOUNTED
 echo evil >> /mnt/p/.git/config && echo GITCFG-WRITTEN-AFTER-UMOUNT
+mknod /mnt/p/src/disk b 8 0 && echo BLOCK-DEVICE-MADE
+mknod /mnt/p/src/mem c 1 1 && echo CHAR-DEVICE-MADE
+mknod /mnt/p/src/pipe p && echo FIFO-MADE
 "#;
     let initrd = testkit::busybox_initramfs(t.path(), script, vec![]);
     let spec = spec(&run, &initrd, shares);
@@ -136,6 +140,8 @@ echo evil >> /mnt/p/.git/config && echo GITCFG-WRITTEN-AFTER-UMOUNT
         "spilled",
         "R:1000:1000",
         "S:0",
+        // No device node, but a fifo: no CAP_MKNOD needed for that.
+        "FIFO-MADE",
     ] {
         assert!(
             out.contains(want),
@@ -152,11 +158,26 @@ echo evil >> /mnt/p/.git/config && echo GITCFG-WRITTEN-AFTER-UMOUNT
         "SECRET-READ",
         "TOPSECRET",
         "SPILL-WRITTEN",
+        "BLOCK-DEVICE-MADE",
+        "CHAR-DEVICE-MADE",
     ] {
         assert!(!out.contains(bad), "guest managed {bad:?}:\n{out}");
     }
     // The host side: allowed writes landed, nothing else changed.
     assert_eq!(fs::read(proj.join("src/new.txt")).unwrap(), b"hello\n");
+    // No device node from the guest (virtiofsd runs without CAP_MKNOD),
+    // where the host's own mknod makes one (the filesystem would hold it).
+    assert!(!proj.join("src/disk").exists() && !proj.join("src/mem").exists());
+    let control = std::process::Command::new("mknod")
+        .arg(proj.join("src/control"))
+        .args(["c", "1", "3"])
+        .status()
+        .unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(control.success(), "the control mknod failed as root");
+        fs::remove_file(proj.join("src/control")).unwrap();
+    }
     assert_eq!(fs::read(proj.join(".git/config")).unwrap(), b"[core]\n");
     assert!(!proj.join(".git/hooks/pre-commit").exists());
     assert!(!proj.join("git2").exists());

@@ -35,6 +35,7 @@ pub fn sample_spec() -> ConfigureSpec {
         clock_unix_ns: 1_764_000_000_000_000_000,
         prepare: false,
         network: None,
+        overlay: None,
     }
 }
 

@@ -65,6 +65,11 @@ pub enum ShareOrigin {
     InstanceTmp,
     /// The instance's `spill/` (always read-only).
     InstanceSpill,
+    /// A `--cow` run's change set (its `layers/`: `upper/` and `work/`):
+    /// writable, mounted in the guest only, as the upper layer of an
+    /// overlay over the read-only share at the same container path
+    /// ([`with_cow`]). Never attached to the container itself.
+    ChangeSet,
 }
 
 /// A protected path masked inside a share by the share's virtiofsd.
@@ -178,6 +183,11 @@ pub enum VmLowerError {
     },
     #[error("tier vm: more than {0} shares; narrow the policy")]
     TooManyShares(usize),
+    #[error(
+        "tier vm: --cow: the project {project} is not a writable share of this policy ({why}); \
+         there is nothing for the command to write, so nothing to keep. Run without --cow"
+    )]
+    CowWithoutWritableProject { project: PathBuf, why: &'static str },
     #[error("tier vm: {0}")]
     Plan(#[from] super::plan::PlanError),
 }
@@ -201,9 +211,9 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<VmPlan, VmLowerError> {
             GrantOrigin::Policy => ShareOrigin::Policy,
             GrantOrigin::InstanceTmp => ShareOrigin::InstanceTmp,
             GrantOrigin::InstanceSpill => ShareOrigin::InstanceSpill,
-            // A host directory as a policy grant is (`--cow` is refused on
-            // tier 3 before anything is lowered; `hull policy explain` may
-            // still show such a view).
+            // A host directory as a policy grant is: tier 3 does not lower
+            // a `cow_view` (the seatbelt and appcontainer plan); its
+            // `--cow` is [`with_cow`] over the ordinary plan.
             GrantOrigin::ChangeSet => ShareOrigin::Policy,
         };
         let skip = |why| Skipped {
@@ -326,6 +336,7 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<VmPlan, VmLowerError> {
         s.tag = match s.origin {
             ShareOrigin::InstanceSpill => "spill".into(),
             ShareOrigin::InstanceTmp => "tmp".into(),
+            ShareOrigin::ChangeSet => "changes".into(),
             ShareOrigin::Policy if s.host_path == policy.vars.project => "project".into(),
             ShareOrigin::Policy if s.readonly => {
                 n_ro += 1;
@@ -416,6 +427,64 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<VmPlan, VmLowerError> {
         },
         network: "none",
     })
+}
+
+/// `--cow`: the project's share becomes read-only on the host (its
+/// virtiofsd `--readonly`; its masks kept, placeholders for missing ones
+/// made as for a writable share) and the lower layer of an overlay in the
+/// guest, whose upper layer is `layers` (a change set's `upper/` and
+/// `work/`), served writable by a share of its own ([`ShareOrigin::ChangeSet`],
+/// at the project's container path). The command's writes land in
+/// `layers/upper` on the host and nowhere else.
+pub fn with_cow(mut plan: VmPlan, project: &Path, layers: &Path) -> Result<VmPlan, VmLowerError> {
+    let refuse = |why| VmLowerError::CowWithoutWritableProject {
+        project: project.to_path_buf(),
+        why,
+    };
+    let share = plan
+        .shares
+        .iter_mut()
+        .find(|s| s.origin == ShareOrigin::Policy && s.container_path == project)
+        .ok_or_else(|| refuse("it is not shared on its own"))?;
+    if share.readonly {
+        return Err(refuse("it is shared read-only"));
+    }
+    share.readonly = true;
+    plan.shares.push(Share {
+        tag: "changes".into(),
+        host_path: layers.to_path_buf(),
+        guest_path: format!("{GUEST_SHARE_ROOT}/changes"),
+        container_path: project.to_path_buf(),
+        readonly: false,
+        exec: false,
+        origin: ShareOrigin::ChangeSet,
+        masks: Vec::new(),
+        subdir: None,
+    });
+    if plan.shares.len() > MAX_SHARES {
+        return Err(VmLowerError::TooManyShares(MAX_SHARES));
+    }
+    Ok(plan)
+}
+
+impl VmPlan {
+    /// The `--cow` overlay's shares, when the plan has one: the change
+    /// set's (upper) and the read-only share beneath it (lower).
+    pub fn overlay(&self) -> Option<(&Share, &Share)> {
+        let upper = self
+            .shares
+            .iter()
+            .find(|s| s.origin == ShareOrigin::ChangeSet)?;
+        let lower = self.shares.iter().find(|s| {
+            s.origin == ShareOrigin::Policy && s.container_path == upper.container_path
+        })?;
+        Some((upper, lower))
+    }
+
+    /// Whether `s` is the lower layer of the plan's `--cow` overlay.
+    pub fn is_overlay_lower(&self, s: &Share) -> bool {
+        self.overlay().is_some_and(|(_, lower)| lower.tag == s.tag)
+    }
 }
 
 /// Checks that no component from the share root down to `path` is a

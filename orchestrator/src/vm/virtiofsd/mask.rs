@@ -62,7 +62,7 @@ pub(super) fn hold_placeholders(spec: &VirtiofsdSpec) -> Result<Held, VirtiofsdE
     for m in &spec.masks {
         check_mask_path(&spec.tag, &spec.shared_dir, &m.path)?;
     }
-    if spec.readonly {
+    if spec.readonly && spec.overlay != Some(super::OverlayRole::Lower) {
         // Nothing can be created through a read-only share.
         return Ok(Held::default());
     }
@@ -418,6 +418,7 @@ mod tests {
                     at: view.join("1"),
                 },
             ],
+            overlay: None,
         };
         prepare_view(&spec).unwrap();
         let plan = MountPlan::for_ids(&spec, d.path(), 0, 0).unwrap();
@@ -516,6 +517,7 @@ mod tests {
                 },
             ],
             views: Vec::new(),
+            overlay: None,
         };
         let plan = MountPlan::for_ids(&spec, d.path(), 65534, 65534).unwrap();
         assert!(plan.userns);

@@ -90,6 +90,27 @@ pub struct ViewBind {
     pub at: PathBuf,
 }
 
+/// The part a share plays in a `--cow` run's overlay in the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlayRole {
+    /// The project, read-only beneath the overlay: its protected paths
+    /// that are missing get placeholders as in a writable share (the
+    /// guest binds each read-only over the overlay, so the command cannot
+    /// create them in its change set either); submounts (the masks) are
+    /// not announced, as overlayfs cannot look up through them.
+    Lower,
+    /// The change set's `upper/` and `work/`: the one share with xattrs,
+    /// and only `user.overlay.*` (the overlay's marks, mounted with
+    /// `userxattr`); every other name is refused to the guest and hidden
+    /// from it.
+    Upper,
+}
+
+/// The `--xattrmap` of an overlay's upper share: `user.overlay.*` passes
+/// both ways, anything else is refused (EPERM) and hidden.
+pub const UPPER_XATTRMAP: &str = ":ok:client:user.overlay.:::ok:server::user.overlay.::bad:all:::";
+
 /// Everything one virtiofsd is started with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VirtiofsdSpec {
@@ -109,6 +130,9 @@ pub struct VirtiofsdSpec {
     /// directories of it in virtiofsd's private mount namespace. Only for a
     /// read-only spec without masks.
     pub views: Vec<ViewBind>,
+    /// Its part in a `--cow` overlay, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<OverlayRole>,
 }
 
 impl VirtiofsdSpec {
@@ -132,6 +156,22 @@ impl VirtiofsdSpec {
         if let Some((uid, gid)) = self.translate {
             kv("--translate-uid=", &format!("map:{uid}:0:1").into());
             kv("--translate-gid=", &format!("map:{gid}:0:1").into());
+        }
+        // No device nodes from the guest: mknod of a block or character
+        // device on the host would give whoever reaches the share that
+        // device. (Fifos, sockets and an overlay's whiteouts, a character
+        // device 0/0, need no CAP_MKNOD.)
+        kv("--modcaps=", &"-mknod".into());
+        match self.overlay {
+            Some(OverlayRole::Upper) => {
+                kv("--xattrmap=", &UPPER_XATTRMAP.into());
+                kv("--xattr", &OsString::new());
+            }
+            // overlayfs refuses to look up through an automount, which is
+            // what the guest makes of an announced submount (the masks
+            // are mounts): the lower layer shows them as plain directories.
+            Some(OverlayRole::Lower) => kv("--no-announce-submounts", &OsString::new()),
+            None => {}
         }
         kv("--log-level=", &"info".into());
         if self.readonly {
@@ -193,6 +233,7 @@ mod tests {
             translate: Some((1000, 1000)),
             masks: vec![],
             views: vec![],
+            overlay: None,
         };
         let got: Vec<String> = spec
             .argv()
@@ -209,6 +250,7 @@ mod tests {
                 "--cache=auto",
                 "--translate-uid=map:1000:0:1",
                 "--translate-gid=map:1000:0:1",
+                "--modcaps=-mknod",
                 "--log-level=info",
                 "--readonly",
             ]
@@ -223,5 +265,16 @@ mod tests {
             .collect();
         assert!(!got.iter().any(|a| a == "--readonly"));
         assert!(got.iter().any(|a| a == "--sandbox=chroot"));
+        // xattrs on no share but an overlay's upper, and only its marks.
+        assert!(!got.iter().any(|a| a.starts_with("--xattr")));
+        rw.overlay = Some(OverlayRole::Upper);
+        let got: Vec<String> = rw
+            .argv()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(got.iter().any(|a| a == "--xattr"));
+        assert!(got.contains(&format!("--xattrmap={UPPER_XATTRMAP}")));
+        assert!(got.iter().any(|a| a == "--modcaps=-mknod"));
     }
 }
