@@ -388,15 +388,17 @@ pub fn run_process_tier(
             let masks = launch::create_masks(run_dir)?;
             let plan = crate::policy::lower::bwrap::lower(policy, &RealFs, &masks, &spec.cwd)
                 .map_err(|source| RunError::Lower { tier, source })?;
-            let wanted: Vec<crate::runtime::placeholder::Wanted> = plan
+            let mut wanted: Vec<crate::runtime::placeholder::Wanted> = plan
                 .placeholders
                 .iter()
                 .map(|p| crate::runtime::placeholder::Wanted {
                     path: p.path.clone(),
                     root: p.root.clone(),
                     dir: p.dir,
+                    seen: false,
                 })
                 .collect();
+            wanted.extend(seen_placeholders(policy, &wanted));
             let runs_root = run_dir.parent().unwrap_or(run_dir);
             placeholders = crate::runtime::placeholder::hold(&wanted, runs_root)
                 .map_err(|source| RunError::Placeholders { tier, source })?;
@@ -872,9 +874,39 @@ pub fn execute(
     })
 }
 
+/// The protected paths inside writable roots that the plan found there
+/// (so asked no placeholder for): each may be another run's placeholder,
+/// which this run must hold too, or the other run's end would remove it
+/// from under this one's bind ([`crate::runtime::placeholder::Wanted::seen`]).
+#[cfg(target_os = "linux")]
+fn seen_placeholders(
+    policy: &Policy,
+    planned: &[crate::runtime::placeholder::Wanted],
+) -> Vec<crate::runtime::placeholder::Wanted> {
+    let roots: Vec<&Path> = policy.writable_roots().map(|g| g.path.as_path()).collect();
+    policy
+        .protects
+        .iter()
+        .filter(|p| !planned.iter().any(|w| w.path == p.path))
+        .filter_map(|p| {
+            let root = roots
+                .iter()
+                .filter(|r| p.path.starts_with(r) && p.path != **r)
+                .max_by_key(|r| r.components().count())?;
+            let meta = std::fs::symlink_metadata(&p.path).ok()?;
+            Some(crate::runtime::placeholder::Wanted {
+                path: p.path.clone(),
+                root: root.to_path_buf(),
+                dir: meta.is_dir(),
+                seen: true,
+            })
+        })
+        .collect()
+}
+
 /// Why `--cow` is refused on `tier`, if it is: where the tier cannot show
 /// the project through an overlay.
-fn cow_refused(tier: Tier) -> Option<&'static str> {
+pub fn cow_refused(tier: Tier) -> Option<&'static str> {
     match tier {
         #[cfg(target_os = "linux")]
         Tier::Bwrap => None,

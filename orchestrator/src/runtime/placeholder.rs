@@ -44,6 +44,11 @@ pub struct Wanted {
     pub root: PathBuf,
     /// A directory (`.git`, `.hull`) or an empty file (a shell startup file).
     pub dir: bool,
+    /// The plan saw something there: held only when it is a placeholder of
+    /// hull's (another run's, which would otherwise remove it from under
+    /// this one when it ends), made again if it has gone since, left alone
+    /// when it is the user's.
+    pub seen: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -278,6 +283,21 @@ fn hold_one(w: &Wanted, registry: &Registry, held: &mut Held) -> Result<(), Plac
         path.push(name);
         let last = i + 1 == names.len();
         let is_dir = !last || w.dir;
+        if last && w.seen {
+            // Only an empty directory or file can be one of ours; anything
+            // else there is the user's, and stays as it is.
+            if let Ok(st) = statat(&dir, *name, AtFlags::SYMLINK_NOFOLLOW) {
+                let ft = rustix::fs::FileType::from_raw_mode(st.st_mode);
+                let could_be_ours = if is_dir {
+                    ft == rustix::fs::FileType::Directory
+                } else {
+                    ft == rustix::fs::FileType::RegularFile && st.st_size == 0
+                };
+                if !could_be_ours {
+                    return Ok(());
+                }
+            }
+        }
         let node = acquire(&dir, name, is_dir, &path, registry, held)?;
         if !last {
             dir = node;
@@ -431,6 +451,7 @@ mod tests {
 
     fn want(f: &Fixture, rel: &str, dir: bool) -> Wanted {
         Wanted {
+            seen: false,
             path: f.root.join(rel),
             root: f.root.clone(),
             dir,
@@ -492,6 +513,42 @@ mod tests {
         assert!(f.root.join(".bashrc").is_file() && f.root.join(".git").is_dir());
     }
 
+    /// A run whose plan saw another run's placeholder holds it too: the
+    /// first run's end leaves it for the second, whose end removes it. What
+    /// is the user's (not empty, or not registered) is never held.
+    #[test]
+    fn a_placeholder_another_run_made_is_held_by_a_run_that_saw_it() {
+        let f = fixture();
+        let a = hold(&[want(&f, ".git", true)], &f.runs).unwrap();
+        let seen = Wanted {
+            seen: true,
+            ..want(&f, ".git", true)
+        };
+        let b = hold(std::slice::from_ref(&seen), &f.runs).unwrap();
+        drop(a);
+        assert!(
+            f.root.join(".git").is_dir(),
+            "removed from under the second run"
+        );
+        drop(b);
+        assert!(!f.root.join(".git").exists());
+        // Gone between the plan and the hold: made again, and removed after.
+        let b = hold(std::slice::from_ref(&seen), &f.runs).unwrap();
+        assert!(f.root.join(".git").is_dir());
+        drop(b);
+        assert!(!f.root.join(".git").exists());
+        // The user's own, empty or not, stays.
+        std::fs::create_dir(f.root.join(".git")).unwrap();
+        std::fs::write(f.root.join(".bashrc"), b"mine\n").unwrap();
+        let rc = Wanted {
+            seen: true,
+            ..want(&f, ".bashrc", false)
+        };
+        drop(hold(&[seen, rc], &f.runs).unwrap());
+        assert!(f.root.join(".git").is_dir());
+        assert_eq!(std::fs::read(f.root.join(".bashrc")).unwrap(), b"mine\n");
+    }
+
     #[test]
     fn a_placeholder_written_to_stays() {
         let f = fixture();
@@ -520,6 +577,7 @@ mod tests {
     fn a_path_outside_its_root_is_refused() {
         let f = fixture();
         let w = Wanted {
+            seen: false,
             path: f.outside.join("x"),
             root: f.root.clone(),
             dir: true,

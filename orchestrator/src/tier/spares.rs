@@ -768,6 +768,7 @@ fn make_pool(
             path: hull.clone(),
             root: root.to_path_buf(),
             dir: true,
+            seen: false,
         }];
         let held = crate::runtime::placeholder::hold(&wanted, &run.runs_root)
             .map_err(|e| e.to_string())?;

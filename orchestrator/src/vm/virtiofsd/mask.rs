@@ -66,14 +66,16 @@ pub(super) fn hold_placeholders(spec: &VirtiofsdSpec) -> Result<Held, VirtiofsdE
         // Nothing can be created through a read-only share.
         return Ok(Held::default());
     }
+    // Every mask: one the plan found there may be another run's
+    // placeholder, which this one must hold too (`Wanted::seen`).
     let wanted: Vec<Wanted> = spec
         .masks
         .iter()
-        .filter(|m| fs::symlink_metadata(&m.path).is_err())
         .map(|m| Wanted {
             path: m.path.clone(),
             root: spec.shared_dir.clone(),
             dir: !m.placeholder_is_file,
+            seen: fs::symlink_metadata(&m.path).is_ok(),
         })
         .collect();
     placeholder::hold(&wanted, &crate::runtime::runs_root()).map_err(|source| {
