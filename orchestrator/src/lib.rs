@@ -8,6 +8,7 @@
 //! - [`vm`]: tier 3, the outer VM and its guest agent;
 //! - [`cli`]: argument parsing and output only.
 
+pub mod batch;
 #[cfg(unix)]
 pub mod canary;
 #[cfg(target_os = "linux")]

@@ -37,7 +37,7 @@ pub use apply::{apply, ApplyReport, Skipped};
 pub use baseline::{Baseline, Stamp};
 pub use diff::diff;
 pub use scan::scan;
-pub use store::{ChangeSet, Layers, Meta, Store};
+pub use store::{ChangeSet, Counts, Layers, Meta, Store};
 
 /// At most this many changes in one set (a scan past it fails naming it).
 pub const MAX_CHANGES: usize = 1_000_000;

@@ -4,11 +4,39 @@ use std::path::PathBuf;
 use clap::Args;
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BatchArgs {
-    /// Jobs file: one shell command per line (`-` reads stdin); blank lines
-    /// and `#` comments are skipped. Each job runs as `sh -c LINE` in the
-    /// project, in its own fresh tier-3 VM and container.
-    pub jobs: PathBuf,
+    #[command(subcommand)]
+    pub cmd: Option<BatchCommand>,
+    /// Jobs file (`-` reads stdin): one job per line, a JSON object
+    /// (`{"id": "t1", "argv": ["make", "test"], "project": "repos/t1",
+    /// "workspace": "cow", "env": {"K": "V"}, "timeout": "10m", "policy":
+    /// "build", "stdin": "..."}`; `sh` instead of `argv` runs a shell line)
+    /// or a shell command (`sh -c LINE`); blank lines and `#` comments are
+    /// skipped. Without --tier, --resume or --shard and without JSON lines,
+    /// each job runs in its own fresh tier-3 VM from a warm pool.
+    #[arg(required = true)]
+    pub jobs: Option<PathBuf>,
+    /// Run every job on this tier (repeatable: landlock, bwrap, vm), one
+    /// `hull run` per job and tier, each job's result appended to
+    /// `DIR/results.jsonl` as it ends.
+    #[arg(long = "tier", value_name = "TIER")]
+    pub tiers: Vec<String>,
+    /// Jobs at once with --tier (default: the number of cores).
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// Go on with the batch in --out: jobs with a result there are not run
+    /// again, those that were in flight when it stopped are.
+    #[arg(long)]
+    pub resume: bool,
+    /// Run only the jobs whose index (their order among the file's job
+    /// lines) modulo N is K.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<crate::batch::Shard>,
+    /// A line that is not a job: report it and run the rest (`skip`), or
+    /// run nothing (`fail`).
+    #[arg(long, value_enum, default_value = "fail")]
+    pub on_bad_line: crate::batch::OnBadLine,
     /// Tier 3 (the only tier `hull batch` runs; accepted for symmetry with `hull run`).
     #[arg(long)]
     pub tier3: bool,
@@ -41,9 +69,62 @@ fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
     crate::policy::resolve::parse_duration(s)
 }
 
+#[derive(Debug, clap::Subcommand)]
+pub enum BatchCommand {
+    /// Merge the result directories of a batch's shards and check that
+    /// every job has exactly one result on each tier.
+    Merge(MergeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The shards' output directories.
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// The jobs file: every job of it must have a result (on each tier
+    /// found in the results, or each --tier).
+    #[arg(long)]
+    pub jobs: Option<PathBuf>,
+    #[arg(long = "tier", value_name = "TIER")]
+    pub tiers: Vec<String>,
+    /// Write the merged `results.jsonl` into this new directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The most bytes of a jobs file.
+#[cfg(target_os = "linux")]
+const MAX_JOBS_FILE: u64 = 64 << 20;
+
+/// A jobs file's text (`-`: stdin), at most [`MAX_JOBS_FILE`] bytes.
+#[cfg(target_os = "linux")]
+fn read_jobs(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use std::io::Read;
+    let mut s = String::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .take(MAX_JOBS_FILE + 1)
+            .read_to_string(&mut s)
+            .context("read the jobs from stdin")?;
+    } else {
+        std::fs::File::open(path)
+            .with_context(|| format!("jobs file {}", path.display()))?
+            .take(MAX_JOBS_FILE + 1)
+            .read_to_string(&mut s)
+            .with_context(|| format!("read {}", path.display()))?;
+    }
+    anyhow::ensure!(
+        s.len() as u64 <= MAX_JOBS_FILE,
+        "jobs file {} is larger than {} MiB",
+        path.display(),
+        MAX_JOBS_FILE >> 20
+    );
+    Ok(s)
+}
+
 #[cfg(target_os = "linux")]
 pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
-    use std::io::Read;
     use std::sync::atomic::AtomicI32;
     use std::sync::Arc;
 
@@ -51,27 +132,19 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
 
     use crate::vm::pool;
 
+    if let Some(BatchCommand::Merge(m)) = a.cmd {
+        return merge(m);
+    }
+    let jobs_path = a.jobs.clone().context("a jobs file is needed")?;
+    let text = read_jobs(&jobs_path)?;
+    let json_lines = text.lines().any(|l| l.trim_start().starts_with('{'));
+    if !a.tiers.is_empty() || a.resume || a.shard.is_some() || json_lines {
+        return super::batch_jobs::run(a, &jobs_path, &text);
+    }
     // `--tier3` changes nothing: every job runs on tier 3.
     let _ = a.tier3;
-    let text = if a.jobs.as_os_str() == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .take(16 << 20)
-            .read_to_string(&mut s)
-            .context("read the jobs from stdin")?;
-        s
-    } else {
-        let meta = std::fs::metadata(&a.jobs)
-            .with_context(|| format!("jobs file {}", a.jobs.display()))?;
-        anyhow::ensure!(
-            meta.len() <= 16 << 20,
-            "jobs file {} is larger than 16 MiB",
-            a.jobs.display()
-        );
-        std::fs::read_to_string(&a.jobs).with_context(|| format!("read {}", a.jobs.display()))?
-    };
     let jobs = pool::parse_jobs(&text);
-    anyhow::ensure!(!jobs.is_empty(), "{}: no jobs", a.jobs.display());
+    anyhow::ensure!(!jobs.is_empty(), "{}: no jobs", jobs_path.display());
     let project = match a.project {
         Some(p) => p,
         None => super::default_project()?,
@@ -166,6 +239,58 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
     } else {
         1
     })
+}
+
+/// `hull batch merge`.
+#[cfg(target_os = "linux")]
+fn merge(m: MergeArgs) -> anyhow::Result<i32> {
+    use anyhow::Context;
+    let found = crate::batch::results::merge(&m.dirs, None)?;
+    let expected: Option<Vec<(String, String)>> = match &m.jobs {
+        Some(path) => {
+            let text = read_jobs(path)?;
+            let base = path.parent().unwrap_or(std::path::Path::new("."));
+            let parsed = crate::batch::jobs::parse(
+                &text,
+                &path.display().to_string(),
+                base,
+                crate::batch::OnBadLine::Skip,
+            )?;
+            let mut tiers = m.tiers.clone();
+            if tiers.is_empty() {
+                tiers = found.iter().map(|r| r.tier.clone()).collect();
+                tiers.sort();
+                tiers.dedup();
+            }
+            Some(
+                parsed
+                    .jobs
+                    .iter()
+                    .flat_map(|j| tiers.iter().map(|t| (j.id.clone(), t.clone())))
+                    .collect(),
+            )
+        }
+        None => None,
+    };
+    let merged = crate::batch::results::merge(&m.dirs, expected.as_deref())?;
+    if let Some(out) = &m.out {
+        std::fs::create_dir(out).with_context(|| format!("create {}", out.display()))?;
+        let (mut log, _) = crate::batch::ResultsLog::open(out)?;
+        for r in &merged {
+            log.append(r)?;
+        }
+    }
+    eprintln!(
+        "hull batch merge: {} results from {} directories, each job once per tier{}",
+        merged.len(),
+        m.dirs.len(),
+        if expected.is_some() {
+            ", every job of the jobs file present"
+        } else {
+            ""
+        }
+    );
+    Ok(0)
 }
 
 #[cfg(not(target_os = "linux"))]

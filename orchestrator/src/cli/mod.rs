@@ -2,6 +2,8 @@
 //! into the library. Errors are printed once, here, as a chain.
 
 pub mod batch;
+#[cfg(target_os = "linux")]
+pub mod batch_jobs;
 pub mod canary;
 pub mod changes;
 pub mod docs;
@@ -61,7 +63,9 @@ pub enum Command {
     /// Build, list or remove tier-3 guest images.
     #[command(subcommand)]
     Image(image::ImageCommand),
-    /// Run many jobs, each in a fresh tier-3 VM, from a warm pool of restored VMs.
+    /// Run many jobs: JSON lines or shell lines, on each --tier, a pristine
+    /// workspace each, results appended to DIR/results.jsonl (or, for shell
+    /// lines alone, each in a fresh tier-3 VM from a warm pool).
     Batch(batch::BatchArgs),
     /// Keep a tier-3 VM up between runs.
     #[command(subcommand)]

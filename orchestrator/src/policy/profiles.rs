@@ -16,6 +16,18 @@ pub const PROFILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The text of `spec` as [`load`] reads it (a shipped profile's, or the
+/// file's bytes), if there is one: what a receipt hashes.
+pub fn source(spec: &str) -> Option<Vec<u8>> {
+    if spec.contains('/') || spec.ends_with(".toml") {
+        return std::fs::read(spec).ok();
+    }
+    PROFILES
+        .iter()
+        .find(|(n, _)| *n == spec)
+        .map(|(_, text)| text.as_bytes().to_vec())
+}
+
 /// Loads `spec`: a shipped profile name, or a path to a TOML file (anything
 /// containing `/` or ending in `.toml`).
 pub fn load(spec: &str) -> Result<PolicyFile, PolicyError> {

@@ -1,0 +1,358 @@
+//! `DIR/results.jsonl`: one line per job and tier, appended and synced to
+//! disk when the job ends, so that a batch killed at any moment loses at
+//! most the jobs in flight and `--resume` knows exactly which ran.
+//!
+//! Guards against: a line torn by a crash mid-write (a last line without
+//! its newline is cut off when the log is opened again, and the job runs
+//! again), a line counted twice (the log refuses a second line for one id
+//! and tier), and unbounded reads (lines and file size capped).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The log's file name in the output directory.
+pub const RESULTS: &str = "results.jsonl";
+/// Longest result line read back.
+const MAX_LINE: usize = 1 << 20;
+/// Largest results file read back.
+const MAX_FILE: u64 = 4 << 30;
+
+/// How a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// The command exited (see `exit_code`).
+    Exit,
+    /// The command was killed by a signal.
+    Signal,
+    /// It ran past its timeout and its tree was killed.
+    Timeout,
+    /// hull failed to run it (see `error`); the command's result is unknown.
+    HullError,
+    /// The batch was interrupted while it ran.
+    Interrupted,
+}
+
+/// What isolated a job: enough to tell two runs' boundaries apart.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub tier: String,
+    pub hull_version: String,
+    /// `kvm`, `tcg` (tier 3), or absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<String>,
+    /// Versions of what enforced it (`bwrap`, `qemu`, `virtiofsd`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub components: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_kernel: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+}
+
+/// One job's result on one tier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultLine {
+    pub id: String,
+    pub tier: String,
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Seconds the job ran, from its start to its end.
+    pub wall_s: f64,
+    /// Seconds it waited for a worker after the batch started.
+    pub queue_s: f64,
+    /// Tier 3: seconds to restore its VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+    /// `workspace = "cow"`: the change set the job's writes were kept as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<crate::changes::Counts>,
+    /// sha256 of the policy file's text (or the profile's name).
+    pub policy_sha256: String,
+    pub receipt: Receipt,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResultsError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}: line {line}: not a result line: {why}")]
+    Bad {
+        path: PathBuf,
+        line: usize,
+        why: String,
+    },
+    #[error("{path}: larger than {MAX_FILE} bytes")]
+    TooLarge { path: PathBuf },
+    #[error("job {id} on tier {tier} has two results: {first} and {second}")]
+    Twice {
+        id: String,
+        tier: String,
+        first: String,
+        second: String,
+    },
+    #[error("job {id} has no result on tier {tier} in any of the directories")]
+    Missing { id: String, tier: String },
+}
+
+/// The results log of one batch directory, open for appending.
+#[derive(Debug)]
+pub struct ResultsLog {
+    path: PathBuf,
+    file: File,
+    done: BTreeSet<(String, String)>,
+}
+
+impl ResultsLog {
+    /// Opens (or creates) `dir/results.jsonl`: a torn last line is cut
+    /// off, the lines before it read back as the jobs already done.
+    pub fn open(dir: &Path) -> Result<(ResultsLog, Vec<ResultLine>), ResultsError> {
+        let path = dir.join(RESULTS);
+        let io_err = |what: &'static str| {
+            let path = path.clone();
+            move |source| ResultsError::Io { what, path, source }
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(io_err("cannot open"))?;
+        let len = file.metadata().map_err(io_err("cannot stat"))?.len();
+        if len > MAX_FILE {
+            return Err(ResultsError::TooLarge { path });
+        }
+        let mut bytes = Vec::new();
+        file.seek(SeekFrom::Start(0))
+            .and_then(|_| file.read_to_end(&mut bytes))
+            .map_err(io_err("cannot read"))?;
+        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        if whole < bytes.len() {
+            // The crash tore the last line: that job runs again.
+            file.set_len(whole as u64)
+                .map_err(io_err("cannot cut the torn line of"))?;
+            file.sync_all().map_err(io_err("cannot sync"))?;
+        }
+        let lines = parse_lines(&path, &bytes[..whole])?;
+        let mut done = BTreeSet::new();
+        for l in &lines {
+            done.insert((l.id.clone(), l.tier.clone()));
+        }
+        Ok((ResultsLog { path, file, done }, lines))
+    }
+
+    /// Whether `id` already has a result on `tier`.
+    pub fn has(&self, id: &str, tier: &str) -> bool {
+        self.done.contains(&(id.to_string(), tier.to_string()))
+    }
+
+    /// Appends one line and syncs it to disk before returning.
+    pub fn append(&mut self, r: &ResultLine) -> Result<(), ResultsError> {
+        if !self.done.insert((r.id.clone(), r.tier.clone())) {
+            return Err(ResultsError::Twice {
+                id: r.id.clone(),
+                tier: r.tier.clone(),
+                first: self.path.display().to_string(),
+                second: "this batch".into(),
+            });
+        }
+        let mut line = serde_json::to_vec(r).map_err(|e| ResultsError::Io {
+            what: "cannot encode a result for",
+            path: self.path.clone(),
+            source: io::Error::other(e),
+        })?;
+        line.push(b'\n');
+        // One write of the whole line (O_APPEND): a crash leaves it whole
+        // or torn at the end, never interleaved.
+        self.file
+            .write_all(&line)
+            .and_then(|_| self.file.sync_data())
+            .map_err(|source| ResultsError::Io {
+                what: "cannot append to",
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+fn parse_lines(path: &Path, bytes: &[u8]) -> Result<Vec<ResultLine>, ResultsError> {
+    let mut out = Vec::new();
+    for (i, l) in bytes.split(|b| *b == b'\n').enumerate() {
+        if l.is_empty() {
+            continue;
+        }
+        let bad = |why: String| ResultsError::Bad {
+            path: path.to_path_buf(),
+            line: i + 1,
+            why,
+        };
+        if l.len() > MAX_LINE {
+            return Err(bad(format!("longer than {MAX_LINE} bytes")));
+        }
+        out.push(serde_json::from_slice(l).map_err(|e| bad(e.to_string()))?);
+    }
+    Ok(out)
+}
+
+/// Reads the results of each shard's directory: every (id, tier) once
+/// across them all (a second is an error naming both directories), and,
+/// when `expected` is given, every expected (id, tier) present.
+pub fn merge(
+    dirs: &[PathBuf],
+    expected: Option<&[(String, String)]>,
+) -> Result<Vec<ResultLine>, ResultsError> {
+    let mut seen: BTreeMap<(String, String), PathBuf> = BTreeMap::new();
+    let mut out = Vec::new();
+    for d in dirs {
+        let path = d.join(RESULTS);
+        let meta = std::fs::metadata(&path).map_err(|source| ResultsError::Io {
+            what: "cannot read",
+            path: path.clone(),
+            source,
+        })?;
+        if meta.len() > MAX_FILE {
+            return Err(ResultsError::TooLarge { path });
+        }
+        let bytes = std::fs::read(&path).map_err(|source| ResultsError::Io {
+            what: "cannot read",
+            path: path.clone(),
+            source,
+        })?;
+        // A torn last line is not a result: its job did not finish.
+        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        for l in parse_lines(&path, &bytes[..whole])? {
+            let key = (l.id.clone(), l.tier.clone());
+            if let Some(first) = seen.insert(key, d.clone()) {
+                return Err(ResultsError::Twice {
+                    id: l.id,
+                    tier: l.tier,
+                    first: first.display().to_string(),
+                    second: d.display().to_string(),
+                });
+            }
+            out.push(l);
+        }
+    }
+    if let Some(expected) = expected {
+        for (id, tier) in expected {
+            if !seen.contains_key(&(id.clone(), tier.clone())) {
+                return Err(ResultsError::Missing {
+                    id: id.clone(),
+                    tier: tier.clone(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(id: &str, tier: &str) -> ResultLine {
+        ResultLine {
+            id: id.into(),
+            tier: tier.into(),
+            status: Status::Exit,
+            exit_code: Some(0),
+            signal: None,
+            wall_s: 0.5,
+            queue_s: 0.0,
+            restore_s: None,
+            peak_memory_bytes: None,
+            stdout: "jobs/x.stdout".into(),
+            stderr: "jobs/x.stderr".into(),
+            changes: None,
+            counts: None,
+            policy_sha256: "00".into(),
+            receipt: Receipt {
+                tier: tier.into(),
+                hull_version: "0".into(),
+                ..Receipt::default()
+            },
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_torn_last_line_is_cut_and_the_rest_read_back() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let (mut log, done) = ResultsLog::open(d.path()).unwrap();
+            assert!(done.is_empty());
+            log.append(&line("a", "bwrap")).unwrap();
+            log.append(&line("b", "bwrap")).unwrap();
+            assert!(log.append(&line("a", "bwrap")).is_err(), "a second result");
+        }
+        // What a crash in the middle of a write leaves.
+        let path = d.path().join(RESULTS);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"id\":\"c\",\"tier\":\"bw").unwrap();
+        drop(f);
+        let (mut log, done) = ResultsLog::open(d.path()).unwrap();
+        let ids: Vec<&str> = done.iter().map(|l| l.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert!(log.has("a", "bwrap") && !log.has("a", "vm") && !log.has("c", "bwrap"));
+        log.append(&line("c", "bwrap")).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 3);
+        assert!(text
+            .lines()
+            .all(|l| serde_json::from_str::<ResultLine>(l).is_ok()));
+    }
+
+    #[test]
+    fn merge_takes_each_result_once_and_names_what_is_missing_or_twice() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        ResultsLog::open(a.path())
+            .unwrap()
+            .0
+            .append(&line("j1", "vm"))
+            .unwrap();
+        ResultsLog::open(b.path())
+            .unwrap()
+            .0
+            .append(&line("j2", "vm"))
+            .unwrap();
+        let dirs = [a.path().to_path_buf(), b.path().to_path_buf()];
+        let want = [
+            ("j1".to_string(), "vm".to_string()),
+            ("j2".into(), "vm".into()),
+        ];
+        assert_eq!(merge(&dirs, Some(&want)).unwrap().len(), 2);
+        let more = [want[0].clone(), want[1].clone(), ("j3".into(), "vm".into())];
+        let e = merge(&dirs, Some(&more)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "job j3 has no result on tier vm in any of the directories"
+        );
+        ResultsLog::open(b.path())
+            .unwrap()
+            .0
+            .append(&line("j1", "vm"))
+            .unwrap();
+        let e = merge(&dirs, None).unwrap_err().to_string();
+        assert!(e.starts_with("job j1 on tier vm has two results"), "{e}");
+    }
+}

@@ -1,0 +1,322 @@
+//! Runs a batch's jobs on each tier: every (job, tier) without a result in
+//! the log becomes one `hull run` of this executable, `--parallel` at a
+//! time, its stdout and stderr in files of the output directory, its end
+//! read from its `--json-result` document and appended to the log.
+//!
+//! One process per job: a job that crashes hull takes no other job with
+//! it, and each run keeps the whole boundary and cleanup of `hull run`
+//! (its instance, its sandbox, its VM). Each child gets SIGTERM when the
+//! batch dies (`PR_SET_PDEATHSIG`), which ends its command's tree and
+//! cleans up as an interrupt does; a job the batch did not see end has no
+//! line, and `--resume` runs it again.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::jobs::{Job, Workspace};
+use super::results::{Receipt, ResultLine, ResultsError, ResultsLog, Status};
+
+/// What every job of a batch shares.
+#[derive(Debug, Clone)]
+pub struct RunnerOptions {
+    /// Tier names, each job runs on each.
+    pub tiers: Vec<String>,
+    pub parallel: usize,
+    /// The output directory (the log, `jobs/`).
+    pub out: PathBuf,
+    /// A job's project when it names none.
+    pub project: PathBuf,
+    /// A job's policy when it names none.
+    pub policy: String,
+    pub timeout: Option<Duration>,
+    /// This executable.
+    pub hull: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error(transparent)]
+    Results(#[from] ResultsError),
+    #[error("cannot create {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where the batch stands, after each job.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    pub done: usize,
+    pub failed: usize,
+    pub running: usize,
+    pub total: usize,
+}
+
+/// The (job, tier) pairs still to run: those without a line in `log`.
+pub fn pending<'a>(jobs: &'a [Job], tiers: &[String], log: &ResultsLog) -> Vec<(&'a Job, String)> {
+    let mut out = Vec::new();
+    for j in jobs {
+        for t in tiers {
+            if !log.has(&j.id, t) {
+                out.push((j, t.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Runs every pending (job, tier), appending each result to `log` as it
+/// ends; stops handing out work once `irq` is set. Returns this run's
+/// results (an interrupted job has none: it runs again on `--resume`).
+pub fn run(
+    work: Vec<(&Job, String)>,
+    opts: &RunnerOptions,
+    log: &mut ResultsLog,
+    irq: &Arc<AtomicI32>,
+    on_result: &mut dyn FnMut(&ResultLine, Progress),
+) -> Result<Vec<ResultLine>, RunnerError> {
+    let jobs_dir = opts.out.join("jobs");
+    std::fs::create_dir_all(&jobs_dir).map_err(|source| RunnerError::Dir {
+        path: jobs_dir.clone(),
+        source,
+    })?;
+    let total = work.len();
+    let queue: Mutex<VecDeque<(Job, String)>> =
+        Mutex::new(work.into_iter().map(|(j, t)| (j.clone(), t)).collect());
+    let policy_sha = policy_sha256(&opts.policy);
+    let started = Instant::now();
+    let (tx, rx) = mpsc::channel::<Option<ResultLine>>();
+    let running = AtomicI32::new(0);
+    let mut out = Vec::new();
+    let mut progress = Progress {
+        total,
+        ..Progress::default()
+    };
+    std::thread::scope(|s| -> Result<(), RunnerError> {
+        for _ in 0..opts.parallel.max(1).min(total.max(1)) {
+            let tx = tx.clone();
+            let (queue, running, policy_sha) = (&queue, &running, &policy_sha);
+            s.spawn(move || loop {
+                if irq.load(Ordering::SeqCst) != 0 {
+                    return;
+                }
+                let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+                let Some((job, tier)) = next else { return };
+                running.fetch_add(1, Ordering::SeqCst);
+                let queue_s = started.elapsed().as_secs_f64();
+                let r = run_one(&job, &tier, opts, queue_s, policy_sha);
+                running.fetch_sub(1, Ordering::SeqCst);
+                let interrupted = r.status == Status::Interrupted;
+                if tx.send((!interrupted).then_some(r)).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(tx);
+        for r in rx {
+            let Some(r) = r else { continue };
+            log.append(&r)?;
+            progress.done += 1;
+            if !(r.status == Status::Exit && r.exit_code == Some(0)) {
+                progress.failed += 1;
+            }
+            progress.running = running.load(Ordering::SeqCst).max(0) as usize;
+            on_result(&r, progress);
+            out.push(r);
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// sha256 of the policy's text: the file's, or the shipped profile's.
+pub fn policy_sha256(policy: &str) -> String {
+    use sha2::Digest;
+    let text =
+        crate::policy::profiles::source(policy).unwrap_or_else(|| policy.as_bytes().to_vec());
+    crate::text::hex(&sha2::Sha256::digest(&text))
+}
+
+fn run_one(
+    job: &Job,
+    tier: &str,
+    opts: &RunnerOptions,
+    queue_s: f64,
+    policy_sha: &str,
+) -> ResultLine {
+    let jobs_dir = opts.out.join("jobs");
+    let base = jobs_dir.join(format!("{}.{tier}", job.id));
+    let with = |ext: &str| {
+        let mut p = base.clone().into_os_string();
+        p.push(ext);
+        PathBuf::from(p)
+    };
+    let (stdout, stderr, result) = (with(".stdout"), with(".stderr"), with(".result.json"));
+    let policy = job.policy.clone().unwrap_or_else(|| opts.policy.clone());
+    let policy_sha = if job.policy.is_some() {
+        policy_sha256(&policy)
+    } else {
+        policy_sha.to_string()
+    };
+    let mut line = ResultLine {
+        id: job.id.clone(),
+        tier: tier.to_string(),
+        status: Status::HullError,
+        exit_code: None,
+        signal: None,
+        wall_s: 0.0,
+        queue_s,
+        restore_s: None,
+        peak_memory_bytes: None,
+        stdout: stdout.clone(),
+        stderr: stderr.clone(),
+        changes: None,
+        counts: None,
+        policy_sha256: policy_sha,
+        receipt: Receipt {
+            tier: tier.to_string(),
+            hull_version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Receipt::default()
+        },
+        error: None,
+    };
+    let _ = std::fs::remove_file(&result);
+    let t0 = Instant::now();
+    let status = spawn_and_wait(job, tier, opts, &policy, &stdout, &stderr, &result);
+    line.wall_s = t0.elapsed().as_secs_f64();
+    if let Err(e) = status {
+        line.error = Some(e);
+        return line;
+    }
+    read_result(&result, &stderr, &mut line);
+    line
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spawn_and_wait(
+    job: &Job,
+    tier: &str,
+    opts: &RunnerOptions,
+    policy: &str,
+    stdout: &Path,
+    stderr: &Path,
+    result: &Path,
+) -> Result<std::process::ExitStatus, String> {
+    let project = job.project.clone().unwrap_or_else(|| opts.project.clone());
+    let mut cmd = std::process::Command::new(&opts.hull);
+    cmd.args(["run", "--tier", tier, "--policy", policy])
+        .arg("--project")
+        .arg(&project)
+        .arg("--json-result")
+        .arg(result);
+    if job.workspace == Workspace::Cow {
+        cmd.arg("--cow");
+    }
+    if let Some(t) = job.timeout.or(opts.timeout) {
+        cmd.args(["--timeout", &format!("{}ms", t.as_millis().max(1))]);
+    }
+    for (k, v) in &job.env {
+        cmd.arg("--env").arg(format!("{k}={v}"));
+    }
+    cmd.arg("--").args(job.command.argv());
+    let file = |p: &Path| {
+        std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
+    };
+    cmd.stdout(file(stdout)?)
+        .stderr(file(stderr)?)
+        .stdin(if job.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no
+    // memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", opts.hull.display()))?;
+    if let (Some(text), Some(mut stdin)) = (job.stdin.clone(), child.stdin.take()) {
+        // A command that does not read its stdin closes the pipe: that is
+        // not the job's failure.
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(text.as_bytes());
+        });
+    }
+    child
+        .wait()
+        .map_err(|e| format!("cannot wait for hull run: {e}"))
+}
+
+/// Fills `line` from the `--json-result` document, or, without one, with
+/// the end of hull's stderr as the error.
+fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
+    let doc: Option<serde_json::Value> = std::fs::read(result)
+        .ok()
+        .filter(|b| b.len() <= 1 << 20)
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let Some(doc) = doc else {
+        line.error = Some(format!(
+            "hull run left no result document; its stderr ends: {}",
+            tail(stderr)
+        ));
+        return;
+    };
+    let int = |k: &str| doc[k].as_i64().map(|v| v as i32);
+    match doc["outcome"].as_str() {
+        Some("exited") => {
+            line.status = Status::Exit;
+            line.exit_code = int("code");
+        }
+        Some("not_runnable") => {
+            line.status = Status::Exit;
+            line.exit_code = int("exit_code");
+            line.error = doc["message"].as_str().map(str::to_string);
+        }
+        Some("signaled") => {
+            line.status = Status::Signal;
+            line.signal = int("signal");
+        }
+        Some("timed_out") => line.status = Status::Timeout,
+        Some("interrupted") => {
+            line.status = Status::Interrupted;
+            line.signal = int("signal");
+        }
+        _ => {
+            line.status = Status::HullError;
+            line.error = Some(
+                doc["message"]
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| tail(stderr)),
+            );
+        }
+    }
+    if let Some(id) = doc["changes"].as_str() {
+        line.changes = Some(id.to_string());
+        let store = crate::changes::Store::open(crate::changes::Store::default_root());
+        line.counts = store.get(id).ok().map(|s| s.meta.counts);
+    }
+}
+
+/// The last line of hull's stderr, printable.
+fn tail(stderr: &Path) -> String {
+    let text = std::fs::read(stderr).unwrap_or_default();
+    let start = text.len().saturating_sub(4096);
+    let s = String::from_utf8_lossy(&text[start..]);
+    crate::text::printable(s.trim_end().lines().last().unwrap_or("(empty)"))
+}

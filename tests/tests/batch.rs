@@ -1,0 +1,398 @@
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+// Test code: a failed expectation is a failed test.
+//! `hull batch` with JSON jobs on the process tiers, end to end with the
+//! real `hull`: a pristine workspace per job (bwrap, `workspace = "cow"`),
+//! results appended per job and tier, bad lines named by number, exact
+//! resume after `kill -9`, shards merged.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use hull_tests::{require_tier, show, World};
+
+fn batch(w: &World, args: &[&str]) -> Output {
+    w.hull()
+        .arg("batch")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("hull batch")
+}
+
+/// The whole lines of `out/results.jsonl` (a line being written is not
+/// one yet).
+fn results(out: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap_or_default();
+    let whole = text.rfind('\n').map_or(0, |i| i + 1);
+    text[..whole]
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn ids(rs: &[serde_json::Value]) -> Vec<String> {
+    let mut v: Vec<String> = rs
+        .iter()
+        .map(|r| {
+            format!(
+                "{}@{}",
+                r["id"].as_str().unwrap(),
+                r["tier"].as_str().unwrap()
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Three jobs each write into their workspace on bwrap: none sees another's
+/// write, each keeps its own change set, the project is untouched; on
+/// landlock the same jobs share the project (`workspace = "shared"`) and
+/// their writes land. One result line per job and tier.
+#[cfg(all(feature = "bwrap", feature = "landlock"))]
+#[test]
+fn json_jobs_run_on_each_tier_with_a_pristine_workspace_each() {
+    require_tier("bwrap");
+    require_tier("landlock");
+    let w = World::new();
+    std::fs::write(w.project.join("base.txt"), "base\n").unwrap();
+    let listing = |p: &Path| {
+        let o = Command::new("ls").current_dir(p).output().unwrap();
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let before = listing(&w.project);
+    let jobs = w.root.path().join("jobs.jsonl");
+    let mut text = String::from("# three jobs\n");
+    for i in 1..=3 {
+        text.push_str(&format!(
+            "{{\"id\": \"j{i}\", \"sh\": \"ls; echo $N > mark-$N\", \"env\": {{\"N\": \"{i}\"}}}}\n"
+        ));
+    }
+    std::fs::write(&jobs, &text).unwrap();
+    let out = w.root.path().join("out");
+    let o = batch(
+        &w,
+        &[
+            jobs.to_str().unwrap(),
+            "--tier",
+            "bwrap",
+            "--project",
+            w.project.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--parallel",
+            "2",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let rs = results(&out);
+    assert_eq!(ids(&rs), ["j1@bwrap", "j2@bwrap", "j3@bwrap"]);
+    for r in &rs {
+        assert_eq!(r["status"], "exit", "{r}");
+        assert_eq!(r["exit_code"], 0, "{r}");
+        assert_eq!(r["counts"]["added"], 1, "{r}");
+        assert_eq!(r["receipt"]["tier"], "bwrap", "{r}");
+        assert!(r["policy_sha256"].as_str().unwrap().len() == 64, "{r}");
+        // Each saw the project as it was: no other job's mark.
+        let seen = std::fs::read_to_string(r["stdout"].as_str().unwrap()).unwrap();
+        assert_eq!(seen, before, "{r}");
+    }
+    assert_eq!(
+        listing(&w.project),
+        before,
+        "a cow job wrote into the project"
+    );
+
+    // landlock cannot keep a change set: cow jobs are refused up front...
+    let o = batch(
+        &w,
+        &[
+            jobs.to_str().unwrap(),
+            "--tier",
+            "landlock",
+            "--project",
+            w.project.to_str().unwrap(),
+            "--out",
+            w.root.path().join("out-refused").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("tier landlock cannot give job j1 (line 2) a pristine workspace"),
+        "{}",
+        show(&o)
+    );
+    assert!(!w.root.path().join("out-refused").exists());
+    assert_eq!(listing(&w.project), before);
+    // ...and the same jobs share the project.
+    let shared = w.root.path().join("shared.jsonl");
+    std::fs::write(
+        &shared,
+        text.replace("\"env\"", "\"workspace\": \"shared\", \"env\""),
+    )
+    .unwrap();
+    let out2 = w.root.path().join("out2");
+    let o = batch(
+        &w,
+        &[
+            shared.to_str().unwrap(),
+            "--tier",
+            "landlock",
+            "--project",
+            w.project.to_str().unwrap(),
+            "--out",
+            out2.to_str().unwrap(),
+            "--parallel",
+            "1",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        ids(&results(&out2)),
+        ["j1@landlock", "j2@landlock", "j3@landlock"]
+    );
+    for i in 1..=3 {
+        assert_eq!(
+            std::fs::read_to_string(w.project.join(format!("mark-{i}"))).unwrap(),
+            format!("{i}\n")
+        );
+    }
+}
+
+/// Malformed lines and unknown keys are named by line number (fatal by
+/// default, skipped on request); duplicate ids refuse the batch before
+/// anything runs.
+#[cfg(feature = "bwrap")]
+#[test]
+fn bad_lines_and_duplicate_ids_are_named_before_anything_runs() {
+    require_tier("bwrap");
+    let w = World::new();
+    let jobs = w.root.path().join("jobs.jsonl");
+    std::fs::write(
+        &jobs,
+        "{\"id\": \"a\", \"sh\": \"echo a > ran-a\"}\n{\"id\": \"b\", \"sh\": \"true\", \"colour\": 1}\n{oops\n",
+    )
+    .unwrap();
+    let out = w.root.path().join("out");
+    let args = |file: &Path, extra: &[&str]| -> Vec<String> {
+        let mut v = vec![
+            file.to_str().unwrap().to_string(),
+            "--tier".into(),
+            "bwrap".into(),
+            "--project".into(),
+            w.project.to_str().unwrap().into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |v: Vec<String>| batch(&w, &v.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = run(args(&jobs, &[]));
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("2 bad lines, the first: line 2"), "{err}");
+    assert!(err.contains("unknown field `colour`"), "{err}");
+    assert!(!out.exists() && !w.project.join("ran-a").exists());
+    let o = run(args(&jobs, &["--on-bad-line", "skip", "--json"]));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("skipped line 2: not a job: unknown field `colour`"),
+        "{err}"
+    );
+    assert!(err.contains("skipped line 3: not a job"), "{err}");
+    assert_eq!(ids(&results(&out)), ["a@bwrap"]);
+    let dup = w.root.path().join("dup.jsonl");
+    std::fs::write(
+        &dup,
+        "{\"id\": \"x\", \"sh\": \"true\"}\n\n{\"id\": \"x\", \"sh\": \"true\"}\n",
+    )
+    .unwrap();
+    let out = w.root.path().join("out-dup");
+    let o = batch(
+        &w,
+        &[
+            dup.to_str().unwrap(),
+            "--tier",
+            "bwrap",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("line 3: the id \"x\" is also the id of line 1"),
+        "{}",
+        show(&o)
+    );
+    assert!(!out.exists());
+}
+
+/// `kill -9` of hull in the middle of a batch, then `--resume`: every job
+/// has exactly one result line, the ones in flight ran again, and no
+/// process of the killed batch is left.
+#[cfg(feature = "bwrap")]
+#[test]
+fn a_killed_batch_resumes_with_exactly_one_result_per_job() {
+    require_tier("bwrap");
+    let w = World::new();
+    let jobs = w.root.path().join("jobs.jsonl");
+    let text: String = (0..8)
+        .map(|i| format!("{{\"id\": \"k{i}\", \"sh\": \"sleep 0.4; echo {i}\"}}\n"))
+        .collect();
+    std::fs::write(&jobs, text).unwrap();
+    let out = w.root.path().join("out");
+    let args = [
+        jobs.to_str().unwrap(),
+        "--tier",
+        "bwrap",
+        "--project",
+        w.project.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--parallel",
+        "2",
+    ];
+    let mut child = w
+        .hull()
+        .arg("batch")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while results(&out).len() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no results after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = results(&out).len();
+    assert!(before < 8, "the batch ended before it was killed");
+    // The jobs in flight got SIGTERM with their parent and ended.
+    std::thread::sleep(Duration::from_secs(2));
+    let left = Command::new("pgrep")
+        .args(["-f", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "left running: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    let o = batch(&w, &args);
+    assert_eq!(
+        o.status.code(),
+        Some(125),
+        "a second batch into one --out: {}",
+        show(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--resume"),
+        "{}",
+        show(&o)
+    );
+    let mut resumed: Vec<&str> = args.to_vec();
+    resumed.push("--resume");
+    let o = batch(&w, &resumed);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let rs = results(&out);
+    let want: Vec<String> = (0..8).map(|i| format!("k{i}@bwrap")).collect();
+    assert_eq!(ids(&rs), want, "not exactly one result per job");
+    for r in &rs {
+        let n = r["id"].as_str().unwrap().trim_start_matches('k');
+        let got = std::fs::read_to_string(r["stdout"].as_str().unwrap()).unwrap();
+        assert_eq!(got, format!("{n}\n"), "{r}");
+    }
+}
+
+/// Two shards run apart and merged hold the same jobs as one unsharded
+/// run; a merge that misses a job, or has one twice, says which.
+#[cfg(feature = "bwrap")]
+#[test]
+fn two_shards_merged_equal_one_unsharded_run() {
+    require_tier("bwrap");
+    let w = World::new();
+    let jobs = w.root.path().join("jobs.jsonl");
+    let text: String = (0..5)
+        .map(|i| format!("{{\"id\": \"s{i}\", \"sh\": \"echo {i}\"}}\n"))
+        .collect();
+    std::fs::write(&jobs, text).unwrap();
+    let dir = |n: &str| w.root.path().join(n);
+    let run = |out: &Path, shard: Option<&str>| {
+        let mut a = vec![
+            jobs.to_str().unwrap(),
+            "--tier",
+            "bwrap",
+            "--project",
+            w.project.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        if let Some(s) = shard {
+            a.extend(["--shard", s]);
+        }
+        let o = batch(&w, &a);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    };
+    run(&dir("all"), None);
+    run(&dir("s0"), Some("0/2"));
+    run(&dir("s1"), Some("1/2"));
+    assert_eq!(
+        ids(&results(&dir("s0"))),
+        ["s0@bwrap", "s2@bwrap", "s4@bwrap"]
+    );
+    let merged = dir("merged");
+    let o = batch(
+        &w,
+        &[
+            "merge",
+            dir("s0").to_str().unwrap(),
+            dir("s1").to_str().unwrap(),
+            "--jobs",
+            jobs.to_str().unwrap(),
+            "--out",
+            merged.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(ids(&results(&merged)), ids(&results(&dir("all"))));
+    let o = batch(
+        &w,
+        &[
+            "merge",
+            dir("s0").to_str().unwrap(),
+            "--jobs",
+            jobs.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("job s1 has no result on tier bwrap"),
+        "{}",
+        show(&o)
+    );
+    let o = batch(
+        &w,
+        &[
+            "merge",
+            dir("s0").to_str().unwrap(),
+            dir("all").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("job s0 on tier bwrap has two results"),
+        "{}",
+        show(&o)
+    );
+}
