@@ -396,3 +396,49 @@ fn two_shards_merged_equal_one_unsharded_run() {
         show(&o)
     );
 }
+
+/// Tier 3: each job in a VM of its own, its writes kept apart as its change
+/// set; one result line per job with the tier-3 receipt.
+#[cfg(feature = "tier3")]
+mod vm {
+    use super::*;
+
+    #[test]
+    fn json_jobs_run_on_vm_with_a_pristine_workspace_each() {
+        require_tier("vm");
+        let w = World::new();
+        std::fs::write(w.project.join("base.txt"), "base\n").unwrap();
+        let jobs = w.root.path().join("jobs.jsonl");
+        std::fs::write(
+            &jobs,
+            "{\"id\": \"v1\", \"sh\": \"cat base.txt; ls mark-* 2>/dev/null; echo 1 > mark-1\"}\n\
+             {\"id\": \"v2\", \"sh\": \"cat base.txt; ls mark-* 2>/dev/null; echo 2 > mark-2\", \"stdin\": \"x\"}\n",
+        )
+        .unwrap();
+        let out = w.root.path().join("out");
+        let o = batch(
+            &w,
+            &[
+                jobs.to_str().unwrap(),
+                "--tier",
+                "vm",
+                "--project",
+                w.project.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--parallel",
+                "1",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let rs = results(&out);
+        assert_eq!(ids(&rs), ["v1@vm", "v2@vm"]);
+        for r in &rs {
+            assert_eq!(r["exit_code"], 0, "{r}");
+            assert_eq!(r["counts"]["added"], 1, "{r}");
+            let seen = std::fs::read_to_string(r["stdout"].as_str().unwrap()).unwrap();
+            assert_eq!(seen, "base\n", "another job's write was seen: {r}");
+        }
+        assert!(!w.project.join("mark-1").exists() && !w.project.join("mark-2").exists());
+    }
+}
