@@ -54,6 +54,9 @@ impl World {
     /// As [`cow`], with `meanwhile` run on the host after the command and
     /// before the scan (a change the project gets during the run).
     fn cow_then(&self, script: &str, meanwhile: impl FnOnce(&ChangeSet)) -> ChangeSet {
+        // File times come from a coarse clock: what the test wrote in the
+        // tick the run starts in would count as written during the run.
+        std::thread::sleep(std::time::Duration::from_millis(30));
         let baseline = Baseline::capture(&self.project).unwrap();
         let root = rustix::process::geteuid().is_root();
         let marks = if root { Marks::Trusted } else { Marks::User };
@@ -411,6 +414,7 @@ fn paths_the_policy_protected_are_refused_on_the_host() {
     w.file("a.txt", "a\n");
     w.file("secrets/key", "k\n");
     w.file("vendor/lib/x", "x\n");
+    std::thread::sleep(std::time::Duration::from_millis(30));
     let baseline = Baseline::capture(&w.project).unwrap();
     let mut set = w.cow_then("echo A > a.txt && rm -r vendor", |set| {
         std::fs::create_dir_all(set.upper().join("secrets")).unwrap();

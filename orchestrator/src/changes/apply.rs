@@ -127,6 +127,9 @@ fn select<'a>(set: &'a ChangeSet, only: &[String]) -> Result<Vec<&'a Change>, Ch
 
 /// Why `c` conflicts with what the project holds now, if it does.
 fn conflict(root: BorrowedFd<'_>, set: &ChangeSet, c: &Change) -> Option<String> {
+    if set.meta.baseline.changed_during(&c.path) {
+        return Some("changed in the project since the run started".into());
+    }
     let (parent_rel, name) = split(&c.path);
     let base = set.meta.baseline.get(&c.path);
     let parent = match at::open_dir_path(root, parent_rel) {
@@ -195,7 +198,7 @@ fn same(a: Option<&Stamp>, b: Option<&Stamp>) -> bool {
     }
 }
 
-fn stamps_below(
+pub(super) fn stamps_below(
     dir: BorrowedFd<'_>,
     rel: &str,
     depth: usize,

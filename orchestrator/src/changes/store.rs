@@ -190,7 +190,7 @@ impl ChangeSet {
                 (c.path.as_str(), subtree)
             })
             .collect();
-        self.meta.baseline = baseline.restrict(&paths);
+        self.meta.baseline = baseline.settle(&self.meta.project, &paths)?;
         self.meta.counts = Counts::of(&changes);
         self.meta.finished = Some(now());
         self.changes = changes;
