@@ -93,6 +93,13 @@ fn json_jobs_run_on_each_tier_with_a_pristine_workspace_each() {
         assert_eq!(r["exit_code"], 0, "{r}");
         assert_eq!(r["counts"]["added"], 1, "{r}");
         assert_eq!(r["receipt"]["tier"], "bwrap", "{r}");
+        assert!(
+            r["receipt"]["components"]["bwrap"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("bubblewrap ")),
+            "{r}"
+        );
+        assert!(r["receipt"]["components"]["kernel"].is_string(), "{r}");
         assert!(r["policy_sha256"].as_str().unwrap().len() == 64, "{r}");
         // Each saw the project as it was: no other job's mark.
         let seen = std::fs::read_to_string(r["stdout"].as_str().unwrap()).unwrap();
@@ -438,6 +445,15 @@ mod vm {
             assert_eq!(r["counts"]["added"], 1, "{r}");
             let seen = std::fs::read_to_string(r["stdout"].as_str().unwrap()).unwrap();
             assert_eq!(seen, "base\n", "another job's write was seen: {r}");
+            let receipt = &r["receipt"];
+            for c in ["qemu", "virtiofsd", "kernel"] {
+                assert!(receipt["components"][c].is_string(), "{c}: {r}");
+            }
+            assert!(
+                matches!(receipt["accelerator"].as_str(), Some("kvm" | "tcg")),
+                "{r}"
+            );
+            assert_eq!(receipt["image_id"].as_str().map(str::len), Some(16), "{r}");
         }
         assert!(!w.project.join("mark-1").exists() && !w.project.join("mark-2").exists());
     }

@@ -37,6 +37,52 @@ pub struct RunnerOptions {
     pub timeout: Option<Duration>,
     /// This executable.
     pub hull: PathBuf,
+    /// Each tier's receipt ([`receipt`]), taken once for the batch.
+    pub receipts: std::collections::BTreeMap<String, Receipt>,
+}
+
+/// What isolates a job on `tier` on this host: hull's version, the host
+/// kernel, and the tier's own pieces (bwrap's version; QEMU's, virtiofsd's,
+/// the accelerator and the guest image's id for `policy` on vm).
+pub fn receipt(tier: &str, policy: &str) -> Receipt {
+    let mut r = Receipt {
+        tier: tier.to_string(),
+        hull_version: env!("CARGO_PKG_VERSION").to_string(),
+        ..Receipt::default()
+    };
+    let uname = rustix::system::uname();
+    r.components.insert(
+        "kernel".into(),
+        uname.release().to_string_lossy().into_owned(),
+    );
+    match crate::tier::Tier::from_name(tier) {
+        Some(crate::tier::Tier::Bwrap) => {
+            if let Some(bin) = crate::tier::bwrap::binary() {
+                r.components
+                    .insert("bwrap".into(), crate::tier::bwrap::version(bin));
+            }
+        }
+        Some(crate::tier::Tier::Vm) => {
+            if let Some(q) = crate::vm::qemu::find_qemu(crate::vm::qemu::Arch::host()) {
+                if let Some(v) = crate::vm::qemu::version(&q) {
+                    r.components.insert("qemu".into(), v);
+                }
+            }
+            if let Some(v) = crate::vm::virtiofsd::find_virtiofsd()
+                .and_then(|b| crate::vm::virtiofsd::version(&b))
+            {
+                r.components.insert("virtiofsd".into(), v);
+            }
+            r.accelerator = Some(crate::vm::accel::probe_accel().accel.to_string());
+            r.image_id = crate::policy::profiles::load(policy)
+                .ok()
+                .and_then(|pf| pf.vm_policy().ok())
+                .and_then(|vm| crate::vm::assemble::recipe_for(&vm).ok())
+                .map(|recipe| recipe.id());
+        }
+        _ => {}
+    }
+    r
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -181,10 +227,10 @@ fn run_one(
         changes: None,
         counts: None,
         policy_sha256: policy_sha,
-        receipt: Receipt {
-            tier: tier.to_string(),
-            hull_version: env!("CARGO_PKG_VERSION").to_string(),
-            ..Receipt::default()
+        // A job's own policy may name another guest image.
+        receipt: match (&job.policy, opts.receipts.get(tier)) {
+            (None, Some(r)) => r.clone(),
+            _ => receipt(tier, &policy),
         },
         error: None,
     };

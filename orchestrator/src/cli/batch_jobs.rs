@@ -102,6 +102,10 @@ pub fn run(a: BatchArgs, jobs_path: &Path, text: &str) -> anyhow::Result<i32> {
         policy: a.policy.clone(),
         timeout: a.timeout,
         hull: std::env::current_exe().context("hull's own path")?,
+        receipts: tiers
+            .iter()
+            .map(|t| (t.clone(), runner::receipt(t, &a.policy)))
+            .collect(),
     };
     let irq = Arc::new(AtomicI32::new(0));
     let handle = watch_signals(&irq)?;

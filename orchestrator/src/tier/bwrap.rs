@@ -43,7 +43,8 @@ pub fn binary() -> Option<&'static PathBuf> {
         .as_ref()
 }
 
-fn version(bin: &PathBuf) -> String {
+/// `bubblewrap 0.8.0`, or `unknown`.
+pub fn version(bin: &PathBuf) -> String {
     Command::new(bin)
         .arg("--version")
         .output()
