@@ -958,7 +958,8 @@ fn start_cow(
         .filter_map(|rel| rel.to_str().map(str::to_string))
         .collect();
     set.protect(protected)?;
-    // The upper layer's top is the merged view's top: the project's mode.
+    // The upper layer's top is the merged view's top: the project's mode,
+    // on every tier (the one place it is set).
     let mode = std::fs::metadata(&spec.cwd)
         .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
         .map_err(|source| crate::changes::ChangesError::Io {

@@ -146,7 +146,7 @@ impl ResultsLog {
         file.seek(SeekFrom::Start(0))
             .and_then(|_| file.read_to_end(&mut bytes))
             .map_err(io_err("cannot read"))?;
-        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let whole = whole_lines(&bytes);
         if whole < bytes.len() {
             // The crash tore the last line: that job runs again.
             file.set_len(whole as u64)
@@ -195,6 +195,11 @@ impl ResultsLog {
     }
 }
 
+/// How many bytes of `bytes` are whole lines (up to the last newline).
+fn whole_lines(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1)
+}
+
 fn parse_lines(path: &Path, bytes: &[u8]) -> Result<Vec<ResultLine>, ResultsError> {
     let mut out = Vec::new();
     for (i, l) in bytes.split(|b| *b == b'\n').enumerate() {
@@ -239,7 +244,7 @@ pub fn merge(
             source,
         })?;
         // A torn last line is not a result: its job did not finish.
-        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let whole = whole_lines(&bytes);
         for l in parse_lines(&path, &bytes[..whole])? {
             let key = (l.id.clone(), l.tier.clone());
             if let Some(first) = seen.insert(key, d.clone()) {
@@ -254,16 +259,31 @@ pub fn merge(
         }
     }
     if let Some(expected) = expected {
-        for (id, tier) in expected {
-            if !seen.contains_key(&(id.clone(), tier.clone())) {
-                return Err(ResultsError::Missing {
-                    id: id.clone(),
-                    tier: tier.clone(),
-                });
-            }
-        }
+        check_present(&out, expected)?;
     }
     Ok(out)
+}
+
+/// Every (id, tier) of `expected` has a line in `lines`, or the first
+/// that has none is named.
+pub fn check_present(
+    lines: &[ResultLine],
+    expected: &[(String, String)],
+) -> Result<(), ResultsError> {
+    let have: BTreeSet<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l.id.as_str(), l.tier.as_str()))
+        .collect();
+    match expected
+        .iter()
+        .find(|(id, tier)| !have.contains(&(id.as_str(), tier.as_str())))
+    {
+        Some((id, tier)) => Err(ResultsError::Missing {
+            id: id.clone(),
+            tier: tier.clone(),
+        }),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

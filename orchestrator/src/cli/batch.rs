@@ -171,22 +171,7 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
         a.pool.max(1)
     };
     let irq = Arc::new(AtomicI32::new(0));
-    let watch = {
-        let flag = irq.clone();
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGHUP,
-        ])
-        .context("install signal handlers")?;
-        let handle = signals.handle();
-        std::thread::spawn(move || {
-            for s in signals.forever() {
-                flag.store(s, std::sync::atomic::Ordering::SeqCst);
-            }
-        });
-        handle
-    };
+    let watch = watch_signals(&irq)?;
     let opts = pool::BatchOptions {
         pool: size,
         policy: a.policy,
@@ -241,11 +226,35 @@ pub fn batch(a: BatchArgs) -> anyhow::Result<i32> {
     })
 }
 
+/// Sets `irq` to the signal when SIGINT, SIGTERM or SIGHUP arrives (the
+/// batch stops handing out jobs and its runs end theirs); close the handle
+/// when the batch is over.
+#[cfg(target_os = "linux")]
+pub(super) fn watch_signals(
+    irq: &std::sync::Arc<std::sync::atomic::AtomicI32>,
+) -> anyhow::Result<signal_hook::iterator::Handle> {
+    use anyhow::Context;
+    let flag = irq.clone();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .context("install signal handlers")?;
+    let handle = signals.handle();
+    std::thread::spawn(move || {
+        for s in signals.forever() {
+            flag.store(s, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    Ok(handle)
+}
+
 /// `hull batch merge`.
 #[cfg(target_os = "linux")]
 fn merge(m: MergeArgs) -> anyhow::Result<i32> {
     use anyhow::Context;
-    let found = crate::batch::results::merge(&m.dirs, None)?;
+    let merged = crate::batch::results::merge(&m.dirs, None)?;
     let expected: Option<Vec<(String, String)>> = match &m.jobs {
         Some(path) => {
             let text = read_jobs(path)?;
@@ -258,7 +267,7 @@ fn merge(m: MergeArgs) -> anyhow::Result<i32> {
             )?;
             let mut tiers = m.tiers.clone();
             if tiers.is_empty() {
-                tiers = found.iter().map(|r| r.tier.clone()).collect();
+                tiers = merged.iter().map(|r| r.tier.clone()).collect();
                 tiers.sort();
                 tiers.dedup();
             }
@@ -272,7 +281,9 @@ fn merge(m: MergeArgs) -> anyhow::Result<i32> {
         }
         None => None,
     };
-    let merged = crate::batch::results::merge(&m.dirs, expected.as_deref())?;
+    if let Some(expected) = &expected {
+        crate::batch::results::check_present(&merged, expected)?;
+    }
     if let Some(out) = &m.out {
         std::fs::create_dir(out).with_context(|| format!("create {}", out.display()))?;
         let (mut log, _) = crate::batch::ResultsLog::open(out)?;

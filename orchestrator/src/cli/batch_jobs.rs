@@ -108,7 +108,7 @@ pub fn run(a: BatchArgs, jobs_path: &Path, text: &str) -> anyhow::Result<i32> {
             .collect(),
     };
     let irq = Arc::new(AtomicI32::new(0));
-    let handle = watch_signals(&irq)?;
+    let handle = super::batch::watch_signals(&irq)?;
     let t0 = Instant::now();
     let total = work.len();
     let bar = std::io::stderr().is_terminal().then(|| {
@@ -204,23 +204,6 @@ fn check_out(out: &Path, project: &Path, all: &[jobs::Job]) -> anyhow::Result<()
         );
     }
     Ok(())
-}
-
-fn watch_signals(irq: &Arc<AtomicI32>) -> anyhow::Result<signal_hook::iterator::Handle> {
-    let flag = irq.clone();
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])
-    .context("install signal handlers")?;
-    let handle = signals.handle();
-    std::thread::spawn(move || {
-        for s in signals.forever() {
-            flag.store(s, std::sync::atomic::Ordering::SeqCst);
-        }
-    });
-    Ok(handle)
 }
 
 /// Counts by status and the p50 and p95 of job time, per tier.

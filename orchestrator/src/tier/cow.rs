@@ -15,7 +15,6 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -24,12 +23,6 @@ pub enum CowError {
     Path { path: PathBuf },
     #[error("tier bwrap: --cow: {path} contains a NUL byte")]
     Nul { path: PathBuf },
-    #[error("tier bwrap: --cow: cannot read {path}: {source}")]
-    Inspect {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// The overlay's mount options: `project` below, `set_dir/layers/upper` above
@@ -73,26 +66,13 @@ pub struct Overlay {
 
 impl Overlay {
     /// The overlay of `project` with the change set in `set_dir`
-    /// (`userxattr` in a user namespace). The upper layer's top is the
-    /// merged view's top: it takes the project's mode.
+    /// (`userxattr` in a user namespace). The upper layer's top, the merged
+    /// view's top, already has the project's mode (`run::start_cow`).
     pub fn prepare(project: &Path, set_dir: &Path, userxattr: bool) -> Result<Overlay, CowError> {
         let nul = || CowError::Nul {
             path: project.to_path_buf(),
         };
         let options = options(project, set_dir, userxattr)?;
-        let mode = std::fs::metadata(project)
-            .map(|m| m.permissions().mode() & 0o777)
-            .map_err(|source| CowError::Inspect {
-                path: project.to_path_buf(),
-                source,
-            })?;
-        let upper = crate::changes::Layers::of(set_dir).upper;
-        std::fs::set_permissions(&upper, std::fs::Permissions::from_mode(mode)).map_err(
-            |source| CowError::Inspect {
-                path: upper,
-                source,
-            },
-        )?;
         Ok(Overlay {
             target: CString::new(project.as_os_str().as_bytes()).map_err(|_| nul())?,
             options: CString::new(options).map_err(|_| nul())?,
