@@ -75,6 +75,12 @@ if [ "$want_test" -eq 1 ]; then
   # The real-workload tests fetch a Debian source package (apt-get source)
   # and unpack it with dpkg-source.
   command -v dpkg-source >/dev/null || need_pkgs+=(dpkg-dev)
+  # `hull batch --shard` under a real scheduler: the batch tests start
+  # munged, slurmctld and slurmd of their own (tests/src/slurm.rs).
+  [ -x /usr/sbin/munged ] || need_pkgs+=(munge)
+  [ -x /usr/sbin/slurmctld ] || need_pkgs+=(slurmctld)
+  [ -x /usr/sbin/slurmd ] || need_pkgs+=(slurmd)
+  command -v sbatch >/dev/null || need_pkgs+=(slurm-client)
 fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)

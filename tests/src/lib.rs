@@ -9,6 +9,7 @@
 //! machine without a capability says so by building without the feature,
 //! never by a test that passes without running.
 
+pub mod slurm;
 pub mod workloads;
 
 use std::io::Write;
@@ -142,6 +143,13 @@ impl World {
     /// `hull` with this world's environment: its home, runs and VMs dirs.
     pub fn hull(&self) -> Command {
         let mut c = Command::new(hull_bin());
+        self.hull_env(&mut c);
+        c
+    }
+
+    /// Gives `c` (`hull`, or a program that starts it) this world's
+    /// environment for hull.
+    pub fn hull_env(&self, c: &mut Command) {
         // The fake home must not hide hull's own caches (the tier-3 image).
         let cache = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
@@ -155,7 +163,6 @@ impl World {
             .env("HULL_CHANGES_DIR", self.root.path().join("changes"))
             .env("HULL_TEST_SECRET", "s3cr3t-host-env-value")
             .env_remove("HULL_INSTANCE");
-        c
     }
 
     /// Runs to completion with empty stdin.

@@ -404,6 +404,132 @@ fn two_shards_merged_equal_one_unsharded_run() {
     );
 }
 
+/// A Slurm array job of two tasks, on slurmctld and slurmd started here
+/// (`hull_tests::slurm`), runs `hull batch --shard $SLURM_ARRAY_TASK_ID/2`
+/// in each task; `hull batch merge` of the two shards' directories finds
+/// every job exactly once, each with its own change set.
+#[cfg(feature = "bwrap")]
+#[test]
+#[ignore = "needs root: slurmd runs each job as its user"]
+fn a_slurm_array_job_runs_two_shards_that_merge() {
+    require_tier("bwrap");
+    let w = World::new();
+    let cluster = hull_tests::slurm::Cluster::start(&w.root.path().join("slurm"));
+    let jobs = w.root.path().join("jobs.jsonl");
+    let text: String = (0..4)
+        .map(|i| format!("{{\"id\": \"t{i}\", \"sh\": \"echo {i} > out.txt; echo {i}\"}}\n"))
+        .collect();
+    std::fs::write(&jobs, text).unwrap();
+    let out = w.root.path().join("shards");
+    let script = w.root.path().join("task.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             echo \"array task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT\"\n\
+             exec '{hull}' batch '{jobs}' --tier bwrap --project '{project}' \\\n\
+               --shard \"$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT\" \\\n\
+               --out '{out}'/shard-\"$SLURM_ARRAY_TASK_ID\"\n",
+            hull = hull_tests::hull_bin().display(),
+            jobs = jobs.display(),
+            project = w.project.display(),
+            out = out.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir(&out).unwrap();
+    let mut sbatch = cluster.client("timeout");
+    sbatch.args(["40", "sbatch", "--wait", "--array=0-1", "--chdir"]);
+    sbatch.arg(w.root.path());
+    sbatch.arg("--output").arg(out.join("task-%a.log"));
+    sbatch.arg(&script).stdin(Stdio::null());
+    w.hull_env(&mut sbatch);
+    let o = sbatch.output().expect("sbatch");
+    let logs = || {
+        let mut s = String::new();
+        for a in 0..2 {
+            let f = out.join(format!("task-{a}.log"));
+            s.push_str(&format!(
+                "--- {}\n{}",
+                f.display(),
+                std::fs::read_to_string(&f).unwrap_or_default()
+            ));
+        }
+        format!("{}\n{s}\n{}", show(&o), cluster.logs())
+    };
+    assert_eq!(o.status.code(), Some(0), "{}", logs());
+    for a in 0..2 {
+        let log = std::fs::read_to_string(out.join(format!("task-{a}.log"))).unwrap();
+        assert!(log.contains(&format!("array task {a} of 2")), "{}", logs());
+    }
+    let shard = |a: u32| out.join(format!("shard-{a}"));
+    assert_eq!(
+        ids(&results(&shard(0))),
+        ["t0@bwrap", "t2@bwrap"],
+        "{}",
+        logs()
+    );
+    assert_eq!(
+        ids(&results(&shard(1))),
+        ["t1@bwrap", "t3@bwrap"],
+        "{}",
+        logs()
+    );
+    let merged = w.root.path().join("merged");
+    let o = batch(
+        &w,
+        &[
+            "merge",
+            shard(0).to_str().unwrap(),
+            shard(1).to_str().unwrap(),
+            "--jobs",
+            jobs.to_str().unwrap(),
+            "--out",
+            merged.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let rs = results(&merged);
+    assert_eq!(ids(&rs), ["t0@bwrap", "t1@bwrap", "t2@bwrap", "t3@bwrap"]);
+    let mut sets = Vec::new();
+    for r in &rs {
+        assert_eq!(r["status"], "exit", "{r}");
+        assert_eq!(r["exit_code"], 0, "{r}");
+        let n = &r["id"].as_str().unwrap()[1..];
+        let got = std::fs::read_to_string(r["stdout"].as_str().unwrap()).unwrap();
+        assert_eq!(got, format!("{n}\n"), "{r}");
+        sets.push(
+            r["changes"]
+                .as_str()
+                .expect("a cow job's change set")
+                .to_owned(),
+        );
+    }
+    sets.sort();
+    sets.dedup();
+    assert_eq!(sets.len(), 4, "one change set per job: {sets:?}");
+    assert!(
+        !w.project.join("out.txt").exists(),
+        "a cow job wrote into the project"
+    );
+    // A merge without one shard names what is missing.
+    let o = batch(
+        &w,
+        &[
+            "merge",
+            shard(0).to_str().unwrap(),
+            "--jobs",
+            jobs.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("job t1 has no result on tier bwrap"),
+        "{}",
+        show(&o)
+    );
+}
+
 /// Tier 3: each job in a VM of its own, its writes kept apart as its change
 /// set; one result line per job with the tier-3 receipt.
 #[cfg(feature = "tier3")]

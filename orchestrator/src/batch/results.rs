@@ -111,6 +111,11 @@ pub enum ResultsError {
         first: String,
         second: String,
     },
+    #[error(
+        "another hull batch is writing its results to {path}: one batch at a time \
+         per --out directory"
+    )]
+    Busy { path: PathBuf },
     #[error("job {id} has no result on tier {tier} in any of the directories")]
     Missing { id: String, tier: String },
 }
@@ -138,6 +143,14 @@ impl ResultsLog {
             .create(true)
             .open(&path)
             .map_err(io_err("cannot open"))?;
+        // Held while this batch appends (the kernel drops it when the batch
+        // dies, killed or not): two batches on one log would run the same
+        // jobs and write two lines for each.
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Err(ResultsError::Busy { path }),
+            Err(e) => return Err(io_err("cannot lock")(e.into())),
+        }
         let len = file.metadata().map_err(io_err("cannot stat"))?.len();
         if len > MAX_FILE {
             return Err(ResultsError::TooLarge { path });
@@ -340,6 +353,23 @@ mod tests {
         assert!(text
             .lines()
             .all(|l| serde_json::from_str::<ResultLine>(l).is_ok()));
+    }
+
+    #[test]
+    fn a_second_batch_on_one_log_is_refused_while_the_first_holds_it() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut first, _) = ResultsLog::open(d.path()).unwrap();
+        // flock locks belong to the open file: a second open is another
+        // batch, as a second process would be.
+        let second = ResultsLog::open(d.path()).unwrap_err();
+        assert!(
+            matches!(&second, ResultsError::Busy { path } if path == &d.path().join(RESULTS)),
+            "{second}"
+        );
+        first.append(&line("a", "bwrap")).unwrap();
+        drop(first);
+        let (_, done) = ResultsLog::open(d.path()).unwrap();
+        assert_eq!(done.len(), 1);
     }
 
     #[test]

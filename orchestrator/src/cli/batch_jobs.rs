@@ -66,15 +66,17 @@ pub fn run(a: BatchArgs, jobs_path: &Path, text: &str) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(crate::vm::batch_out::default_dir);
     check_out(&out, &project, &all)?;
-    if out.join(crate::batch::results::RESULTS).exists() && !a.resume {
+    let existed = out.join(crate::batch::results::RESULTS).exists();
+    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+    // Opened (and locked) first: a batch still writing there is named as such.
+    let (mut log, earlier) = ResultsLog::open(&out)?;
+    if existed && !a.resume {
         anyhow::bail!(
             "{} holds the results of an earlier batch: --resume to go on with it, or choose \
              another --out",
             out.display()
         );
     }
-    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
-    let (mut log, earlier) = ResultsLog::open(&out)?;
     let work = runner::pending(&all, &tiers, &log);
     let parallel = a.parallel.unwrap_or_else(|| {
         std::thread::available_parallelism()
