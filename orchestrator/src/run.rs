@@ -841,7 +841,11 @@ pub fn execute(
     };
     // Second layer behind seccomp: no set-id file of the command's is left
     // for the host, also when the command's own status is an error.
-    let swept = sweep_setid(tier, &pol, started);
+    #[cfg(target_os = "linux")]
+    let cow_upper = cow.as_ref().map(|(set, _)| set.upper());
+    #[cfg(not(target_os = "linux"))]
+    let cow_upper: Option<PathBuf> = None;
+    let swept = sweep_setid(tier, &pol, started, cow_upper.as_deref());
     report_new_repositories(tier, &pol, &repos_before);
     let (instance_id, spill) = (instance.id().to_string(), instance.spill().to_path_buf());
     if let Err(e) = instance.finish() {
@@ -1040,15 +1044,24 @@ fn report_new_repositories(_tier: Tier, _pol: &Policy, _before: &Repos) {}
 /// their seccomp filter is enforced by the host's kernel, and a command
 /// that can defeat it already owns the host. On tier 3 the filter is the
 /// guest kernel's, which the command may own without owning the host.
+///
+/// A `--cow` run's project is shared read-only (`lower::vm::with_cow`):
+/// its writes are in the change set's upper layer, which is swept instead
+/// of the project (a walk of the whole project, a stat per entry, for
+/// nothing the guest could have written).
 #[cfg(target_os = "linux")]
-fn sweep_setid(tier: Tier, pol: &Policy, since: std::time::SystemTime) -> Result<(), RunError> {
+fn sweep_setid(
+    tier: Tier,
+    pol: &Policy,
+    since: std::time::SystemTime,
+    cow_upper: Option<&Path>,
+) -> Result<(), RunError> {
     use crate::runtime::setid;
     if tier != Tier::Vm || !setid::needed() {
         return Ok(());
     }
-    let roots = pol.writable_roots().map(|g| g.path.as_path());
-    let cleared =
-        setid::sweep_roots(roots, since).map_err(|source| RunError::SetIdSweep { tier, source })?;
+    let cleared = setid::sweep_roots(setid_roots(pol, cow_upper), since)
+        .map_err(|source| RunError::SetIdSweep { tier, source })?;
     for (path, mode) in cleared {
         eprintln!(
             "hull: tier {tier}: cleared the set-id bits of {} (mode {mode:o}) the command left",
@@ -1058,7 +1071,57 @@ fn sweep_setid(tier: Tier, pol: &Policy, since: std::time::SystemTime) -> Result
     Ok(())
 }
 
+/// The directories a tier-3 command could write on the host: the policy's
+/// writable roots, the project's replaced by the change set's upper layer
+/// on a `--cow` run.
+#[cfg(target_os = "linux")]
+fn setid_roots<'a>(pol: &'a Policy, cow_upper: Option<&'a Path>) -> Vec<&'a Path> {
+    pol.writable_roots()
+        .map(|g| g.path.as_path())
+        .filter(|r| cow_upper.is_none() || *r != pol.vars.project.as_path())
+        .chain(cow_upper)
+        .collect()
+}
+
 #[cfg(not(target_os = "linux"))]
-fn sweep_setid(_tier: Tier, _pol: &Policy, _since: std::time::SystemTime) -> Result<(), RunError> {
+fn sweep_setid(
+    _tier: Tier,
+    _pol: &Policy,
+    _since: std::time::SystemTime,
+    _cow_upper: Option<&Path>,
+) -> Result<(), RunError> {
     Ok(())
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cow_run_sweeps_its_upper_layer_instead_of_the_project() {
+        let project = PathBuf::from("/work/proj");
+        let vars = vars_for(
+            project.clone(),
+            "/r/i/tmp".into(),
+            "/r/i/spill".into(),
+            "/r".into(),
+        );
+        let file = crate::policy::profiles::load("default").unwrap();
+        let pol = crate::policy::resolve(&file, &vars).unwrap();
+        let plain = setid_roots(&pol, None);
+        assert!(plain.contains(&project.as_path()), "{plain:?}");
+        let upper = Path::new("/store/set/layers/upper");
+        let cow = setid_roots(&pol, Some(upper));
+        assert!(!cow.contains(&project.as_path()), "{cow:?}");
+        assert!(cow.contains(&upper), "{cow:?}");
+        // Every other writable root (the run's tmp and spill) is still swept.
+        let others = |v: &[&Path]| -> Vec<PathBuf> {
+            v.iter()
+                .filter(|p| **p != project && **p != upper)
+                .map(|p| p.to_path_buf())
+                .collect()
+        };
+        assert_eq!(others(&plain), others(&cow));
+        assert!(!others(&plain).is_empty(), "{plain:?}");
+    }
 }
