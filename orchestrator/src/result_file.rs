@@ -85,6 +85,13 @@ pub struct RunResult {
     /// `--cow`: the change set the command's writes were kept as.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changes: Option<String>,
+    /// Tier 3: seconds from starting the VM to its agent's hello.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_s: Option<f64>,
+    /// The process tiers: the largest resident set of any of the
+    /// command's processes, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// The result file's directory, held open from before the run.
@@ -220,6 +227,8 @@ mod tests {
             started: 1.5,
             seconds: 0.25,
             changes: None,
+            restore_s: None,
+            peak_rss_bytes: None,
         }
     }
 

@@ -748,6 +748,11 @@ pub struct RunOutcome {
     pub spill: PathBuf,
     /// `--cow`: the ID of the change set the run's writes were kept as.
     pub changes: Option<String>,
+    /// Tier 3: seconds from starting the VM to its agent's hello.
+    pub restore_s: Option<f64>,
+    /// The process tiers: the largest resident set of any process of the
+    /// command's (none on tier 3, where the host sees only QEMU).
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// Runs the command. `result_file` (`--json-result`) is refused when it
@@ -813,6 +818,7 @@ pub fn execute(
     #[cfg(not(target_os = "linux"))]
     let cow_layers: Option<PathBuf> = None;
     let started = std::time::SystemTime::now();
+    let mut restore_s = None;
     let result = match tier {
         Tier::Vm => crate::tier::vm::run(
             &pol,
@@ -823,6 +829,10 @@ pub fn execute(
             opts.vm.as_deref(),
             cow_layers.as_deref(),
         )
+        .map(|r| {
+            restore_s = r.restore_s;
+            r.status
+        })
         .map_err(RunError::from),
         Tier::None
         | Tier::Landlock
@@ -839,6 +849,12 @@ pub fn execute(
             cow_dir.as_deref(),
         ),
     };
+    #[cfg(unix)]
+    let peak_rss_bytes = (tier != Tier::Vm)
+        .then(crate::exec::process::peak_rss_of_children)
+        .flatten();
+    #[cfg(not(unix))]
+    let peak_rss_bytes = None;
     // Second layer behind seccomp: no set-id file of the command's is left
     // for the host, also when the command's own status is an error.
     #[cfg(target_os = "linux")]
@@ -875,6 +891,8 @@ pub fn execute(
         instance: instance_id,
         spill,
         changes,
+        restore_s,
+        peak_rss_bytes,
     })
 }
 

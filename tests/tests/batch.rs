@@ -168,6 +168,53 @@ fn json_jobs_run_on_each_tier_with_a_pristine_workspace_each() {
     }
 }
 
+/// Each result tells the peak resident set of the job's largest process
+/// on the process tiers: a job that fills 96 MiB shows at least that, a
+/// `true` job far less.
+#[cfg(all(feature = "bwrap", feature = "landlock"))]
+#[test]
+fn results_tell_the_peak_memory_of_each_job() {
+    require_tier("bwrap");
+    require_tier("landlock");
+    let w = World::new();
+    let jobs = w.root.path().join("jobs.jsonl");
+    std::fs::write(
+        &jobs,
+        "{\"id\": \"small\", \"argv\": [\"true\"], \"workspace\": \"shared\"}\n\
+         {\"id\": \"hog\", \"argv\": [\"python3\", \"-c\", \"b = bytearray(96 << 20); print(len(b))\"], \"workspace\": \"shared\"}\n",
+    )
+    .unwrap();
+    let out = w.root.path().join("out");
+    let o = batch(
+        &w,
+        &[
+            jobs.to_str().unwrap(),
+            "--tier",
+            "bwrap",
+            "--tier",
+            "landlock",
+            "--project",
+            w.project.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let rs = results(&out);
+    assert_eq!(rs.len(), 4, "{rs:?}");
+    for r in &rs {
+        assert_eq!(r["exit_code"], 0, "{r}");
+        let peak = r["peak_rss_bytes"]
+            .as_u64()
+            .expect("a peak on a process tier");
+        if r["id"] == "hog" {
+            assert!(peak >= 96 << 20, "{r}");
+        } else {
+            assert!(peak > 0 && peak < 48 << 20, "{r}");
+        }
+    }
+}
+
 /// Malformed lines and unknown keys are named by line number (fatal by
 /// default, skipped on request); duplicate ids refuse the batch before
 /// anything runs.
@@ -572,9 +619,19 @@ mod vm {
             let seen = std::fs::read_to_string(r["stdout"].as_str().unwrap()).unwrap();
             assert_eq!(seen, "base\n", "another job's write was seen: {r}");
             let receipt = &r["receipt"];
-            for c in ["qemu", "virtiofsd", "kernel"] {
+            for c in ["qemu", "virtiofsd", "kernel", "guest_kernel", "incus"] {
                 assert!(receipt["components"][c].is_string(), "{c}: {r}");
             }
+            assert!(
+                r["restore_s"]
+                    .as_f64()
+                    .is_some_and(|s| s > 0.0 && s < r["wall_s"].as_f64().unwrap()),
+                "{r}"
+            );
+            assert!(
+                r.get("peak_rss_bytes").is_none(),
+                "QEMU's is not the job's: {r}"
+            );
             assert!(
                 matches!(receipt["accelerator"].as_str(), Some("kvm" | "tcg")),
                 "{r}"

@@ -71,8 +71,10 @@ pub struct ResultLine {
     /// Tier 3: seconds to restore its VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_s: Option<f64>,
+    /// The process tiers: the largest resident set any process of the
+    /// job's had (`getrusage` of the reaped tree), in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peak_memory_bytes: Option<u64>,
+    pub peak_rss_bytes: Option<u64>,
     pub stdout: PathBuf,
     pub stderr: PathBuf,
     /// `workspace = "cow"`: the change set the job's writes were kept as.
@@ -313,7 +315,7 @@ mod tests {
             wall_s: 0.5,
             queue_s: 0.0,
             restore_s: None,
-            peak_memory_bytes: None,
+            peak_rss_bytes: None,
             stdout: "jobs/x.stdout".into(),
             stderr: "jobs/x.stderr".into(),
             changes: None,

@@ -43,7 +43,8 @@ pub struct RunnerOptions {
 
 /// What isolates a job on `tier` on this host: hull's version, the host
 /// kernel, and the tier's own pieces (bwrap's version; QEMU's, virtiofsd's,
-/// the accelerator and the guest image's id for `policy` on vm).
+/// the accelerator, the guest image's id and its kernel and Incus for
+/// `policy` on vm).
 pub fn receipt(tier: &str, policy: &str) -> Receipt {
     let mut r = Receipt {
         tier: tier.to_string(),
@@ -74,11 +75,25 @@ pub fn receipt(tier: &str, policy: &str) -> Receipt {
                 r.components.insert("virtiofsd".into(), v);
             }
             r.accelerator = Some(crate::vm::accel::probe_accel().accel.to_string());
-            r.image_id = crate::policy::profiles::load(policy)
+            let recipe = crate::policy::profiles::load(policy)
                 .ok()
                 .and_then(|pf| pf.vm_policy().ok())
-                .and_then(|vm| crate::vm::assemble::recipe_for(&vm).ok())
-                .map(|recipe| recipe.id());
+                .and_then(|vm| crate::vm::assemble::recipe_for(&vm).ok());
+            r.image_id = recipe.as_ref().map(|recipe| recipe.id());
+            // What the image's build found in the guest: its kernel and
+            // Incus (the manifest's facts, read without making anything).
+            let manifest = recipe
+                .and_then(|recipe| crate::vm::assemble::find_image_with(&recipe, false).ok())
+                .and_then(|image| crate::vm::image::BuiltImage::open(&image.dir).ok())
+                .map(|built| built.manifest);
+            for (fact, component) in [
+                ("kernel_version", "guest_kernel"),
+                ("incus_version", "incus"),
+            ] {
+                if let Some(v) = manifest.as_ref().and_then(|m| m.info.get(fact)) {
+                    r.components.insert(component.into(), v.clone());
+                }
+            }
         }
         _ => {}
     }
@@ -221,7 +236,7 @@ fn run_one(
         wall_s: 0.0,
         queue_s,
         restore_s: None,
-        peak_memory_bytes: None,
+        peak_rss_bytes: None,
         stdout: stdout.clone(),
         stderr: stderr.clone(),
         changes: None,
@@ -352,6 +367,8 @@ fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
             );
         }
     }
+    line.restore_s = doc["restore_s"].as_f64();
+    line.peak_rss_bytes = doc["peak_rss_bytes"].as_u64();
     if let Some(id) = doc["changes"].as_str() {
         line.changes = Some(id.to_string());
         let store = crate::changes::Store::open(crate::changes::Store::default_root());

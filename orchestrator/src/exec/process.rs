@@ -362,7 +362,9 @@ pub fn run(
         containment.end_tree(main_pid, &spared);
     }
     if exited.is_some() {
-        reap_orphans();
+        // Killed above, they may not have exited yet: each reaped one adds
+        // its (and its reaped children's) peak to `peak_rss_of_children`.
+        reap_tree(&spared, Duration::from_millis(500));
     }
     if let Some(s) = sink {
         s.finish().map_err(ExecError::Output)?;
@@ -534,3 +536,63 @@ fn reap_orphans() {
 
 #[cfg(not(unix))]
 fn reap_orphans() {}
+
+/// Reaps this process's children (the run's processes it inherited as
+/// subreaper, all killed by then) until none but `spared` is left, or
+/// `limit` passed.
+#[cfg(target_os = "linux")]
+fn reap_tree(spared: &[i32], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let me = std::process::id() as i32;
+    loop {
+        reap_orphans();
+        let mut left = children_of(me);
+        left.retain(|p| !spared.contains(p));
+        if left.is_empty() || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[cfg(all(unix, not(target_os = "linux")))]
+fn reap_tree(_spared: &[i32], _limit: Duration) {
+    reap_orphans();
+}
+
+/// The children of `parent`, zombies included, from /proc.
+#[cfg(target_os = "linux")]
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // Fields after the last ')': state, then ppid.
+                stat.iter().rposition(|&b| b == b')').is_some_and(|close| {
+                    String::from_utf8_lossy(&stat[close + 1..])
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|f| f.parse::<i32>().ok())
+                        == Some(parent)
+                })
+            })
+        })
+        .collect()
+}
+
+/// The largest resident set, in bytes, any process this one has waited
+/// for (directly, or through the children that waited for theirs) had:
+/// after a process tier's run, the peak of the command's largest process.
+pub fn peak_rss_of_children() -> Option<u64> {
+    // SAFETY: getrusage writes one rusage into the zeroed value it is
+    // given and reads nothing else.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) == 0).then_some(ru)
+    }?;
+    // Linux counts it in KiB.
+    u64::try_from(ru.ru_maxrss).ok().map(|k| k * 1024)
+}

@@ -131,6 +131,15 @@ pub fn probe() -> Probe {
 /// `instance_id` names the container. `cow`: the `layers/` directory of a
 /// `--cow` run's change set ([`lower_vm::with_cow`]; not with `vm`, whose
 /// shares were fixed when it started).
+/// How a tier-3 run ended.
+#[derive(Debug, Clone, Copy)]
+pub struct VmRun {
+    pub status: ExitStatus,
+    /// Seconds from starting the VM (restored or booted) to the agent's
+    /// hello; none in a kept VM (`--vm NAME`).
+    pub restore_s: Option<f64>,
+}
+
 pub fn run(
     policy: &Policy,
     spec: &CommandSpec,
@@ -139,7 +148,7 @@ pub fn run(
     sink: Option<&mut dyn OutputSink>,
     vm: Option<&str>,
     cow: Option<&Path>,
-) -> Result<ExitStatus, VmTierError> {
+) -> Result<VmRun, VmTierError> {
     if let (Some(name), Some(_)) = (vm, cow) {
         return Err(VmTierError::CowInKeptVm {
             name: name.to_string(),
@@ -293,7 +302,7 @@ mod imp {
         sink: Option<&mut dyn OutputSink>,
         vm: Option<&str>,
         cow: Option<&Path>,
-    ) -> Result<ExitStatus, VmTierError> {
+    ) -> Result<VmRun, VmTierError> {
         let plan = lower_vm::lower(policy, &crate::policy::RealFs)?;
         let plan = match cow {
             Some(layers) => lower_vm::with_cow(plan, &policy.vars.project, layers)?,
@@ -318,6 +327,10 @@ mod imp {
         let r = match vm {
             Some(name) => {
                 crate::vm::supervisor::run_in(name, policy, &plan, spec, sink, irq.clone())
+                    .map(|status| VmRun {
+                        status,
+                        restore_s: None,
+                    })
                     .map_err(VmTierError::from)
             }
             None => run_fresh(
@@ -343,7 +356,7 @@ mod imp {
         instance_id: &str,
         sink: &mut dyn OutputSink,
         irq: Arc<AtomicI32>,
-    ) -> Result<ExitStatus, VmTierError> {
+    ) -> Result<VmRun, VmTierError> {
         let tools = Tools::find()?;
         let recipe = crate::vm::assemble::recipe_for(&policy.vm)?;
         {
@@ -381,9 +394,10 @@ mod imp {
         };
         let mut session = match VmSession::start(start, &cancelled) {
             Ok(s) => s,
-            Err(SessionError::Cancelled) => return Ok(interrupted_status(&irq)),
+            Err(SessionError::Cancelled) => return Ok(interrupted_run(&irq, None)),
             Err(e) => return Err(e.into()),
         };
+        let restore_s = Some(t0.elapsed().as_secs_f64());
         phase("agent hello");
         // The allow list: a proxy of this run's own, bridged to the VM.
         let spec = if policy.net.mode == crate::policy::NetMode::Allowlist {
@@ -399,7 +413,7 @@ mod imp {
             Ok(()) => {}
             Err(SessionError::Cancelled) => {
                 session.kill();
-                return Ok(interrupted_status(&irq));
+                return Ok(interrupted_run(&irq, restore_s));
             }
             Err(e) => return Err(e.into()),
         }
@@ -413,11 +427,17 @@ mod imp {
         phase("command ended");
         session.finish(Duration::from_secs(10), &cancelled);
         phase("VM down");
-        Ok(result?)
+        Ok(VmRun {
+            status: result?,
+            restore_s,
+        })
     }
 
-    fn interrupted_status(irq: &AtomicI32) -> ExitStatus {
-        ExitStatus::Interrupted(interrupted(irq).unwrap_or(libc::SIGINT))
+    fn interrupted_run(irq: &AtomicI32, restore_s: Option<f64>) -> VmRun {
+        VmRun {
+            status: ExitStatus::Interrupted(interrupted(irq).unwrap_or(libc::SIGINT)),
+            restore_s,
+        }
     }
 
     fn interrupted(irq: &AtomicI32) -> Option<i32> {
@@ -449,7 +469,7 @@ mod imp {
         _sink: Option<&mut dyn OutputSink>,
         _vm: Option<&str>,
         _cow: Option<&Path>,
-    ) -> Result<ExitStatus, VmTierError> {
+    ) -> Result<VmRun, VmTierError> {
         Err(VmTierError::Unsupported)
     }
 }
