@@ -48,7 +48,11 @@ def main():
                                env=env, stdin=subprocess.DEVNULL, capture_output=True)
             wall = time.perf_counter() - t
             if p.returncode != 0:
-                sys.exit(f"batch {ws}: exit {p.returncode}\n{p.stderr.decode()[-2000:]}")
+                failed = [json.loads(l) for l in open(os.path.join(out, "results.jsonl"))
+                          if json.loads(l).get("exit_code") != 0]
+                why = "\n".join(f"{r['id']}: {r.get('error')} {open(r['stderr']).read()[-500:]}"
+                                for r in failed[:3])
+                sys.exit(f"batch {ws}: exit {p.returncode}\n{p.stderr.decode()[-2000:]}\n{why}")
             walls = [json.loads(l)["wall_s"] for l in open(os.path.join(out, "results.jsonl"))]
             assert len(walls) == a.jobs
             stats[ws].append((a.jobs / wall, statistics.median(walls), wall / a.jobs))

@@ -398,7 +398,16 @@ pub fn run_process_tier(
                     seen: false,
                 })
                 .collect();
-            wanted.extend(seen_placeholders(policy, &wanted));
+            wanted.extend(
+                plan.found
+                    .iter()
+                    .map(|p| crate::runtime::placeholder::Wanted {
+                        path: p.path.clone(),
+                        root: p.root.clone(),
+                        dir: p.dir,
+                        seen: true,
+                    }),
+            );
             let runs_root = run_dir.parent().unwrap_or(run_dir);
             placeholders = crate::runtime::placeholder::hold(&wanted, runs_root)
                 .map_err(|source| RunError::Placeholders { tier, source })?;
@@ -896,36 +905,6 @@ pub fn execute(
     })
 }
 
-/// The protected paths inside writable roots that the plan found there
-/// (so asked no placeholder for): each may be another run's placeholder,
-/// which this run must hold too, or the other run's end would remove it
-/// from under this one's bind ([`crate::runtime::placeholder::Wanted::seen`]).
-#[cfg(target_os = "linux")]
-fn seen_placeholders(
-    policy: &Policy,
-    planned: &[crate::runtime::placeholder::Wanted],
-) -> Vec<crate::runtime::placeholder::Wanted> {
-    let roots: Vec<&Path> = policy.writable_roots().map(|g| g.path.as_path()).collect();
-    policy
-        .protects
-        .iter()
-        .filter(|p| !planned.iter().any(|w| w.path == p.path))
-        .filter_map(|p| {
-            let root = roots
-                .iter()
-                .filter(|r| p.path.starts_with(r) && p.path != **r)
-                .max_by_key(|r| r.components().count())?;
-            let meta = std::fs::symlink_metadata(&p.path).ok()?;
-            Some(crate::runtime::placeholder::Wanted {
-                path: p.path.clone(),
-                root: root.to_path_buf(),
-                dir: meta.is_dir(),
-                seen: true,
-            })
-        })
-        .collect()
-}
-
 /// Why `--cow` is refused on `tier`, if it is: where the tier cannot show
 /// the project through an overlay.
 pub fn cow_refused(tier: Tier) -> Option<&'static str> {
@@ -952,7 +931,16 @@ fn start_cow(
     pol: &Policy,
     spec: &CommandSpec,
 ) -> Result<(crate::changes::ChangeSet, crate::changes::Baseline), RunError> {
-    let baseline = crate::changes::Baseline::capture(&spec.cwd)?;
+    // What the policy protects inside the project is checked again on the
+    // host when the set is read: no change there is ever applied.
+    let protected: Vec<String> = pol
+        .protects
+        .iter()
+        .filter_map(|p| p.path.strip_prefix(&spec.cwd).ok())
+        .filter(|rel| !rel.as_os_str().is_empty())
+        .filter_map(|rel| rel.to_str().map(str::to_string))
+        .collect();
+    let baseline = crate::changes::Baseline::capture(&spec.cwd, &protected)?;
     let store = crate::changes::Store::open(crate::changes::Store::default_root());
     let argv: Vec<String> = spec
         .argv
@@ -970,15 +958,6 @@ fn start_cow(
         crate::changes::Marks::User
     };
     let mut set = store.create(&spec.cwd, tier.name(), &argv, marks)?;
-    // What the policy protects inside the project is checked again on the
-    // host when the set is read: no change there is ever applied.
-    let protected = pol
-        .protects
-        .iter()
-        .filter_map(|p| p.path.strip_prefix(&spec.cwd).ok())
-        .filter(|rel| !rel.as_os_str().is_empty())
-        .filter_map(|rel| rel.to_str().map(str::to_string))
-        .collect();
     set.protect(protected)?;
     // The upper layer's top is the merged view's top: the project's mode,
     // on every tier (the one place it is set).

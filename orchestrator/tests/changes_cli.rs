@@ -57,7 +57,7 @@ impl World {
         // File times come from a coarse clock: what the test wrote in the
         // tick the run starts in would count as written during the run.
         std::thread::sleep(std::time::Duration::from_millis(30));
-        let baseline = Baseline::capture(&self.project).unwrap();
+        let baseline = Baseline::capture(&self.project, &[]).unwrap();
         let root = rustix::process::geteuid().is_root();
         let marks = if root { Marks::Trusted } else { Marks::User };
         let mut set = self
@@ -415,7 +415,7 @@ fn paths_the_policy_protected_are_refused_on_the_host() {
     w.file("secrets/key", "k\n");
     w.file("vendor/lib/x", "x\n");
     std::thread::sleep(std::time::Duration::from_millis(30));
-    let baseline = Baseline::capture(&w.project).unwrap();
+    let baseline = Baseline::capture(&w.project, &[]).unwrap();
     let mut set = w.cow_then("echo A > a.txt && rm -r vendor", |set| {
         std::fs::create_dir_all(set.upper().join("secrets")).unwrap();
         std::fs::write(set.upper().join("secrets/new"), "planted\n").unwrap();

@@ -79,34 +79,6 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
     Ok(names)
 }
 
-/// The names in `dir`, sorted, each with whether it is a directory (from
-/// the entry's type; `fstatat`, not followed, where the filesystem gives
-/// none).
-pub(super) fn list_types(dir: BorrowedFd<'_>) -> io::Result<Vec<(OsString, bool)>> {
-    let mut d = rustix::fs::Dir::read_from(dir)?;
-    let mut out = Vec::new();
-    while let Some(e) = d.read() {
-        let e = e?;
-        let n = e.file_name().to_bytes();
-        if n == b"." || n == b".." {
-            continue;
-        }
-        let name = OsString::from_vec(n.to_vec());
-        let is_dir = match e.file_type() {
-            FileType::Directory => true,
-            FileType::Unknown => {
-                let st =
-                    rustix::fs::statat(dir, e.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
-                file_type(&st) == FileType::Directory
-            }
-            _ => false,
-        };
-        out.push((name, is_dir));
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// Opens the regular file `name` in `dir` for reading (no link followed;
 /// `O_NONBLOCK` so that a fifo put there in a race does not block).
 pub(super) fn open_file(dir: BorrowedFd<'_>, name: &str) -> io::Result<std::fs::File> {

@@ -41,8 +41,6 @@ pub use store::{ChangeSet, Counts, Layers, Meta, Store};
 
 /// At most this many changes in one set (a scan past it fails naming it).
 pub const MAX_CHANGES: usize = 1_000_000;
-/// At most this many entries in a project's baseline.
-pub const MAX_BASELINE: usize = 2_000_000;
 /// Directories nest at most this deep in an upper layer or a project.
 pub const MAX_DEPTH: usize = 256;
 /// A text diff shows files up to this size; larger ones by size and hash.

@@ -43,6 +43,9 @@ pub const PROC_READ_ONLY: &[&str] = &[
 pub struct BwrapPlan {
     pub args: Vec<OsString>,
     pub placeholders: Vec<Placeholder>,
+    /// [`plan::FsPlan::found`].
+    #[serde(skip)]
+    pub found: Vec<Placeholder>,
     pub notes: Vec<String>,
     /// The host paths bwrap binds in (the sources of the policy's binds and
     /// masks), with whether each is bound writable: what a command running
@@ -85,6 +88,7 @@ pub fn lower(
     let FsPlan {
         steps,
         placeholders,
+        found,
         notes,
     } = plan::plan(policy, fs)?;
     let mut a = Args::default();
@@ -145,6 +149,7 @@ pub fn lower(
     Ok(BwrapPlan {
         args: a.0,
         placeholders,
+        found,
         notes,
         sources,
     })

@@ -71,6 +71,13 @@ impl Step {
 pub struct FsPlan {
     pub steps: Vec<Step>,
     pub placeholders: Vec<Placeholder>,
+    /// Protected paths inside a writable root that were there when the
+    /// plan was made, bound as they were: each may be another run's
+    /// placeholder, which a run must hold (made again if it has gone since:
+    /// `runtime::placeholder::Wanted::seen`), or the other run's end
+    /// removes it before this one's sandbox binds it.
+    #[serde(skip)]
+    pub found: Vec<Placeholder>,
     /// Things a reviewer should know: skipped missing paths, narrowed grants.
     pub notes: Vec<String>,
 }
@@ -228,9 +235,22 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
         let in_writable = writable
             .iter()
             .find(|w| p.path.starts_with(&w.path) && p.path != w.path);
+        let found = |dir| {
+            in_writable.map(|root| Placeholder {
+                path: p.path.clone(),
+                root: root.path.clone(),
+                dir,
+            })
+        };
         let dir = match fs.kind(&p.path) {
-            NodeKind::Dir => true,
-            NodeKind::File => false,
+            NodeKind::Dir => {
+                out.found.extend(found(true));
+                true
+            }
+            NodeKind::File => {
+                out.found.extend(found(false));
+                false
+            }
             NodeKind::Symlink(_) => {
                 return Err(PlanError::ProtectedSymlink {
                     path: p.path.clone(),
