@@ -10,6 +10,10 @@ The project is F files of 100 bytes in 100 directories, made once (not
 timed). Each mode runs into a fresh --out and change-set store; the modes
 are interleaved round by round.
 
+On vm a third mode, `pool`, runs the same jobs as shell lines through the
+older warm pool (`hull batch --pool P`, no --tier: a VM restored ahead of
+each job in-process), for the comparison.
+
 Usage: benches/batch.py [--hull PATH] [--tier bwrap|vm] [--jobs N]
                         [--parallel P] [--files F] [--rounds R]
 """
@@ -33,9 +37,13 @@ def main():
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, f"f{i}"), "w") as f:
             f.write("%0100d" % i)
-    stats = {"shared": [], "cow": []}
+    modes = ("shared", "cow", "pool") if a.tier == "vm" else ("shared", "cow")
+    stats = {m: [] for m in modes}
     for r in range(a.rounds):
-        for ws in ("shared", "cow"):
+        for ws in modes:
+            if ws == "pool":
+                stats[ws].append(pool_round(a, hull, scratch, proj, r))
+                continue
             jobs = os.path.join(scratch, f"jobs-{ws}.jsonl")
             with open(jobs, "w") as f:
                 for i in range(a.jobs):
@@ -67,6 +75,28 @@ def main():
     ratio = statistics.median(x[1] for x in stats["cow"]) / statistics.median(x[1] for x in stats["shared"])
     print(f"cow/shared job p50: {ratio:.2f}")
     shutil.rmtree(scratch, ignore_errors=True)
+
+
+def pool_round(a, hull, scratch, proj, r):
+    """One batch of `true` shell lines through the warm pool (`--json`
+    prints each job's report: job_s from taking the job, its VM restored)."""
+    jobs = os.path.join(scratch, "jobs-pool.txt")
+    with open(jobs, "w") as f:
+        f.write("true\n" * a.jobs)
+    out = os.path.join(scratch, f"out-pool-{r}")
+    t = time.perf_counter()
+    p = subprocess.run([hull, "batch", "--pool", str(a.parallel), "--project", proj,
+                        "--out", out, "--json", jobs],
+                       stdin=subprocess.DEVNULL, capture_output=True)
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        sys.exit(f"batch pool: exit {p.returncode}\n{p.stderr.decode()[-2000:]}")
+    reports = [json.loads(l) for l in p.stdout.decode().splitlines() if l.startswith("{")]
+    assert len(reports) == a.jobs, len(reports)
+    shutil.rmtree(out, ignore_errors=True)
+    # A pool job's time excludes its VM's restore; the wall includes it.
+    return (a.jobs / wall, statistics.median(r["job_s"] + r["restore_s"] for r in reports),
+            wall / a.jobs)
 
 
 if __name__ == "__main__":
