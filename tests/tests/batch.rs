@@ -20,6 +20,22 @@ fn batch(w: &World, args: &[&str]) -> Output {
         .expect("hull batch")
 }
 
+/// `hull batch JOBS --tier T... --project (the world's) --out OUT EXTRA...`.
+fn batch_jobs(w: &World, jobs: &Path, tiers: &[&str], out: &Path, extra: &[&str]) -> Output {
+    let mut a = vec![jobs.to_str().unwrap()];
+    for t in tiers {
+        a.extend(["--tier", t]);
+    }
+    a.extend([
+        "--project",
+        w.project.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    a.extend(extra);
+    batch(w, &a)
+}
+
 /// The whole lines of `out/results.jsonl` (a line being written is not
 /// one yet).
 fn results(out: &Path) -> Vec<serde_json::Value> {
@@ -71,20 +87,7 @@ fn json_jobs_run_on_each_tier_with_a_pristine_workspace_each() {
     }
     std::fs::write(&jobs, &text).unwrap();
     let out = w.root.path().join("out");
-    let o = batch(
-        &w,
-        &[
-            jobs.to_str().unwrap(),
-            "--tier",
-            "bwrap",
-            "--project",
-            w.project.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--parallel",
-            "2",
-        ],
-    );
+    let o = batch_jobs(&w, &jobs, &["bwrap"], &out, &["--parallel", "2"]);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let rs = results(&out);
     assert_eq!(ids(&rs), ["j1@bwrap", "j2@bwrap", "j3@bwrap"]);
@@ -112,17 +115,12 @@ fn json_jobs_run_on_each_tier_with_a_pristine_workspace_each() {
     );
 
     // landlock cannot keep a change set: cow jobs are refused up front...
-    let o = batch(
+    let o = batch_jobs(
         &w,
-        &[
-            jobs.to_str().unwrap(),
-            "--tier",
-            "landlock",
-            "--project",
-            w.project.to_str().unwrap(),
-            "--out",
-            w.root.path().join("out-refused").to_str().unwrap(),
-        ],
+        &jobs,
+        &["landlock"],
+        &w.root.path().join("out-refused"),
+        &[],
     );
     assert_eq!(o.status.code(), Some(125), "{}", show(&o));
     assert!(
@@ -141,20 +139,7 @@ fn json_jobs_run_on_each_tier_with_a_pristine_workspace_each() {
     )
     .unwrap();
     let out2 = w.root.path().join("out2");
-    let o = batch(
-        &w,
-        &[
-            shared.to_str().unwrap(),
-            "--tier",
-            "landlock",
-            "--project",
-            w.project.to_str().unwrap(),
-            "--out",
-            out2.to_str().unwrap(),
-            "--parallel",
-            "1",
-        ],
-    );
+    let o = batch_jobs(&w, &shared, &["landlock"], &out2, &["--parallel", "1"]);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     assert_eq!(
         ids(&results(&out2)),
@@ -185,20 +170,7 @@ fn results_tell_the_peak_memory_of_each_job() {
     )
     .unwrap();
     let out = w.root.path().join("out");
-    let o = batch(
-        &w,
-        &[
-            jobs.to_str().unwrap(),
-            "--tier",
-            "bwrap",
-            "--tier",
-            "landlock",
-            "--project",
-            w.project.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let o = batch_jobs(&w, &jobs, &["bwrap", "landlock"], &out, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let rs = results(&out);
     assert_eq!(rs.len(), 4, "{rs:?}");
@@ -650,20 +622,7 @@ mod vm {
         )
         .unwrap();
         let out = w.root.path().join("out");
-        let o = batch(
-            &w,
-            &[
-                jobs.to_str().unwrap(),
-                "--tier",
-                "vm",
-                "--project",
-                w.project.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--parallel",
-                "1",
-            ],
-        );
+        let o = batch_jobs(&w, &jobs, &["vm"], &out, &["--parallel", "1"]);
         assert_eq!(o.status.code(), Some(0), "{}", show(&o));
         let rs = results(&out);
         assert_eq!(ids(&rs), ["v1@vm", "v2@vm"]);
