@@ -313,6 +313,7 @@ impl Session<'_> {
             | Message::StdinAck { .. }
             | Message::Stdout(_)
             | Message::Stderr(_)
+            | Message::Usage { .. }
             | Message::Exit(_)
             | Message::Configured(_)
             | Message::Pong { .. }) => Step::End(self.fatal(

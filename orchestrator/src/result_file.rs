@@ -92,6 +92,10 @@ pub struct RunResult {
     /// command's processes, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
+    /// Tier 3: the container's peak memory while the command ran (its
+    /// cgroup's, as the guest told it), in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
 }
 
 /// The result file's directory, held open from before the run.
@@ -229,6 +233,7 @@ mod tests {
             changes: None,
             restore_s: None,
             peak_rss_bytes: None,
+            peak_memory_bytes: None,
         }
     }
 

@@ -762,6 +762,8 @@ pub struct RunOutcome {
     /// The process tiers: the largest resident set of any process of the
     /// command's (none on tier 3, where the host sees only QEMU).
     pub peak_rss_bytes: Option<u64>,
+    /// Tier 3: the container's peak memory, as the guest told it.
+    pub peak_memory_bytes: Option<u64>,
 }
 
 /// Runs the command. `result_file` (`--json-result`) is refused when it
@@ -827,7 +829,7 @@ pub fn execute(
     #[cfg(not(target_os = "linux"))]
     let cow_layers: Option<PathBuf> = None;
     let started = std::time::SystemTime::now();
-    let mut restore_s = None;
+    let (mut restore_s, mut peak_memory_bytes) = (None, None);
     let result = match tier {
         Tier::Vm => crate::tier::vm::run(
             &pol,
@@ -840,6 +842,7 @@ pub fn execute(
         )
         .map(|r| {
             restore_s = r.restore_s;
+            peak_memory_bytes = r.peak_memory_bytes;
             r.status
         })
         .map_err(RunError::from),
@@ -902,6 +905,7 @@ pub fn execute(
         changes,
         restore_s,
         peak_rss_bytes,
+        peak_memory_bytes,
     })
 }
 

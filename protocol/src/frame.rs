@@ -59,11 +59,12 @@ pub enum Kind {
     Exit = 23,
     Signal = 24,
     Kill = 25,
+    Usage = 26,
 }
 
 impl Kind {
     /// Every kind, for tests and tables.
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Hello,
         Kind::Error,
         Kind::Ping,
@@ -81,6 +82,7 @@ impl Kind {
         Kind::Exit,
         Kind::Signal,
         Kind::Kill,
+        Kind::Usage,
     ];
 
     pub fn from_u16(v: u16) -> Option<Kind> {
@@ -106,6 +108,7 @@ impl Kind {
             Kind::Exit => "exit",
             Kind::Signal => "signal",
             Kind::Kill => "kill",
+            Kind::Usage => "usage",
         }
     }
 
@@ -135,7 +138,8 @@ impl Kind {
             | Kind::Stderr
             | Kind::Exit
             | Kind::Signal
-            | Kind::Kill => IdRule::Exec,
+            | Kind::Kill
+            | Kind::Usage => IdRule::Exec,
         }
     }
 

@@ -25,7 +25,8 @@
 //!    sends `Error{VersionMismatch}` and closes.
 //! 2. The host sends `Exec` under a fresh non-zero id. The agent answers
 //!    `Started{pid}`, then `Stdout`/`Stderr` as output arrives, then exactly
-//!    one `Exit`. Instead of `Started`/`Exit` an exec may end with an `Error`
+//!    one `Exit`, which the outer agent may precede with one `Usage` (the
+//!    container's peak memory while the command ran). Instead of `Started`/`Exit` an exec may end with an `Error`
 //!    frame carrying its id (for example `ExecFailed`): `Exit` and `Error` are
 //!    the two terminal frames of an id.
 //! 3. While an exec runs the host may send `Stdin`, `StdinEof`, `Signal` and

@@ -29,3 +29,7 @@ pub const MAX_NAME: usize = 63;
 pub const STDIN_WINDOW: u64 = 4 * 1024 * 1024;
 /// Highest signal number accepted in `Signal` and reported in `Exit`.
 pub const MAX_SIGNAL: i32 = 64;
+
+/// Highest peak memory a `Usage` may report: 1 TiB, beyond any tier-3
+/// guest (a larger figure is a broken or hostile guest's).
+pub const MAX_PEAK_MEMORY: u64 = 1 << 40;

@@ -192,6 +192,11 @@ pub enum Message {
     Stdout(Vec<u8>),
     /// Agent to host: output, as it arrives.
     Stderr(Vec<u8>),
+    /// Agent to host, just before `Exit`: what the command used. The
+    /// container's peak memory while it ran (its cgroup's `memory.peak`,
+    /// reset when the command started; the container's other processes
+    /// included), when the guest can tell.
+    Usage { peak_memory_bytes: u64 },
     /// Agent to host: the command ended and all its output was sent. Terminal.
     Exit(ExitStatus),
     /// Host to agent: deliver a signal to the command's process group.
@@ -226,6 +231,12 @@ struct PidP {
 #[serde(deny_unknown_fields)]
 struct AckP {
     bytes: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageP {
+    peak_memory_bytes: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -284,6 +295,7 @@ impl Message {
             Message::Stdout(_) => Kind::Stdout,
             Message::Stderr(_) => Kind::Stderr,
             Message::Exit(_) => Kind::Exit,
+            Message::Usage { .. } => Kind::Usage,
             Message::Signal { .. } => Kind::Signal,
             Message::Kill => Kind::Kill,
             Message::Ping { .. } => Kind::Ping,
@@ -328,6 +340,14 @@ impl Message {
                 }
                 Ok(())
             }
+            Message::Usage { peak_memory_bytes } => {
+                if *peak_memory_bytes > MAX_PEAK_MEMORY {
+                    return Err(format!(
+                        "a peak of {peak_memory_bytes} bytes is beyond any guest's memory"
+                    ));
+                }
+                Ok(())
+            }
             Message::Exit(_)
             | Message::Stdin(_)
             | Message::StdinEof
@@ -352,6 +372,12 @@ impl Message {
             Message::Started { pid } => json(out, &PidP { pid: *pid }),
             Message::StdinAck { bytes } => json(out, &AckP { bytes: *bytes }),
             Message::Exit(st) => json(out, st),
+            Message::Usage { peak_memory_bytes } => json(
+                out,
+                &UsageP {
+                    peak_memory_bytes: *peak_memory_bytes,
+                },
+            ),
             Message::Signal { signo } => json(out, &SignalP { signo: *signo }),
             Message::Ping { nonce } | Message::Pong { nonce } => {
                 json(out, &NonceP { nonce: *nonce })
@@ -391,6 +417,9 @@ impl Message {
                 bytes: parse::<AckP>(payload)?.bytes,
             },
             Kind::Exit => Message::Exit(parse(payload)?),
+            Kind::Usage => Message::Usage {
+                peak_memory_bytes: parse::<UsageP>(payload)?.peak_memory_bytes,
+            },
             Kind::Signal => Message::Signal {
                 signo: parse::<SignalP>(payload)?.signo,
             },

@@ -34,7 +34,7 @@ fn garbage_is_rejected() {
 
 #[test]
 fn unknown_kind_is_rejected() {
-    for kind in [0u16, 8, 15, 26, 0xffff] {
+    for kind in [0u16, 8, 15, 27, 0xffff] {
         let e = first_error(&raw_frame(kind, 0, 0, b""));
         assert_eq!(e, DecodeError::UnknownKind { kind });
         assert_eq!(e.code(), ErrorCode::UnknownKind);
@@ -192,6 +192,11 @@ fn out_of_bounds_messages_are_rejected() {
         (Kind::Signal, 1, r#"{"signo":65}"#.into()),
         (Kind::Exit, 1, r#"{"signal":0}"#.into()),
         (Kind::Started, 1, r#"{"pid":0}"#.into()),
+        (
+            Kind::Usage,
+            1,
+            r#"{"peak_memory_bytes":1099511627777}"#.into(),
+        ),
         (Kind::Error, 1, long_error),
     ];
     for (kind, id, payload) in cases {

@@ -155,6 +155,41 @@ pub(super) fn drop_caches() {
     }
 }
 
+/// The container's peak memory while one command runs: its top cgroup's
+/// `memory.peak` (`/lxc.payload.<name>`, found from a process in it),
+/// opened and reset for this reader alone (Linux 6.12: a write resets the
+/// peak seen through that open file), read when the command ends. None
+/// where the kernel or the cgroup cannot tell (the run goes on without).
+pub(super) struct MemoryPeak(std::fs::File);
+
+impl MemoryPeak {
+    pub(super) fn start(pid: u32) -> Option<MemoryPeak> {
+        use std::io::Write;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let top = rel.trim_start_matches('/').split('/').next()?;
+        if !top.starts_with("lxc.payload.") || top.contains("..") {
+            return None;
+        }
+        let path = Path::new("/sys/fs/cgroup").join(top).join("memory.peak");
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .ok()?;
+        f.write_all(b"reset\n").ok()?;
+        Some(MemoryPeak(f))
+    }
+
+    /// Bytes, the most the container held since [`MemoryPeak::start`].
+    pub(super) fn read(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 32];
+        let n = self.0.read_at(&mut buf, 0).ok()?;
+        std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //! thread of its own, exec frames relayed to and from the inner agent, only
 //! for the exec ids the host started.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +26,9 @@ struct InnerLink {
     out: Outbox,
     reader: Option<JoinHandle<()>>,
     alive: Arc<AtomicBool>,
+    /// The inner agent's pid (its socket's peer): the container's cgroup
+    /// is found from it.
+    pid: Option<u32>,
 }
 
 /// State shared by the session's threads.
@@ -33,6 +36,8 @@ struct Shared {
     host: Outbox,
     /// Exec ids relayed to the inner agent and not yet ended.
     running: Mutex<HashSet<u32>>,
+    /// The container's memory peak, reset when each running exec started.
+    peaks: Mutex<HashMap<u32, super::kernel::MemoryPeak>>,
     inner: Mutex<Option<InnerLink>>,
     /// Why there is no inner link, for the errors execs get.
     no_inner: Mutex<String>,
@@ -58,6 +63,7 @@ pub fn serve_session(t: Transport, backend: &Arc<dyn Backend>) -> SessionEnd {
     let shared = Arc::new(Shared {
         host: host.clone(),
         running: Mutex::new(HashSet::new()),
+        peaks: Mutex::new(HashMap::new()),
         inner: Mutex::new(None),
         no_inner: Mutex::new("not configured: send configure first".into()),
         configuring: AtomicBool::new(false),
@@ -182,6 +188,7 @@ fn handle(
         | Message::StdinAck { .. }
         | Message::Stdout(_)
         | Message::Stderr(_)
+        | Message::Usage { .. }
         | Message::Exit(_)
         | Message::Configured(_)
         | Message::Pong { .. }) => Step::End(fatal(
@@ -292,6 +299,9 @@ fn forward_exec(shared: &Arc<Shared>, id: u32, msg: Message) -> Step {
         }
         running.insert(id);
     }
+    if let Some(peak) = link.pid.and_then(super::kernel::MemoryPeak::start) {
+        lock(&shared.peaks).insert(id, peak);
+    }
     if !link.out.send(&msg, id) {
         drop(inner);
         lock(&shared.running).remove(&id);
@@ -349,6 +359,9 @@ fn connect_inner(stream: UnixStream, shared: &Arc<Shared>) -> Result<String, Set
         .get_ref()
         .set_read_timeout(None)
         .map_err(|e| hs(e.to_string()))?;
+    let pid = rustix::net::sockopt::socket_peercred(&stream)
+        .ok()
+        .and_then(|c| c.pid.as_raw_nonzero().get().try_into().ok());
     let closer = stream;
     let out = Outbox::new(
         Box::new(writer.into_inner()),
@@ -366,6 +379,7 @@ fn connect_inner(stream: UnixStream, shared: &Arc<Shared>) -> Result<String, Set
         out,
         reader: Some(reader_thread),
         alive,
+        pid,
     });
     if let Some(mut old) = old {
         old.out.close();
@@ -406,6 +420,18 @@ fn relay_inner(mut reader: FrameReader<UnixStream>, shared: &Shared, alive: &Ato
                     }
                     known
                 };
+                // Before its end: what the command's container used.
+                let peak = terminal.then(|| lock(&shared.peaks).remove(&id)).flatten();
+                if let (true, Message::Exit(_), Some(bytes)) =
+                    (known, &m, peak.and_then(|p| p.read()))
+                {
+                    shared.host.send(
+                        &Message::Usage {
+                            peak_memory_bytes: bytes.min(hull_protocol::limits::MAX_PEAK_MEMORY),
+                        },
+                        id,
+                    );
+                }
                 if known {
                     shared.host.send(&m, id);
                 } else {

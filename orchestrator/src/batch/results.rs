@@ -75,6 +75,10 @@ pub struct ResultLine {
     /// job's had (`getrusage` of the reaped tree), in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
+    /// vm: the container's peak memory while the job ran (its cgroup's
+    /// `memory.peak`, as the guest told it), in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
     pub stdout: PathBuf,
     pub stderr: PathBuf,
     /// `workspace = "cow"`: the change set the job's writes were kept as.
@@ -316,6 +320,7 @@ mod tests {
             queue_s: 0.0,
             restore_s: None,
             peak_rss_bytes: None,
+            peak_memory_bytes: None,
             stdout: "jobs/x.stdout".into(),
             stderr: "jobs/x.stderr".into(),
             changes: None,

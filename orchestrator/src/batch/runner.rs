@@ -237,6 +237,7 @@ fn run_one(
         queue_s,
         restore_s: None,
         peak_rss_bytes: None,
+        peak_memory_bytes: None,
         stdout: stdout.clone(),
         stderr: stderr.clone(),
         changes: None,
@@ -369,6 +370,7 @@ fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
     }
     line.restore_s = doc["restore_s"].as_f64();
     line.peak_rss_bytes = doc["peak_rss_bytes"].as_u64();
+    line.peak_memory_bytes = doc["peak_memory_bytes"].as_u64();
     if let Some(id) = doc["changes"].as_str() {
         line.changes = Some(id.to_string());
         let store = crate::changes::Store::open(crate::changes::Store::default_root());

@@ -183,5 +183,6 @@ fn result_doc(
         changes: res.as_ref().ok().and_then(|o| o.changes.clone()),
         restore_s: res.as_ref().ok().and_then(|o| o.restore_s),
         peak_rss_bytes: res.as_ref().ok().and_then(|o| o.peak_rss_bytes),
+        peak_memory_bytes: res.as_ref().ok().and_then(|o| o.peak_memory_bytes),
     }
 }

@@ -138,6 +138,11 @@ pub struct VmRun {
     /// Seconds from starting the VM (restored or booted) to the agent's
     /// hello; none in a kept VM (`--vm NAME`).
     pub restore_s: Option<f64>,
+    /// The container's peak memory while the command ran, as the guest
+    /// told it (its cgroup's `memory.peak`, reset at the command's start;
+    /// the container's own idle processes included): a figure from the
+    /// guest, not the host's.
+    pub peak_memory_bytes: Option<u64>,
 }
 
 pub fn run(
@@ -330,6 +335,7 @@ mod imp {
                     .map(|status| VmRun {
                         status,
                         restore_s: None,
+                        peak_memory_bytes: None,
                     })
                     .map_err(VmTierError::from)
             }
@@ -424,12 +430,14 @@ mod imp {
             ..ExecOptions::default()
         };
         let result = session.exec(spec, sink, opts);
+        let peak_memory_bytes = session.last_peak_memory();
         phase("command ended");
         session.finish(Duration::from_secs(10), &cancelled);
         phase("VM down");
         Ok(VmRun {
             status: result?,
             restore_s,
+            peak_memory_bytes,
         })
     }
 
@@ -437,6 +445,7 @@ mod imp {
         VmRun {
             status: ExitStatus::Interrupted(interrupted(irq).unwrap_or(libc::SIGINT)),
             restore_s,
+            peak_memory_bytes: None,
         }
     }
 

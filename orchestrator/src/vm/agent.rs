@@ -168,6 +168,8 @@ pub struct AgentSession {
     broken: bool,
     /// Handed over with [`AgentSession::into_raw`]: Drop leaves the socket open.
     detached: bool,
+    /// The last exec's `Usage`: the container's peak memory while it ran.
+    last_peak: Option<u64>,
 }
 
 /// The frame-level halves of a session after the hello, for a relay.
@@ -230,6 +232,7 @@ impl AgentSession {
             finished: Vec::new(),
             broken: false,
             detached: false,
+            last_peak: None,
         })
     }
 
@@ -410,6 +413,12 @@ impl AgentSession {
         Ok(())
     }
 
+    /// The container's peak memory during the last exec, in bytes, when
+    /// the guest told it (an untrusted figure, bounded by the protocol).
+    pub fn last_peak_memory(&self) -> Option<u64> {
+        self.last_peak
+    }
+
     fn fresh_id(&mut self) -> u32 {
         let id = self.next_id;
         self.next_id = self.next_id.checked_add(1).unwrap_or(1);
@@ -440,6 +449,7 @@ impl AgentSession {
     ) -> Result<ExitStatus, AgentError> {
         self.ready()?;
         let id = self.fresh_id();
+        self.last_peak = None;
         let req = build_exec(cmd, &opts)?;
         self.send(&Message::Exec(req), id)?;
         let stdin = opts
@@ -577,6 +587,9 @@ impl AgentSession {
                         return Err(self.unexpected(&f, "without stdin"));
                     }
                 },
+                Message::Usage { peak_memory_bytes } => {
+                    self.last_peak = Some(peak_memory_bytes);
+                }
                 Message::Exit(st) => {
                     tracing::debug!(
                         "tier vm: the guest's longest silence in this exec: {:.3} s",

@@ -290,6 +290,12 @@ impl VmSession {
         }
     }
 
+    /// The container's peak memory during the last exec, as the guest
+    /// told it (an untrusted figure, bounded by the protocol).
+    pub fn last_peak_memory(&self) -> Option<u64> {
+        self.agent.last_peak_memory()
+    }
+
     /// Ends the VM cleanly: the agent's `Shutdown`, up to `grace` for the
     /// guest to power off, then QEMU is stopped and the file servers. A VM
     /// that broke, or a `cancelled()` (before or while it waits), is killed

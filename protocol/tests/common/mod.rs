@@ -110,6 +110,12 @@ pub fn samples() -> Vec<(Message, u32)> {
         (Message::Exit(ExitStatus::Code(-1)), 7),
         (Message::Exit(ExitStatus::Signal(9)), 7),
         (Message::Exit(ExitStatus::TimedOut), 7),
+        (
+            Message::Usage {
+                peak_memory_bytes: 106_627_072,
+            },
+            7,
+        ),
         (Message::Signal { signo: 15 }, 7),
         (Message::Kill, 7),
         (Message::Ping { nonce: u64::MAX }, 0),

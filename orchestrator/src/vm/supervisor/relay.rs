@@ -297,6 +297,7 @@ fn agent_reader(
                 | Message::Stdout(_)
                 | Message::Stderr(_)
                 | Message::StdinAck { .. }
+                | Message::Usage { .. }
                 | Message::Exit(_)
                 | Message::Error { .. }
         );
