@@ -128,6 +128,8 @@ struct Outcome {
     stderr: Vec<u8>,
     end: Message,
     seconds: f64,
+    /// The `Usage` the outer agent sent before the `Exit`.
+    peak_memory_bytes: Option<u64>,
 }
 
 fn exec(conn: &mut Connection<UnixStream>, id: u32, script: &str, cwd: &Path) -> Outcome {
@@ -145,7 +147,7 @@ fn exec(conn: &mut Connection<UnixStream>, id: u32, script: &str, cwd: &Path) ->
     };
     let t = Instant::now();
     conn.send(&Message::Exec(req), id).unwrap();
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let (mut stdout, mut stderr, mut peak_memory_bytes) = (Vec::new(), Vec::new(), None);
     loop {
         let (fid, m) = conn.recv().unwrap();
         assert_eq!(fid, id, "frame for another id: {m:?}");
@@ -153,12 +155,19 @@ fn exec(conn: &mut Connection<UnixStream>, id: u32, script: &str, cwd: &Path) ->
             Message::Started { .. } | Message::StdinAck { .. } => {}
             Message::Stdout(b) => stdout.extend(b),
             Message::Stderr(b) => stderr.extend(b),
+            Message::Usage {
+                peak_memory_bytes: p,
+            } => {
+                assert!(peak_memory_bytes.is_none(), "a second Usage");
+                peak_memory_bytes = Some(p);
+            }
             end @ (Message::Exit(_) | Message::Error { .. }) => {
                 return Outcome {
                     stdout,
                     stderr,
                     end,
                     seconds: t.elapsed().as_secs_f64(),
+                    peak_memory_bytes,
                 }
             }
             other => panic!("unexpected {other:?}"),
@@ -358,6 +367,12 @@ fn boot_configure_and_run_in_the_container() {
         text(&o.stderr)
     );
     assert_eq!(text(&o.stdout), "hi\n");
+    // After a boot as after a restore: the container's peak while it ran.
+    assert!(
+        o.peak_memory_bytes.is_some_and(|p| p > 0 && p < 512 << 20),
+        "{:?}",
+        o.peak_memory_bytes
+    );
     let first_exec_s = o.seconds;
 
     let o = exec(&mut conn, 2, "id -u; id -g", &project);
