@@ -497,8 +497,16 @@ pub fn run_process_tier(
             prepared.command.into()
         }
         Tier::Landlock => {
-            let plan = crate::policy::lower::landlock::lower(policy, &RealFs)
-                .map_err(|source| RunError::Lower { tier, source })?;
+            // `--cow`: the project's protections and narrower grants are
+            // covered by mounts over the overlay (`cow_covers`), so the
+            // Landlock plan grants the project whole, with no split.
+            let covers = cow.map(|_| cow_covers(policy, &spec.cwd));
+            let cow_policy = covers.as_ref().map(|_| without_inside(policy, &spec.cwd));
+            let plan = crate::policy::lower::landlock::lower(
+                cow_policy.as_ref().unwrap_or(policy),
+                &RealFs,
+            )
+            .map_err(|source| RunError::Lower { tier, source })?;
             // Entries created directly in a split directory come from a
             // pool of spares the broker renames into place; where no pool
             // can be made, the user is told before the run (never a silent
@@ -614,7 +622,7 @@ pub fn run_process_tier(
             if crate::tier::identity::hull_is_root() {
                 // As for bwrap: the helper that applies Landlock and execs
                 // the command runs as the sandbox user already.
-                let grants: Vec<crate::tier::identity::Grant> = policy
+                let mut grants: Vec<crate::tier::identity::Grant> = policy
                     .grants
                     .iter()
                     .map(|g| crate::tier::identity::Grant {
@@ -624,9 +632,32 @@ pub fn run_process_tier(
                             || g.origin != crate::policy::GrantOrigin::Policy,
                     })
                     .collect();
-                let switch = crate::tier::identity::Switch::prepare("landlock", &grants)
-                    .and_then(|s| s.with_cwd(&spec.cwd))?;
-                install_switch(&mut c, switch);
+                // `--cow`: as for bwrap, the change set's directory must be
+                // there in the child's mount namespace for the upper layer.
+                if let Some(set_dir) = cow {
+                    grants.push(crate::tier::identity::Grant {
+                        path: set_dir.to_path_buf(),
+                        writable: false,
+                        own: false,
+                    });
+                }
+                let mut switch = crate::tier::identity::Switch::prepare("landlock", &grants)?;
+                if let (Some(set_dir), Some(covers)) = (cow, &covers) {
+                    let masks = launch::create_masks(run_dir)?;
+                    switch = switch.with_overlay(&spec.cwd, set_dir)?.with_cow_masks(
+                        &spec.cwd,
+                        covers,
+                        &masks.empty_dir,
+                        &masks.empty_file,
+                    )?;
+                }
+                install_switch(&mut c, switch.with_cwd(&spec.cwd)?);
+            } else if cow.is_some() {
+                // `cow_refused` lets landlock's --cow through as root only.
+                return Err(RunError::CowRefused {
+                    tier,
+                    why: LANDLOCK_COW_AS_USER,
+                });
             }
             crate::exec::process::Launch::IntoCgroup(c)
         }
@@ -909,6 +940,48 @@ pub fn execute(
     })
 }
 
+/// landlock's `--cow` when hull is not root.
+#[cfg(target_os = "linux")]
+const LANDLOCK_COW_AS_USER: &str = "on landlock it needs hull to run as root for now (the overlay is mounted in the command's own mount namespace, which this tier makes only as root); use --tier bwrap";
+
+/// `--cow` on landlock: what covers each protection of the policy inside
+/// `project`, and each narrower grant there (read-only onto itself).
+#[cfg(target_os = "linux")]
+fn cow_covers(policy: &Policy, project: &Path) -> Vec<(PathBuf, crate::tier::identity::Cover)> {
+    use crate::tier::identity::Cover;
+    let inside = |p: &Path| p.starts_with(project) && p != project;
+    policy
+        .protects
+        .iter()
+        .filter(|p| inside(&p.path))
+        .map(|p| {
+            let cover = match p.protection {
+                crate::policy::Protection::Hidden => Cover::Hide,
+                crate::policy::Protection::ReadOnly => Cover::ReadOnly,
+            };
+            (p.path.clone(), cover)
+        })
+        .chain(
+            policy
+                .grants
+                .iter()
+                .filter(|g| inside(&g.path) && g.access != crate::policy::Access::ReadWrite)
+                .map(|g| (g.path.clone(), Cover::ReadOnly)),
+        )
+        .collect()
+}
+
+/// `policy` without what [`cow_covers`] covers inside `project`.
+#[cfg(target_os = "linux")]
+fn without_inside(policy: &Policy, project: &Path) -> Policy {
+    let inside = |p: &Path| p.starts_with(project) && p != project;
+    let mut p = policy.clone();
+    p.protects.retain(|x| !inside(&x.path));
+    p.grants
+        .retain(|g| !(inside(&g.path) && g.access != crate::policy::Access::ReadWrite));
+    p
+}
+
 /// Why `--cow` is refused on `tier`, if it is: where the tier cannot show
 /// the project through an overlay.
 pub fn cow_refused(tier: Tier) -> Option<&'static str> {
@@ -917,7 +990,12 @@ pub fn cow_refused(tier: Tier) -> Option<&'static str> {
         Tier::Bwrap => None,
         #[cfg(not(target_os = "linux"))]
         Tier::Bwrap => Some("bwrap runs on Linux only"),
-        Tier::Landlock => Some("Landlock only narrows access to the real files and has no mount namespace in which the project could be shown through an overlay; use --tier bwrap"),
+        #[cfg(target_os = "linux")]
+        Tier::Landlock if crate::tier::identity::hull_is_root() => None,
+        #[cfg(target_os = "linux")]
+        Tier::Landlock => Some(LANDLOCK_COW_AS_USER),
+        #[cfg(not(target_os = "linux"))]
+        Tier::Landlock => Some("landlock runs on Linux only"),
         Tier::None => Some("tier none has no mount namespace: nothing would keep the command's writes from the project"),
         #[cfg(target_os = "linux")]
         Tier::Vm => None,

@@ -247,6 +247,72 @@ fn a_path_changed_during_the_run_is_a_conflict(tier: &str) {
     );
 }
 
+/// What the policy protects inside the project stays protected in the
+/// overlay: `.git` and a `deny` path cannot be written (bound read-only
+/// or hidden over it: by the guest on vm, by hull in the command's mount
+/// namespace on landlock; bwrap binds them as on any run), so nothing of
+/// them is in the change set;
+/// a write elsewhere is. The same writes succeed under tier none.
+fn protected_paths_stay_unwritable_in_the_overlay(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    w.git_init();
+    std::fs::create_dir(w.project.join("secrets")).unwrap();
+    std::fs::write(w.project.join("secrets/key"), "k\n").unwrap();
+    let pol = w.root.path().join("deny.toml");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../policies/default.toml"
+    ))
+    .unwrap()
+    .replace("deny = [", "deny = [\n  \"${PROJECT}/secrets\",");
+    assert!(text.contains("/secrets\","));
+    std::fs::write(&pol, text).unwrap();
+    let script = "echo x >> .git/config; echo a=$?; echo y > .git/new; echo b=$?; \
+                  ls secrets | wc -l; echo z > secrets/new; echo c=$?; echo ok > ok.txt";
+    // The control: under none every write lands.
+    let c = w.run(
+        "none",
+        &[],
+        "echo x >> .git/config && echo y > .git/new && echo ok",
+    );
+    assert_eq!(c.status.code(), Some(0), "{}", show(&c));
+    assert!(w.project.join(".git/new").exists());
+    std::fs::remove_file(w.project.join(".git/new")).unwrap();
+    let config = std::fs::read(w.project.join(".git/config")).unwrap();
+    let o = w.run(tier, &["--cow", "--policy", pol.to_str().unwrap()], script);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for refused in ["a=", "b=", "c="] {
+        assert!(
+            out.contains(refused) && !out.contains(&format!("{refused}0")),
+            "{refused}: {}",
+            show(&o)
+        );
+    }
+    assert!(
+        out.contains("\n0\n"),
+        "the deny path showed its files: {}",
+        show(&o)
+    );
+    let s = changes(&w, &["show", &kept_id(&o), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    let paths: Vec<&str> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["ok.txt"], "{}", show(&s));
+    assert_eq!(
+        std::fs::read(w.project.join(".git/config")).unwrap(),
+        config
+    );
+    assert!(!w.project.join(".git/new").exists());
+    assert!(!w.project.join("secrets/new").exists());
+    assert!(!w.project.join("ok.txt").exists());
+}
+
 #[cfg(feature = "bwrap")]
 mod bwrap {
     #[test]
@@ -263,6 +329,43 @@ mod bwrap {
     fn a_path_changed_during_the_run_is_a_conflict() {
         super::a_path_changed_during_the_run_is_a_conflict("bwrap");
     }
+
+    #[test]
+    fn protected_paths_stay_unwritable_in_the_overlay() {
+        super::protected_paths_stay_unwritable_in_the_overlay("bwrap");
+    }
+}
+
+/// landlock as root: the overlay in the command's own mount namespace (the
+/// one its switch to the sandbox user makes), the project's protections
+/// covered by mounts over it, the project granted whole; the same
+/// assertions as on bwrap. As a user it is refused
+/// (`bwrap_a_cow_run_as_a_user` checks that too).
+#[cfg(feature = "landlock")]
+mod landlock {
+    #[test]
+    #[ignore = "needs root: landlock's --cow mounts its overlay in a mount namespace hull makes as root"]
+    fn a_cow_run_is_kept_apart_listed_applied_and_discarded() {
+        super::a_cow_run_is_kept_apart_listed_applied_and_discarded("landlock");
+    }
+
+    #[test]
+    #[ignore = "needs root: landlock's --cow mounts its overlay in a mount namespace hull makes as root"]
+    fn two_cow_runs_do_not_see_each_other() {
+        super::two_cow_runs_do_not_see_each_other("landlock");
+    }
+
+    #[test]
+    #[ignore = "needs root: landlock's --cow mounts its overlay in a mount namespace hull makes as root"]
+    fn a_path_changed_during_the_run_is_a_conflict() {
+        super::a_path_changed_during_the_run_is_a_conflict("landlock");
+    }
+
+    #[test]
+    #[ignore = "needs root: landlock's --cow mounts its overlay in a mount namespace hull makes as root"]
+    fn protected_paths_stay_unwritable_in_the_overlay() {
+        super::protected_paths_stay_unwritable_in_the_overlay("landlock");
+    }
 }
 
 /// Tier 3: the overlay is mounted in the guest over the read-only project
@@ -270,8 +373,6 @@ mod bwrap {
 /// `layers/`; the same assertions as on bwrap.
 #[cfg(feature = "tier3")]
 mod vm {
-    use super::*;
-
     #[test]
     fn a_cow_run_is_kept_apart_listed_applied_and_discarded() {
         super::a_cow_run_is_kept_apart_listed_applied_and_discarded("vm");
@@ -287,94 +388,10 @@ mod vm {
         super::a_path_changed_during_the_run_is_a_conflict("vm");
     }
 
-    /// What the policy protects inside the project stays protected in the
-    /// overlay: `.git` and a `deny` path cannot be written (the guest binds
-    /// them read-only over it), so nothing of them is in the change set;
-    /// a write elsewhere is. The same writes succeed under tier none.
     #[test]
     fn protected_paths_stay_unwritable_in_the_overlay() {
-        require_tier("vm");
-        let w = World::new();
-        w.git_init();
-        std::fs::create_dir(w.project.join("secrets")).unwrap();
-        std::fs::write(w.project.join("secrets/key"), "k\n").unwrap();
-        let pol = w.root.path().join("deny.toml");
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../policies/default.toml"
-        ))
-        .unwrap()
-        .replace("deny = [", "deny = [\n  \"${PROJECT}/secrets\",");
-        assert!(text.contains("/secrets\","));
-        std::fs::write(&pol, text).unwrap();
-        let script = "echo x >> .git/config; echo a=$?; echo y > .git/new; echo b=$?; \
-                      ls secrets | wc -l; echo z > secrets/new; echo c=$?; echo ok > ok.txt";
-        // The control: under none every write lands.
-        let c = w.run(
-            "none",
-            &[],
-            "echo x >> .git/config && echo y > .git/new && echo ok",
-        );
-        assert_eq!(c.status.code(), Some(0), "{}", show(&c));
-        assert!(w.project.join(".git/new").exists());
-        std::fs::remove_file(w.project.join(".git/new")).unwrap();
-        let config = std::fs::read(w.project.join(".git/config")).unwrap();
-        let o = w.run("vm", &["--cow", "--policy", pol.to_str().unwrap()], script);
-        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-        let out = String::from_utf8_lossy(&o.stdout);
-        for refused in ["a=", "b=", "c="] {
-            assert!(
-                out.contains(refused) && !out.contains(&format!("{refused}0")),
-                "{refused}: {}",
-                show(&o)
-            );
-        }
-        assert!(
-            out.contains("\n0\n"),
-            "the deny path showed its files: {}",
-            show(&o)
-        );
-        let s = changes(&w, &["show", &kept_id(&o), "--json"]);
-        let v: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
-        let paths: Vec<&str> = v["changes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["path"].as_str().unwrap())
-            .collect();
-        assert_eq!(paths, ["ok.txt"], "{}", show(&s));
-        assert_eq!(
-            std::fs::read(w.project.join(".git/config")).unwrap(),
-            config
-        );
-        assert!(!w.project.join(".git/new").exists());
-        assert!(!w.project.join("secrets/new").exists());
-        assert!(!w.project.join("ok.txt").exists());
+        super::protected_paths_stay_unwritable_in_the_overlay("vm");
     }
-}
-
-/// landlock cannot show the project through an overlay: `--cow` is refused
-/// with that reason before anything runs, and no change set is made.
-#[cfg(feature = "landlock")]
-#[test]
-fn landlock_refuses_cow_with_its_reason() {
-    require_tier("landlock");
-    let w = World::new();
-    let o = w.run("landlock", &["--cow"], "echo ran > ran.txt");
-    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        err.contains("tier landlock: --cow is refused: Landlock only narrows access"),
-        "{err}"
-    );
-    assert!(!w.project.join("ran.txt").exists());
-    let l = changes(&w, &["list", "--json"]);
-    assert_eq!(
-        String::from_utf8_lossy(&l.stdout).trim(),
-        "[]",
-        "{}",
-        show(&l)
-    );
 }
 
 /// `--cow` on bwrap when hull runs as an ordinary user (nobody here): the
@@ -473,6 +490,26 @@ fn bwrap_a_cow_run_as_a_user() {
             "{p}"
         );
     }
+    // landlock's --cow needs root: as a user it is refused with its
+    // reason, before anything runs.
+    let o = as_nobody(&[
+        "run",
+        "--tier",
+        "landlock",
+        "--cow",
+        "--",
+        "sh",
+        "-c",
+        "echo ran > ran.txt",
+    ]);
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("tier landlock: --cow is refused: on landlock it needs hull to run as root"),
+        "{}",
+        show(&o)
+    );
+    assert!(!project.join("ran.txt").exists());
 }
 
 fn euid() -> u32 {
