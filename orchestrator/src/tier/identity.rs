@@ -229,28 +229,11 @@ impl CowMasks {
 /// Makes the detached tree `tree` read-only, nosuid and nodev. One raw
 /// system call.
 fn set_read_only(tree: &OwnedFd) -> std::io::Result<()> {
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: `attr` is a valid, correctly sized mount_attr; the empty path
-    // with AT_EMPTY_PATH names `tree` itself.
-    let set = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            (libc::AT_EMPTY_PATH as u32) | AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if set != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    set_attrs(
+        tree,
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        None,
+    )
 }
 
 /// A path the command is given, whether it must be writable, and whether
@@ -713,14 +696,21 @@ fn cloned_tree(
     }
     // SAFETY: open_tree returned a new descriptor owned by nobody else.
     let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+    let idmap = if userns.is_some() {
+        MOUNT_ATTR_IDMAP
+    } else {
+        0
+    };
+    set_attrs(&tree, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | idmap, userns)
+        .map_err(|e| ("idmap", e))?;
+    Ok(tree)
+}
+
+/// Sets `attr_set` on the detached tree `tree` and everything below it,
+/// with `userns` for an idmapping. One raw system call.
+fn set_attrs(tree: &OwnedFd, attr_set: u64, userns: Option<&OwnedFd>) -> std::io::Result<()> {
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_NOSUID
-            | MOUNT_ATTR_NODEV
-            | if userns.is_some() {
-                MOUNT_ATTR_IDMAP
-            } else {
-                0
-            },
+        attr_set,
         attr_clr: 0,
         propagation: 0,
         userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
@@ -738,9 +728,9 @@ fn cloned_tree(
         )
     };
     if set != 0 {
-        return Err(("idmap", std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
-    Ok(tree)
+    Ok(())
 }
 
 const OPEN_TREE_CLONE: u32 = 1;
