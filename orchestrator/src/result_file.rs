@@ -13,7 +13,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::exec::ExitStatus;
 use crate::tier::Tier;
@@ -85,15 +85,23 @@ pub struct RunResult {
     /// `--cow`: the change set the command's writes were kept as.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changes: Option<String>,
+    #[serde(flatten)]
+    pub usage: Usage,
+}
+
+/// What a run took, where its tier can tell (each field absent otherwise);
+/// also a part of each `hull batch` result line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
     /// Tier 3: seconds from starting the VM to its agent's hello.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_s: Option<f64>,
-    /// The process tiers: the largest resident set of any of the
-    /// command's processes, in bytes.
+    /// The process tiers: the largest resident set any of the command's
+    /// processes had (`getrusage` over the reaped tree), in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
     /// Tier 3: the container's peak memory while the command ran (its
-    /// cgroup's, as the guest told it), in bytes.
+    /// cgroup's `memory.peak`, as the guest told it), in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<u64>,
 }
@@ -231,9 +239,7 @@ mod tests {
             started: 1.5,
             seconds: 0.25,
             changes: None,
-            restore_s: None,
-            peak_rss_bytes: None,
-            peak_memory_bytes: None,
+            usage: Usage::default(),
         }
     }
 

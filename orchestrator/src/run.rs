@@ -788,13 +788,8 @@ pub struct RunOutcome {
     pub spill: PathBuf,
     /// `--cow`: the ID of the change set the run's writes were kept as.
     pub changes: Option<String>,
-    /// Tier 3: seconds from starting the VM to its agent's hello.
-    pub restore_s: Option<f64>,
-    /// The process tiers: the largest resident set of any process of the
-    /// command's (none on tier 3, where the host sees only QEMU).
-    pub peak_rss_bytes: Option<u64>,
-    /// Tier 3: the container's peak memory, as the guest told it.
-    pub peak_memory_bytes: Option<u64>,
+    /// What the run took, where the tier can tell.
+    pub usage: crate::result_file::Usage,
 }
 
 /// Runs the command. `result_file` (`--json-result`) is refused when it
@@ -860,7 +855,7 @@ pub fn execute(
     #[cfg(not(target_os = "linux"))]
     let cow_layers: Option<PathBuf> = None;
     let started = std::time::SystemTime::now();
-    let (mut restore_s, mut peak_memory_bytes) = (None, None);
+    let mut usage = crate::result_file::Usage::default();
     let result = match tier {
         Tier::Vm => crate::tier::vm::run(
             &pol,
@@ -872,8 +867,8 @@ pub fn execute(
             cow_layers.as_deref(),
         )
         .map(|r| {
-            restore_s = r.restore_s;
-            peak_memory_bytes = r.peak_memory_bytes;
+            usage.restore_s = r.restore_s;
+            usage.peak_memory_bytes = r.peak_memory_bytes;
             r.status
         })
         .map_err(RunError::from),
@@ -892,12 +887,11 @@ pub fn execute(
             cow_dir.as_deref(),
         ),
     };
+    // The host sees only QEMU on tier 3: the guest tells that tier's.
     #[cfg(unix)]
-    let peak_rss_bytes = (tier != Tier::Vm)
-        .then(crate::exec::process::peak_rss_of_children)
-        .flatten();
-    #[cfg(not(unix))]
-    let peak_rss_bytes = None;
+    if tier != Tier::Vm {
+        usage.peak_rss_bytes = crate::exec::process::peak_rss_of_children();
+    }
     // Second layer behind seccomp: no set-id file of the command's is left
     // for the host, also when the command's own status is an error.
     #[cfg(target_os = "linux")]
@@ -934,9 +928,7 @@ pub fn execute(
         instance: instance_id,
         spill,
         changes,
-        restore_s,
-        peak_rss_bytes,
-        peak_memory_bytes,
+        usage,
     })
 }
 
@@ -949,7 +941,7 @@ const LANDLOCK_COW_AS_USER: &str = "on landlock it needs hull to run as root for
 #[cfg(target_os = "linux")]
 fn cow_covers(policy: &Policy, project: &Path) -> Vec<(PathBuf, crate::tier::identity::Cover)> {
     use crate::tier::identity::Cover;
-    let inside = |p: &Path| p.starts_with(project) && p != project;
+    let inside = |p: &Path| strictly_inside(p, project);
     policy
         .protects
         .iter()
@@ -971,10 +963,15 @@ fn cow_covers(policy: &Policy, project: &Path) -> Vec<(PathBuf, crate::tier::ide
         .collect()
 }
 
+#[cfg(target_os = "linux")]
+fn strictly_inside(p: &Path, project: &Path) -> bool {
+    p.starts_with(project) && p != project
+}
+
 /// `policy` without what [`cow_covers`] covers inside `project`.
 #[cfg(target_os = "linux")]
 fn without_inside(policy: &Policy, project: &Path) -> Policy {
-    let inside = |p: &Path| p.starts_with(project) && p != project;
+    let inside = |p: &Path| strictly_inside(p, project);
     let mut p = policy.clone();
     p.protects.retain(|x| !inside(&x.path));
     p.grants

@@ -68,17 +68,9 @@ pub struct ResultLine {
     pub wall_s: f64,
     /// Seconds it waited for a worker after the batch started.
     pub queue_s: f64,
-    /// Tier 3: seconds to restore its VM.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restore_s: Option<f64>,
-    /// The process tiers: the largest resident set any process of the
-    /// job's had (`getrusage` of the reaped tree), in bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peak_rss_bytes: Option<u64>,
-    /// vm: the container's peak memory while the job ran (its cgroup's
-    /// `memory.peak`, as the guest told it), in bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peak_memory_bytes: Option<u64>,
+    /// What the job's `hull run` told it took.
+    #[serde(flatten)]
+    pub usage: crate::result_file::Usage,
     pub stdout: PathBuf,
     pub stderr: PathBuf,
     /// `workspace = "cow"`: the change set the job's writes were kept as.
@@ -318,9 +310,7 @@ mod tests {
             signal: None,
             wall_s: 0.5,
             queue_s: 0.0,
-            restore_s: None,
-            peak_rss_bytes: None,
-            peak_memory_bytes: None,
+            usage: Default::default(),
             stdout: "jobs/x.stdout".into(),
             stderr: "jobs/x.stderr".into(),
             changes: None,

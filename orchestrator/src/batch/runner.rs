@@ -235,9 +235,7 @@ fn run_one(
         signal: None,
         wall_s: 0.0,
         queue_s,
-        restore_s: None,
-        peak_rss_bytes: None,
-        peak_memory_bytes: None,
+        usage: Default::default(),
         stdout: stdout.clone(),
         stderr: stderr.clone(),
         changes: None,
@@ -368,9 +366,7 @@ fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
             );
         }
     }
-    line.restore_s = doc["restore_s"].as_f64();
-    line.peak_rss_bytes = doc["peak_rss_bytes"].as_u64();
-    line.peak_memory_bytes = doc["peak_memory_bytes"].as_u64();
+    line.usage = serde::Deserialize::deserialize(&doc).unwrap_or_default();
     if let Some(id) = doc["changes"].as_str() {
         line.changes = Some(id.to_string());
         let store = crate::changes::Store::open(crate::changes::Store::default_root());

@@ -181,8 +181,6 @@ fn result_doc(
         started,
         seconds: took.as_secs_f64(),
         changes: res.as_ref().ok().and_then(|o| o.changes.clone()),
-        restore_s: res.as_ref().ok().and_then(|o| o.restore_s),
-        peak_rss_bytes: res.as_ref().ok().and_then(|o| o.peak_rss_bytes),
-        peak_memory_bytes: res.as_ref().ok().and_then(|o| o.peak_memory_bytes),
+        usage: res.as_ref().map(|o| o.usage).unwrap_or_default(),
     }
 }

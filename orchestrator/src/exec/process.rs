@@ -455,46 +455,56 @@ pub fn kill_descendants(main: i32, spared: &[i32]) {
 #[cfg(not(target_os = "linux"))]
 pub fn kill_descendants(_main: i32, _spared: &[i32]) {}
 
+/// Every process in /proc: its pid, state (`R`, `S`, `Z`, ...) and
+/// parent's pid.
+#[cfg(target_os = "linux")]
+fn proc_table() -> Vec<(i32, String, i32)> {
+    use rustix::fs::{openat, Mode, OFlags, CWD};
+    let mut out = Vec::new();
+    let mut buf = [0u8; 512];
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let path = format!("/proc/{pid}/stat");
+        let Ok(fd) = openat(
+            CWD,
+            path.as_str(),
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        let n = rustix::io::read(&fd, &mut buf).unwrap_or(0);
+        let stat = &buf[..n];
+        // comm may contain spaces and parens: fields follow the last ')'.
+        let Some(close) = stat.iter().rposition(|&b| b == b')') else {
+            continue;
+        };
+        let rest = String::from_utf8_lossy(&stat[close + 1..]);
+        let mut f = rest.split_whitespace();
+        let state = f.next().unwrap_or("").to_string();
+        let ppid = f.next().and_then(|s| s.parse::<i32>().ok()).unwrap_or(0);
+        out.push((pid, state, ppid));
+    }
+    out
+}
+
 /// Every live (non-zombie) descendant of `root`, from /proc.
 #[cfg(target_os = "linux")]
 pub fn descendants_of(root: i32) -> Vec<i32> {
-    use rustix::fs::{openat, Mode, OFlags, CWD};
-    let mut parent: Vec<(i32, i32)> = Vec::new();
-    let mut buf = [0u8; 512];
-    if let Ok(rd) = std::fs::read_dir("/proc") {
-        for e in rd.flatten() {
-            let name = e.file_name();
-            let Some(pid) = name.to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                continue;
-            };
-            let path = format!("/proc/{pid}/stat");
-            let Ok(fd) = openat(
-                CWD,
-                path.as_str(),
-                OFlags::RDONLY | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) else {
-                continue;
-            };
-            let n = rustix::io::read(&fd, &mut buf).unwrap_or(0);
-            let stat = &buf[..n];
-            // comm may contain spaces and parens: fields follow the last ')'.
-            let Some(close) = stat.iter().rposition(|&b| b == b')') else {
-                continue;
-            };
-            let rest = String::from_utf8_lossy(&stat[close + 1..]);
-            let mut f = rest.split_whitespace();
-            let state = f.next().unwrap_or("");
-            let ppid = f.next().and_then(|s| s.parse::<i32>().ok()).unwrap_or(0);
-            // A zombie leader whose other threads still run (the main
-            // thread called pthread_exit) shows as Z but is alive: a kill
-            // ends its threads, and its children hang below it.
-            let zombie = (state == "Z" || state == "X") && !has_live_threads(pid);
-            if !zombie {
-                parent.push((pid, ppid));
-            }
-        }
-    }
+    let parent: Vec<(i32, i32)> = proc_table()
+        .into_iter()
+        // A zombie leader whose other threads still run (the main thread
+        // called pthread_exit) shows as Z but is alive: a kill ends its
+        // threads, and its children hang below it.
+        .filter(|(pid, state, _)| !((state == "Z" || state == "X") && !has_live_threads(*pid)))
+        .map(|(pid, _, ppid)| (pid, ppid))
+        .collect();
     let mut out = Vec::new();
     let mut frontier = vec![root];
     while let Some(p) = frontier.pop() {
@@ -563,23 +573,10 @@ fn reap_tree(_spared: &[i32], _limit: Duration) {
 /// The children of `parent`, zombies included, from /proc.
 #[cfg(target_os = "linux")]
 fn children_of(parent: i32) -> Vec<i32> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                // Fields after the last ')': state, then ppid.
-                stat.iter().rposition(|&b| b == b')').is_some_and(|close| {
-                    String::from_utf8_lossy(&stat[close + 1..])
-                        .split_whitespace()
-                        .nth(1)
-                        .and_then(|f| f.parse::<i32>().ok())
-                        == Some(parent)
-                })
-            })
-        })
+    proc_table()
+        .into_iter()
+        .filter(|(_, _, ppid)| *ppid == parent)
+        .map(|(pid, _, _)| pid)
         .collect()
 }
 

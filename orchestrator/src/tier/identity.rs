@@ -742,6 +742,9 @@ const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 const RESOLVE_BENEATH: u64 = 0x08;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// `struct open_how` of linux/openat2.h.
 #[repr(C)]
@@ -750,9 +753,6 @@ struct OpenHow {
     mode: u64,
     resolve: u64,
 }
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// `struct mount_attr` of linux/mount.h.
 #[repr(C)]
