@@ -458,17 +458,7 @@ pub fn run_process_tier(
                         own: s.writable || s.path.starts_with(run_dir),
                     })
                     .collect();
-                // `--cow`: the change set's directory must be there in the
-                // child's mount namespace (below a 0700 directory it is
-                // mounted into the skeleton) for the overlay's upper layer;
-                // bwrap does not bind it, the command never sees it.
-                if let Some(set_dir) = cow {
-                    grants.push(crate::tier::identity::Grant {
-                        path: set_dir.to_path_buf(),
-                        writable: false,
-                        own: false,
-                    });
-                }
+                grants.extend(cow.map(crate::tier::identity::Grant::change_set));
                 let mut switch = crate::tier::identity::Switch::prepare("bwrap", &grants)?;
                 if let Some(set_dir) = cow {
                     switch = switch.with_overlay(&spec.cwd, set_dir)?;
@@ -632,15 +622,7 @@ pub fn run_process_tier(
                             || g.origin != crate::policy::GrantOrigin::Policy,
                     })
                     .collect();
-                // `--cow`: as for bwrap, the change set's directory must be
-                // there in the child's mount namespace for the upper layer.
-                if let Some(set_dir) = cow {
-                    grants.push(crate::tier::identity::Grant {
-                        path: set_dir.to_path_buf(),
-                        writable: false,
-                        own: false,
-                    });
-                }
+                grants.extend(cow.map(crate::tier::identity::Grant::change_set));
                 let mut switch = crate::tier::identity::Switch::prepare("landlock", &grants)?;
                 if let (Some(set_dir), Some(covers)) = (cow, &covers) {
                     let masks = launch::create_masks(run_dir)?;

@@ -247,6 +247,20 @@ pub struct Grant {
     pub own: bool,
 }
 
+impl Grant {
+    /// `--cow`: the change set's directory, which must be there in the
+    /// child's mount namespace (below a 0700 directory it is mounted into
+    /// the skeleton) for the overlay's upper layer; no sandbox binds it or
+    /// grants it, so the command never sees it.
+    pub fn change_set(set_dir: &Path) -> Grant {
+        Grant {
+            path: set_dir.to_path_buf(),
+            writable: false,
+            own: false,
+        }
+    }
+}
+
 /// Can `user` (no supplementary groups) get `bits` (octal rwx, 0-7) on a
 /// file with this metadata, as the kernel's owner/group/other check would?
 fn allowed(m: &std::fs::Metadata, user: Ids, bits: u32) -> bool {
