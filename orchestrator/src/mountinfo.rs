@@ -13,6 +13,13 @@ pub fn mount_is_writable(mountinfo: &str, id: u64) -> bool {
     })
 }
 
+/// Whether a mountinfo table lists mount `id`.
+pub fn has_mount(mountinfo: &str, id: u64) -> bool {
+    mountinfo
+        .lines()
+        .any(|line| line.split(' ').next().and_then(|v| v.parse::<u64>().ok()) == Some(id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -25,5 +32,6 @@ mod tests {
         assert!(mount_is_writable(table, 23));
         assert!(!mount_is_writable(table, 24));
         assert!(!mount_is_writable(table, 99));
+        assert!(has_mount(table, 24) && !has_mount(table, 2) && !has_mount(table, 99));
     }
 }

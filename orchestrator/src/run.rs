@@ -465,7 +465,7 @@ pub fn run_process_tier(
                 }
                 install_switch(&mut prepared.command, switch);
             } else if let Some(set_dir) = cow {
-                let overlay = crate::tier::cow::UserOverlay::prepare(&spec.cwd, set_dir)?;
+                let overlay = crate::tier::cow::UserOverlay::prepare("bwrap", &spec.cwd, set_dir)?;
                 // SAFETY: `apply_in_child` makes raw, async-signal-safe
                 // system calls only, on memory prepared before the fork.
                 unsafe {
@@ -634,12 +634,30 @@ pub fn run_process_tier(
                     )?;
                 }
                 install_switch(&mut c, switch.with_cwd(&spec.cwd)?);
-            } else if cow.is_some() {
-                // `cow_refused` lets landlock's --cow through as root only.
-                return Err(RunError::CowRefused {
-                    tier,
-                    why: LANDLOCK_COW_AS_USER,
-                });
+            } else if let (Some(set_dir), Some(covers)) = (cow, &covers) {
+                // As a user: the overlay and its covers in a user namespace
+                // of the run's own (`tier::cow`), made before the helper,
+                // whose rules then attach to the overlay.
+                let masks = launch::create_masks(run_dir)?;
+                let covers = crate::tier::cow::Covers::prepare(
+                    "landlock",
+                    &spec.cwd,
+                    covers,
+                    &masks.empty_dir,
+                    &masks.empty_file,
+                    crate::tier::cow::Detach::InChild,
+                )?;
+                let step = crate::tier::cow::UserOverlay::prepare("landlock", &spec.cwd, set_dir)?
+                    .with_covers(covers)
+                    .with_cwd("landlock", &spec.cwd)?;
+                // SAFETY: `apply_in_child` makes raw, async-signal-safe
+                // system calls only, on memory prepared before the fork.
+                unsafe {
+                    crate::exec::spawn::PreExec::pre_exec_step(
+                        &mut c,
+                        Box::new(move || step.apply_in_child()),
+                    );
+                }
             }
             crate::exec::process::Launch::IntoCgroup(c)
         }
@@ -914,15 +932,11 @@ pub fn execute(
     })
 }
 
-/// landlock's `--cow` when hull is not root.
-#[cfg(target_os = "linux")]
-const LANDLOCK_COW_AS_USER: &str = "on landlock it needs hull to run as root for now (the overlay is mounted in the command's own mount namespace, which this tier makes only as root); use --tier bwrap";
-
 /// `--cow` on landlock: what covers each protection of the policy inside
 /// `project`, and each narrower grant there (read-only onto itself).
 #[cfg(target_os = "linux")]
-fn cow_covers(policy: &Policy, project: &Path) -> Vec<(PathBuf, crate::tier::identity::Cover)> {
-    use crate::tier::identity::Cover;
+fn cow_covers(policy: &Policy, project: &Path) -> Vec<(PathBuf, crate::tier::cow::Cover)> {
+    use crate::tier::cow::Cover;
     let inside = |p: &Path| strictly_inside(p, project);
     policy
         .protects
@@ -970,9 +984,7 @@ pub fn cow_refused(tier: Tier) -> Option<&'static str> {
         #[cfg(not(target_os = "linux"))]
         Tier::Bwrap => Some("bwrap runs on Linux only"),
         #[cfg(target_os = "linux")]
-        Tier::Landlock if crate::tier::identity::hull_is_root() => None,
-        #[cfg(target_os = "linux")]
-        Tier::Landlock => Some(LANDLOCK_COW_AS_USER),
+        Tier::Landlock => None,
         #[cfg(not(target_os = "linux"))]
         Tier::Landlock => Some("landlock runs on Linux only"),
         Tier::None => Some("tier none has no mount namespace: nothing would keep the command's writes from the project"),

@@ -9,6 +9,7 @@
 //! machine without a capability says so by building without the feature,
 //! never by a test that passes without running.
 
+pub mod nobody;
 pub mod slurm;
 pub mod workloads;
 

@@ -136,12 +136,11 @@ fn json_jobs_run_on_each_tier_with_a_pristine_workspace_each() {
     }
 }
 
-/// The same cow jobs on landlock (as root: its overlay is mounted in the
-/// command's own mount namespace): each sees the project as it was, keeps
-/// its own change set, and the project is untouched.
+/// The same cow jobs on landlock (its overlay mounted in the command's own
+/// mount namespace): each sees the project as it was, keeps its own change
+/// set, and the project is untouched.
 #[cfg(feature = "landlock")]
 #[test]
-#[ignore = "needs root: landlock's --cow mounts its overlay in a mount namespace hull makes as root"]
 fn cow_jobs_on_landlock_get_a_pristine_workspace_each() {
     require_tier("landlock");
     let w = World::new();
@@ -411,7 +410,7 @@ fn a_killed_batch_resumes_with_exactly_one_result_per_job() {
 #[cfg(feature = "landlock")]
 #[test]
 fn a_killed_batch_on_landlock_resumes_with_exactly_one_result_per_job() {
-    a_killed_batch_resumes("landlock", "shared", 6, "2");
+    a_killed_batch_resumes("landlock", "cow", 6, "2");
 }
 
 /// Two shards run apart and merged hold the same jobs as one unsharded

@@ -2,9 +2,9 @@
 // Test code: a failed expectation is a failed test.
 //! Copy-on-write runs (`hull run --cow`) end to end, with the real `hull`:
 //! the project stays as it was, the command's writes are kept as a change
-//! set, `hull changes` lists, applies and discards it. bwrap and vm run
-//! them (as root, as CI does; the same assertions, module per tier);
-//! landlock refuses them with its reason.
+//! set, `hull changes` lists, applies and discards it. bwrap, landlock
+//! and vm run them (as root, as CI does; the same assertions, module per
+//! tier), bwrap and landlock as a user too.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -247,6 +247,20 @@ fn a_path_changed_during_the_run_is_a_conflict(tier: &str) {
     );
 }
 
+/// The default policy with `${PROJECT}/secrets` denied, written in `dir`.
+fn deny_secrets_policy(dir: &Path) -> std::path::PathBuf {
+    let pol = dir.join("deny.toml");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../policies/default.toml"
+    ))
+    .unwrap()
+    .replace("deny = [", "deny = [\n  \"${PROJECT}/secrets\",");
+    assert!(text.contains("/secrets\","));
+    std::fs::write(&pol, text).unwrap();
+    pol
+}
+
 /// What the policy protects inside the project stays protected in the
 /// overlay: `.git` and a `deny` path cannot be written (bound read-only
 /// or hidden over it: by the guest on vm, by hull in the command's mount
@@ -259,15 +273,7 @@ fn protected_paths_stay_unwritable_in_the_overlay(tier: &str) {
     w.git_init();
     std::fs::create_dir(w.project.join("secrets")).unwrap();
     std::fs::write(w.project.join("secrets/key"), "k\n").unwrap();
-    let pol = w.root.path().join("deny.toml");
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../policies/default.toml"
-    ))
-    .unwrap()
-    .replace("deny = [", "deny = [\n  \"${PROJECT}/secrets\",");
-    assert!(text.contains("/secrets\","));
-    std::fs::write(&pol, text).unwrap();
+    let pol = deny_secrets_policy(w.root.path());
     let script = "echo x >> .git/config; echo a=$?; echo y > .git/new; echo b=$?; \
                   ls secrets | wc -l; echo z > secrets/new; echo c=$?; echo ok > ok.txt";
     // The control: under none every write lands.
@@ -339,30 +345,26 @@ mod bwrap {
 /// landlock as root: the overlay in the command's own mount namespace (the
 /// one its switch to the sandbox user makes), the project's protections
 /// covered by mounts over it, the project granted whole; the same
-/// assertions as on bwrap. As a user it is refused
-/// (`bwrap_a_cow_run_as_a_user` checks that too).
+/// assertions as on bwrap. As a user (`landlock_a_cow_run_as_a_user`) the
+/// overlay and covers are made in a user namespace of the run's own.
 #[cfg(feature = "landlock")]
 mod landlock {
     #[test]
-    #[ignore = "needs root: landlock's --cow mounts its overlay in a mount namespace hull makes as root"]
     fn a_cow_run_is_kept_apart_listed_applied_and_discarded() {
         super::a_cow_run_is_kept_apart_listed_applied_and_discarded("landlock");
     }
 
     #[test]
-    #[ignore = "needs root: landlock's --cow mounts its overlay in a mount namespace hull makes as root"]
     fn two_cow_runs_do_not_see_each_other() {
         super::two_cow_runs_do_not_see_each_other("landlock");
     }
 
     #[test]
-    #[ignore = "needs root: landlock's --cow mounts its overlay in a mount namespace hull makes as root"]
     fn a_path_changed_during_the_run_is_a_conflict() {
         super::a_path_changed_during_the_run_is_a_conflict("landlock");
     }
 
     #[test]
-    #[ignore = "needs root: landlock's --cow mounts its overlay in a mount namespace hull makes as root"]
     fn protected_paths_stay_unwritable_in_the_overlay() {
         super::protected_paths_stay_unwritable_in_the_overlay("landlock");
     }
@@ -394,58 +396,23 @@ mod vm {
     }
 }
 
-/// `--cow` on bwrap when hull runs as an ordinary user (nobody here): the
-/// overlay is mounted in a user namespace of the run's own, the project
-/// stays as it was, and the user applies the set, whose files are theirs;
-/// a file the command left unreadable (mode 000) is reported, not applied.
-#[cfg(feature = "bwrap")]
-#[test]
-#[ignore = "needs root: runs hull as the user nobody"]
-fn bwrap_a_cow_run_as_a_user() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    require_tier("bwrap");
-    assert_eq!(
-        euid(),
-        0,
-        "this test runs hull as the user nobody and needs root to do so"
-    );
-    let top = tempfile::Builder::new()
-        .prefix("hull-cow-user-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let hull = top.path().join("hull");
-    std::fs::copy(hull_tests::hull_bin(), &hull).unwrap();
-    let u = top.path().join("u");
-    let project = u.join("project");
-    std::fs::create_dir_all(&project).unwrap();
+/// `--cow` when hull runs as an ordinary user (nobody here): the overlay
+/// is mounted in a user namespace of the run's own (before bwrap, or
+/// before landlock's helper with the project's protections covered in it),
+/// the project stays as it was, and the user applies the set, whose files
+/// are theirs; a file the command left unreadable (mode 000) is reported,
+/// not applied.
+fn a_cow_run_as_a_user(tier: &str) {
+    use std::os::unix::fs::MetadataExt;
+    require_tier(tier);
+    let w = hull_tests::nobody::AsNobody::new();
+    let project = &w.project;
     std::fs::write(project.join("a.txt"), "a\n").unwrap();
-    let st = Command::new("chown")
-        .args(["-R", "nobody:nogroup"])
-        .arg(&u)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    std::fs::set_permissions(&u, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let as_nobody = |args: &[&str]| {
-        Command::new("setpriv")
-            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-            .arg(&hull)
-            .args(args)
-            .current_dir(&project)
-            .env("HOME", &u)
-            .env("HULL_RUNS_DIR", u.join("runs"))
-            .env("HULL_CHANGES_DIR", u.join("changes"))
-            .env_remove("HULL_INSTANCE")
-            .env_remove("XDG_STATE_HOME")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    };
-    let o = as_nobody(&[
+    w.give_to_nobody();
+    let o = w.hull(&[
         "run",
         "--tier",
-        "bwrap",
+        tier,
         "--cow",
         "--timeout",
         hull_tests::RUN_TIMEOUT,
@@ -468,7 +435,7 @@ fn bwrap_a_cow_run_as_a_user() {
     );
     assert!(!project.join("d").exists());
     let id = kept_id(&o);
-    let a = as_nobody(&["changes", "apply", &id]);
+    let a = w.hull(&["changes", "apply", &id]);
     assert_eq!(a.status.code(), Some(0), "{}", show(&a));
     // What the command made unreadable to its own user is reported, not
     // applied, and does not cost the rest.
@@ -482,7 +449,7 @@ fn bwrap_a_cow_run_as_a_user() {
         std::fs::read_to_string(project.join("a.txt")).unwrap(),
         "A\n"
     );
-    let nobody = std::fs::metadata(&u).unwrap().uid();
+    let nobody = std::fs::metadata(&w.u).unwrap().uid();
     for p in ["a.txt", "d", "d/new"] {
         assert_eq!(
             std::fs::metadata(project.join(p)).unwrap().uid(),
@@ -490,29 +457,125 @@ fn bwrap_a_cow_run_as_a_user() {
             "{p}"
         );
     }
-    // landlock's --cow needs root: as a user it is refused with its
-    // reason, before anything runs.
-    let o = as_nobody(&[
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+#[ignore = "needs root: runs hull as the user nobody"]
+fn bwrap_a_cow_run_as_a_user() {
+    a_cow_run_as_a_user("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+#[ignore = "needs root: runs hull as the user nobody"]
+fn landlock_a_cow_run_as_a_user() {
+    a_cow_run_as_a_user("landlock");
+}
+
+/// landlock's `--cow` as a user: the project's protections are covered in
+/// the overlay (`.git` read-only, a `deny` path hidden), and the metadata
+/// the command changes through hull's broker (chmod, utimes: Landlock does
+/// not mediate them, so hull performs them for the command) lands in the
+/// overlay, not in the project below it, whether the path is absolute, a
+/// link with an absolute target, or relative. Under tier none the same
+/// calls change the project.
+#[cfg(feature = "landlock")]
+#[test]
+#[ignore = "needs root: runs hull as the user nobody"]
+fn landlock_a_cow_run_as_a_user_changes_metadata_in_its_overlay_only() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    require_tier("landlock");
+    let w = hull_tests::nobody::AsNobody::new();
+    let p = &w.project;
+    std::fs::create_dir_all(p.join(".git")).unwrap();
+    std::fs::write(p.join(".git/config"), "[core]\n").unwrap();
+    std::fs::create_dir(p.join("secrets")).unwrap();
+    std::fs::write(p.join("secrets/key"), "k\n").unwrap();
+    for f in ["a.txt", "b.txt", "c.txt"] {
+        std::fs::write(p.join(f), "x\n").unwrap();
+    }
+    w.give_to_nobody();
+    let pol = deny_secrets_policy(w.top.path());
+    let before = |f: &str| std::fs::metadata(p.join(f)).unwrap();
+    let (mode, mtime) = (before("a.txt").mode() & 0o7777, before("a.txt").mtime());
+    let script = "chmod 600 \"$PWD/a.txt\"; echo abs=$?; ln -s \"$PWD/b.txt\" l && chmod 640 l; \
+                  echo link=$?; chmod 604 c.txt; echo rel=$?; touch -d @978307200 \"$PWD/a.txt\"; \
+                  echo touch=$?; stat -c '%a %Y' a.txt b.txt c.txt";
+    // The control: under none the same calls change the project.
+    let c = w.run("none", &pol, script);
+    assert_eq!(c.status.code(), Some(0), "{}", show(&c));
+    assert_eq!(before("a.txt").mode() & 0o777, 0o600, "{}", show(&c));
+    assert_eq!(before("b.txt").mode() & 0o777, 0o640, "{}", show(&c));
+    for f in ["a.txt", "b.txt", "c.txt"] {
+        std::fs::set_permissions(p.join(f), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::remove_file(p.join("l")).unwrap();
+    let c = Command::new("touch")
+        .args(["-d", &format!("@{mtime}")])
+        .arg(p.join("a.txt"))
+        .status()
+        .unwrap();
+    assert!(c.success());
+    let o = w.hull(&[
         "run",
         "--tier",
         "landlock",
         "--cow",
+        "--policy",
+        pol.to_str().unwrap(),
+        "--timeout",
+        hull_tests::RUN_TIMEOUT,
         "--",
         "sh",
         "-c",
-        "echo ran > ran.txt",
+        &format!(
+            "{script}; echo y >> .git/config; echo git=$?; ls secrets | wc -l; \
+             echo z > secrets/new; echo deny=$?"
+        ),
     ]);
-    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for ok in [
+        "abs=0",
+        "link=0",
+        "rel=0",
+        "touch=0",
+        "600 978307200",
+        "640 ",
+        "604 ",
+    ] {
+        assert!(out.contains(ok), "{ok}: {}", show(&o));
+    }
+    for refused in ["git=", "deny="] {
+        assert!(
+            out.contains(refused) && !out.contains(&format!("{refused}0")),
+            "{refused}: {}",
+            show(&o)
+        );
+    }
     assert!(
-        String::from_utf8_lossy(&o.stderr)
-            .contains("tier landlock: --cow is refused: on landlock it needs hull to run as root"),
-        "{}",
+        out.contains("\n0\n"),
+        "the deny path showed its files: {}",
         show(&o)
     );
-    assert!(!project.join("ran.txt").exists());
-}
-
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
+    for f in ["a.txt", "b.txt", "c.txt"] {
+        assert_eq!(before(f).mode() & 0o7777, mode, "{f}: {}", show(&o));
+    }
+    assert_eq!(before("a.txt").mtime(), mtime, "{}", show(&o));
+    assert_eq!(
+        std::fs::read_to_string(p.join(".git/config")).unwrap(),
+        "[core]\n"
+    );
+    assert!(!p.join("secrets/new").exists() && !p.join("l").exists());
+    let s = w.hull(&["changes", "show", &kept_id(&o), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    let mut paths: Vec<&str> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    paths.sort();
+    assert_eq!(paths, ["a.txt", "b.txt", "c.txt", "l"], "{}", show(&s));
 }

@@ -5,7 +5,7 @@
 //! an allowed write succeeds AND lands).
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -770,7 +770,7 @@ fn a_spare_written_by_one_run_reaches_no_later_run() {
 fn landlock_as_a_user_changes_no_metadata_outside() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     require_tier("landlock");
-    let w = AsNobody::new();
+    let w = hull_tests::nobody::AsNobody::new();
     let (u, project) = (&w.u, &w.project);
     let (outside, ro) = (u.join("outside"), u.join("ro"));
     for d in [&project.join("sub"), &outside, &ro] {
@@ -871,7 +871,7 @@ fn the_allow_list_as_a_user() {
     use std::os::unix::fs::PermissionsExt;
     require_tier("landlock");
     require_tier("bwrap");
-    let w = AsNobody::new();
+    let w = hull_tests::nobody::AsNobody::new();
     let (port, seen) = origin();
     let pol = w.top.path().join("net.toml");
     std::fs::write(&pol, allowlist_policy_text(port, "", "")).expect("policy");
@@ -919,128 +919,6 @@ fn the_allow_list_as_a_user() {
     }
 }
 
-/// A world the user nobody owns, for running hull as that user (the test
-/// itself runs as root): a copy of hull it can execute (the checkout may be
-/// in a 0700 directory), `u` (its home, 0700) with `project` and `runs`,
-/// and a cgroup delegated to it, as systemd gives one (the landlock tier
-/// puts the run's tree in a cgroup below the caller's own), removed on drop.
-struct AsNobody {
-    top: tempfile::TempDir,
-    hull: PathBuf,
-    u: PathBuf,
-    project: PathBuf,
-    cg: PathBuf,
-}
-
-impl AsNobody {
-    fn new() -> AsNobody {
-        use std::os::unix::fs::PermissionsExt;
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
-        assert_eq!(
-            euid, 0,
-            "this test runs hull as the user nobody and needs root to do so"
-        );
-        let top = tempfile::Builder::new()
-            .prefix("hull-user-")
-            .tempdir_in("/tmp")
-            .expect("tempdir");
-        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        let hull = top.path().join("hull");
-        std::fs::copy(hull_tests::hull_bin(), &hull).expect("copy hull");
-        let u = top.path().join("u");
-        let project = u.join("project");
-        for d in [&project, &u.join("runs")] {
-            std::fs::create_dir_all(d).expect("mkdir");
-        }
-        let cg = cgroup2_mount().join(format!("hull-test-user-{}", std::process::id()));
-        std::fs::create_dir(&cg).expect("mkdir the delegated cgroup");
-        for f in [
-            "",
-            "cgroup.procs",
-            "cgroup.subtree_control",
-            "cgroup.threads",
-        ] {
-            std::process::Command::new("chown")
-                .args(["nobody:nogroup"])
-                .arg(cg.join(f))
-                .status()
-                .expect("chown");
-        }
-        let w = AsNobody {
-            top,
-            hull,
-            u,
-            project,
-            cg,
-        };
-        w.give_to_nobody();
-        w
-    }
-
-    /// Makes everything under `u` the user's again, `u` itself 0700.
-    fn give_to_nobody(&self) {
-        use std::os::unix::fs::PermissionsExt;
-        std::process::Command::new("chown")
-            .args(["-R", "nobody:nogroup"])
-            .arg(&self.u)
-            .status()
-            .expect("chown");
-        std::fs::set_permissions(&self.u, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-    }
-
-    /// `hull run --tier TIER --policy POLICY -- sh -c SCRIPT` as nobody,
-    /// in its project, inside its cgroup.
-    fn run(&self, tier: &str, policy: &Path, script: &str) -> std::process::Output {
-        let enter = format!(
-            "echo $$ > '{}/cgroup.procs' && exec \"$@\"",
-            self.cg.display()
-        );
-        std::process::Command::new("sh")
-            .args(["-c", &enter, "sh", "setpriv"])
-            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-            .arg(&self.hull)
-            .args([
-                "run",
-                "--tier",
-                tier,
-                "--timeout",
-                hull_tests::RUN_TIMEOUT,
-                "--policy",
-            ])
-            .arg(policy)
-            .args(["--", "sh", "-c", script])
-            .current_dir(&self.project)
-            .env("HOME", &self.u)
-            .env("HULL_RUNS_DIR", self.u.join("runs"))
-            .env_remove("HULL_INSTANCE")
-            .stdin(Stdio::null())
-            .output()
-            .expect("setpriv hull")
-    }
-}
-
-impl Drop for AsNobody {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.cg);
-    }
-}
-
-/// The cgroup2 hierarchy's mount point.
-fn cgroup2_mount() -> std::path::PathBuf {
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    mi.lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            if right.split_whitespace().next()? != "cgroup2" {
-                return None;
-            }
-            left.split_whitespace().nth(4).map(std::path::PathBuf::from)
-        })
-        .expect("a cgroup2 hierarchy is mounted")
-}
-
 /// On landlock the run's tree lives in a cgroup of its own, which is gone
 /// after the run.
 fn the_tree_lives_in_a_cgroup_of_its_own(t: &str) {
@@ -1054,7 +932,7 @@ fn the_tree_lives_in_a_cgroup_of_its_own(t: &str) {
         .find_map(|l| l.strip_prefix("0::"))
         .expect("a cgroup v2 line");
     assert!(path.contains("/hull-"), "not in a cgroup of its own: {out}");
-    let dir = cgroup2_mount().join(path.trim_start_matches('/'));
+    let dir = hull_tests::nobody::cgroup2_mount().join(path.trim_start_matches('/'));
     assert!(!dir.exists(), "{} is left after the run", dir.display());
 }
 

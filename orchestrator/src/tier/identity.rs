@@ -38,10 +38,12 @@
 //! the owner's.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use super::mounts;
 
 pub use crate::sandbox_user::{hull_is_root, Ids, NAME as SANDBOX_USER};
 
@@ -64,8 +66,6 @@ pub enum IdentityError {
     },
     #[error("tier {tier}: path {path} contains a NUL byte")]
     Nul { tier: &'static str, path: PathBuf },
-    #[error("tier {tier}: --cow: {path} is a symbolic link on the way to a protected path of the project; hull will not cover a path through a link; the command did not run")]
-    CowSymlink { tier: &'static str, path: PathBuf },
     #[error(transparent)]
     Cow(#[from] crate::tier::cow::CowError),
     #[error("tier {tier}: --cow: cannot mount an overlay of {project} with its upper layer in {upper} (the upper layer's filesystem must support overlayfs upper layers: ext4, xfs, btrfs, tmpfs; set HULL_CHANGES_DIR to a directory on one): {source}; the command did not run")]
@@ -120,120 +120,7 @@ pub struct Switch {
     /// `--cow` on landlock: what covers the project's protected paths in
     /// the overlay (Landlock cannot hide an entry of a directory it lets
     /// the command write without splitting it), attached after the overlay.
-    cow_masks: Option<CowMasks>,
-}
-
-/// How a protected path of the project is covered in a `--cow` overlay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cover {
-    /// An empty read-only directory or file over it (`.hull`, `deny`).
-    Hide,
-    /// Itself, bound read-only (`.git`, a read-only grant).
-    ReadOnly,
-}
-
-/// The covers of a `--cow` overlay, prepared in the parent: the project's
-/// path, and for each protected path there its path below the project and
-/// a detached read-only empty tree (to hide it) or none (bound read-only
-/// onto itself in the child, where the overlay exists).
-#[derive(Debug)]
-struct CowMasks {
-    root: CString,
-    items: Vec<(CString, Option<OwnedFd>)>,
-}
-
-impl CowMasks {
-    /// In the child, after the overlay is mounted: each path opened below
-    /// the overlay's root without following any link (a link the project
-    /// holds there fails the run), covered, and left read-only. Raw system
-    /// calls only.
-    fn apply_in_child(&self) -> std::io::Result<()> {
-        let err = std::io::Error::last_os_error;
-        // SAFETY: open of a NUL-terminated path `self` owns.
-        let root = unsafe {
-            libc::open(
-                self.root.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            )
-        };
-        if root < 0 {
-            return Err(err());
-        }
-        // SAFETY: a new descriptor owned by nobody else.
-        let root = unsafe { OwnedFd::from_raw_fd(root) };
-        for (rel, tree) in &self.items {
-            let how = OpenHow {
-                flags: (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
-                mode: 0,
-                resolve: RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
-            };
-            // SAFETY: `how` is a valid, correctly sized open_how; `rel` is
-            // NUL-terminated.
-            let target = unsafe {
-                libc::syscall(
-                    libc::SYS_openat2,
-                    root.as_raw_fd(),
-                    rel.as_ptr(),
-                    &how as *const OpenHow,
-                    std::mem::size_of::<OpenHow>(),
-                )
-            };
-            if target < 0 {
-                return Err(err());
-            }
-            // SAFETY: openat2 returned a new descriptor owned by nobody else.
-            let target = unsafe { OwnedFd::from_raw_fd(target as RawFd) };
-            let own;
-            let cover = match tree {
-                Some(t) => t,
-                None => {
-                    // SAFETY: the empty path with AT_EMPTY_PATH names
-                    // `target` itself; open_tree returns a new descriptor.
-                    let t = unsafe {
-                        libc::syscall(
-                            libc::SYS_open_tree,
-                            target.as_raw_fd(),
-                            c"".as_ptr(),
-                            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | libc::AT_EMPTY_PATH as u32,
-                        )
-                    };
-                    if t < 0 {
-                        return Err(err());
-                    }
-                    // SAFETY: a new descriptor owned by nobody else.
-                    own = unsafe { OwnedFd::from_raw_fd(t as RawFd) };
-                    set_read_only(&own)?;
-                    &own
-                }
-            };
-            // SAFETY: attaches the detached tree `cover` onto `target`, both
-            // descriptors, empty paths.
-            let moved = unsafe {
-                libc::syscall(
-                    libc::SYS_move_mount,
-                    cover.as_raw_fd(),
-                    c"".as_ptr(),
-                    target.as_raw_fd(),
-                    c"".as_ptr(),
-                    MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-                )
-            };
-            if moved != 0 {
-                return Err(err());
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Makes the detached tree `tree` read-only, nosuid and nodev. One raw
-/// system call.
-fn set_read_only(tree: &OwnedFd) -> std::io::Result<()> {
-    set_attrs(
-        tree,
-        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        None,
-    )
+    cow_masks: Option<crate::tier::cow::Covers>,
 }
 
 /// A path the command is given, whether it must be writable, and whether
@@ -415,7 +302,7 @@ impl Switch {
             };
             let tree = match remap {
                 Remap::Skeleton(points) => skeleton_tree(&points).map_err(mount_err)?,
-                Remap::Host => cloned_tree(&cpath, None).map_err(mount_err)?,
+                Remap::Host => mounts::cloned_tree(&cpath, None).map_err(mount_err)?,
                 Remap::As(owner) => {
                     let i = match userns.iter().position(|(o, _)| *o == owner) {
                         Some(i) => i,
@@ -426,7 +313,7 @@ impl Switch {
                             userns.len() - 1
                         }
                     };
-                    cloned_tree(&cpath, Some(&userns[i].1)).map_err(mount_err)?
+                    mounts::cloned_tree(&cpath, Some(&userns[i].1)).map_err(mount_err)?
                 }
             };
             remounts.push(Remount { cpath, tree });
@@ -451,7 +338,7 @@ impl Switch {
     pub fn with_overlay(mut self, project: &Path, set_dir: &Path) -> Result<Switch, IdentityError> {
         let tier = self.tier;
         let upper = crate::changes::Layers::of(set_dir).upper;
-        let overlay = crate::tier::cow::Overlay::prepare(project, set_dir, false)?;
+        let overlay = crate::tier::cow::Overlay::prepare(tier, project, set_dir, false)?;
         overlay
             .try_here()
             .map_err(|source| IdentityError::Overlay {
@@ -478,80 +365,24 @@ impl Switch {
     }
 
     /// `--cow` on landlock: covers each of `protected` (paths inside
-    /// `project`, with how) in the overlay. A path that is not there is
-    /// left alone (what the command makes there lands in the change set,
-    /// and a change to a protected path is never applied); a symbolic link
-    /// on the way to one refuses the run, naming it. Hidden paths get the
-    /// run's empty directory or file (`empty_dir`, `empty_file`).
+    /// `project`, with how) in the overlay ([`crate::tier::cow::Covers`]);
+    /// the empty trees that hide paths are detached now, from the host's
+    /// mounts.
     pub fn with_cow_masks(
         mut self,
         project: &Path,
-        protected: &[(PathBuf, Cover)],
+        protected: &[(PathBuf, crate::tier::cow::Cover)],
         empty_dir: &Path,
         empty_file: &Path,
     ) -> Result<Switch, IdentityError> {
-        let tier = self.tier;
-        let cstr = |p: &Path| {
-            CString::new(p.as_os_str().as_bytes()).map_err(|_| IdentityError::Nul {
-                tier,
-                path: p.to_path_buf(),
-            })
-        };
-        let mut items = Vec::new();
-        'each: for (path, cover) in protected {
-            let Ok(rel) = path.strip_prefix(project) else {
-                continue;
-            };
-            if rel.as_os_str().is_empty() {
-                continue;
-            }
-            let mut at = project.to_path_buf();
-            for c in rel.components() {
-                at.push(c);
-                match std::fs::symlink_metadata(&at) {
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue 'each,
-                    Err(source) => {
-                        return Err(IdentityError::Inspect {
-                            tier,
-                            path: at,
-                            source,
-                        })
-                    }
-                    Ok(m) if m.file_type().is_symlink() => {
-                        return Err(IdentityError::CowSymlink { tier, path: at })
-                    }
-                    Ok(_) => {}
-                }
-            }
-            let tree = match cover {
-                Cover::ReadOnly => None,
-                Cover::Hide => {
-                    let is_dir = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
-                    let source = cstr(if is_dir { empty_dir } else { empty_file })?;
-                    let t = cloned_tree(&source, None).map_err(|(what, source)| {
-                        IdentityError::Inspect {
-                            tier,
-                            path: path.clone(),
-                            source: std::io::Error::new(
-                                source.kind(),
-                                format!("{what} the cover: {source}"),
-                            ),
-                        }
-                    })?;
-                    set_read_only(&t).map_err(|source| IdentityError::Inspect {
-                        tier,
-                        path: path.clone(),
-                        source,
-                    })?;
-                    Some(t)
-                }
-            };
-            items.push((cstr(rel)?, tree));
-        }
-        self.cow_masks = Some(CowMasks {
-            root: cstr(project)?,
-            items,
-        });
+        self.cow_masks = Some(crate::tier::cow::Covers::prepare(
+            self.tier,
+            project,
+            protected,
+            empty_dir,
+            empty_file,
+            crate::tier::cow::Detach::Now,
+        )?);
         Ok(self)
     }
 
@@ -569,28 +400,13 @@ impl Switch {
     /// In the child: a private mount namespace with the idmapped trees on
     /// their paths, parents first. Raw system calls only.
     fn mount_all(&self) -> std::io::Result<()> {
-        let err = std::io::Error::last_os_error;
         // SAFETY: unshare takes integer flags.
         if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
-            return Err(err());
+            return Err(std::io::Error::last_os_error());
         }
-        make_mounts_private()?;
+        mounts::make_mounts_private()?;
         for r in &self.remounts {
-            // SAFETY: attaches the detached tree (a descriptor `self` owns)
-            // onto the NUL-terminated path `self` owns.
-            let moved = unsafe {
-                libc::syscall(
-                    libc::SYS_move_mount,
-                    r.tree.as_raw_fd(),
-                    c"".as_ptr(),
-                    libc::AT_FDCWD,
-                    r.cpath.as_ptr(),
-                    MOVE_MOUNT_F_EMPTY_PATH,
-                )
-            };
-            if moved != 0 {
-                return Err(err());
-            }
+            mounts::attach_at(&r.tree, &r.cpath)?;
         }
         if let Some(o) = &self.overlay {
             o.mount_in_child()?;
@@ -667,114 +483,6 @@ fn skeleton_tree(points: &[(PathBuf, bool)]) -> Result<OwnedFd, (&'static str, s
         }
     }
     Ok(tree)
-}
-
-/// In a child that has a mount namespace of its own: every mount private,
-/// so that nothing it mounts propagates back to the host's. One raw
-/// system call.
-pub(super) fn make_mounts_private() -> std::io::Result<()> {
-    // SAFETY: mount(2) with integer flags and static NUL-terminated strings.
-    let r = unsafe {
-        libc::mount(
-            c"none".as_ptr(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// A detached copy of the mounts at `path` (submounts included), nosuid and
-/// nodev, whose ids are shown through `userns`'s mapping when one is given;
-/// on failure, the step and error.
-fn cloned_tree(
-    path: &CString,
-    userns: Option<&OwnedFd>,
-) -> Result<OwnedFd, (&'static str, std::io::Error)> {
-    // SAFETY: `path` is NUL-terminated; open_tree returns a new descriptor.
-    let tree = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | AT_RECURSIVE | AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if tree < 0 {
-        return Err(("clone", std::io::Error::last_os_error()));
-    }
-    // SAFETY: open_tree returned a new descriptor owned by nobody else.
-    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
-    let idmap = if userns.is_some() {
-        MOUNT_ATTR_IDMAP
-    } else {
-        0
-    };
-    set_attrs(&tree, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | idmap, userns)
-        .map_err(|e| ("idmap", e))?;
-    Ok(tree)
-}
-
-/// Sets `attr_set` on the detached tree `tree` and everything below it,
-/// with `userns` for an idmapping. One raw system call.
-fn set_attrs(tree: &OwnedFd, attr_set: u64, userns: Option<&OwnedFd>) -> std::io::Result<()> {
-    let attr = MountAttr {
-        attr_set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
-    };
-    // SAFETY: `attr` is a valid, correctly sized mount_attr; the empty path
-    // with AT_EMPTY_PATH names `tree` itself.
-    let set = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            (libc::AT_EMPTY_PATH as u32) | AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if set != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-const OPEN_TREE_CLONE: u32 = 1;
-const AT_RECURSIVE: u32 = 0x8000;
-const AT_SYMLINK_NOFOLLOW: u32 = 0x100;
-const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
-const MOVE_MOUNT_T_EMPTY_PATH: u32 = 0x40;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-const RESOLVE_BENEATH: u64 = 0x08;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-
-/// `struct open_how` of linux/openat2.h.
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
-/// `struct mount_attr` of linux/mount.h.
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
 }
 
 /// A user namespace whose id maps show `owner` as `user`: the idmapping of

@@ -17,6 +17,8 @@ pub mod identity;
 pub mod landlock;
 #[cfg(target_os = "linux")]
 pub mod launch;
+#[cfg(target_os = "linux")]
+mod mounts;
 pub mod none;
 pub mod probe;
 pub mod seatbelt;

@@ -29,7 +29,7 @@
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use super::{become_on_this_thread, err, identity, proc_fd, Task};
+use super::{become_on_this_thread, err, identity, proc_fd, read_bounded, Task};
 
 /// The largest address a connect takes (sizeof(struct sockaddr_storage)).
 const MAX_ADDR: usize = 128;
@@ -194,15 +194,6 @@ impl Task<'_> {
         let text = read_bounded(&format!("/proc/{}/mountinfo", self.pid), 4 << 20)?;
         Ok(crate::mountinfo::mount_is_writable(&text, st.stx_mnt_id))
     }
-}
-
-fn read_bounded(path: &str, max: u64) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(max)
-        .read_to_string(&mut text)?;
-    Ok(text)
 }
 
 #[cfg(test)]

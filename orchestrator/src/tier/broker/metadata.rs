@@ -177,49 +177,91 @@ impl Task<'_> {
         Ok(Some([ts(w(0)), ts(w(1))]))
     }
 
-    /// Opens the file `target` names, as the process would resolve it.
+    /// Opens the file `target` names, as the process would resolve it: an
+    /// absolute path in the process's root (`/proc/TID/root`), a relative
+    /// one from its cwd or descriptor; no magic link is followed but the
+    /// process's own `/proc/self/fd/N`, which names its descriptor N. A
+    /// file off the process's mounts is refused: EACCES.
     pub(super) fn resolve(&self, target: &Target) -> std::io::Result<OwnedFd> {
-        use rustix::fs::{openat, Mode, OFlags};
-        match target {
-            Target::Fd(n) => self.fd(*n),
+        use rustix::fs::{openat, openat2, Mode, OFlags, ResolveFlags};
+        let (dirfd, path, follow, empty_path) = match target {
+            Target::Fd(n) => return self.fd(*n),
             Target::At {
                 dirfd,
                 path,
                 follow,
                 empty_path,
-            } => {
-                let base = if *dirfd == libc::AT_FDCWD {
-                    openat(
-                        rustix::fs::CWD,
-                        format!("/proc/{}/cwd", self.pid),
-                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )?
-                } else if path.as_bytes().first() == Some(&b'/') {
-                    // Absolute: the directory plays no part.
-                    openat(
-                        rustix::fs::CWD,
-                        "/",
-                        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )?
-                } else {
-                    self.fd(*dirfd)?
-                };
-                if path.as_bytes().is_empty() {
-                    return if *empty_path {
-                        Ok(base)
-                    } else {
-                        Err(err(libc::ENOENT))
-                    };
-                }
-                let mut flags = OFlags::PATH | OFlags::CLOEXEC;
-                if !follow {
-                    flags |= OFlags::NOFOLLOW;
-                }
-                Ok(openat(&base, path.as_c_str(), flags, Mode::empty())?)
-            }
+            } => (*dirfd, path.as_bytes(), *follow, *empty_path),
+        };
+        if let Some(n) = own_descriptor(path).filter(|_| follow) {
+            return self.fd(n);
         }
+        let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let root = || {
+            openat(
+                rustix::fs::CWD,
+                format!("/proc/{}/root", self.pid),
+                dir,
+                Mode::empty(),
+            )
+        };
+        let in_root = ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS;
+        let (base, rel, resolve) = if path.first() == Some(&b'/') {
+            // Absolute: the directory plays no part.
+            let rel = &path[path.iter().take_while(|b| **b == b'/').count()..];
+            (root()?, rel, in_root)
+        } else if dirfd == libc::AT_FDCWD {
+            let cwd = openat(
+                rustix::fs::CWD,
+                format!("/proc/{}/cwd", self.pid),
+                dir,
+                Mode::empty(),
+            )?;
+            (cwd, path, ResolveFlags::NO_MAGICLINKS)
+        } else {
+            (self.fd(dirfd)?, path, ResolveFlags::NO_MAGICLINKS)
+        };
+        if rel.is_empty() {
+            if !empty_path && path.is_empty() {
+                return Err(err(libc::ENOENT));
+            }
+            return self.in_view_or_refused(base, path);
+        }
+        let mut flags = OFlags::PATH | OFlags::CLOEXEC;
+        if !follow {
+            flags |= OFlags::NOFOLLOW;
+        }
+        let rel = OsStr::from_bytes(rel);
+        let file = openat2(&base, rel, flags, Mode::empty(), resolve)?;
+        if self.in_view(&file)? {
+            return Ok(file);
+        }
+        if resolve.contains(ResolveFlags::IN_ROOT) {
+            return self.in_view_or_refused(file, path);
+        }
+        // An absolute link met on the relative walk was resolved from
+        // hull's root, not the process's (it has a mount namespace of its
+        // own): walk again in its root, from the base's path as the process
+        // sees it. Whatever moves meanwhile, the walk stays in its root.
+        let at = rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(base.as_fd()), Vec::new())?;
+        let at = at.as_bytes();
+        if at.first() != Some(&b'/') {
+            return Err(err(libc::EACCES));
+        }
+        let mut full = std::path::PathBuf::from(OsStr::from_bytes(&at[1..]));
+        full.push(rel);
+        let file = openat2(&root()?, &full, flags, Mode::empty(), in_root)?;
+        self.in_view_or_refused(file, path)
+    }
+
+    /// `file` when it lies on the process's own mounts ([`Task::in_view`]);
+    /// else EACCES.
+    fn in_view_or_refused(&self, file: OwnedFd, path: &[u8]) -> std::io::Result<OwnedFd> {
+        if self.in_view(&file)? {
+            return Ok(file);
+        }
+        tracing::debug!(path = %String::from_utf8_lossy(path), "broker: refused a path that resolved off the command's mounts");
+        Err(err(libc::EACCES))
     }
 
     /// Answers a metadata call: performed when its file lies in `scope`.
@@ -235,6 +277,18 @@ impl Task<'_> {
         }
         perform(fd.as_fd(), &op)
     }
+}
+
+/// N, when `path` is `/proc/self/fd/N` or `/proc/thread-self/fd/N`: the
+/// caller's own descriptor (hull resolving it would reach its own).
+fn own_descriptor(path: &[u8]) -> Option<RawFd> {
+    let n = path
+        .strip_prefix(b"/proc/self/fd/")
+        .or_else(|| path.strip_prefix(b"/proc/thread-self/fd/"))?;
+    if n.is_empty() || n.len() > 9 || !n.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(n).ok()?.parse().ok()
 }
 
 fn decode(task: &Task<'_>, nr: i64, a: &[u64; 6]) -> std::io::Result<(Target, Op)> {
@@ -386,6 +440,27 @@ fn perform(fd: BorrowedFd<'_>, op: &Op) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_callers_own_descriptors_are_told_from_other_paths() {
+        assert_eq!(own_descriptor(b"/proc/self/fd/3"), Some(3));
+        assert_eq!(own_descriptor(b"/proc/thread-self/fd/12"), Some(12));
+        for other in [
+            &b"/proc/self/fd/"[..],
+            b"/proc/self/fd/3/x",
+            b"/proc/self/fd/-1",
+            b"/proc/self/fd/9999999999",
+            b"/proc/1/fd/3",
+            b"proc/self/fd/3",
+        ] {
+            assert_eq!(
+                own_descriptor(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
 
     #[test]
     fn the_deepest_entry_decides() {

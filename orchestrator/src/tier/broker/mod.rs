@@ -472,6 +472,31 @@ impl Task<'_> {
         Ok(buf)
     }
 
+    /// Whether `file`, which hull resolved for the thread, lies on a mount
+    /// of the thread's own mount namespace. When the command has one of
+    /// its own (a `--cow` run as a user: the overlay over the project), a
+    /// path hull resolved from its own root (an absolute link met on the
+    /// way) would reach the host's mounts instead: the project below the
+    /// overlay.
+    fn in_view(&self, file: &OwnedFd) -> std::io::Result<bool> {
+        use rustix::fs::{statx, AtFlags, StatxFlags};
+        let ns = |pid: &str| std::fs::metadata(format!("/proc/{pid}/ns/mnt"));
+        let (theirs, ours) = (ns(&self.pid.to_string())?, ns("self")?);
+        if std::os::unix::fs::MetadataExt::ino(&theirs)
+            == std::os::unix::fs::MetadataExt::ino(&ours)
+            && std::os::unix::fs::MetadataExt::dev(&theirs)
+                == std::os::unix::fs::MetadataExt::dev(&ours)
+        {
+            return Ok(true);
+        }
+        let st = statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID)?;
+        if st.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
+            return Err(err(libc::ENOSYS));
+        }
+        let text = read_bounded(&format!("/proc/{}/mountinfo", self.pid), 4 << 20)?;
+        Ok(crate::mountinfo::has_mount(&text, st.stx_mnt_id))
+    }
+
     /// A descriptor of the process, duplicated into hull.
     fn fd(&self, n: RawFd) -> std::io::Result<OwnedFd> {
         // SAFETY: pidfd_getfd with integer arguments; returns a new fd or -1.
@@ -489,6 +514,16 @@ impl Task<'_> {
         // SAFETY: the kernel just returned this descriptor to us.
         Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
     }
+}
+
+/// The text of the file `path`, at most `max` bytes of it.
+fn read_bounded(path: &str, max: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(max)
+        .read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// The thread group (process) of thread `tid`, from `/proc/TID/status`;
