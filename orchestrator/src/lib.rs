@@ -14,6 +14,7 @@ pub mod canary;
 #[cfg(target_os = "linux")]
 pub mod changes;
 pub mod cli;
+pub mod compare;
 pub mod exec;
 pub mod mountinfo;
 #[cfg(unix)]

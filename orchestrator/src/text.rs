@@ -27,6 +27,24 @@ pub fn printable(text: &str) -> String {
     out
 }
 
+/// `s` for HTML text and attribute values: `& < > " '` escaped, control
+/// characters but newline replaced (U+FFFD).
+pub fn html_escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c if c.is_control() && c != '\n' => o.push('\u{fffd}'),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

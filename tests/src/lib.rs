@@ -432,3 +432,39 @@ pub fn host_rust() -> (PathBuf, PathBuf) {
     );
     (rustup, cargo)
 }
+
+/// The DOM headless Chromium (Debian's `chromium`, installed by
+/// `scripts/setup.sh --test`) renders from the page `page`, its profile
+/// and home in `scratch`; a run that fails fails the test, naming why.
+pub fn chromium_dom(page: &Path, scratch: &Path) -> String {
+    let chromium = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .expect("chromium is not installed: scripts/setup.sh --test installs it");
+    let profile = scratch.join("chromium-profile");
+    let url = format!("file://{}", page.display());
+    let r = Command::new("timeout")
+        .arg("60")
+        .arg(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--dump-dom", &url])
+        .env("HOME", scratch)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn chromium");
+    assert!(r.status.success(), "{}", show(&r));
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}

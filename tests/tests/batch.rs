@@ -205,6 +205,39 @@ fn results_tell_the_peak_memory_of_each_job() {
     }
 }
 
+/// A batch on two tiers compares them in its summary: each tier's p50
+/// against the fastest's, and the jobs whose exit code or stdout differed
+/// from the first tier's (`/proc/1/comm` is bwrap's own init and the
+/// host's on landlock; the shell's pid is small only in bwrap's pid
+/// namespace).
+#[cfg(all(feature = "bwrap", feature = "landlock"))]
+#[test]
+fn a_batch_on_two_tiers_says_which_jobs_differed() {
+    require_tier("bwrap");
+    require_tier("landlock");
+    let w = World::new();
+    let jobs = w.root.path().join("jobs.jsonl");
+    std::fs::write(
+        &jobs,
+        "{\"id\": \"same\", \"sh\": \"echo same\", \"workspace\": \"shared\"}\n\
+         {\"id\": \"comm\", \"argv\": [\"cat\", \"/proc/1/comm\"], \"workspace\": \"shared\"}\n\
+         {\"id\": \"pid\", \"sh\": \"test $$ -lt 10\", \"workspace\": \"shared\"}\n",
+    )
+    .unwrap();
+    let out = w.root.path().join("out");
+    let o = batch_jobs(&w, &jobs, &["bwrap", "landlock"], &out, &[]);
+    // `pid` exits 0 in bwrap's pid namespace only: the batch has a failure.
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    for want in [
+        "x fastest",
+        "exit codes: differ on 1 of 3 jobs: pid (bwrap 0, landlock 1)",
+        "stdout: differs from bwrap's on 1 of 3 jobs: comm (landlock)",
+    ] {
+        assert!(err.contains(want), "{want}: {}", show(&o));
+    }
+}
+
 /// Malformed lines and unknown keys are named by line number (fatal by
 /// default, skipped on request); duplicate ids refuse the batch before
 /// anything runs.

@@ -1505,36 +1505,7 @@ fn the_canary_page_renders_in_chromium(t: &str) {
         .output()
         .expect("spawn hull canary");
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    let chromium = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|c| {
-            std::process::Command::new(c)
-                .arg("--version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .expect("chromium is not installed: scripts/setup.sh --test installs it");
-    let profile = w.root.path().join("chromium-profile");
-    let url = format!("file://{}", page.display());
-    let r = std::process::Command::new("timeout")
-        .arg("60")
-        .arg(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(["--dump-dom", &url])
-        .env("HOME", w.root.path())
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn chromium");
-    let dom = String::from_utf8_lossy(&r.stdout);
-    assert!(r.status.success(), "{}", show(&r));
+    let dom = hull_tests::chromium_dom(&page, w.root.path());
     assert!(dom.contains("<table id=\"matrix\">"), "{dom}");
     for want in [
         "<th>none (control)</th>",

@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::tier::Tier;
 use decoy::Decoy;
 pub use probes::{probes, Caller, Kind, Probe};
-pub use render::{render, render_html};
+pub use render::{matrix_html, render, render_html, STYLE};
 
 /// What a cell says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

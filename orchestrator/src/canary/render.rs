@@ -1,6 +1,7 @@
 //! The canary's matrix as text and as one self-contained HTML page.
 
 use super::{Cell, Verdict};
+use crate::text::html_escape;
 
 /// The matrix's columns (tiers, the control first) and rows (probe, class),
 /// in the order the cells came.
@@ -103,25 +104,36 @@ pub fn render(cells: &[Cell]) -> String {
 /// `<details>` under the table. Every text from a probe's run (evidence is
 /// the command's own output) is escaped.
 pub fn render_html(cells: &[Cell]) -> String {
-    let (tiers, rows) = layout(cells);
-    let mut out = String::from(
+    format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <title>hull canary</title><style>\
-         body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}\
-         td,th{border:1px solid #999;padding:.3em .6em;text-align:left}\
-         .denied{background:#c8f0c8}.allowed{background:#d8e8ff}.leak,.failed,.error{background:#f4a0a0;font-weight:bold}\
-         .inconclusive{background:#fff0a0}.not_applicable{background:#eee;color:#666}\
-         </style></head><body><h1>hull canary</h1>\n<table id=\"matrix\"><tr><th>probe</th><th>class</th>",
-    );
+         body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}\
+         td,th{{border:1px solid #999;padding:.3em .6em;text-align:left}}{STYLE}\
+         </style></head><body><h1>hull canary</h1>\n{}</body></html>\n",
+        matrix_html(cells)
+    )
+}
+
+/// The CSS of the matrix's cells, by verdict.
+pub const STYLE: &str = ".denied{background:#c8f0c8}.allowed{background:#d8e8ff}\
+     .leak,.failed,.error{background:#f4a0a0;font-weight:bold}\
+     .inconclusive{background:#fff0a0}.not_applicable{background:#eee;color:#666}";
+
+/// The matrix as an HTML table (`id="matrix"`, classes by verdict:
+/// [`STYLE`]) and the evidence under it, for a page of its own or
+/// another's.
+pub fn matrix_html(cells: &[Cell]) -> String {
+    let (tiers, rows) = layout(cells);
+    let mut out = String::from("<table id=\"matrix\"><tr><th>probe</th><th>class</th>");
     for t in &tiers {
-        out.push_str(&format!("<th>{}</th>", escape(column(t))));
+        out.push_str(&format!("<th>{}</th>", html_escape(column(t))));
     }
     out.push_str("</tr>\n");
     for (probe, class) in &rows {
         out.push_str(&format!(
             "<tr><td>{}</td><td>{}</td>",
-            escape(probe),
-            escape(class)
+            html_escape(probe),
+            html_escape(class)
         ));
         for t in &tiers {
             match cells.iter().find(|c| c.probe == *probe && c.tier == *t) {
@@ -133,8 +145,8 @@ pub fn render_html(cells: &[Cell]) -> String {
                     let label = shown(c);
                     out.push_str(&format!(
                         "<td class=\"{class}\" title=\"{}\">{}</td>",
-                        escape(&c.evidence),
-                        escape(label)
+                        html_escape(&c.evidence),
+                        html_escape(label)
                     ));
                 }
                 None => out.push_str("<td></td>"),
@@ -146,30 +158,14 @@ pub fn render_html(cells: &[Cell]) -> String {
     for c in cells {
         out.push_str(&format!(
             "<li>{} on {}: {}: {}</li>\n",
-            escape(c.probe),
-            escape(&c.tier),
-            escape(c.verdict.label()),
-            escape(&c.evidence)
+            html_escape(c.probe),
+            html_escape(&c.tier),
+            html_escape(c.verdict.label()),
+            html_escape(&c.evidence)
         ));
     }
-    out.push_str("</ul></details></body></html>\n");
+    out.push_str("</ul></details>\n");
     out
-}
-
-fn escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for ch in s.chars() {
-        match ch {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c if c.is_control() && c != '\n' => o.push('\u{fffd}'),
-            c => o.push(c),
-        }
-    }
-    o
 }
 
 #[cfg(test)]

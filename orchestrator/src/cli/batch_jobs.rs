@@ -208,10 +208,24 @@ fn check_out(out: &Path, project: &Path, all: &[jobs::Job]) -> anyhow::Result<()
     Ok(())
 }
 
-/// Counts by status and the p50 and p95 of job time, per tier.
+/// Counts by status and the p50 and p95 of job time, per tier; with more
+/// than one tier, each tier's p50 against the fastest's, and the jobs
+/// whose exit code or stdout differed between tiers.
 pub fn summary(results: &[ResultLine], tiers: &[String]) -> String {
+    let p50 = |t: &String| {
+        let mut v: Vec<f64> = results
+            .iter()
+            .filter(|r| &r.tier == t)
+            .map(|r| r.wall_s)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| v[(v.len() - 1) / 2])
+    };
+    let fastest = tiers.iter().filter_map(p50).fold(f64::INFINITY, f64::min);
+    let several = tiers.len() > 1;
     let mut o =
-        String::from("tier        jobs  exit 0  failed  timeout  signal  error   p50 s   p95 s\n");
+        String::from("tier        jobs  exit 0  failed  timeout  signal  error   p50 s   p95 s");
+    o.push_str(if several { "  x fastest\n" } else { "\n" });
     for t in tiers {
         let mine: Vec<&ResultLine> = results.iter().filter(|r| &r.tier == t).collect();
         let count = |f: &dyn Fn(&ResultLine) -> bool| mine.iter().filter(|r| f(r)).count();
@@ -235,6 +249,17 @@ pub fn summary(results: &[ResultLine], tiers: &[String]) -> String {
             pct(0.5),
             pct(0.95),
         ));
+        if several {
+            o.pop();
+            match p50(t) {
+                Some(m) if fastest > 0.0 => o.push_str(&format!(" {:>9.2}x\n", m / fastest)),
+                _ => o.push_str("         -\n"),
+            }
+        }
+    }
+    if several {
+        let digest = |r: &ResultLine| crate::compare::run::digest(&r.stdout);
+        o.push_str(&crate::compare::batch::across(results, tiers, &digest).render(&tiers[0]));
     }
     o
 }

@@ -6,6 +6,7 @@ pub mod batch;
 pub mod batch_jobs;
 pub mod canary;
 pub mod changes;
+pub mod compare;
 pub mod docs;
 pub mod explain;
 pub mod image;
@@ -49,6 +50,10 @@ pub enum Command {
     /// Run hull's escape probes against this machine's tiers, in a decoy
     /// home and project it makes and removes, and print the matrix.
     Canary(canary::CanaryArgs),
+    /// Run one command on several tiers (and without hull), interleaved,
+    /// and show the difference: wall times, ratios, peak memory, exit
+    /// codes, whether stdout matched.
+    Compare(compare::CompareArgs),
     /// Check or explain a policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -157,6 +162,7 @@ pub fn main() -> i32 {
         Command::Run(a) => run::run(a),
         Command::Probe(a) => probe::probe(a),
         Command::Canary(a) => canary::canary(a, cli.quiet),
+        Command::Compare(a) => compare::compare(a, cli.quiet),
         Command::Policy(PolicyCommand::Check { policy }) => explain::check(&policy),
         Command::Policy(PolicyCommand::Explain(a)) => explain::explain(a),
         Command::Runs(c) => runs::runs(c),
