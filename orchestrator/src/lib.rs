@@ -25,6 +25,8 @@ pub mod result_file;
 pub mod run;
 pub mod runtime;
 pub mod sandbox_user;
+#[cfg(target_os = "linux")]
+pub mod serve;
 pub mod settings;
 pub mod text;
 pub mod tier;

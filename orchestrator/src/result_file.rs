@@ -34,7 +34,7 @@ pub enum ResultFileError {
 }
 
 /// How the run ended, as the document says it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     /// The command exited with `code`.
@@ -87,6 +87,35 @@ pub struct RunResult {
     pub changes: Option<String>,
     #[serde(flatten)]
     pub usage: Usage,
+}
+
+/// How a run ended, read back from its document by whoever started `hull
+/// run --json-result` (the batch runner, the session server).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Ended {
+    /// What `hull run` exited with (126 or 127 when nothing could run).
+    pub exit_code: i32,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    #[serde(default)]
+    pub changes: Option<String>,
+    #[serde(flatten)]
+    pub usage: Usage,
+}
+
+impl Ended {
+    /// The document at `path` (at most 1 MiB), or None when there is none
+    /// or it is not one.
+    pub fn read(path: &Path) -> Option<Ended> {
+        use std::io::Read;
+        let mut text = Vec::new();
+        std::fs::File::open(path)
+            .ok()?
+            .take(1 << 20)
+            .read_to_end(&mut text)
+            .ok()?;
+        serde_json::from_slice(&text).ok()
+    }
 }
 
 /// What a run took, where its tier can tell (each field absent otherwise);

@@ -73,6 +73,11 @@ impl AsNobody {
         w
     }
 
+    /// The copy of hull the user runs.
+    pub fn hull_path(&self) -> &Path {
+        &self.hull
+    }
+
     /// Makes everything under `u` the user's again, `u` itself 0700.
     pub fn give_to_nobody(&self) {
         use std::os::unix::fs::PermissionsExt;

@@ -325,52 +325,47 @@ fn spawn_and_wait(
 /// Fills `line` from the `--json-result` document, or, without one, with
 /// the end of hull's stderr as the error.
 fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
-    let doc: Option<serde_json::Value> = std::fs::read(result)
-        .ok()
-        .filter(|b| b.len() <= 1 << 20)
-        .and_then(|b| serde_json::from_slice(&b).ok());
-    let Some(doc) = doc else {
+    use crate::result_file::Outcome;
+    let Some(ended) = crate::result_file::Ended::read(result) else {
         line.error = Some(format!(
             "hull run left no result document; its stderr ends: {}",
             tail(stderr)
         ));
         return;
     };
-    let int = |k: &str| doc[k].as_i64().map(|v| v as i32);
-    match doc["outcome"].as_str() {
-        Some("exited") => {
+    match ended.outcome {
+        Outcome::Exited { code } => {
             line.status = Status::Exit;
-            line.exit_code = int("code");
+            line.exit_code = Some(code);
         }
-        Some("not_runnable") => {
+        Outcome::NotRunnable { message } => {
             line.status = Status::Exit;
-            line.exit_code = int("exit_code");
-            line.error = doc["message"].as_str().map(str::to_string);
+            line.exit_code = Some(ended.exit_code);
+            line.error = Some(message);
         }
-        Some("signaled") => {
+        Outcome::Signaled { signal } => {
             line.status = Status::Signal;
-            line.signal = int("signal");
+            line.signal = Some(signal);
         }
-        Some("timed_out") => line.status = Status::Timeout,
-        Some("interrupted") => {
+        Outcome::TimedOut => line.status = Status::Timeout,
+        Outcome::Interrupted { signal } => {
             line.status = Status::Interrupted;
-            line.signal = int("signal");
+            line.signal = Some(signal);
         }
-        _ => {
+        Outcome::HullError { message } => {
             line.status = Status::HullError;
-            line.error = Some(
-                doc["message"]
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| tail(stderr)),
-            );
+            line.error = Some(if message.is_empty() {
+                tail(stderr)
+            } else {
+                message
+            });
         }
     }
-    line.usage = serde::Deserialize::deserialize(&doc).unwrap_or_default();
-    if let Some(id) = doc["changes"].as_str() {
-        line.changes = Some(id.to_string());
+    line.usage = ended.usage;
+    if let Some(id) = ended.changes {
         let store = crate::changes::Store::open(crate::changes::Store::default_root());
-        line.counts = store.get(id).ok().map(|s| s.meta.counts);
+        line.counts = store.get(&id).ok().map(|s| s.meta.counts);
+        line.changes = Some(id);
     }
 }
 

@@ -16,6 +16,7 @@ pub mod probe;
 pub mod read;
 pub mod run;
 pub mod runs;
+pub mod serve;
 pub mod vm;
 
 use std::path::PathBuf;
@@ -50,6 +51,10 @@ pub enum Command {
     /// Run hull's escape probes against this machine's tiers, in a decoy
     /// home and project it makes and removes, and print the matrix.
     Canary(canary::CanaryArgs),
+    /// Serve the session API on a unix socket of yours (docs/api.md):
+    /// sessions that each keep one sandbox, commands run in them, their
+    /// files read and written.
+    Serve(serve::ServeArgs),
     /// Run one command on several tiers (and without hull), interleaved,
     /// and show the difference: wall times, ratios, peak memory, exit
     /// codes, whether stdout matched.
@@ -163,6 +168,7 @@ pub fn main() -> i32 {
         Command::Probe(a) => probe::probe(a),
         Command::Canary(a) => canary::canary(a, cli.quiet),
         Command::Compare(a) => compare::compare(a, cli.quiet),
+        Command::Serve(a) => serve::serve(a),
         Command::Policy(PolicyCommand::Check { policy }) => explain::check(&policy),
         Command::Policy(PolicyCommand::Explain(a)) => explain::explain(a),
         Command::Runs(c) => runs::runs(c),

@@ -1,0 +1,170 @@
+//! The session API's messages, as they cross the socket: requests refuse
+//! unknown fields; every size a client names is bounded here.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The largest request body (a file written, an exec's stdin): 16 MiB.
+pub const MAX_BODY: usize = 16 << 20;
+/// The largest output kept of one stream of an exec (and of a file read).
+pub const MAX_OUTPUT: u64 = 16 << 20;
+/// What an exec keeps of each stream when it names no `max_output`.
+pub const DEFAULT_OUTPUT: u64 = 1 << 20;
+/// The most arguments, environment entries and sessions a caller may have.
+pub const MAX_ARGS: usize = 4096;
+pub const MAX_ENV: usize = 1024;
+pub const MAX_SESSIONS: usize = 64;
+
+/// The API's operations: method and path pattern, as `docs/openapi.json`
+/// names them (a test holds the two together).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/v1/openapi.json"),
+    ("GET", "/v1/sessions"),
+    ("POST", "/v1/sessions"),
+    ("GET", "/v1/sessions/{id}"),
+    ("DELETE", "/v1/sessions/{id}"),
+    ("POST", "/v1/sessions/{id}/exec"),
+    ("GET", "/v1/sessions/{id}/files"),
+    ("PUT", "/v1/sessions/{id}/files"),
+];
+
+/// The OpenAPI document the server serves (`GET /v1/openapi.json`).
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+/// Where a session's commands write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workspace {
+    /// Into the project, as `hull run` does.
+    #[default]
+    Shared,
+}
+
+/// `POST /v1/sessions`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// landlock, bwrap, vm.
+    pub tier: String,
+    /// A shipped profile name or a policy file (default: `default`).
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    /// The project directory (absolute).
+    pub project: PathBuf,
+    #[serde(default)]
+    pub workspace: Workspace,
+}
+
+fn default_policy() -> String {
+    "default".into()
+}
+
+/// A session, as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionInfo {
+    pub id: String,
+    pub tier: String,
+    pub policy: String,
+    pub project: PathBuf,
+    pub workspace: Workspace,
+    /// The directories `files` reads and writes in (the project).
+    pub roots: Vec<PathBuf>,
+}
+
+/// `POST /v1/sessions/{id}/exec`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    /// A directory inside the project (relative to it, or absolute).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Given to the command on its stdin (none: empty).
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Wall-time limit (`30s`, `10m`; default: the policy's).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// Bytes kept of each of stdout and stderr (default 1 MiB, at most
+    /// 16 MiB); the rest is counted, not kept.
+    #[serde(default)]
+    pub max_output: Option<u64>,
+    /// Stream the output as it comes (`application/x-ndjson`).
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// How an exec ended: the body of a collected exec, and the last line of
+/// a streamed one (`"event": "exit"`, without the output).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ExecResult {
+    /// `exit`, `signal`, `timeout`, `hull_error`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+    /// Bytes each stream had, kept or not.
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub truncated: bool,
+    pub wall_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// An error's body.
+#[derive(Debug, Clone, Serialize)]
+pub struct Error {
+    pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The document names exactly the operations the server routes.
+    #[test]
+    fn the_openapi_document_names_every_route_and_no_other() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+        let mut documented = Vec::new();
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for method in ops.as_object().unwrap().keys() {
+                if method != "parameters" {
+                    documented.push((method.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        documented.sort();
+        let mut routed: Vec<(String, String)> = ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        routed.sort();
+        assert_eq!(documented, routed);
+        // The request schemas name the fields the server accepts.
+        let exec = &doc["components"]["schemas"]["Exec"]["properties"];
+        for f in [
+            "argv",
+            "cwd",
+            "env",
+            "stdin",
+            "timeout",
+            "max_output",
+            "stream",
+        ] {
+            assert!(exec.get(f).is_some(), "{f}");
+        }
+        assert_eq!(exec.as_object().unwrap().len(), 7);
+        let create = &doc["components"]["schemas"]["CreateSession"]["properties"];
+        assert_eq!(create.as_object().unwrap().len(), 4);
+    }
+}

@@ -1,0 +1,543 @@
+//! The sessions of `hull serve`: each keeps one sandbox's settings (tier,
+//! policy, project) and, on tier 3, one VM kept up for it (`hull vm up`,
+//! restored once, every exec a run in it); every exec is one `hull run` of
+//! this executable with the session's settings, so it has the whole
+//! boundary of a run. A session belongs to the uid that made it (the
+//! socket peer's credentials); any other caller is told it does not exist.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Mutex;
+
+use super::api::{self, CreateSession, ExecRequest, ExecResult, SessionInfo, Workspace};
+
+/// A request the API refuses: its status and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    pub status: u16,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(status: u16, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+/// One session.
+#[derive(Debug)]
+pub struct Session {
+    pub info: SessionInfo,
+    owner: u32,
+    /// Tier 3: the kept VM's name.
+    vm: Option<String>,
+}
+
+/// Every session of the server, and what runs them.
+#[derive(Debug)]
+pub struct Sessions {
+    hull: PathBuf,
+    /// Result documents of the runs (0700, the server's).
+    work: PathBuf,
+    map: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+impl Sessions {
+    pub fn new(hull: PathBuf, work: PathBuf) -> Sessions {
+        Sessions {
+            hull,
+            work,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The caller's sessions.
+    pub async fn list(&self, caller: u32) -> Vec<SessionInfo> {
+        let map = self.map.lock().await;
+        let mut v: Vec<SessionInfo> = map
+            .values()
+            .filter(|s| s.owner == caller)
+            .map(|s| s.info.clone())
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    /// The caller's session `id`; another caller's is not found.
+    pub async fn get(&self, caller: u32, id: &str) -> Result<Arc<Session>, Refusal> {
+        let map = self.map.lock().await;
+        match map.get(id) {
+            Some(s) if s.owner == caller => Ok(Arc::clone(s)),
+            _ => Err(Refusal::new(404, format!("no session {id}"))),
+        }
+    }
+
+    /// Makes a session: checks the tier, policy and project; on tier 3
+    /// starts its VM.
+    pub async fn create(&self, caller: u32, req: CreateSession) -> Result<SessionInfo, Refusal> {
+        let tier = crate::tier::Tier::from_name(&req.tier).ok_or_else(|| {
+            Refusal::new(
+                400,
+                format!("tier {:?}: no such tier (landlock, bwrap, vm)", req.tier),
+            )
+        })?;
+        if !matches!(
+            tier,
+            crate::tier::Tier::Landlock | crate::tier::Tier::Bwrap | crate::tier::Tier::Vm
+        ) {
+            return Err(Refusal::new(
+                400,
+                format!("tier {tier}: sessions run on landlock, bwrap and vm"),
+            ));
+        }
+        let probe = crate::tier::ready(tier);
+        if !probe.available {
+            return Err(Refusal::new(
+                422,
+                format!("tier {tier} is not available here: {}", probe.reason),
+            ));
+        }
+        crate::policy::profiles::load(&req.policy)
+            .map_err(|e| Refusal::new(400, format!("policy {}: {e}", req.policy)))?;
+        if !req.project.is_absolute() {
+            return Err(Refusal::new(
+                400,
+                format!("project {}: give an absolute path", req.project.display()),
+            ));
+        }
+        let project = std::fs::canonicalize(&req.project)
+            .map_err(|e| Refusal::new(400, format!("project {}: {e}", req.project.display())))?;
+        if !project.is_dir() {
+            return Err(Refusal::new(
+                400,
+                format!("project {}: not a directory", project.display()),
+            ));
+        }
+        if self.list(caller).await.len() >= api::MAX_SESSIONS {
+            return Err(Refusal::new(
+                429,
+                format!("at most {} sessions at once", api::MAX_SESSIONS),
+            ));
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let vm = if tier == crate::tier::Tier::Vm {
+            let name = format!("session-{}", &id[..12]);
+            self.vm_up(&name, &project, &req.policy).await?;
+            Some(name)
+        } else {
+            None
+        };
+        let info = SessionInfo {
+            id: id.clone(),
+            tier: tier.name().into(),
+            policy: req.policy,
+            roots: vec![project.clone()],
+            project,
+            workspace: req.workspace,
+        };
+        let session = Arc::new(Session {
+            info: info.clone(),
+            owner: caller,
+            vm,
+        });
+        self.map.lock().await.insert(id, session);
+        Ok(info)
+    }
+
+    /// Closes the caller's session `id` (its VM is stopped).
+    pub async fn close(&self, caller: u32, id: &str) -> Result<(), Refusal> {
+        let s = self.get(caller, id).await?;
+        self.map.lock().await.remove(id);
+        self.stop(&s).await;
+        Ok(())
+    }
+
+    /// Closes every session (the server is stopping).
+    pub async fn close_all(&self) {
+        let all: Vec<Arc<Session>> = self.map.lock().await.drain().map(|(_, s)| s).collect();
+        for s in all {
+            self.stop(&s).await;
+        }
+    }
+
+    async fn stop(&self, s: &Session) {
+        if let Some(name) = &s.vm {
+            let out = tokio::process::Command::new(&self.hull)
+                .args(["vm", "down", "--name", name])
+                .stdin(Stdio::null())
+                .output()
+                .await;
+            match out {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => tracing::warn!(
+                    "hull serve: stopping the VM {name}: {}",
+                    String::from_utf8_lossy(&o.stderr).trim_end()
+                ),
+                Err(e) => tracing::warn!("hull serve: stopping the VM {name}: {e}"),
+            }
+        }
+    }
+
+    async fn vm_up(&self, name: &str, project: &Path, policy: &str) -> Result<(), Refusal> {
+        let o = tokio::process::Command::new(&self.hull)
+            .args([
+                "vm", "up", "--name", name, "--policy", policy, "--idle", "1h",
+            ])
+            .arg("--project")
+            .arg(project)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| Refusal::new(500, format!("cannot start hull vm up: {e}")))?;
+        if !o.status.success() {
+            return Err(Refusal::new(
+                500,
+                format!(
+                    "tier vm: the session's VM did not come up: {}",
+                    String::from_utf8_lossy(&o.stderr).trim_end()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The `hull run` that runs `argv` (in `cwd`, inside the project) for
+    /// session `s`, its result document at `result`.
+    fn command(
+        &self,
+        s: &Session,
+        req: &ExecRequest,
+        argv: &[String],
+        result: &Path,
+    ) -> Result<tokio::process::Command, Refusal> {
+        let mut c = tokio::process::Command::new(&self.hull);
+        c.args(["run", "--tier", &s.info.tier, "--policy", &s.info.policy])
+            .arg("--project")
+            .arg(&s.info.project)
+            .arg("--json-result")
+            .arg(result);
+        if let Some(vm) = &s.vm {
+            c.args(["--vm", vm]);
+        }
+        if let Some(t) = &req.timeout {
+            crate::policy::resolve::parse_duration(t)
+                .map_err(|e| Refusal::new(400, format!("timeout {t:?}: {e}")))?;
+            c.args(["--timeout", t]);
+        }
+        if req.env.len() > api::MAX_ENV {
+            return Err(Refusal::new(
+                400,
+                format!("at most {} environment entries", api::MAX_ENV),
+            ));
+        }
+        for (k, v) in &req.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(Refusal::new(400, format!("env {k:?}: not a variable")));
+            }
+            c.arg("--env").arg(format!("{k}={v}"));
+        }
+        c.arg("--");
+        if let Some(dir) = &req.cwd {
+            let dir = inside(&s.info.project, dir)?;
+            c.args(["sh", "-c", "cd -- \"$1\" && shift && exec \"$@\"", "sh"])
+                .arg(dir);
+        }
+        c.args(argv);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        Ok(c)
+    }
+
+    /// Runs `req` in session `s`; `on_chunk` gets the output as it comes
+    /// (stream 1 or 2), at most `max_output` bytes of each stream, which
+    /// the result also holds when `keep`.
+    pub async fn exec(
+        &self,
+        s: &Session,
+        req: &ExecRequest,
+        stdin: Option<Vec<u8>>,
+        keep: bool,
+        on_chunk: &(dyn Fn(u8, &[u8]) + Sync),
+    ) -> Result<ExecResult, Refusal> {
+        if req.argv.is_empty() || req.argv.len() > api::MAX_ARGS {
+            return Err(Refusal::new(
+                400,
+                format!("argv: give 1 to {} arguments", api::MAX_ARGS),
+            ));
+        }
+        if req.argv.iter().any(|a| a.contains('\0')) {
+            return Err(Refusal::new(400, "argv: an argument holds a NUL byte"));
+        }
+        let max = req.max_output.unwrap_or(api::DEFAULT_OUTPUT);
+        if max > api::MAX_OUTPUT {
+            return Err(Refusal::new(
+                400,
+                format!("max_output: at most {} bytes", api::MAX_OUTPUT),
+            ));
+        }
+        let result = self
+            .work
+            .join(format!("{}.json", uuid::Uuid::new_v4().simple()));
+        let mut cmd = self.command(s, req, &req.argv, &result)?;
+        let t0 = std::time::Instant::now();
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| Refusal::new(500, format!("cannot start hull run: {e}")))?;
+        let mut input = child.stdin.take();
+        let writer = async move {
+            if let (Some(mut w), Some(bytes)) = (input.take(), stdin) {
+                // A command that does not read its stdin closes the pipe.
+                let _ = w.write_all(&bytes).await;
+            }
+        };
+        let out = child.stdout.take();
+        let err = child.stderr.take();
+        let ((), o, e, status) = tokio::join!(
+            writer,
+            collect(out, max, keep, |b| on_chunk(1, b)),
+            collect(err, max, keep, |b| on_chunk(2, b)),
+            child.wait()
+        );
+        let wall_s = t0.elapsed().as_secs_f64();
+        let ended = crate::result_file::Ended::read(&result);
+        let _ = std::fs::remove_file(&result);
+        let mut r = ExecResult {
+            wall_s,
+            stdout_bytes: o.1,
+            stderr_bytes: e.1,
+            truncated: o.1 > max || e.1 > max,
+            ..ExecResult::default()
+        };
+        if keep {
+            r.stdout = Some(String::from_utf8_lossy(&o.0).into_owned());
+            r.stderr = Some(String::from_utf8_lossy(&e.0).into_owned());
+        }
+        use crate::result_file::Outcome;
+        match ended.map(|x| (x.exit_code, x.outcome)) {
+            Some((_, Outcome::Exited { code })) => {
+                r.status = "exit".into();
+                r.exit_code = Some(code);
+            }
+            Some((code, Outcome::NotRunnable { message })) => {
+                r.status = "exit".into();
+                r.exit_code = Some(code);
+                r.error = Some(message);
+            }
+            Some((_, Outcome::Signaled { signal })) => {
+                r.status = "signal".into();
+                r.signal = Some(signal);
+            }
+            Some((_, Outcome::TimedOut)) => r.status = "timeout".into(),
+            Some((_, Outcome::Interrupted { signal })) => {
+                r.status = "hull_error".into();
+                r.error = Some(format!("hull run was interrupted (signal {signal})"));
+            }
+            Some((_, Outcome::HullError { message })) => {
+                r.status = "hull_error".into();
+                r.error = Some(message);
+            }
+            None => {
+                r.status = "hull_error".into();
+                r.error = Some(format!(
+                    "hull run left no result ({})",
+                    status.map_or_else(|e| e.to_string(), |s| s.to_string())
+                ));
+            }
+        }
+        Ok(r)
+    }
+
+    /// The file `path` (inside the project) as the session's sandbox reads
+    /// it, at most `max` bytes: 404 when it cannot be read there, 413 when
+    /// it is larger.
+    pub async fn read_file(&self, s: &Session, path: &str, max: u64) -> Result<Vec<u8>, Refusal> {
+        let file = inside(&s.info.project, path)?;
+        let req = exec_of(vec!["cat".into(), "--".into(), file.clone()], Some(max));
+        let mut data = Vec::new();
+        let r = {
+            let data = std::sync::Mutex::new(&mut data);
+            self.exec(s, &req, None, false, &|stream, b| {
+                if stream == 1 {
+                    let mut d = data.lock().unwrap_or_else(|e| e.into_inner());
+                    d.extend_from_slice(b);
+                }
+            })
+            .await?
+        };
+        if r.status == "hull_error" {
+            return Err(Refusal::new(
+                500,
+                r.error.unwrap_or_else(|| "the run failed".into()),
+            ));
+        }
+        if r.exit_code != Some(0) {
+            return Err(Refusal::new(
+                404,
+                format!("{file}: the session cannot read it"),
+            ));
+        }
+        if r.stdout_bytes > max {
+            return Err(Refusal::new(
+                413,
+                format!("{file}: {} bytes, more than {max}", r.stdout_bytes),
+            ));
+        }
+        Ok(data)
+    }
+
+    /// Writes `bytes` to `path` (inside the project; its directories made)
+    /// as the session's sandbox would: 403 when the sandbox refuses it.
+    pub async fn write_file(&self, s: &Session, path: &str, bytes: Vec<u8>) -> Result<(), Refusal> {
+        let file = inside(&s.info.project, path)?;
+        let req = exec_of(
+            vec![
+                "sh".into(),
+                "-c".into(),
+                "mkdir -p -- \"$(dirname -- \"$1\")\" && cat > \"$1\"".into(),
+                "sh".into(),
+                file.clone(),
+            ],
+            Some(64 << 10),
+        );
+        let r = self.exec(s, &req, Some(bytes), true, &|_, _| {}).await?;
+        match (r.status.as_str(), r.exit_code) {
+            ("exit", Some(0)) => Ok(()),
+            ("hull_error", _) => Err(Refusal::new(
+                500,
+                r.error.unwrap_or_else(|| "the run failed".into()),
+            )),
+            _ => Err(Refusal::new(
+                403,
+                format!(
+                    "{file}: the session may not write it: {}",
+                    r.stderr.unwrap_or_default().trim_end()
+                ),
+            )),
+        }
+    }
+}
+
+/// An exec of `argv` with no other setting.
+fn exec_of(argv: Vec<String>, max_output: Option<u64>) -> ExecRequest {
+    ExecRequest {
+        argv,
+        cwd: None,
+        env: Default::default(),
+        stdin: None,
+        timeout: None,
+        max_output,
+        stream: false,
+    }
+}
+
+/// Reads `r` to its end: the first `max` bytes to `each` as they come
+/// (and kept, when `keep`), the rest counted only; returns what was kept
+/// and the count of all.
+async fn collect<R: AsyncRead + Unpin>(
+    r: Option<R>,
+    max: u64,
+    keep: bool,
+    each: impl Fn(&[u8]),
+) -> (Vec<u8>, u64) {
+    let mut kept = Vec::new();
+    let mut total = 0u64;
+    let Some(mut r) = r else {
+        return (kept, 0);
+    };
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = max.saturating_sub(total).min(n as u64) as usize;
+                if room > 0 {
+                    each(&buf[..room]);
+                    if keep {
+                        kept.extend_from_slice(&buf[..room]);
+                    }
+                }
+                total += n as u64;
+            }
+        }
+    }
+    (kept, total)
+}
+
+/// `path` (relative to the project, or absolute) if it lies inside the
+/// project once `.` and `..` are taken lexically; else 403. Links are the
+/// sandbox's to follow or refuse: the command that reads or writes runs
+/// inside it.
+pub fn inside(project: &Path, path: &str) -> Result<String, Refusal> {
+    let outside = || {
+        Refusal::new(
+            403,
+            format!(
+                "{path}: outside the session's roots ({})",
+                project.display()
+            ),
+        )
+    };
+    if path.is_empty() || path.contains('\0') || path.len() > 4096 {
+        return Err(Refusal::new(
+            400,
+            "path: empty, too long or holds a NUL byte",
+        ));
+    }
+    let joined = project.join(path);
+    let mut out = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            Component::RootDir => out.push("/"),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return Err(outside());
+                }
+            }
+            Component::Normal(n) => out.push(n),
+            Component::Prefix(_) => return Err(outside()),
+        }
+    }
+    if !out.starts_with(project) {
+        return Err(outside());
+    }
+    out.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| Refusal::new(400, "path: not UTF-8"))
+}
+
+impl Workspace {
+    pub fn name(self) -> &'static str {
+        match self {
+            Workspace::Shared => "shared",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_held_inside_the_project() {
+        let p = Path::new("/home/u/p");
+        assert_eq!(inside(p, "a/b.txt").unwrap(), "/home/u/p/a/b.txt");
+        assert_eq!(inside(p, "/home/u/p/x").unwrap(), "/home/u/p/x");
+        assert_eq!(inside(p, "a/../c").unwrap(), "/home/u/p/c");
+        for bad in ["../x", "/etc/passwd", "a/../../x", "/home/u/pp/x"] {
+            assert_eq!(inside(p, bad).unwrap_err().status, 403, "{bad}");
+        }
+        assert_eq!(inside(p, "").unwrap_err().status, 400);
+        assert_eq!(inside(p, "a\0b").unwrap_err().status, 400);
+    }
+}

@@ -1,0 +1,509 @@
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+// Test code: a failed expectation is a failed test.
+//! `hull serve` end to end, with the real `hull` and curl as the client:
+//! sessions that run commands and read and write files with the
+//! boundary of a run, streamed and collected output, and requests refused
+//! with a clear 4xx that change nothing. Every answer's status is checked
+//! against `docs/openapi.json` for its operation.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hull_tests::{require_tier, show, World};
+
+/// A `hull serve` of the world's, stopped (SIGTERM) when dropped.
+struct Server {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Server {
+    fn start(w: &World) -> Server {
+        let socket = w.root.path().join("serve").join("s.sock");
+        let mut c = w.hull();
+        c.args(["serve", "--socket"])
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        Server::wait(c.spawn().expect("spawn hull serve"), socket)
+    }
+
+    fn wait(child: Child, socket: PathBuf) -> Server {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "hull serve did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server { child, socket }
+    }
+
+    /// `METHOD path` with `body` (JSON text, or a file's bytes with
+    /// `@FILE`), as curl sends it; the status and the body. The status is
+    /// one `docs/openapi.json` lists for the operation.
+    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        self.call_as(None, method, path, body)
+    }
+
+    fn call_as(
+        &self,
+        user: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> (u16, String) {
+        let mut c = match user {
+            Some(u) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    &format!("--reuid={u}"),
+                    "--regid=nogroup",
+                    "--clear-groups",
+                    "--",
+                    "curl",
+                ]);
+                c
+            }
+            None => Command::new("curl"),
+        };
+        c.args(["-sS", "--max-time", "120", "-X", method, "--unix-socket"])
+            .arg(&self.socket)
+            .args(["-w", "\n%{http_code}"]);
+        if let Some(b) = body {
+            c.args(["--data-binary", b]);
+        }
+        let o = c
+            .arg(format!("http://hull{path}"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("curl");
+        assert!(o.status.success(), "{}", show(&o));
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap();
+        let code: u16 = code.parse().unwrap();
+        documented(method, path, code);
+        (code, body.to_string())
+    }
+}
+
+impl Server {
+    /// `GET path`, its body as bytes (into `scratch/got` first).
+    fn get_bytes(&self, path: &str, scratch: &Path) -> (u16, Vec<u8>) {
+        let out = scratch.join("got");
+        let o = Command::new("curl")
+            .args(["-sS", "--max-time", "120", "--unix-socket"])
+            .arg(&self.socket)
+            .args(["-w", "%{http_code}", "-o"])
+            .arg(&out)
+            .arg(format!("http://hull{path}"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("curl");
+        assert!(o.status.success(), "{}", show(&o));
+        let code: u16 = String::from_utf8_lossy(&o.stdout).parse().unwrap();
+        documented("GET", path, code);
+        (code, std::fs::read(&out).unwrap_or_default())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while self.child.try_wait().ok().flatten().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `status` is among the responses `docs/openapi.json` lists for the
+/// operation `method path` (a 404 or 405 for a path it does not name).
+fn documented(method: &str, path: &str, status: u16) {
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let path = path.split('?').next().unwrap();
+    let parts: Vec<&str> = path.split('/').collect();
+    let op = doc["paths"].as_object().unwrap().iter().find(|(p, _)| {
+        let q: Vec<&str> = p.split('/').collect();
+        q.len() == parts.len()
+            && q.iter()
+                .zip(&parts)
+                .all(|(a, b)| a.starts_with('{') || a == b)
+    });
+    let Some((_, ops)) = op else {
+        assert_eq!(status, 404, "{method} {path}: not documented");
+        return;
+    };
+    let Some(op) = ops.get(method.to_lowercase()) else {
+        assert_eq!(status, 405, "{method} {path}: not documented");
+        return;
+    };
+    assert!(
+        op["responses"].get(status.to_string()).is_some(),
+        "{method} {path} answered {status}, which docs/openapi.json does not list"
+    );
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// Opens a session; its id.
+fn open(s: &Server, tier: &str, project: &Path) -> String {
+    let (code, body) = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(&format!(
+            "{{\"tier\": \"{tier}\", \"project\": \"{}\"}}",
+            project.display()
+        )),
+    );
+    assert_eq!(code, 201, "{body}");
+    json(&body)["id"].as_str().unwrap().to_string()
+}
+
+/// One session on `tier`: commands run with their exit codes, output,
+/// cwd, env, stdin and timeout; output streams as it comes; files are
+/// written and read through the sandbox (a write the sandbox refuses, to
+/// `.git`, is a 403 and the file is unchanged); closed, it is gone.
+fn a_session_runs_commands_and_its_files(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    w.git_init();
+    std::fs::create_dir(w.project.join("sub")).unwrap();
+    let s = Server::start(&w);
+    let id = open(&s, tier, &w.project);
+    let exec = |body: &str| s.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    let (code, body) = exec(
+        r#"{"argv": ["sh", "-c", "pwd; echo $K; cat; echo oops >&2; exit 3"],
+            "cwd": "sub", "env": {"K": "v"}, "stdin": "from stdin\n"}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let r = json(&body);
+    assert_eq!(r["status"], "exit", "{r}");
+    assert_eq!(r["exit_code"], 3, "{r}");
+    assert_eq!(
+        r["stdout"],
+        format!("{}/sub\nv\nfrom stdin\n", w.project.display()),
+        "{r}"
+    );
+    assert_eq!(r["stderr"], "oops\n", "{r}");
+    let (_, body) = exec(r#"{"argv": ["sleep", "30"], "timeout": "1s"}"#);
+    assert_eq!(json(&body)["status"], "timeout", "{body}");
+    let (_, body) = exec(r#"{"argv": ["head", "-c", "5000", "/dev/zero"], "max_output": 100}"#);
+    let r = json(&body);
+    assert_eq!(r["truncated"], true, "{r}");
+    assert_eq!(r["stdout_bytes"], 5000, "{r}");
+    assert_eq!(r["stdout"].as_str().unwrap().len(), 100, "{r}");
+    // Streamed: one line per piece, the exit last.
+    let (code, body) = exec(r#"{"argv": ["sh", "-c", "echo a; echo b >&2"], "stream": true}"#);
+    assert_eq!(code, 200);
+    let events: Vec<serde_json::Value> = body.lines().map(json).collect();
+    let last = events.last().unwrap();
+    assert_eq!(last["event"], "exit", "{body}");
+    assert_eq!(last["exit_code"], 0, "{body}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "stdout" && e["data"] == "YQo="),
+        "{body}"
+    );
+    assert!(events.iter().any(|e| e["event"] == "stderr"), "{body}");
+    // Files, through the sandbox.
+    let file = w.root.path().join("content.bin");
+    std::fs::write(&file, b"\x00bytes\xff\n").unwrap();
+    let (code, body) = s.call(
+        "PUT",
+        &format!("/v1/sessions/{id}/files?path=new/dir/f.bin"),
+        Some(&format!("@{}", file.display())),
+    );
+    assert_eq!(code, 204, "{body}");
+    assert_eq!(
+        std::fs::read(w.project.join("new/dir/f.bin")).unwrap(),
+        b"\x00bytes\xff\n"
+    );
+    let got = s.get_bytes(
+        &format!("/v1/sessions/{id}/files?path=new%2Fdir%2Ff.bin"),
+        w.root.path(),
+    );
+    assert_eq!(got, (200, b"\x00bytes\xff\n".to_vec()));
+    let (code, _) = s.call(
+        "GET",
+        &format!("/v1/sessions/{id}/files?path=new/dir/f.bin&max_bytes=3"),
+        None,
+    );
+    assert_eq!(code, 413);
+    let (code, _) = s.call("GET", &format!("/v1/sessions/{id}/files?path=nope"), None);
+    assert_eq!(code, 404);
+    let config = std::fs::read(w.project.join(".git/config")).unwrap();
+    std::fs::write(&file, "[core]\n\thooksPath = /tmp\n").unwrap();
+    let (code, body) = s.call(
+        "PUT",
+        &format!("/v1/sessions/{id}/files?path=.git/config"),
+        Some(&format!("@{}", file.display())),
+    );
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(
+        std::fs::read(w.project.join(".git/config")).unwrap(),
+        config
+    );
+    let (code, _) = s.call("GET", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 200);
+    let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 204);
+    let (code, _) = s.call("GET", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 404);
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_a_session_runs_commands_and_its_files() {
+    a_session_runs_commands_and_its_files("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_a_session_runs_commands_and_its_files() {
+    a_session_runs_commands_and_its_files("landlock");
+}
+
+/// Bad JSON, unknown fields, an oversize body, a path outside the
+/// session's roots, a tier that does not exist: each a 4xx naming what is
+/// wrong, and nothing is changed on the host.
+#[cfg(feature = "bwrap")]
+#[test]
+fn bad_requests_are_refused_with_a_clear_4xx_and_change_nothing() {
+    require_tier("bwrap");
+    let w = World::new();
+    let s = Server::start(&w);
+    let before = std::fs::read_dir(&w.project).unwrap().count();
+    let refused = |method: &str, path: &str, body: Option<&str>, want: u16, says: &str| {
+        let (code, text) = s.call(method, path, body);
+        assert_eq!(code, want, "{method} {path}: {text}");
+        let e = json(&text)["error"].as_str().unwrap().to_string();
+        assert!(e.contains(says), "{method} {path}: {e}");
+    };
+    refused("POST", "/v1/sessions", Some("{\"tier\": "), 400, "EOF");
+    refused(
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"tier": "bwrap", "project": "/", "colour": 1}"#),
+        400,
+        "unknown field `colour`",
+    );
+    refused(
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"tier": "warp", "project": "/"}"#),
+        400,
+        "no such tier",
+    );
+    refused(
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"tier": "seatbelt", "project": "/"}"#),
+        400,
+        "sessions run on landlock, bwrap and vm",
+    );
+    refused(
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"tier": "bwrap", "project": "relative"}"#),
+        400,
+        "absolute",
+    );
+    let id = open(&s, "bwrap", &w.project);
+    let exec = format!("/v1/sessions/{id}/exec");
+    refused("POST", &exec, Some(r#"{"argv": []}"#), 400, "argv");
+    refused(
+        "POST",
+        &exec,
+        Some(r#"{"argv": ["true"], "timeout": "soon"}"#),
+        400,
+        "timeout",
+    );
+    refused(
+        "POST",
+        &exec,
+        Some(r#"{"argv": ["touch", "x"], "cwd": "../.."}"#),
+        403,
+        "outside the session's roots",
+    );
+    let big = w.root.path().join("big");
+    std::fs::write(&big, vec![b'a'; (16 << 20) + 1]).unwrap();
+    refused(
+        "PUT",
+        &format!("/v1/sessions/{id}/files?path=big"),
+        Some(&format!("@{}", big.display())),
+        413,
+        "larger than",
+    );
+    let victim = w.outside.join("victim");
+    std::fs::write(&victim, "v\n").unwrap();
+    refused(
+        "PUT",
+        &format!(
+            "/v1/sessions/{id}/files?path=../{}/victim",
+            w.outside.file_name().unwrap().to_str().unwrap()
+        ),
+        Some("overwritten"),
+        403,
+        "outside the session's roots",
+    );
+    refused(
+        "GET",
+        &format!("/v1/sessions/{id}/files?path=/etc/passwd"),
+        None,
+        403,
+        "outside",
+    );
+    refused("GET", "/v1/sessions/0000/exec", None, 405, "not allowed");
+    refused("GET", "/v1/nothing", None, 404, "no such resource");
+    refused("DELETE", "/v1/sessions/nope", None, 404, "no session nope");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "v\n");
+    assert_eq!(std::fs::read_dir(&w.project).unwrap().count(), before);
+    let (code, doc) = s.call("GET", "/v1/openapi.json", None);
+    assert_eq!(code, 200);
+    assert_eq!(json(&doc)["openapi"], "3.1.0");
+}
+
+/// A session is its maker's: with `hull serve` run by the user nobody,
+/// root (who can reach nobody's socket) is told nobody's session does not
+/// exist, cannot run in it or close it; nobody still can.
+#[cfg(feature = "bwrap")]
+#[test]
+#[ignore = "needs root: runs hull serve as the user nobody"]
+fn another_callers_session_does_not_exist_for_them() {
+    require_tier("bwrap");
+    let w = hull_tests::nobody::AsNobody::new();
+    let socket = w.u.join("serve").join("s.sock");
+    let child = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(w.hull_path())
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .env("HOME", &w.u)
+        .env("HULL_RUNS_DIR", w.u.join("runs"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Server::wait(child, socket);
+    let (code, body) = s.call_as(
+        Some("nobody"),
+        "POST",
+        "/v1/sessions",
+        Some(&format!(
+            "{{\"tier\": \"bwrap\", \"project\": \"{}\"}}",
+            w.project.display()
+        )),
+    );
+    assert_eq!(code, 201, "{body}");
+    let id = json(&body)["id"].as_str().unwrap().to_string();
+    for (method, path, body) in [
+        ("GET", format!("/v1/sessions/{id}"), None),
+        (
+            "POST",
+            format!("/v1/sessions/{id}/exec"),
+            Some(r#"{"argv": ["touch", "by-root"]}"#),
+        ),
+        ("DELETE", format!("/v1/sessions/{id}"), None),
+    ] {
+        let (code, text) = s.call(method, &path, body);
+        assert_eq!(code, 404, "{method} {path}: {text}");
+    }
+    let (_, list) = s.call("GET", "/v1/sessions", None);
+    assert_eq!(json(&list), serde_json::json!([]));
+    assert!(!w.project.join("by-root").exists());
+    let (code, body) = s.call_as(
+        Some("nobody"),
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(r#"{"argv": ["id", "-un"]}"#),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["stdout"], "nobody\n");
+}
+
+/// Tier 3: one VM for the session, restored once and kept for every exec
+/// (the same boot id twice); closed, its VM is gone.
+#[cfg(feature = "tier3")]
+mod vm {
+    use super::*;
+
+    #[test]
+    fn a_session_on_vm_keeps_one_vm_for_its_execs() {
+        require_tier("vm");
+        let w = World::new();
+        let s = Server::start(&w);
+        let id = open(&s, "vm", &w.project);
+        let boot = || {
+            let (code, body) = s.call(
+                "POST",
+                &format!("/v1/sessions/{id}/exec"),
+                Some(r#"{"argv": ["cat", "/proc/sys/kernel/random/boot_id"]}"#),
+            );
+            assert_eq!(code, 200, "{body}");
+            let r = json(&body);
+            assert_eq!(r["exit_code"], 0, "{r}");
+            r["stdout"].as_str().unwrap().to_string()
+        };
+        let first = boot();
+        assert_eq!(first, boot(), "the session's execs ran in two VMs");
+        let (code, body) = s.call(
+            "PUT",
+            &format!("/v1/sessions/{id}/files?path=from-api.txt"),
+            Some("hello"),
+        );
+        assert_eq!(code, 204, "{body}");
+        assert_eq!(
+            std::fs::read_to_string(w.project.join("from-api.txt")).unwrap(),
+            "hello"
+        );
+        let name = format!("session-{}", &id[..12]);
+        let kept = |w: &World| -> Option<serde_json::Value> {
+            let o = w
+                .hull()
+                .args(["vm", "status", "--json"])
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let all = json(&String::from_utf8_lossy(&o.stdout));
+            all.as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == name.as_str() && v["up"] == true)
+                .cloned()
+        };
+        let up = kept(&w).expect("the session's VM is up");
+        let pid = up["state"]["pid"].as_i64().expect("its supervisor's pid");
+        let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(code, 204);
+        assert!(kept(&w).is_none(), "the session's VM is still up");
+        // Gone, or a zombie its parent has yet to reap.
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                st.rsplit_once(") ")
+                    .is_some_and(|(_, r)| !r.starts_with('Z'))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(!alive(), "its supervisor {pid} is left");
+    }
+}
