@@ -4,7 +4,8 @@
 #   scripts/setup.sh            host tiers (bubblewrap, landlock) + toolchain targets
 #   scripts/setup.sh --tier3    also QEMU 10 (backports), virtiofsd, mmdebstrap
 #   scripts/setup.sh --fuzz     also a nightly toolchain and cargo-fuzz (fuzz/)
-#   scripts/setup.sh --test     also cargo-nextest, the test runner (scripts/test.sh), and chromium
+#   scripts/setup.sh --test     also cargo-nextest, the test runner (scripts/test.sh), chromium,
+#                               the clients the tests run, and the adapters' venv
 set -euo pipefail
 
 want_tier3=0
@@ -146,6 +147,25 @@ fi
 if [ "$want_test" -eq 1 ] && ! cargo nextest --version >/dev/null 2>&1; then
   say "cargo install cargo-nextest (a few minutes)"
   (cd / && cargo install --locked cargo-nextest --quiet)
+fi
+
+# The adapters' tests (tests/tests/adapters.rs): inspect_ai and
+# mini-swe-agent at the versions adapters/python/requirements.lock pins, and
+# hull's adapter package, in a venv of Debian's python3 under target/; made
+# again when the lock or the package's metadata change.
+if [ "$want_test" -eq 1 ]; then
+  repo=$(cd "$(dirname "$0")/.." && pwd)
+  venv="$repo/target/adapters-venv"
+  want=$(cat "$repo/adapters/python/requirements.lock" "$repo/adapters/python/pyproject.toml" | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$venv/.made-from" 2>/dev/null)" != "$want" ]; then
+    say "python venv for the adapters' tests: inspect_ai, mini-swe-agent (a minute)"
+    rm -rf "$venv"
+    mkdir -p "$repo/target"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet -r "$repo/adapters/python/requirements.lock"
+    "$venv/bin/pip" install --quiet --no-deps -e "$repo/adapters/python"
+    echo "$want" >"$venv/.made-from"
+  fi
 fi
 
 # Foreign targets: the macOS and Windows code type-checks from Linux.

@@ -333,15 +333,25 @@ fn bad_requests_are_refused_with_a_clear_4xx_and_change_nothing() {
         400,
         "timeout",
     );
+    // A cwd out of the project is the sandbox's to refuse: the command
+    // runs, and its write there fails.
+    let (code, body) = s.call(
+        "POST",
+        &exec,
+        Some(r#"{"argv": ["touch", "escaped"], "cwd": "../.."}"#),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_ne!(json(&body)["exit_code"], 0, "{body}");
+    assert!(!w.root.path().join("escaped").exists());
     refused(
         "POST",
         &exec,
-        Some(r#"{"argv": ["touch", "x"], "cwd": "../.."}"#),
-        403,
-        "outside the session's roots",
+        Some(r#"{"argv": ["true"], "stdin": "a", "stdin_base64": "YQ=="}"#),
+        400,
+        "give one",
     );
     let big = w.root.path().join("big");
-    std::fs::write(&big, vec![b'a'; (16 << 20) + 1]).unwrap();
+    std::fs::write(&big, vec![b'a'; (64 << 20) + 1]).unwrap();
     refused(
         "PUT",
         &format!("/v1/sessions/{id}/files?path=big"),

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// The largest request body (a file written, an exec's stdin): 16 MiB.
-pub const MAX_BODY: usize = 16 << 20;
+/// The largest request body (a file written, an exec's stdin): 64 MiB.
+pub const MAX_BODY: usize = 64 << 20;
 /// The largest output kept of one stream of an exec (and of a file read).
-pub const MAX_OUTPUT: u64 = 16 << 20;
+pub const MAX_OUTPUT: u64 = 64 << 20;
 /// What an exec keeps of each stream when it names no `max_output`.
 pub const DEFAULT_OUTPUT: u64 = 1 << 20;
 /// The most arguments, environment entries and sessions a caller may have.
@@ -78,7 +78,8 @@ pub struct SessionInfo {
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     pub argv: Vec<String>,
-    /// A directory inside the project (relative to it, or absolute).
+    /// The directory the command starts in: relative to the project, or
+    /// absolute (the sandbox decides what it may read there).
     #[serde(default)]
     pub cwd: Option<String>,
     #[serde(default)]
@@ -86,11 +87,14 @@ pub struct ExecRequest {
     /// Given to the command on its stdin (none: empty).
     #[serde(default)]
     pub stdin: Option<String>,
+    /// The same as bytes, in base64 (not with `stdin`).
+    #[serde(default)]
+    pub stdin_base64: Option<String>,
     /// Wall-time limit (`30s`, `10m`; default: the policy's).
     #[serde(default)]
     pub timeout: Option<String>,
     /// Bytes kept of each of stdout and stderr (default 1 MiB, at most
-    /// 16 MiB); the rest is counted, not kept.
+    /// 64 MiB); the rest is counted, not kept.
     #[serde(default)]
     pub max_output: Option<u64>,
     /// Stream the output as it comes (`application/x-ndjson`).
@@ -157,13 +161,14 @@ mod tests {
             "cwd",
             "env",
             "stdin",
+            "stdin_base64",
             "timeout",
             "max_output",
             "stream",
         ] {
             assert!(exec.get(f).is_some(), "{f}");
         }
-        assert_eq!(exec.as_object().unwrap().len(), 7);
+        assert_eq!(exec.as_object().unwrap().len(), 8);
         let create = &doc["components"]["schemas"]["CreateSession"]["properties"];
         assert_eq!(create.as_object().unwrap().len(), 4);
     }

@@ -152,7 +152,7 @@ async fn route(
         (["", "v1", "sessions", id, "exec"], &Method::POST) => {
             let s = sessions.get(caller, id).await?;
             let exec: ExecRequest = parse(req).await?;
-            let stdin = exec.stdin.clone().map(String::into_bytes);
+            let stdin = stdin_of(&exec)?;
             if exec.stream {
                 return Ok(stream(Arc::clone(sessions), s, exec, stdin));
             }
@@ -192,6 +192,20 @@ async fn route(
                 Refusal::new(404, format!("no such resource: {path}"))
             })
         }
+    }
+}
+
+/// An exec's stdin: `stdin`'s text or `stdin_base64`'s bytes (not both).
+fn stdin_of(exec: &ExecRequest) -> Result<Option<Vec<u8>>, Refusal> {
+    use base64::Engine;
+    match (&exec.stdin, &exec.stdin_base64) {
+        (Some(_), Some(_)) => Err(Refusal::new(400, "stdin and stdin_base64: give one")),
+        (Some(t), None) => Ok(Some(t.clone().into_bytes())),
+        (None, Some(b)) => base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .map(Some)
+            .map_err(|e| Refusal::new(400, format!("stdin_base64: {e}"))),
+        (None, None) => Ok(None),
     }
 }
 

@@ -246,9 +246,12 @@ impl Sessions {
         }
         c.arg("--");
         if let Some(dir) = &req.cwd {
-            let dir = inside(&s.info.project, dir)?;
+            if dir.is_empty() || dir.contains('\0') {
+                return Err(Refusal::new(400, "cwd: empty or holds a NUL byte"));
+            }
+            // Where the command starts, inside the sandbox: it decides.
             c.args(["sh", "-c", "cd -- \"$1\" && shift && exec \"$@\"", "sh"])
-                .arg(dir);
+                .arg(s.info.project.join(dir));
         }
         c.args(argv);
         c.stdin(Stdio::piped())
@@ -364,12 +367,15 @@ impl Sessions {
         let file = inside(&s.info.project, path)?;
         let req = exec_of(vec!["cat".into(), "--".into(), file.clone()], Some(max));
         let mut data = Vec::new();
+        let mut why = Vec::new();
         let r = {
-            let data = std::sync::Mutex::new(&mut data);
+            let data = std::sync::Mutex::new((&mut data, &mut why));
             self.exec(s, &req, None, false, &|stream, b| {
+                let mut d = data.lock().unwrap_or_else(|e| e.into_inner());
                 if stream == 1 {
-                    let mut d = data.lock().unwrap_or_else(|e| e.into_inner());
-                    d.extend_from_slice(b);
+                    d.0.extend_from_slice(b);
+                } else if d.1.len() < 4096 {
+                    d.1.extend_from_slice(&b[..b.len().min(4096)]);
                 }
             })
             .await?
@@ -381,9 +387,15 @@ impl Sessions {
             ));
         }
         if r.exit_code != Some(0) {
+            let why = String::from_utf8_lossy(&why);
+            let status = if why.contains("Permission denied") {
+                403
+            } else {
+                404
+            };
             return Err(Refusal::new(
-                404,
-                format!("{file}: the session cannot read it"),
+                status,
+                format!("{file}: the session cannot read it: {}", why.trim_end()),
             ));
         }
         if r.stdout_bytes > max {
@@ -434,6 +446,7 @@ fn exec_of(argv: Vec<String>, max_output: Option<u64>) -> ExecRequest {
         cwd: None,
         env: Default::default(),
         stdin: None,
+        stdin_base64: None,
         timeout: None,
         max_output,
         stream: false,

@@ -1,0 +1,246 @@
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+// Test code: a failed expectation is a failed test.
+//! The harness adapters (`adapters/python`) with the real harnesses, at
+//! the versions `adapters/python/requirements.lock` pins, in the venv
+//! `scripts/setup.sh --test` makes (`target/adapters-venv`): an inspect_ai
+//! eval of two samples in the `hull` sandbox (the entry point registers
+//! it), and mini-swe-agent's environment protocol with a scripted action
+//! list. Both start their own `hull serve`; afterwards nothing of theirs
+//! may be left: no workspace, no server, no session VM, no process.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use hull_tests::{require_tier, show, World};
+
+fn python() -> PathBuf {
+    let p = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/adapters-venv/bin/python"
+    ));
+    assert!(
+        p.exists(),
+        "{} is missing: scripts/setup.sh --test makes the adapters' venv",
+        p.display()
+    );
+    p
+}
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../adapters/python/tests"
+    ))
+    .join(name)
+}
+
+/// Runs an adapter script with the world's environment for hull, its
+/// TMPDIR in the world; the JSON document it prints last.
+fn run(w: &World, args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let tmp = w.root.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut c = Command::new("timeout");
+    c.arg("600").arg(python()).args(args);
+    w.hull_env(&mut c);
+    let o = c
+        .env("HULL_BIN", hull_tests::hull_bin())
+        .env("TMPDIR", &tmp)
+        .env("MSWEA_CONFIG_DIR", w.root.path().join("mini-config"))
+        .env("INSPECT_LOG_LEVEL", "warning")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn python");
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let last = out.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {}", show(&o)))
+}
+
+/// Nothing of the adapters is left: workspaces and servers in TMPDIR, a
+/// process naming the world, a kept VM up.
+fn nothing_left(w: &World) {
+    let tmp = w.root.path().join("tmp");
+    let left: Vec<String> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("hull-sample-") || n.starts_with("hull-serve-"))
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+    let procs = hull_tests::pids_with(&w.root.path().to_string_lossy());
+    assert!(procs.is_empty(), "processes left: {procs:?}");
+    let status = w
+        .hull()
+        .args(["vm", "status", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let all: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let up: Vec<&serde_json::Value> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["up"] == true)
+        .collect();
+    assert!(up.is_empty(), "VMs left up: {up:?}");
+}
+
+/// Two samples, each in a workspace of its own (it sees only its own
+/// files), each scored by a command run in its sandbox; each tries to
+/// write a file outside its roots, which fails in the sandbox and is
+/// unchanged on the host (under tier none the same write lands).
+fn an_inspect_eval_of_two_samples(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let victim = w.outside.join("victim");
+    std::fs::write(&victim, hull_tests::VICTIM).unwrap();
+    // The control: the attack's write lands without a sandbox.
+    let control = Command::new("sh")
+        .args(["-c", &format!("echo pwned > '{}'", victim.display())])
+        .status()
+        .unwrap();
+    assert!(control.success());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "pwned\n");
+    std::fs::write(&victim, hull_tests::VICTIM).unwrap();
+    let logs = w.root.path().join("logs");
+    let v = run(
+        &w,
+        &[
+            script("inspect_eval.py").as_os_str(),
+            tier.as_ref(),
+            victim.as_os_str(),
+            logs.as_os_str(),
+        ],
+    );
+    assert_eq!(v["status"], "success", "{v:#}");
+    let samples = v["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 2, "{v:#}");
+    for (s, answer) in samples.iter().zip(["ABC", "HULL"]) {
+        assert_eq!(s["score"], "C", "{v:#}");
+        assert_eq!(s["answer"], answer, "{v:#}");
+        assert_ne!(s["attack_exit"], 0, "the write outside succeeded: {v:#}");
+        assert_eq!(
+            s["seen"],
+            serde_json::json!(["answer.txt", "input.txt"]),
+            "{v:#}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        hull_tests::VICTIM
+    );
+    nothing_left(&w);
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_an_inspect_eval_of_two_samples() {
+    an_inspect_eval_of_two_samples("bwrap");
+}
+
+/// mini-swe-agent's protocol: each action's output (stderr merged) and
+/// exit code, a directory inside the project, a timeout reported as
+/// mini-swe-agent's own environments report it, the submission, and what
+/// the agent wrote landing in the project.
+#[cfg(feature = "bwrap")]
+#[test]
+fn mini_swe_agent_runs_a_scripted_action_list() {
+    require_tier("bwrap");
+    let w = World::new();
+    std::fs::create_dir(w.project.join("sub")).unwrap();
+    let v = run(
+        &w,
+        &[
+            script("mini_actions.py").as_os_str(),
+            "bwrap".as_ref(),
+            w.project.as_os_str(),
+        ],
+    );
+    let r = v["results"].as_array().unwrap();
+    let out = |i: usize| {
+        (
+            r[i]["output"].as_str().unwrap(),
+            r[i]["returncode"].as_i64().unwrap(),
+        )
+    };
+    assert_eq!(out(0), ("hello\n", 0), "{v:#}");
+    assert_eq!(out(1), ("made by the agent\n", 0), "{v:#}");
+    assert_eq!(out(2), ("to-stderr\n", 3), "{v:#}");
+    let sub = format!("{}/sub\n", w.project.display());
+    assert_eq!(out(3), (sub.as_str(), 0), "{v:#}");
+    assert_eq!(r[4]["returncode"], -1, "{v:#}");
+    assert!(
+        r[4]["exception_info"]
+            .as_str()
+            .unwrap()
+            .contains("ran out of its 2 s"),
+        "{v:#}"
+    );
+    assert_eq!(v["submission"], "the fix\n", "{v:#}");
+    assert_eq!(
+        v["serialized"]["info"]["config"]["environment_type"],
+        "hull_sandbox.minisweagent.HullEnvironment"
+    );
+    assert!(v["vars"].as_array().unwrap().iter().any(|k| k == "session"));
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("notes.txt")).unwrap(),
+        "made by the agent\n"
+    );
+    nothing_left(&w);
+}
+
+/// inspect_ai's own conformance checks for sandbox providers
+/// (`inspect_ai.util._sandbox.self_check`), each on a fresh sample
+/// sandbox: all pass but those that go against hull's design, which fail
+/// as they should: files outside the sample's workspace (hull's files are
+/// the project's; the sandbox has no lasting /tmp), and running as another
+/// user (one user runs every command).
+#[cfg(feature = "bwrap")]
+#[test]
+fn inspect_s_own_sandbox_checks_pass_but_for_hull_s_design() {
+    require_tier("bwrap");
+    let w = World::new();
+    let v = run(
+        &w,
+        &[
+            script("inspect_self_check.py").as_os_str(),
+            "bwrap".as_ref(),
+        ],
+    );
+    let checks = v.as_object().unwrap();
+    assert!(checks.len() >= 40, "{v:#}");
+    let failed: Vec<(&String, &str)> = checks
+        .iter()
+        .map(|(k, r)| (k, r.as_str().unwrap()))
+        .filter(|(_, r)| *r != "pass")
+        .collect();
+    let outside = "outside the session's roots";
+    let expected = [
+        ("test_cwd_absolute", outside),
+        (
+            "test_read_and_write_file_including_directory_absolute",
+            outside,
+        ),
+        ("test_read_file_is_directory", "got PermissionError"),
+        ("test_write_binary_file_is_directory", outside),
+        ("test_write_text_file_is_directory", outside),
+        ("test_exec_as_user", "SandboxUserUnsupportedError"),
+    ];
+    for (name, why) in &failed {
+        assert!(
+            expected.iter().any(|(n, w)| *name == n && why.contains(w)),
+            "{name} failed: {why}"
+        );
+    }
+    assert_eq!(failed.len(), expected.len(), "{failed:#?}");
+    nothing_left(&w);
+}
+
+/// Tier 3: the same eval, each sample's session with a VM of its own.
+#[cfg(feature = "tier3")]
+mod vm {
+    #[test]
+    fn an_inspect_eval_of_two_samples() {
+        super::an_inspect_eval_of_two_samples("vm");
+    }
+}
