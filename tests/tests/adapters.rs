@@ -142,17 +142,15 @@ fn bwrap_an_inspect_eval_of_two_samples() {
 /// exit code, a directory inside the project, a timeout reported as
 /// mini-swe-agent's own environments report it, the submission, and what
 /// the agent wrote landing in the project.
-#[cfg(feature = "bwrap")]
-#[test]
-fn mini_swe_agent_runs_a_scripted_action_list() {
-    require_tier("bwrap");
+fn mini_swe_agent_runs_a_scripted_action_list(tier: &str) {
+    require_tier(tier);
     let w = World::new();
     std::fs::create_dir(w.project.join("sub")).unwrap();
     let v = run(
         &w,
         &[
             script("mini_actions.py").as_os_str(),
-            "bwrap".as_ref(),
+            tier.as_ref(),
             w.project.as_os_str(),
         ],
     );
@@ -187,6 +185,12 @@ fn mini_swe_agent_runs_a_scripted_action_list() {
         "made by the agent\n"
     );
     nothing_left(&w);
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_mini_swe_agent_runs_a_scripted_action_list() {
+    mini_swe_agent_runs_a_scripted_action_list("bwrap");
 }
 
 /// inspect_ai's own conformance checks for sandbox providers
@@ -236,11 +240,17 @@ fn inspect_s_own_sandbox_checks_pass_but_for_hull_s_design() {
     nothing_left(&w);
 }
 
-/// Tier 3: the same eval, each sample's session with a VM of its own.
+/// Tier 3: the same eval, each sample's session with a VM of its own; the
+/// same action list in one session's VM.
 #[cfg(feature = "tier3")]
 mod vm {
     #[test]
     fn an_inspect_eval_of_two_samples() {
         super::an_inspect_eval_of_two_samples("vm");
+    }
+
+    #[test]
+    fn mini_swe_agent_runs_a_scripted_action_list() {
+        super::mini_swe_agent_runs_a_scripted_action_list("vm");
     }
 }
