@@ -51,6 +51,9 @@ pub struct RunOptions {
     /// `--cow`: the project read-only to the command, its writes kept as a
     /// change set ([`crate::changes`]).
     pub cow: bool,
+    /// `--cow-continue ID`: the writes go on in the change set of an
+    /// earlier `--cow` run on the project, whose writes this run sees.
+    pub cow_continue: Option<String>,
     pub argv: Vec<OsString>,
 }
 
@@ -842,16 +845,16 @@ pub fn execute(
     let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
     #[cfg(target_os = "linux")]
     let mut cow = if opts.cow {
-        Some(start_cow(tier, &pol, &spec)?)
+        Some(start_cow(tier, &pol, &spec, opts.cow_continue.as_deref())?)
     } else {
         None
     };
     #[cfg(target_os = "linux")]
-    let cow_dir = cow.as_ref().map(|(set, _)| set.dir.clone());
+    let cow_dir = cow.as_ref().map(|c| c.set.dir.clone());
     #[cfg(not(target_os = "linux"))]
     let cow_dir: Option<PathBuf> = None;
     #[cfg(target_os = "linux")]
-    let cow_layers = cow.as_ref().map(|(set, _)| set.layers().dir);
+    let cow_layers = cow.as_ref().map(|c| c.set.layers().dir);
     #[cfg(not(target_os = "linux"))]
     let cow_layers: Option<PathBuf> = None;
     let started = std::time::SystemTime::now();
@@ -895,7 +898,7 @@ pub fn execute(
     // Second layer behind seccomp: no set-id file of the command's is left
     // for the host, also when the command's own status is an error.
     #[cfg(target_os = "linux")]
-    let cow_upper = cow.as_ref().map(|(set, _)| set.upper());
+    let cow_upper = cow.as_ref().map(|c| c.set.upper());
     #[cfg(not(target_os = "linux"))]
     let cow_upper: Option<PathBuf> = None;
     let swept = sweep_setid(tier, &pol, started, cow_upper.as_deref());
@@ -908,7 +911,7 @@ pub fn execute(
     // layer is read once, now, and the set's ID said.
     #[cfg(target_os = "linux")]
     let changes = match cow.as_mut() {
-        Some((set, baseline)) => {
+        Some(CowRun { set, baseline, .. }) => {
             set.finish(baseline)?;
             eprintln!(
                 "hull: changes kept as {id}; review with 'hull changes show {id}'",
@@ -1003,7 +1006,8 @@ fn start_cow(
     tier: Tier,
     pol: &Policy,
     spec: &CommandSpec,
-) -> Result<(crate::changes::ChangeSet, crate::changes::Baseline), RunError> {
+    continued: Option<&str>,
+) -> Result<CowRun, RunError> {
     // What the policy protects inside the project is checked again on the
     // host when the set is read: no change there is ever applied.
     let protected: Vec<String> = pol
@@ -1030,6 +1034,23 @@ fn start_cow(
     } else {
         crate::changes::Marks::User
     };
+    if let Some(id) = continued {
+        // Its upper layer already has the project's mode and its
+        // protections; this run's are checked again when it is applied.
+        let (mut set, lock) = store.resume(id, &spec.cwd, marks)?;
+        let mut all = set.meta.protected.clone();
+        all.extend(
+            protected
+                .into_iter()
+                .filter(|p| !set.meta.protected.contains(p)),
+        );
+        set.protect(all)?;
+        return Ok(CowRun {
+            set,
+            baseline,
+            _lock: Some(lock),
+        });
+    }
     let mut set = store.create(&spec.cwd, tier.name(), &argv, marks)?;
     set.protect(protected)?;
     // The upper layer's top is the merged view's top: the project's mode,
@@ -1049,7 +1070,20 @@ fn start_cow(
             source,
         },
     )?;
-    Ok((set, baseline))
+    Ok(CowRun {
+        set,
+        baseline,
+        _lock: None,
+    })
+}
+
+/// A `--cow` run's change set, the project's baseline, and, when the set
+/// is continued, its lock, held until the run is over.
+#[cfg(target_os = "linux")]
+struct CowRun {
+    set: crate::changes::ChangeSet,
+    baseline: crate::changes::Baseline,
+    _lock: Option<std::fs::File>,
 }
 
 /// Refuses a program the sandbox would not find (exit 127) or could not

@@ -388,6 +388,95 @@ fn bad_requests_are_refused_with_a_clear_4xx_and_change_nothing() {
     assert_eq!(json(&doc)["openapi"], "3.1.0");
 }
 
+/// A copy-on-write session: each exec sees the project as it was plus the
+/// session's own earlier writes, the project stays untouched, and the
+/// session's change set lists them (a shared session has none: 409).
+fn a_cow_session_keeps_its_writes_apart(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    std::fs::write(w.project.join("a.txt"), "base\n").unwrap();
+    let s = Server::start(&w);
+    let (code, body) = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(&format!(
+            "{{\"tier\": \"{tier}\", \"project\": \"{}\", \"workspace\": \"cow\"}}",
+            w.project.display()
+        )),
+    );
+    assert_eq!(code, 201, "{body}");
+    let id = json(&body)["id"].as_str().unwrap().to_string();
+    let (_, none) = s.call("GET", &format!("/v1/sessions/{id}/changes"), None);
+    assert_eq!(json(&none)["id"], serde_json::Value::Null, "{none}");
+    let exec = |script: &str| {
+        let (code, body) = s.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(&serde_json::json!({"argv": ["sh", "-c", script]}).to_string()),
+        );
+        assert_eq!(code, 200, "{body}");
+        let r = json(&body);
+        assert_eq!(r["exit_code"], 0, "{r}");
+        r["stdout"].as_str().unwrap().to_string()
+    };
+    exec("echo more >> a.txt && echo one > one.txt");
+    assert_eq!(exec("cat a.txt one.txt"), "base\nmore\none\n");
+    let (code, _) = s.call(
+        "PUT",
+        &format!("/v1/sessions/{id}/files?path=two.txt"),
+        Some("two"),
+    );
+    assert_eq!(code, 204);
+    assert_eq!(
+        exec("cat two.txt; rm one.txt; ls"),
+        "twoa.txt\nsrc\ntwo.txt\n"
+    );
+    // The project is as it was.
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("a.txt")).unwrap(),
+        "base\n"
+    );
+    assert!(!w.project.join("two.txt").exists() && !w.project.join("one.txt").exists());
+    let (code, body) = s.call("GET", &format!("/v1/sessions/{id}/changes"), None);
+    assert_eq!(code, 200, "{body}");
+    let v = json(&body);
+    let mut got: Vec<(String, String)> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["path"].as_str().unwrap().to_string(),
+                c["op"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("a.txt".to_string(), "modified".to_string()),
+            ("two.txt".to_string(), "added".to_string())
+        ],
+        "{v:#}"
+    );
+    let shared = open(&s, tier, &w.project);
+    let (code, _) = s.call("GET", &format!("/v1/sessions/{shared}/changes"), None);
+    assert_eq!(code, 409);
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_a_cow_session_keeps_its_writes_apart() {
+    a_cow_session_keeps_its_writes_apart("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_a_cow_session_keeps_its_writes_apart() {
+    a_cow_session_keeps_its_writes_apart("landlock");
+}
+
 /// A session is its maker's: with `hull serve` run by the user nobody,
 /// root (who can reach nobody's socket) is told nobody's session does not
 /// exist, cannot run in it or close it; nobody still can.
@@ -449,10 +538,16 @@ fn another_callers_session_does_not_exist_for_them() {
 }
 
 /// Tier 3: one VM for the session, restored once and kept for every exec
-/// (the same boot id twice); closed, its VM is gone.
+/// (the same boot id twice); closed, its VM is gone. A copy-on-write
+/// session restores one for each exec, its writes carried by its set.
 #[cfg(feature = "tier3")]
 mod vm {
     use super::*;
+
+    #[test]
+    fn a_cow_session_keeps_its_writes_apart() {
+        super::a_cow_session_keeps_its_writes_apart("vm");
+    }
 
     #[test]
     fn a_session_on_vm_keeps_one_vm_for_its_execs() {

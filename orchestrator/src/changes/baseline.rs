@@ -278,6 +278,18 @@ impl Baseline {
         }
     }
 
+    /// This run's stamps and changes over `earlier` runs' of the same set:
+    /// a path's earliest stamp stands (a change the project made between
+    /// two runs is then a conflict), and whatever the project changed
+    /// during any of them stays changed.
+    pub fn over(mut self, earlier: &Baseline) -> Baseline {
+        for (k, v) in &earlier.entries {
+            self.entries.insert(k.clone(), *v);
+        }
+        self.during.extend(earlier.during.iter().cloned());
+        self
+    }
+
     pub fn get(&self, path: &str) -> Option<&Stamp> {
         self.entries.get(path)
     }

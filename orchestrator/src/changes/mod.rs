@@ -184,4 +184,6 @@ pub enum ChangesError {
     },
     #[error("change set {id}: no change at or below {path}")]
     NoSuchPath { id: String, path: String },
+    #[error("change set {id} cannot be continued: {why}")]
+    Continue { id: String, why: String },
 }

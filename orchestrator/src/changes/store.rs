@@ -190,7 +190,13 @@ impl ChangeSet {
                 (c.path.as_str(), subtree)
             })
             .collect();
-        self.meta.baseline = baseline.settle(&self.meta.project, &paths)?;
+        let settled = baseline.settle(&self.meta.project, &paths)?;
+        // A continued set (`hull run --cow-continue`): over its earlier
+        // runs' baseline.
+        self.meta.baseline = match self.meta.finished {
+            Some(_) => settled.over(&self.meta.baseline),
+            None => settled,
+        };
         self.meta.counts = Counts::of(&changes);
         self.meta.finished = Some(now());
         self.changes = changes;
@@ -295,6 +301,53 @@ impl Store {
         Ok(ChangeSet { dir, meta, changes })
     }
 
+    /// The change set `id` to continue with a run on `project` whose
+    /// overlay keeps `marks`: the same project, the same kind of marks, a
+    /// set that was finished and is not in use by another run (an
+    /// exclusive lock, held by the returned file for the run).
+    pub fn resume(
+        &self,
+        id: &str,
+        project: &Path,
+        marks: Marks,
+    ) -> Result<(ChangeSet, std::fs::File), ChangesError> {
+        let set = self.get(id)?;
+        let refuse = |why: String| ChangesError::Continue {
+            id: id.to_string(),
+            why,
+        };
+        if set.meta.project != project {
+            return Err(refuse(format!(
+                "it is of the project {}, not {}",
+                set.meta.project.display(),
+                project.display()
+            )));
+        }
+        if set.meta.marks != marks {
+            return Err(refuse(format!(
+                "its overlay keeps {:?} marks, this run's would keep {:?} (another tier, or hull run as another user)",
+                set.meta.marks, marks
+            )));
+        }
+        if set.meta.finished.is_none() {
+            return Err(refuse("its first run has not ended".into()));
+        }
+        let lock_path = set.dir.join("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|source| ChangesError::Io {
+                what: "cannot open",
+                path: lock_path.clone(),
+                source,
+            })?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| refuse("another run is using it".into()))?;
+        Ok((set, lock))
+    }
+
     /// Every change set's record, oldest first (unreadable ones left out).
     pub fn list(&self) -> Result<Vec<Meta>, ChangesError> {
         let rd = match std::fs::read_dir(&self.root) {
@@ -383,4 +436,62 @@ fn read_json<T: serde::de::DeserializeOwned>(
         file,
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A set is continued only on its project, with its kind of marks,
+    /// once its first run ended, and by one run at a time.
+    #[test]
+    fn a_set_is_resumed_on_its_own_terms() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().join("p");
+        std::fs::create_dir(&project).unwrap();
+        let store = Store::open(dir.path().join("store"));
+        let mut set = store
+            .create(&project, "bwrap", &["true".into()], Marks::User)
+            .unwrap();
+        let id = set.meta.id.clone();
+        let why = |r: Result<(ChangeSet, std::fs::File), ChangesError>| match r {
+            Err(ChangesError::Continue { why, .. }) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(why(store.resume(&id, &project, Marks::User)).contains("has not ended"));
+        set.finish(&Baseline::capture(&project, &[]).unwrap())
+            .unwrap();
+        assert!(
+            why(store.resume(&id, &dir.path().join("q"), Marks::User)).contains("of the project")
+        );
+        assert!(why(store.resume(&id, &project, Marks::Trusted)).contains("marks"));
+        let (_set, lock) = store.resume(&id, &project, Marks::User).unwrap();
+        assert!(why(store.resume(&id, &project, Marks::User)).contains("another run"));
+        drop(lock);
+        assert!(store.resume(&id, &project, Marks::User).is_ok());
+    }
+
+    /// A continued run's baseline keeps each path's earliest stamp.
+    #[test]
+    fn the_earliest_stamp_of_a_path_stands() {
+        let stamp = |size| super::super::baseline::Stamp {
+            mode: 0o644,
+            size,
+            ino: 1,
+            mtime: 0,
+            mtime_ns: 0,
+            ctime: 0,
+            ctime_ns: 0,
+        };
+        let mut earlier = Baseline::default();
+        earlier.entries.insert("a".into(), stamp(1));
+        earlier.during.insert("d".into());
+        let mut now = Baseline::default();
+        now.entries.insert("a".into(), stamp(2));
+        now.entries.insert("b".into(), stamp(3));
+        let merged = now.over(&earlier);
+        assert_eq!(merged.entries["a"].size, 1);
+        assert_eq!(merged.entries["b"].size, 3);
+        assert!(merged.changed_during("d"));
+    }
 }

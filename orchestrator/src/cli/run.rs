@@ -42,9 +42,14 @@ pub struct RunArgs {
     pub json_result: Option<PathBuf>,
     /// Copy-on-write: the project is read-only to the command, its writes
     /// land in a change set kept by hull (`hull changes show|diff|apply
-    /// ID`). bwrap only, on this version.
+    /// ID`). On bwrap, landlock and vm.
     #[arg(long)]
     pub cow: bool,
+    /// With --cow: go on in the change set ID of an earlier --cow run on
+    /// this project and tier (this run sees its writes and adds its own;
+    /// one run at a time).
+    #[arg(long, value_name = "ID", requires = "cow")]
+    pub cow_continue: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<OsString>,
@@ -98,6 +103,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         instance: a.instance,
         vm: a.vm,
         cow: a.cow,
+        cow_continue: a.cow_continue,
         argv: a.argv,
     };
     let started = std::time::SystemTime::now();

@@ -28,6 +28,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sessions/{id}/exec"),
     ("GET", "/v1/sessions/{id}/files"),
     ("PUT", "/v1/sessions/{id}/files"),
+    ("GET", "/v1/sessions/{id}/changes"),
 ];
 
 /// The OpenAPI document the server serves (`GET /v1/openapi.json`).
@@ -40,6 +41,10 @@ pub enum Workspace {
     /// Into the project, as `hull run` does.
     #[default]
     Shared,
+    /// Into a change set of the session's own: every exec sees the project
+    /// as it was plus the session's earlier writes (`hull run --cow`, then
+    /// `--cow-continue`), and the project is untouched.
+    Cow,
 }
 
 /// `POST /v1/sessions`.
@@ -71,6 +76,15 @@ pub struct SessionInfo {
     pub workspace: Workspace,
     /// The directories `files` reads and writes in (the project).
     pub roots: Vec<PathBuf>,
+}
+
+/// `GET /v1/sessions/{id}/changes`: a copy-on-write session's change set
+/// (none before its first exec), as `hull changes show --json` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionChanges {
+    pub id: Option<String>,
+    pub counts: Option<serde_json::Value>,
+    pub changes: Vec<serde_json::Value>,
 }
 
 /// `POST /v1/sessions/{id}/exec`.

@@ -159,6 +159,10 @@ async fn route(
             let r = sessions.exec(&s, &exec, stdin, true, &|_, _| {}).await?;
             Ok(json(200, &r))
         }
+        (["", "v1", "sessions", id, "changes"], &Method::GET) => {
+            let s = sessions.get(caller, id).await?;
+            Ok(json(200, &s.changes().await?))
+        }
         (["", "v1", "sessions", id, "files"], &Method::GET) => {
             let s = sessions.get(caller, id).await?;
             let file = query(&req, "path").ok_or_else(|| Refusal::new(400, "path: missing"))?;

@@ -37,8 +37,11 @@ impl Refusal {
 pub struct Session {
     pub info: SessionInfo,
     owner: u32,
-    /// Tier 3: the kept VM's name.
+    /// Tier 3 with a shared workspace: the kept VM's name.
     vm: Option<String>,
+    /// A copy-on-write session: its change set, once its first exec made
+    /// it. Held for each exec: one run at a time uses the set's overlay.
+    changes: Mutex<Option<String>>,
 }
 
 /// Every session of the server, and what runs them.
@@ -128,7 +131,9 @@ impl Sessions {
             ));
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let vm = if tier == crate::tier::Tier::Vm {
+        // A copy-on-write session on tier 3 restores a VM for each exec
+        // (a kept VM shares the project itself).
+        let vm = if tier == crate::tier::Tier::Vm && req.workspace == Workspace::Shared {
             let name = format!("session-{}", &id[..12]);
             self.vm_up(&name, &project, &req.policy).await?;
             Some(name)
@@ -147,6 +152,7 @@ impl Sessions {
             info: info.clone(),
             owner: caller,
             vm,
+            changes: Mutex::new(None),
         });
         self.map.lock().await.insert(id, session);
         Ok(info)
@@ -215,8 +221,8 @@ impl Sessions {
         &self,
         s: &Session,
         req: &ExecRequest,
-        argv: &[String],
         result: &Path,
+        continued: Option<&str>,
     ) -> Result<tokio::process::Command, Refusal> {
         let mut c = tokio::process::Command::new(&self.hull);
         c.args(["run", "--tier", &s.info.tier, "--policy", &s.info.policy])
@@ -226,6 +232,12 @@ impl Sessions {
             .arg(result);
         if let Some(vm) = &s.vm {
             c.args(["--vm", vm]);
+        }
+        if s.info.workspace == Workspace::Cow {
+            c.arg("--cow");
+            if let Some(id) = continued {
+                c.args(["--cow-continue", id]);
+            }
         }
         if let Some(t) = &req.timeout {
             crate::policy::resolve::parse_duration(t)
@@ -253,7 +265,7 @@ impl Sessions {
             c.args(["sh", "-c", "cd -- \"$1\" && shift && exec \"$@\"", "sh"])
                 .arg(s.info.project.join(dir));
         }
-        c.args(argv);
+        c.args(&req.argv);
         c.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -291,7 +303,12 @@ impl Sessions {
         let result = self
             .work
             .join(format!("{}.json", uuid::Uuid::new_v4().simple()));
-        let mut cmd = self.command(s, req, &req.argv, &result)?;
+        let mut cow = match s.info.workspace {
+            Workspace::Cow => Some(s.changes.lock().await),
+            Workspace::Shared => None,
+        };
+        let continued = cow.as_ref().and_then(|g| (**g).clone());
+        let mut cmd = self.command(s, req, &result, continued.as_deref())?;
         let t0 = std::time::Instant::now();
         let mut child = cmd
             .spawn()
@@ -314,6 +331,12 @@ impl Sessions {
         let wall_s = t0.elapsed().as_secs_f64();
         let ended = crate::result_file::Ended::read(&result);
         let _ = std::fs::remove_file(&result);
+        if let (Some(set), Some(id)) =
+            (cow.as_mut(), ended.as_ref().and_then(|e| e.changes.clone()))
+        {
+            **set = Some(id);
+        }
+        drop(cow);
         let mut r = ExecResult {
             wall_s,
             stdout_bytes: o.1,
@@ -529,12 +552,37 @@ pub fn inside(project: &Path, path: &str) -> Result<String, Refusal> {
         .ok_or_else(|| Refusal::new(400, "path: not UTF-8"))
 }
 
-impl Workspace {
-    pub fn name(self) -> &'static str {
-        match self {
-            Workspace::Shared => "shared",
+impl Session {
+    /// A copy-on-write session's change set, as `hull changes show --json`
+    /// lists it; 409 for a shared one.
+    pub async fn changes(&self) -> Result<api::SessionChanges, Refusal> {
+        if self.info.workspace != Workspace::Cow {
+            return Err(Refusal::new(
+                409,
+                "the session's workspace is shared: its commands write into the project",
+            ));
         }
+        let Some(id) = self.changes.lock().await.clone() else {
+            return Ok(api::SessionChanges {
+                id: None,
+                counts: None,
+                changes: Vec::new(),
+            });
+        };
+        let store = crate::changes::Store::open(crate::changes::Store::default_root());
+        let set = store
+            .get(&id)
+            .map_err(|e| Refusal::new(500, format!("change set {id}: {e}")))?;
+        Ok(api::SessionChanges {
+            id: Some(id),
+            counts: Some(json_of(&set.meta.counts)),
+            changes: set.changes.iter().map(json_of).collect(),
+        })
     }
+}
+
+fn json_of<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
 }
 
 #[cfg(test)]
