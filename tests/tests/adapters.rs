@@ -138,6 +138,47 @@ fn bwrap_an_inspect_eval_of_two_samples() {
     an_inspect_eval_of_two_samples("bwrap");
 }
 
+/// `workspace="cow"`: each sample a copy-on-write session on the project
+/// itself (nothing copied): both see the project's files and their own
+/// writes only, and the project is untouched.
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_an_inspect_eval_in_copy_on_write_sessions_of_one_project() {
+    require_tier("bwrap");
+    let w = World::new();
+    std::fs::write(w.project.join("README"), "the project\n").unwrap();
+    let before = std::fs::read_dir(&w.project).unwrap().count();
+    let victim = w.outside.join("victim");
+    std::fs::write(&victim, hull_tests::VICTIM).unwrap();
+    let logs = w.root.path().join("logs");
+    let v = run(
+        &w,
+        &[
+            script("inspect_eval.py").as_os_str(),
+            "bwrap".as_ref(),
+            victim.as_os_str(),
+            logs.as_os_str(),
+            w.project.as_os_str(),
+        ],
+    );
+    assert_eq!(v["status"], "success", "{v:#}");
+    for s in v["samples"].as_array().unwrap() {
+        assert_eq!(s["score"], "C", "{v:#}");
+        assert_eq!(
+            s["seen"],
+            serde_json::json!(["README", "answer.txt", "input.txt", "src"]),
+            "{v:#}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(&w.project).unwrap().count(), before);
+    assert!(!w.project.join("answer.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        hull_tests::VICTIM
+    );
+    nothing_left(&w);
+}
+
 /// mini-swe-agent's protocol: each action's output (stderr merged) and
 /// exit code, a directory inside the project, a timeout reported as
 /// mini-swe-agent's own environments report it, the submission, and what

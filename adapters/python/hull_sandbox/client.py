@@ -77,12 +77,17 @@ class Client:
         data = self.request(method, path, body)
         return json.loads(data) if data else None
 
-    def create(self, tier: str, project: str, policy: str = "default") -> dict[str, Any]:
+    def create(
+        self, tier: str, project: str, policy: str = "default", workspace: str = "shared"
+    ) -> dict[str, Any]:
         return self._json(
             "POST",
             "/v1/sessions",
-            {"tier": tier, "project": project, "policy": policy},
+            {"tier": tier, "project": project, "policy": policy, "workspace": workspace},
         )
+
+    def changes(self, session: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/sessions/{session}/changes")
 
     def exec(
         self,

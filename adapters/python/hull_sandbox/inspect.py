@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import shutil
 import tempfile
 import threading
@@ -41,7 +42,13 @@ class HullSandboxConfig(BaseModel, frozen=True):
     policy: str = "default"
     """A shipped profile name (default, readonly, build) or a policy file."""
     project: str | None = None
-    """A directory copied into each sample's workspace (default: empty)."""
+    """A directory copied into each sample's workspace (default: empty), or,
+    with `workspace="cow"`, the project each sample sees through a
+    copy-on-write view of its own."""
+    workspace: Literal["copy", "cow"] = "copy"
+    """copy: each sample a fresh directory (filled from `project`); cow: each
+    sample a copy-on-write session on `project` itself (nothing copied; its
+    writes kept as a change set, `hull changes show ID`)."""
     hull: str | None = None
     """The hull executable (default: $HULL_BIN, else `hull` on PATH)."""
     socket: str | None = None
@@ -76,7 +83,7 @@ class HullSandboxEnvironment(SandboxEnvironment):
     # One `hull serve` per task (it serves any tier and policy).
     _servers: dict[str, Server] = {}
 
-    def __init__(self, client: Client, session: str, workspace: str) -> None:
+    def __init__(self, client: Client, session: str, workspace: str | None) -> None:
         super().__init__()
         self._client = client
         self._session = session
@@ -113,6 +120,13 @@ class HullSandboxEnvironment(SandboxEnvironment):
     ) -> dict[str, SandboxEnvironment]:
         c = _config(config)
         client = await asyncio.to_thread(cls._client_for, task_name, c)
+        if c.workspace == "cow":
+            if not c.project:
+                raise ValueError('hull: workspace "cow" needs a project')
+            info = await asyncio.to_thread(
+                client.create, c.tier, os.path.abspath(c.project), c.policy, "cow"
+            )
+            return {"default": cls(client, info["id"], None)}
         workspace = tempfile.mkdtemp(prefix="hull-sample-")
         try:
             if c.project:
@@ -141,7 +155,8 @@ class HullSandboxEnvironment(SandboxEnvironment):
                 if e.status != 404:
                     raise
             finally:
-                shutil.rmtree(sandbox.workspace, ignore_errors=True)
+                if sandbox.workspace is not None:
+                    shutil.rmtree(sandbox.workspace, ignore_errors=True)
 
     @classmethod
     async def task_cleanup(

@@ -26,6 +26,9 @@ class HullEnvironmentConfig(BaseModel):
     """The project directory the session works in (absolute)."""
     tier: str = "bwrap"
     policy: str = "default"
+    workspace: str = "shared"
+    """shared: the commands write into the project; cow: into a change set
+    (`hull changes show ID`), the project untouched."""
     cwd: str = ""
     """A directory inside the project the commands start in."""
     env: dict[str, str] = {}
@@ -40,7 +43,9 @@ class HullEnvironment:
         self._server = None if self.config.socket else Server(self.config.hull)
         self._client = Client(self.config.socket or self._server.socket_path)
         try:
-            info = self._client.create(self.config.tier, self.config.project, self.config.policy)
+            info = self._client.create(
+                self.config.tier, self.config.project, self.config.policy, self.config.workspace
+            )
         except BaseException:
             self._stop_server()
             raise

@@ -5,7 +5,10 @@ to write VICTIM, a file outside its roots; the scorer reads the answer in
 the sandbox. Prints one JSON document: the log's status and, per sample,
 its score, answer, the attack's exit code and what its workspace held.
 
-    python inspect_eval.py TIER VICTIM LOG_DIR
+    python inspect_eval.py TIER VICTIM LOG_DIR [COW_PROJECT]
+
+With COW_PROJECT each sample is a copy-on-write session on that project
+(`workspace="cow"`) instead of a fresh directory.
 """
 
 import json
@@ -18,6 +21,9 @@ from inspect_ai.solver import solver
 from inspect_ai.util import sandbox
 
 TIER, VICTIM, LOG_DIR = sys.argv[1], sys.argv[2], sys.argv[3]
+CONFIG = {"tier": TIER}
+if len(sys.argv) > 4:
+    CONFIG.update(workspace="cow", project=sys.argv[4])
 
 
 @solver
@@ -53,7 +59,7 @@ def two_samples():
         ],
         solver=upcase(),
         scorer=answer_is_upper(),
-        sandbox=("hull", {"tier": TIER}),
+        sandbox=("hull", CONFIG),
     )
 
 
