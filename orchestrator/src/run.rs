@@ -824,31 +824,51 @@ pub fn execute(
     if let Err(e) = crate::runtime::gc_if_due(instance.runs_root()) {
         tracing::warn!("cleaning old instances: {e}");
     }
-    let vars = instance.vars(&project, &home_dir());
-    let (pol, repos_before) = resolve_policy(&pf, &vars)?;
-    if let Some(f) = result_file {
-        f.check_outside(pol.writable_roots().map(|g| g.path.as_path()))?;
-    }
-    let env = command_env(&pol, &opts.env, instance.child_env());
-    tracing::debug!(instance = %instance.id(), "policy resolved");
-    let spec = CommandSpec {
-        argv: opts.argv.clone(),
-        cwd: project,
-        env,
-        timeout: opts.timeout.or(pol.limits.wall_time),
+    // Until the command starts, an error finishes the instance first (its
+    // scratch removed), as the end of a run does.
+    let prepared = (|| -> Result<_, RunError> {
+        let vars = instance.vars(&project, &home_dir());
+        let (pol, repos_before) = resolve_policy(&pf, &vars)?;
+        if let Some(f) = result_file {
+            f.check_outside(pol.writable_roots().map(|g| g.path.as_path()))?;
+        }
+        let env = command_env(&pol, &opts.env, instance.child_env());
+        tracing::debug!(instance = %instance.id(), "policy resolved");
+        let spec = CommandSpec {
+            argv: opts.argv.clone(),
+            cwd: project.clone(),
+            env,
+            timeout: opts.timeout.or(pol.limits.wall_time),
+        };
+        check_runnable(tier, &pol, &spec)?;
+        let spill_sink = opts
+            .spill
+            .map(|threshold| crate::runtime::spill::SpillSink::stdio(instance.spill(), threshold))
+            .transpose()?;
+        #[cfg(target_os = "linux")]
+        let cow = if opts.cow {
+            Some(start_cow(tier, &pol, &spec, opts.cow_continue.as_deref())?)
+        } else {
+            None
+        };
+        #[cfg(not(target_os = "linux"))]
+        let cow = ();
+        Ok((pol, repos_before, spec, spill_sink, cow))
+    })();
+    let (pol, repos_before, spec, mut spill_sink, cow) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            if let Err(f) = instance.finish() {
+                tracing::warn!("cleaning up the instance: {f}");
+            }
+            return Err(e);
+        }
     };
-    check_runnable(tier, &pol, &spec)?;
-    let mut spill_sink = opts
-        .spill
-        .map(|threshold| crate::runtime::spill::SpillSink::stdio(instance.spill(), threshold))
-        .transpose()?;
-    let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
     #[cfg(target_os = "linux")]
-    let mut cow = if opts.cow {
-        Some(start_cow(tier, &pol, &spec, opts.cow_continue.as_deref())?)
-    } else {
-        None
-    };
+    let mut cow = cow;
+    #[cfg(not(target_os = "linux"))]
+    let () = cow;
+    let sink: Option<&mut dyn OutputSink> = spill_sink.as_mut().map(|s| s as &mut dyn OutputSink);
     #[cfg(target_os = "linux")]
     let cow_dir = cow.as_ref().map(|c| c.set.dir.clone());
     #[cfg(not(target_os = "linux"))]

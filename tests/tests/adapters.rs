@@ -57,7 +57,7 @@ fn run(w: &World, args: &[&std::ffi::OsStr]) -> serde_json::Value {
 }
 
 /// Nothing of the adapters is left: workspaces and servers in TMPDIR, a
-/// process naming the world, a kept VM up.
+/// process naming the world, an instance not over, a kept VM up.
 fn nothing_left(w: &World) {
     let tmp = w.root.path().join("tmp");
     let left: Vec<String> = std::fs::read_dir(&tmp)
@@ -69,6 +69,27 @@ fn nothing_left(w: &World) {
     assert!(left.is_empty(), "left in TMPDIR: {left:?}");
     let procs = hull_tests::pids_with(&w.root.path().to_string_lossy());
     assert!(procs.is_empty(), "processes left: {procs:?}");
+    // Every instance of the runs is over, nothing in it but what an
+    // ended run keeps (its lock file, spill and logs).
+    let o = w
+        .hull()
+        .args(["runs", "list", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let runs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(!runs.as_array().unwrap().is_empty(), "no run was made");
+    for r in runs.as_array().unwrap() {
+        assert_eq!(r["state"], "idle", "an instance is left: {r}");
+        for e in std::fs::read_dir(r["dir"].as_str().unwrap()).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            assert!(
+                [".active", "spill", "logs"].contains(&name.as_str()),
+                "{}/{name} is left",
+                r["dir"].as_str().unwrap()
+            );
+        }
+    }
     let status = w
         .hull()
         .args(["vm", "status", "--json"])
