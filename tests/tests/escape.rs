@@ -759,6 +759,53 @@ fn a_spare_written_by_one_run_reaches_no_later_run() {
     assert_eq!(pools(), 1, "the next run adopted the pool");
 }
 
+/// Runs on a project without `.hull` at the same time: each makes its
+/// pool in the `.hull` the first one made (a placeholder of hull's, held by
+/// every run that uses it), and none is left when they are all over; a
+/// `.hull` the project has keeps its pool (above).
+#[cfg(feature = "landlock")]
+#[test]
+fn concurrent_runs_leave_no_hull_directory_of_theirs() {
+    require_tier("landlock");
+    let w = World::new();
+    w.git_init();
+    let runs: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            w.hull()
+                .args([
+                    "run",
+                    "-q",
+                    "--tier",
+                    "landlock",
+                    "--timeout",
+                    hull_tests::RUN_TIMEOUT,
+                ])
+                .args([
+                    "--",
+                    "sh",
+                    "-c",
+                    "for i in 1 2 3 4 5 6 7 8; do sleep 0.05; done",
+                ])
+                .current_dir(&w.project)
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn hull run")
+        })
+        .collect();
+    // A third starts while the two hold the `.hull` one of them made.
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let o = w.run("landlock", &[], "ls -A .hull | wc -l");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    for mut r in runs {
+        assert!(r.wait().expect("wait").success());
+    }
+    assert!(
+        !w.project.join(".hull").exists(),
+        "left: {:?}",
+        std::fs::read_dir(w.project.join(".hull")).map(|d| d.count())
+    );
+}
+
 /// The landlock tier run by an ordinary user: the command is that user and
 /// owns the user's files everywhere, and Landlock does not mediate
 /// metadata, so hull's broker must refuse changes outside the writable

@@ -761,19 +761,19 @@ fn make_pool(
     }
     let root_meta = std::fs::metadata(root).map_err(|e| format!("{}: {e}", root.display()))?;
     // A pool stays for the next run only in a `.hull` the project has: one
-    // hull makes goes after the run, with the pool.
-    let keep = std::fs::symlink_metadata(&hull).is_ok();
-    if !keep {
-        let wanted = [crate::runtime::placeholder::Wanted {
-            path: hull.clone(),
-            root: root.to_path_buf(),
-            dir: true,
-            seen: false,
-        }];
-        let held = crate::runtime::placeholder::hold(&wanted, &run.runs_root)
-            .map_err(|e| e.to_string())?;
-        out.placeholders.absorb(held);
-    }
+    // hull makes goes after the run, with the pool; so does one another
+    // run made and still holds (a placeholder of hull's, held by this run
+    // too, removed by the last run that holds it).
+    let wanted = [crate::runtime::placeholder::Wanted {
+        path: hull.clone(),
+        root: root.to_path_buf(),
+        dir: true,
+        seen: std::fs::symlink_metadata(&hull).is_ok(),
+    }];
+    let held =
+        crate::runtime::placeholder::hold(&wanted, &run.runs_root).map_err(|e| e.to_string())?;
+    let keep = !held.paths().any(|p| p == hull);
+    out.placeholders.absorb(held);
     let meta = std::fs::symlink_metadata(&hull).map_err(|e| format!("{}: {e}", hull.display()))?;
     if !meta.is_dir() {
         return Err(format!("{} is not a directory", hull.display()));
