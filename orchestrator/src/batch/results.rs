@@ -37,6 +37,44 @@ pub enum Status {
     Interrupted,
 }
 
+/// How a `hull run` ended, from its `--json-result` document: a batch
+/// result's and a session exec's status, exit code, signal and error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub error: Option<String>,
+}
+
+impl From<&crate::result_file::Ended> for Ending {
+    fn from(ended: &crate::result_file::Ended) -> Ending {
+        use crate::result_file::Outcome;
+        let (status, exit_code, signal, error) = match &ended.outcome {
+            Outcome::Exited { code } => (Status::Exit, Some(*code), None, None),
+            // 127 or 126, as `hull run` exits: nothing could run.
+            Outcome::NotRunnable { message } => (
+                Status::Exit,
+                Some(ended.exit_code),
+                None,
+                Some(message.clone()),
+            ),
+            Outcome::Signaled { signal } => (Status::Signal, None, Some(*signal), None),
+            Outcome::TimedOut => (Status::Timeout, None, None, None),
+            Outcome::Interrupted { signal } => (Status::Interrupted, None, Some(*signal), None),
+            Outcome::HullError { message } => {
+                (Status::HullError, None, None, Some(message.clone()))
+            }
+        };
+        Ending {
+            status,
+            exit_code,
+            signal,
+            error,
+        }
+    }
+}
+
 /// What isolated a job: enough to tell two runs' boundaries apart.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Receipt {

@@ -325,7 +325,6 @@ fn spawn_and_wait(
 /// Fills `line` from the `--json-result` document, or, without one, with
 /// the end of hull's stderr as the error.
 fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
-    use crate::result_file::Outcome;
     let Some(ended) = crate::result_file::Ended::read(result) else {
         line.error = Some(format!(
             "hull run left no result document; its stderr ends: {}",
@@ -333,34 +332,14 @@ fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
         ));
         return;
     };
-    match ended.outcome {
-        Outcome::Exited { code } => {
-            line.status = Status::Exit;
-            line.exit_code = Some(code);
-        }
-        Outcome::NotRunnable { message } => {
-            line.status = Status::Exit;
-            line.exit_code = Some(ended.exit_code);
-            line.error = Some(message);
-        }
-        Outcome::Signaled { signal } => {
-            line.status = Status::Signal;
-            line.signal = Some(signal);
-        }
-        Outcome::TimedOut => line.status = Status::Timeout,
-        Outcome::Interrupted { signal } => {
-            line.status = Status::Interrupted;
-            line.signal = Some(signal);
-        }
-        Outcome::HullError { message } => {
-            line.status = Status::HullError;
-            line.error = Some(if message.is_empty() {
-                tail(stderr)
-            } else {
-                message
-            });
-        }
-    }
+    let e = super::results::Ending::from(&ended);
+    line.status = e.status;
+    line.exit_code = e.exit_code;
+    line.signal = e.signal;
+    line.error = match (e.status, e.error) {
+        (Status::HullError, Some(m)) if m.is_empty() => Some(tail(stderr)),
+        (_, error) => error,
+    };
     line.usage = ended.usage;
     if let Some(id) = ended.changes {
         let store = crate::changes::Store::open(crate::changes::Store::default_root());

@@ -132,7 +132,7 @@ fn has_xattr(fd: BorrowedFd<'_>, name: &CStr) -> bool {
 }
 
 /// The sha256 (hex), size and binary-ness of an open file, read once.
-pub(super) fn digest(mut f: &std::fs::File) -> io::Result<(String, u64, bool)> {
+pub fn digest(mut f: &std::fs::File) -> io::Result<(String, u64, bool)> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut size = 0u64;

@@ -34,6 +34,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use apply::{apply, ApplyReport, Skipped};
+pub use at::digest as file_digest;
 pub use baseline::{Baseline, Stamp};
 pub use diff::diff;
 pub use scan::scan;

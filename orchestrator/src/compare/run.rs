@@ -233,20 +233,10 @@ fn with_ext(base: &Path, ext: &str) -> PathBuf {
 
 /// sha256 of the file `path` (read in pieces), or None when unreadable.
 pub fn digest(path: &Path) -> Option<String> {
-    use sha2::Digest;
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).ok()?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => h.update(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
-        }
-    }
-    Some(crate::text::hex(&h.finalize()))
+    let f = std::fs::File::open(path).ok()?;
+    crate::changes::file_digest(&f)
+        .ok()
+        .map(|(sha256, _, _)| sha256)
 }
 
 /// The comparison's private work directory (0700, in TMPDIR), removed

@@ -34,18 +34,12 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// The OpenAPI document the server serves (`GET /v1/openapi.json`).
 pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 
-/// Where a session's commands write.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Workspace {
-    /// Into the project, as `hull run` does.
-    #[default]
-    Shared,
-    /// Into a change set of the session's own: every exec sees the project
-    /// as it was plus the session's earlier writes (`hull run --cow`, then
-    /// `--cow-continue`), and the project is untouched.
-    Cow,
-}
+/// Where a session's commands write: `shared`, into the project, as `hull
+/// run` does (a session's default); `cow`, into a change set of the
+/// session's own, every exec seeing the project as it was plus the
+/// session's earlier writes (`hull run --cow`, then `--cow-continue`), the
+/// project untouched.
+pub use crate::batch::Workspace;
 
 /// `POST /v1/sessions`.
 #[derive(Debug, Clone, Deserialize)]
@@ -58,12 +52,16 @@ pub struct CreateSession {
     pub policy: String,
     /// The project directory (absolute).
     pub project: PathBuf,
-    #[serde(default)]
+    #[serde(default = "shared")]
     pub workspace: Workspace,
 }
 
 fn default_policy() -> String {
     "default".into()
+}
+
+fn shared() -> Workspace {
+    Workspace::Shared
 }
 
 /// A session, as the API shows it.
@@ -118,10 +116,10 @@ pub struct ExecRequest {
 
 /// How an exec ended: the body of a collected exec, and the last line of
 /// a streamed one (`"event": "exit"`, without the output).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ExecResult {
     /// `exit`, `signal`, `timeout`, `hull_error`.
-    pub status: String,
+    pub status: crate::batch::Status,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -13,7 +13,7 @@ pub mod api;
 mod http;
 pub mod sessions;
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -118,8 +118,6 @@ pub fn serve(socket: &Path) -> Result<(), ServeError> {
     let _ = std::fs::remove_dir_all(&work);
     r
 }
-
-use std::os::unix::fs::FileTypeExt;
 
 async fn run(socket: &Path, sessions: Arc<sessions::Sessions>) -> Result<(), ServeError> {
     let listener = tokio::net::UnixListener::bind(socket).map_err(|source| ServeError::Io {

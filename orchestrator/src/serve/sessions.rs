@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 
 use super::api::{self, CreateSession, ExecRequest, ExecResult, SessionInfo, Workspace};
+use crate::batch::Status;
 
 /// A request the API refuses: its status and the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -338,42 +339,36 @@ impl Sessions {
         }
         drop(cow);
         let mut r = ExecResult {
-            wall_s,
+            status: Status::HullError,
+            exit_code: None,
+            signal: None,
+            stdout: None,
+            stderr: None,
             stdout_bytes: o.1,
             stderr_bytes: e.1,
             truncated: o.1 > max || e.1 > max,
-            ..ExecResult::default()
+            wall_s,
+            error: None,
         };
         if keep {
             r.stdout = Some(String::from_utf8_lossy(&o.0).into_owned());
             r.stderr = Some(String::from_utf8_lossy(&e.0).into_owned());
         }
-        use crate::result_file::Outcome;
-        match ended.map(|x| (x.exit_code, x.outcome)) {
-            Some((_, Outcome::Exited { code })) => {
-                r.status = "exit".into();
-                r.exit_code = Some(code);
-            }
-            Some((code, Outcome::NotRunnable { message })) => {
-                r.status = "exit".into();
-                r.exit_code = Some(code);
-                r.error = Some(message);
-            }
-            Some((_, Outcome::Signaled { signal })) => {
-                r.status = "signal".into();
-                r.signal = Some(signal);
-            }
-            Some((_, Outcome::TimedOut)) => r.status = "timeout".into(),
-            Some((_, Outcome::Interrupted { signal })) => {
-                r.status = "hull_error".into();
-                r.error = Some(format!("hull run was interrupted (signal {signal})"));
-            }
-            Some((_, Outcome::HullError { message })) => {
-                r.status = "hull_error".into();
-                r.error = Some(message);
+        match ended.as_ref().map(crate::batch::results::Ending::from) {
+            Some(e) => {
+                r.status = e.status;
+                r.exit_code = e.exit_code;
+                r.signal = e.signal;
+                r.error = e.error;
+                if let (Status::Interrupted, Some(signal)) = (e.status, e.signal) {
+                    // hull run's own interruption: the exec's result is unknown.
+                    r.status = Status::HullError;
+                    r.signal = None;
+                    r.error = Some(format!("hull run was interrupted (signal {signal})"));
+                }
             }
             None => {
-                r.status = "hull_error".into();
+                r.status = Status::HullError;
                 r.error = Some(format!(
                     "hull run left no result ({})",
                     status.map_or_else(|e| e.to_string(), |s| s.to_string())
@@ -403,7 +398,7 @@ impl Sessions {
             })
             .await?
         };
-        if r.status == "hull_error" {
+        if r.status == Status::HullError {
             return Err(Refusal::new(
                 500,
                 r.error.unwrap_or_else(|| "the run failed".into()),
@@ -445,9 +440,9 @@ impl Sessions {
             Some(64 << 10),
         );
         let r = self.exec(s, &req, Some(bytes), true, &|_, _| {}).await?;
-        match (r.status.as_str(), r.exit_code) {
-            ("exit", Some(0)) => Ok(()),
-            ("hull_error", _) => Err(Refusal::new(
+        match (r.status, r.exit_code) {
+            (Status::Exit, Some(0)) => Ok(()),
+            (Status::HullError, _) => Err(Refusal::new(
                 500,
                 r.error.unwrap_or_else(|| "the run failed".into()),
             )),

@@ -480,13 +480,7 @@ impl Task<'_> {
     /// overlay.
     fn in_view(&self, file: &OwnedFd) -> std::io::Result<bool> {
         use rustix::fs::{statx, AtFlags, StatxFlags};
-        let ns = |pid: &str| std::fs::metadata(format!("/proc/{pid}/ns/mnt"));
-        let (theirs, ours) = (ns(&self.pid.to_string())?, ns("self")?);
-        if std::os::unix::fs::MetadataExt::ino(&theirs)
-            == std::os::unix::fs::MetadataExt::ino(&ours)
-            && std::os::unix::fs::MetadataExt::dev(&theirs)
-                == std::os::unix::fs::MetadataExt::dev(&ours)
-        {
+        if mount_ns(&self.pid.to_string())? == own_mount_ns()? {
             return Ok(true);
         }
         let st = statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID)?;
@@ -514,6 +508,23 @@ impl Task<'_> {
         // SAFETY: the kernel just returned this descriptor to us.
         Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
     }
+}
+
+/// The mount namespace of process `pid` (or `self`): its device and inode.
+fn mount_ns(pid: &str) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(format!("/proc/{pid}/ns/mnt"))?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// hull's own mount namespace, read once.
+fn own_mount_ns() -> std::io::Result<(u64, u64)> {
+    static OWN: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    if let Some(ns) = OWN.get() {
+        return Ok(*ns);
+    }
+    let ns = mount_ns("self")?;
+    Ok(*OWN.get_or_init(|| ns))
 }
 
 /// The text of the file `path`, at most `max` bytes of it.
