@@ -378,6 +378,12 @@ pub fn run_process_tier(
     // command and its tree are gone (the command's environment then points
     // at it).
     let mut proxy: Option<crate::net::helper::ProxyProcess> = None;
+    // What the command's execve gets, whichever process performs it.
+    let command_env = if policy.net.mode == crate::policy::NetMode::Allowlist {
+        crate::net::with_proxy_env(&spec.env)
+    } else {
+        spec.env.clone()
+    };
     let mut cmd = match tier {
         Tier::None => {
             eprintln!("{}", crate::tier::none::WARNING);
@@ -424,8 +430,12 @@ pub fn run_process_tier(
             } else {
                 None
             };
-            let mut prepared =
-                crate::tier::bwrap::command(&plan, &spec.argv, net_handoff.is_some())?;
+            let mut prepared = crate::tier::bwrap::command(
+                &plan,
+                &spec.argv,
+                &command_env,
+                net_handoff.is_some(),
+            )?;
             if let Some(h) = net_handoff {
                 // First: as root it needs CAP_SYS_ADMIN, before the switch.
                 h.install(&mut prepared.command);
@@ -576,6 +586,7 @@ pub fn run_process_tier(
                 &plan,
                 &policy.limits,
                 &spec.argv,
+                &command_env,
                 Some(broker_fd),
                 metadata_broker,
                 spare_sets,
@@ -584,8 +595,12 @@ pub fn run_process_tier(
             setup
                 .keep_fds
                 .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
+            setup
+                .keep_fds
+                .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.plan));
             keep_alive.push(prepared.error_w);
             keep_alive.push(prepared.exe);
+            keep_alive.push(prepared.plan);
             let err_r = prepared.error_r;
             started_check = Some(Box::new(move |_| {
                 crate::tier::landlock::check_started(err_r).map_err(RunError::from)
@@ -668,10 +683,12 @@ pub fn run_process_tier(
             return Err(RunError::WrongOs(tier))
         }
     };
-    if proxy.is_none() {
-        cmd.set_env(&spec.env);
-    } else {
-        cmd.set_env(&crate::net::with_proxy_env(&spec.env));
+    // The command's environment reaches the command only: under none it is
+    // the program executed; bwrap and the Landlock helper carry it to the
+    // command's own execve and start from hull's.
+    match tier {
+        Tier::None => cmd.set_env(&command_env),
+        _ => cmd.set_env(&crate::exec::helper_env()),
     }
     setup.install(&mut cmd);
     if let Some(step) = last_step {

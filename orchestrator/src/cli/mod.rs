@@ -128,9 +128,9 @@ pub enum PolicyCommand {
 
 #[derive(Debug, Args)]
 pub struct LandlockExecArgs {
-    /// The lowered plan, JSON.
+    /// The descriptor of the sealed memfd holding the plan (JSON).
     #[arg(long)]
-    pub plan: String,
+    pub plan_fd: i32,
     /// Where to report a setup failure.
     #[arg(long)]
     pub error_fd: Option<i32>,
@@ -179,7 +179,7 @@ pub fn main() -> i32 {
         Command::Batch(a) => batch::batch(a),
         Command::Completions(a) => docs::completions(a),
         Command::Man(a) => docs::man(a),
-        Command::LandlockExec(a) => crate::tier::landlock::exec_main(a.plan, a.error_fd, a.argv),
+        Command::LandlockExec(a) => crate::tier::landlock::exec_main(a.plan_fd, a.error_fd, a.argv),
         Command::Setup(a) => {
             crate::tier::windows::elevated::setup_main(&a.elevated).map_err(anyhow::Error::from)
         }

@@ -27,6 +27,19 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+/// The search path of every helper hull starts.
+pub const HELPER_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The whole environment of every helper hull starts (its own re-exec as
+/// the Landlock helper, `bwrap`, the network proxy, virtiofsd, QEMU): built
+/// by hull, never the command's. The command's environment (`--env`, a
+/// batch job's or a session exec's `env`, the policy's) is applied at the
+/// command's own `execve` only, so an `LD_PRELOAD` or `LD_LIBRARY_PATH` it
+/// sets acts inside the boundary, never in a helper before it is in place.
+pub fn helper_env() -> Vec<(String, String)> {
+    vec![("PATH".into(), HELPER_PATH.into())]
+}
+
 /// What to run, independent of the tier that runs it.
 #[derive(Debug, Clone)]
 pub struct CommandSpec {

@@ -149,7 +149,7 @@ impl ProxyProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .env_clear()
-            .env("PATH", "/usr/bin:/bin");
+            .env("PATH", crate::exec::HELPER_PATH);
         let keep = [input_fd, audit_fd];
         // SAFETY: the closure makes raw, async-signal-safe system calls
         // (prctl, setgroups, setresgid, setresuid, setpgid, fcntl) on integers

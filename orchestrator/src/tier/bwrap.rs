@@ -28,6 +28,10 @@ pub enum BwrapError {
     Seccomp(#[from] crate::tier::seccomp::SeccompError),
     #[error("tier bwrap: cannot pass the seccomp filter: {0}")]
     SeccompFd(std::io::Error),
+    #[error("tier bwrap: cannot pass the command's environment: {0}")]
+    EnvFd(#[source] std::io::Error),
+    #[error("tier bwrap: the environment variable {name:?} holds a NUL byte or its name an `=`; the command did not run")]
+    BadEnv { name: String },
     #[error("tier bwrap: bubblewrap could not set up the sandbox (its message is above); the command did not run")]
     SetupFailed,
     /// bwrap itself was killed while the command ran (the command died
@@ -145,12 +149,34 @@ fn verdict(text: &str, exit: &crate::exec::ExitStatus) -> Result<(), BwrapError>
     }
 }
 
-/// Builds the bwrap command for a lowered plan. `share_net`: keep the
-/// network namespace bwrap starts in, which hull made for the command with
-/// its proxy's listener in it (`net::netns`), instead of a new empty one.
+/// bwrap's arguments that give the command exactly `env`: `--clearenv`,
+/// then `--setenv NAME VALUE` for each, NUL-separated for `--args FD`
+/// (never on bwrap's command line, which every local user can read). A NUL
+/// in a name or value would split it into arguments of bwrap's own, and an
+/// `=` in a name cannot be set: both are refused.
+fn env_args(env: &[(String, String)]) -> Result<Vec<u8>, BwrapError> {
+    let mut out = b"--clearenv\0".to_vec();
+    for (k, v) in env {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            return Err(BwrapError::BadEnv { name: k.clone() });
+        }
+        for part in ["--setenv", k, v] {
+            out.extend_from_slice(part.as_bytes());
+            out.push(0);
+        }
+    }
+    Ok(out)
+}
+
+/// Builds the bwrap command for a lowered plan, the command getting `env`
+/// (bwrap itself starts from [`crate::exec::helper_env`]). `share_net`:
+/// keep the network namespace bwrap starts in, which hull made for the
+/// command with its proxy's listener in it (`net::netns`), instead of a
+/// new empty one.
 pub fn command(
     plan: &BwrapPlan,
     argv: &[OsString],
+    env: &[(String, String)],
     share_net: bool,
 ) -> Result<Prepared, BwrapError> {
     let bin = binary().ok_or(BwrapError::Missing)?;
@@ -160,15 +186,18 @@ pub fn command(
             .map_err(BwrapError::SeccompFd)?;
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| BwrapError::SeccompFd(e.into()))?;
+    let env_fd = crate::tier::launch::sealed_memfd("hull-bwrap-env", &env_args(env)?)
+        .map_err(BwrapError::EnvFd)?;
     let mut cmd = Command::new(bin);
     cmd.args(&plan.args);
+    cmd.arg("--args").arg(env_fd.as_raw_fd().to_string());
     if share_net {
         cmd.arg("--share-net");
     }
     cmd.arg("--seccomp").arg(fd.as_raw_fd().to_string());
     cmd.arg("--json-status-fd")
         .arg(status_w.as_raw_fd().to_string());
-    let keep = vec![fd, status_w];
+    let keep = vec![fd, status_w, env_fd];
     cmd.arg("--");
     cmd.args(argv);
     Ok(Prepared {
@@ -184,6 +213,26 @@ mod tests {
     use crate::exec::ExitStatus;
 
     const STARTED: &str = "{ \"child-pid\": 7, \"mnt-namespace\": 1, \"pid-namespace\": 2 }\n";
+
+    #[test]
+    fn the_environment_goes_to_the_command_only_and_cannot_add_arguments() {
+        let args = env_args(&[("A".into(), "1 2".into()), ("B".into(), String::new())]).unwrap();
+        assert_eq!(args, b"--clearenv\0--setenv\0A\x001 2\0--setenv\0B\0\0");
+        for (k, v) in [
+            ("A", "x\0--bind\0/\0/h"),
+            ("A=B", "1"),
+            ("", "1"),
+            ("A\0", ""),
+        ] {
+            assert!(
+                matches!(
+                    env_args(&[(k.into(), v.into())]),
+                    Err(BwrapError::BadEnv { .. })
+                ),
+                "{k:?}={v:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_killed_bwrap_is_told_from_a_killed_command() {

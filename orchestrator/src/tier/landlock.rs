@@ -1,10 +1,14 @@
 //! Tier 1 on Linux: Landlock path rules, a seccomp filter that refuses IP
 //! sockets and escape syscalls, no_new_privs, and no capabilities.
 //!
-//! hull re-executes itself as `hull __landlock-exec --plan JSON -- CMD`: that
-//! single-threaded process drops every capability, applies the plan and the
-//! filter, and then executes the command, so nothing runs between the
-//! restrictions and the command. It fails closed: a kernel that does not
+//! hull re-executes itself as `hull __landlock-exec --plan-fd N -- CMD`:
+//! that single-threaded process reads its plan from a sealed memfd (never
+//! the command line, which every local user can read: the plan holds the
+//! command's environment), drops every capability, applies the plan and the
+//! filter, and then executes the command with the plan's environment, so
+//! nothing runs between the restrictions and the command. The helper itself
+//! starts from the environment hull builds (`exec::helper_env`): nothing of
+//! the command's (an `LD_PRELOAD` of its choosing) is loaded into it. It fails closed: a kernel that does not
 //! enforce the Landlock features the plan needs (ABI 3: truncate) is an
 //! error, never a run without them.
 //!
@@ -49,6 +53,8 @@ pub enum LandlockError {
     SetupFailed(String),
     #[error("tier landlock: bad plan: {0}")]
     Plan(String),
+    #[error("tier landlock: cannot pass the plan to the helper: {0}")]
+    PlanFd(#[source] std::io::Error),
     #[error("tier landlock: cannot execute {program}: {source}")]
     Exec {
         program: String,
@@ -77,10 +83,15 @@ pub fn kernel_abi() -> i32 {
     }
 }
 
+/// The largest plan the helper reads (its environment included).
+const MAX_PLAN: u64 = 64 << 20;
+
 /// What `__landlock-exec` receives.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExecPlan {
     pub landlock: LandlockPlan,
+    /// The command's whole environment, set at its `execve` only.
+    pub env: Vec<(String, String)>,
     pub allow_unix_sockets: bool,
     pub memory: Option<u64>,
     pub pids: Option<u64>,
@@ -143,6 +154,9 @@ pub struct Prepared {
     pub error_r: std::os::fd::OwnedFd,
     /// hull's executable, which `command` runs: open until it is spawned.
     pub exe: std::os::fd::OwnedFd,
+    /// The sealed plan the helper reads (`--plan-fd`): keep it open in the
+    /// child until it is spawned.
+    pub plan: std::os::fd::OwnedFd,
 }
 
 /// Reads the helper's error pipe after it is done.
@@ -157,11 +171,14 @@ pub fn check_started(error_r: std::os::fd::OwnedFd) -> Result<(), LandlockError>
     }
 }
 
-/// Builds the command that applies `plan` and then runs `argv`.
+/// Builds the command that applies `plan` and then runs `argv` with `env`.
+/// Start it with [`crate::exec::helper_env`], never `env`.
+#[allow(clippy::too_many_arguments)]
 pub fn command(
     plan: &LandlockPlan,
     limits: &crate::policy::Limits,
     argv: &[OsString],
+    env: &[(String, String)],
     broker_fd: Option<i32>,
     metadata_broker: bool,
     spares: Vec<crate::tier::spares::SpareSet>,
@@ -171,6 +188,7 @@ pub fn command(
     verdict(abi)?;
     let exec = ExecPlan {
         landlock: plan.clone(),
+        env: env.to_vec(),
         allow_unix_sockets: abi >= UNIX_SOCKET_ABI,
         memory: limits.memory,
         pids: limits.pids,
@@ -179,7 +197,9 @@ pub fn command(
         spares,
         proxy_port,
     };
-    let json = serde_json::to_string(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
+    let json = serde_json::to_vec(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
+    let plan_fd = crate::tier::launch::sealed_memfd("hull-landlock-plan", &json)
+        .map_err(LandlockError::PlanFd)?;
     // The helper is this executable, started through a descriptor: when
     // hull runs as root the helper runs as the sandbox user, who may not be
     // able to search the directories hull lives in (a 0700 home).
@@ -198,8 +218,8 @@ pub fn command(
     let mut helper: Vec<OsString> = vec![
         format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&exe)).into(),
         "__landlock-exec".into(),
-        "--plan".into(),
-        json.into(),
+        "--plan-fd".into(),
+        std::os::fd::AsRawFd::as_raw_fd(&plan_fd).to_string().into(),
         "--error-fd".into(),
         std::os::fd::AsRawFd::as_raw_fd(&error_w).to_string().into(),
         "--".into(),
@@ -210,17 +230,14 @@ pub fn command(
         error_w,
         error_r,
         exe,
+        plan: plan_fd,
     })
 }
 
 /// `hull __landlock-exec`: restrict this process, then exec the command.
 /// Only returns on error, which it also writes to `error_fd`.
-pub fn exec_main(
-    plan_json: String,
-    error_fd: Option<i32>,
-    argv: Vec<OsString>,
-) -> anyhow::Result<i32> {
-    let r = restrict_and_exec(&plan_json, error_fd, &argv);
+pub fn exec_main(plan_fd: i32, error_fd: Option<i32>, argv: Vec<OsString>) -> anyhow::Result<i32> {
+    let r = restrict_and_exec(plan_fd, error_fd, &argv);
     let e = match r {
         Ok(never) => match never {},
         Err(e) => e,
@@ -239,13 +256,27 @@ pub fn exec_main(
 
 enum Never {}
 
+/// Reads the plan hull sealed in the memfd `fd` (this process owns it from
+/// here; it is closed before the command runs), at most [`MAX_PLAN`] bytes.
+fn read_plan(fd: i32) -> Result<ExecPlan, LandlockError> {
+    // SAFETY: hull passed this descriptor by number for us alone; owning it
+    // closes it when read.
+    let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(&f, MAX_PLAN + 1), &mut bytes)
+        .map_err(LandlockError::PlanFd)?;
+    if bytes.len() as u64 > MAX_PLAN {
+        return Err(LandlockError::Plan(format!("larger than {MAX_PLAN} bytes")));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| LandlockError::Plan(e.to_string()))
+}
+
 fn restrict_and_exec(
-    plan_json: &str,
+    plan_fd: i32,
     error_fd: Option<i32>,
     argv: &[OsString],
 ) -> Result<Never, LandlockError> {
-    let plan: ExecPlan =
-        serde_json::from_str(plan_json).map_err(|e| LandlockError::Plan(e.to_string()))?;
+    let plan = read_plan(plan_fd)?;
     if let Some(fd) = error_fd {
         // Closed by the exec of the command: EOF then tells hull it started.
         // SAFETY: fcntl on an fd number, integer arguments only.
@@ -257,7 +288,12 @@ fn restrict_and_exec(
     let program = argv
         .first()
         .ok_or_else(|| LandlockError::Plan("empty command".into()))?;
-    let err = std::os::unix::process::CommandExt::exec(Command::new(program).args(&argv[1..]));
+    let mut command = Command::new(program);
+    command
+        .args(&argv[1..])
+        .env_clear()
+        .envs(plan.env.iter().map(|(k, v)| (k, v)));
+    let err = std::os::unix::process::CommandExt::exec(&mut command);
     Err(LandlockError::Exec {
         program: program.to_string_lossy().into_owned(),
         source: err,

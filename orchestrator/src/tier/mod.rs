@@ -37,7 +37,7 @@ pub mod landlock {
         Probe::wrong_os(Tier::Landlock)
     }
     pub fn exec_main(
-        _plan: String,
+        _plan_fd: i32,
         _error_fd: Option<i32>,
         _argv: Vec<std::ffi::OsString>,
     ) -> anyhow::Result<i32> {

@@ -267,7 +267,7 @@ fn spawn_once(
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        .env("PATH", crate::exec::HELPER_PATH);
     proc::tie_to_parent(&mut cmd);
     if !spec.masks.is_empty() || !spec.views.is_empty() {
         let plan = MountPlan::new(spec, dir).map_err(io_err("prepare masks"))?;
