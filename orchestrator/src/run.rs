@@ -519,7 +519,7 @@ pub fn run_process_tier(
             for (c, why) in &served.unserved {
                 tracing::warn!("{} (no spare entries: {why})", c.warning());
             }
-            let spare_sets = served.sets();
+            let spare_pools = served.pools();
             let splits = served
                 .served
                 .iter()
@@ -582,25 +582,25 @@ pub fn run_process_tier(
             } else {
                 None
             };
-            let prepared = crate::tier::landlock::command(
-                &plan,
-                &policy.limits,
-                &spec.argv,
-                &command_env,
-                Some(broker_fd),
+            let prepared = crate::tier::landlock::command(&crate::tier::landlock::Request {
+                plan: &plan,
+                limits: &policy.limits,
+                argv: &spec.argv,
+                env: &command_env,
+                broker_fd: Some(broker_fd),
                 metadata_broker,
-                spare_sets,
+                pools: &spare_pools,
                 proxy_port,
-            )?;
+                in_child: cow.map(|_| spec.cwd.as_path()),
+            })?;
             setup
                 .keep_fds
                 .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
-            setup
-                .keep_fds
-                .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.plan));
             keep_alive.push(prepared.error_w);
-            keep_alive.push(prepared.exe);
-            keep_alive.push(prepared.plan);
+            for fd in prepared.keep {
+                setup.keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(&fd));
+                keep_alive.push(fd);
+            }
             let err_r = prepared.error_r;
             started_check = Some(Box::new(move |_| {
                 crate::tier::landlock::check_started(err_r).map_err(RunError::from)

@@ -149,7 +149,7 @@ fn bwrap_holds_none_of_the_command_s_environment(t: &str) {
     let marker = "hull-env-probe-6d1e";
     let mut c = w.cmd(
         t,
-        &["--env", &format!("HULL_ENV_PROBE={marker}")],
+        &["--env", &format!("ENV_PROBE_6D1E={marker}")],
         "echo up; exec sleep 30",
     );
     let mut child = c

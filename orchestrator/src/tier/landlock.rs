@@ -22,7 +22,7 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::lower::landlock::{LandlockPlan, Right};
+use crate::policy::lower::landlock::LandlockPlan;
 
 /// The minimum Landlock ABI this tier runs with: 6 scopes signals and
 /// abstract unix sockets to the sandbox (without it the command could
@@ -86,12 +86,19 @@ pub fn kernel_abi() -> i32 {
 /// The largest plan the helper reads (its environment included).
 const MAX_PLAN: u64 = 64 << 20;
 
-/// What `__landlock-exec` receives.
+/// What `__landlock-exec` receives. The rules themselves are not in it:
+/// hull bound them to descriptors it opened once and built the ruleset
+/// (`tier::rules`); the helper gets the ruleset's descriptor.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExecPlan {
-    pub landlock: LandlockPlan,
     /// The command's whole environment, set at its `execve` only.
     pub env: Vec<(String, String)>,
+    /// The ruleset hull built, inherited by number.
+    pub ruleset_fd: i32,
+    /// `--cow`: the rules on the overlay, added by the helper after its
+    /// mounts, beneath its working directory.
+    #[serde(default)]
+    pub deferred: Vec<crate::tier::rules::Deferred>,
     pub allow_unix_sockets: bool,
     pub memory: Option<u64>,
     pub pids: Option<u64>,
@@ -99,21 +106,38 @@ pub struct ExecPlan {
     /// broker's filter (`tier::broker`).
     #[serde(default)]
     pub broker_fd: Option<i32>,
-    /// Whether metadata calls go to the broker too: not when hull is root
-    /// (the command then runs as the sandbox user, who owns nothing).
+    /// Whether metadata calls go to the broker too.
     #[serde(default)]
     pub metadata_broker: bool,
-    /// Spare entries, each given the writable rights, that the broker
-    /// renames into split directories (`tier::spares`); their creates go
-    /// to the broker.
+    /// Whether creates in split directories go to the broker (spare
+    /// entries of `tier::spares` renamed into place).
     #[serde(default)]
-    pub spares: Vec<crate::tier::spares::SpareSet>,
+    pub spares: bool,
     /// The policy's allow list: the command is in a network namespace of
     /// its own (made by hull before this helper, `net::netns`) where hull's
-    /// proxy listens on this loopback port; IP sockets are allowed, and
-    /// Landlock lets TCP connect to this port only (binds none).
+    /// proxy listens on a loopback port; IP sockets are allowed, and the
+    /// ruleset lets TCP connect to that port only (binds none).
     #[serde(default)]
+    pub inet: bool,
+}
+
+/// What a landlock run's helper is built from.
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub plan: &'a LandlockPlan,
+    pub limits: &'a crate::policy::Limits,
+    pub argv: &'a [OsString],
+    /// The command's environment (the helper starts from
+    /// [`crate::exec::helper_env`]).
+    pub env: &'a [(String, String)],
+    pub broker_fd: Option<i32>,
+    pub metadata_broker: bool,
+    /// The spare pools whose entries carry writable rules.
+    pub pools: &'a [std::sync::Arc<crate::tier::spares::Pool>],
     pub proxy_port: Option<u16>,
+    /// `--cow`: the project, an overlay only the child's mount namespace
+    /// has: its rules are the helper's to open (its working directory).
+    pub in_child: Option<&'a std::path::Path>,
 }
 
 /// Probes the tier.
@@ -152,11 +176,9 @@ pub struct Prepared {
     pub argv: Vec<OsString>,
     pub error_w: std::os::fd::OwnedFd,
     pub error_r: std::os::fd::OwnedFd,
-    /// hull's executable, which `command` runs: open until it is spawned.
-    pub exe: std::os::fd::OwnedFd,
-    /// The sealed plan the helper reads (`--plan-fd`): keep it open in the
-    /// child until it is spawned.
-    pub plan: std::os::fd::OwnedFd,
+    /// Descriptors the child must keep open until it is spawned: hull's
+    /// executable, the sealed plan (`--plan-fd`) and the ruleset.
+    pub keep: Vec<std::os::fd::OwnedFd>,
 }
 
 /// Reads the helper's error pipe after it is done.
@@ -171,31 +193,31 @@ pub fn check_started(error_r: std::os::fd::OwnedFd) -> Result<(), LandlockError>
     }
 }
 
-/// Builds the command that applies `plan` and then runs `argv` with `env`.
-/// Start it with [`crate::exec::helper_env`], never `env`.
-#[allow(clippy::too_many_arguments)]
-pub fn command(
-    plan: &LandlockPlan,
-    limits: &crate::policy::Limits,
-    argv: &[OsString],
-    env: &[(String, String)],
-    broker_fd: Option<i32>,
-    metadata_broker: bool,
-    spares: Vec<crate::tier::spares::SpareSet>,
-    proxy_port: Option<u16>,
-) -> Result<Prepared, LandlockError> {
+/// Binds the plan's rules (`tier::rules`) and builds the command that
+/// restricts itself with them and then runs the command. Start it with
+/// [`crate::exec::helper_env`], never the command's environment.
+pub fn command(req: &Request<'_>) -> Result<Prepared, LandlockError> {
     let abi = kernel_abi();
     verdict(abi)?;
+    let allow_unix_sockets = abi >= UNIX_SOCKET_ABI;
+    let bound = crate::tier::rules::bind(
+        req.plan,
+        req.pools,
+        allow_unix_sockets,
+        req.proxy_port,
+        req.in_child,
+    )?;
     let exec = ExecPlan {
-        landlock: plan.clone(),
-        env: env.to_vec(),
-        allow_unix_sockets: abi >= UNIX_SOCKET_ABI,
-        memory: limits.memory,
-        pids: limits.pids,
-        broker_fd,
-        metadata_broker,
-        spares,
-        proxy_port,
+        env: req.env.to_vec(),
+        ruleset_fd: std::os::fd::AsRawFd::as_raw_fd(&bound.ruleset),
+        deferred: bound.deferred,
+        allow_unix_sockets,
+        memory: req.limits.memory,
+        pids: req.limits.pids,
+        broker_fd: req.broker_fd,
+        metadata_broker: req.metadata_broker,
+        spares: !req.pools.is_empty(),
+        inet: req.proxy_port.is_some(),
     };
     let json = serde_json::to_vec(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
     let plan_fd = crate::tier::launch::sealed_memfd("hull-landlock-plan", &json)
@@ -224,13 +246,12 @@ pub fn command(
         std::os::fd::AsRawFd::as_raw_fd(&error_w).to_string().into(),
         "--".into(),
     ];
-    helper.extend(argv.iter().cloned());
+    helper.extend(req.argv.iter().cloned());
     Ok(Prepared {
         argv: helper,
         error_w,
         error_r,
-        exe,
-        plan: plan_fd,
+        keep: vec![exe, plan_fd, bound.ruleset],
     })
 }
 
@@ -301,10 +322,6 @@ fn restrict_and_exec(
 }
 
 fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
-    use landlock::{
-        Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
-    };
     // SAFETY: setsid takes no arguments; a new session detaches the command
     // from hull's controlling terminal.
     unsafe {
@@ -312,102 +329,15 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
     }
     set_rlimits(plan);
     drop_capabilities().map_err(LandlockError::Caps)?;
-
-    let abi = ABI::V3;
-    let mut ruleset = Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(abi))
-        .map_err(|e| LandlockError::Ruleset(e.to_string()))?
-        .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(AccessFs::from_all(ABI::V5))
-        .map_err(|e| LandlockError::Ruleset(e.to_string()))?
-        .handle_access(AccessNet::from_all(ABI::V4))
-        .map_err(|e| LandlockError::Ruleset(e.to_string()))?
-        // Required: without it the command could stop hull (SIGSTOP).
-        .set_compatibility(CompatLevel::HardRequirement)
-        .scope(Scope::AbstractUnixSocket | Scope::Signal)
-        .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
-    if plan.allow_unix_sockets {
-        ruleset = ruleset
-            .handle_access(AccessFs::ResolveUnix)
-            .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
-    }
-    let mut created = ruleset
-        .create()
-        .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
-    let add = |created: landlock::RulesetCreated,
-               fd: PathFd,
-               path: &std::path::Path,
-               rights: &[Right]|
-     -> Result<landlock::RulesetCreated, LandlockError> {
-        let mut access = landlock::BitFlags::<AccessFs>::empty();
-        for right in rights {
-            if *right == Right::ResolveUnix && !plan.allow_unix_sockets {
-                // Not handled on this kernel: unix sockets are refused by seccomp.
-                continue;
-            }
-            access |= to_access(*right);
-        }
-        created
-            .add_rule(PathBeneath::new(fd, access))
-            .map_err(|e| LandlockError::Rule {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })
-    };
-    for r in &plan.landlock.rules {
-        let fd = match PathFd::new(&r.path) {
-            Ok(fd) => fd,
-            // A path that vanished since planning grants nothing.
-            Err(_) if !r.path.exists() => continue,
-            Err(e) => {
-                return Err(LandlockError::Rule {
-                    path: r.path.display().to_string(),
-                    reason: e.to_string(),
-                })
-            }
-        };
-        created = add(created, fd, &r.path, &r.rights)?;
-    }
-    // Every spare must carry its rule: the broker hands them out.
-    let (file_rights, dir_rights) = (
-        crate::policy::lower::landlock::writable_rights(false),
-        crate::policy::lower::landlock::writable_rights(true),
-    );
-    for set in &plan.spares {
-        for (path, is_dir) in set.paths() {
-            let fd = PathFd::new(&path).map_err(|e| LandlockError::Rule {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
-            let rights = if is_dir { &dir_rights } else { &file_rights };
-            created = add(created, fd, &path, rights)?;
-        }
-    }
-    if let Some(port) = plan.proxy_port {
-        created = created
-            .add_rule(landlock::NetPort::new(port, AccessNet::ConnectTcp))
-            .map_err(|e| {
-                LandlockError::Ruleset(format!("the rule for the proxy's port {port}: {e}"))
-            })?;
-    }
-    let status = created
-        .restrict_self()
-        .map_err(|e| LandlockError::Ruleset(e.to_string()))?;
-    match status.ruleset {
-        RulesetStatus::FullyEnforced | RulesetStatus::PartiallyEnforced => {}
-        RulesetStatus::NotEnforced => {
-            return Err(LandlockError::NotEnforced(
-                "kernel refused the ruleset".into(),
-            ))
-        }
-    }
-    if !status.no_new_privs {
-        return Err(LandlockError::NotEnforced("no_new_privs not set".into()));
-    }
+    // SAFETY: hull passed the ruleset by number for us alone; owning it
+    // closes it once the restriction holds (before the command runs).
+    let ruleset =
+        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(plan.ruleset_fd) };
+    crate::tier::rules::add_deferred(&ruleset, &plan.deferred)?;
+    crate::tier::rules::restrict_self(ruleset)?;
     let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Landlock {
         allow_unix_sockets: plan.allow_unix_sockets,
-        inet: plan.proxy_port.is_some(),
+        inet: plan.inet,
         broker: plan.metadata_broker,
     })?;
     crate::tier::seccomp::apply(&prog)?;
@@ -415,8 +345,7 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
         // SAFETY: hull passed this socket by number; we own it from here,
         // and it closes before the command runs.
         let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let broker =
-            crate::tier::seccomp::build_broker(plan.metadata_broker, !plan.spares.is_empty())?;
+        let broker = crate::tier::seccomp::build_broker(plan.metadata_broker, plan.spares)?;
         let listener = crate::tier::seccomp::apply_with_listener(&broker)?;
         crate::tier::broker::send_listener(
             std::os::fd::AsFd::as_fd(&sock),
@@ -428,27 +357,6 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
         drop(sock);
     }
     Ok(())
-}
-
-fn to_access(r: Right) -> landlock::BitFlags<landlock::AccessFs> {
-    use landlock::AccessFs as A;
-    match r {
-        Right::Execute => A::Execute.into(),
-        Right::WriteFile => A::WriteFile.into(),
-        Right::ReadFile => A::ReadFile.into(),
-        Right::ReadDir => A::ReadDir.into(),
-        Right::RemoveDir => A::RemoveDir.into(),
-        Right::RemoveFile => A::RemoveFile.into(),
-        Right::MakeDir => A::MakeDir.into(),
-        Right::MakeReg => A::MakeReg.into(),
-        Right::MakeSock => A::MakeSock.into(),
-        Right::MakeFifo => A::MakeFifo.into(),
-        Right::MakeSym => A::MakeSym.into(),
-        Right::Refer => A::Refer.into(),
-        Right::Truncate => A::Truncate.into(),
-        Right::IoctlDev => A::IoctlDev.into(),
-        Right::ResolveUnix => A::ResolveUnix.into(),
-    }
 }
 
 fn set_rlimits(plan: &ExecPlan) {

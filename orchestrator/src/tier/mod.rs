@@ -21,6 +21,8 @@ pub mod launch;
 mod mounts;
 pub mod none;
 pub mod probe;
+#[cfg(target_os = "linux")]
+pub mod rules;
 pub mod seatbelt;
 #[cfg(target_os = "linux")]
 pub mod seccomp;

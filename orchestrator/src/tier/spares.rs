@@ -94,12 +94,18 @@ impl SpareSet {
         format!("c{}/d{i}", i % self.chunks.max(1))
     }
 
+    /// Every spare's name relative to the pool directory, files then
+    /// directories, with whether it is a directory.
+    pub fn names(&self) -> impl Iterator<Item = (String, bool)> + '_ {
+        let files = (0..self.files).map(|i| (self.file_name(i), false));
+        let dirs = (0..self.dirs).map(|i| (self.dir_name(i), true));
+        files.chain(dirs)
+    }
+
     /// Every spare's path, files then directories, with whether it is a
     /// directory.
     pub fn paths(&self) -> impl Iterator<Item = (PathBuf, bool)> + '_ {
-        let files = (0..self.files).map(|i| (self.dir.join(self.file_name(i)), false));
-        let dirs = (0..self.dirs).map(|i| (self.dir.join(self.dir_name(i)), true));
-        files.chain(dirs)
+        self.names().map(|(n, d)| (self.dir.join(n), d))
     }
 }
 
@@ -686,12 +692,12 @@ pub struct Served {
 }
 
 impl Served {
-    /// One set per pool, for the helper.
-    pub fn sets(&self) -> Vec<SpareSet> {
-        let mut out: Vec<SpareSet> = Vec::new();
+    /// Each pool once (a pool serves every split directory of its root).
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        let mut out: Vec<Arc<Pool>> = Vec::new();
         for (_, p) in &self.served {
-            if !out.contains(p.set()) {
-                out.push(p.set().clone());
+            if !out.iter().any(|o| Arc::ptr_eq(o, p)) {
+                out.push(Arc::clone(p));
             }
         }
         out
