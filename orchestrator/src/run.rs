@@ -541,11 +541,12 @@ pub fn run_process_tier(
             pools = served.served.into_iter().map(|(_, p)| p).collect();
             placeholders = served.placeholders;
             // Landlock does not mediate inotify watches, nor metadata: a
-            // watch goes to the broker, which allows it inside the grants;
-            // when hull is not root (the command is the caller and owns the
-            // caller's files everywhere) so do chmod, chown, utimes and
-            // xattrs, allowed inside the writable roots only.
-            let metadata_broker = !crate::tier::identity::hull_is_root();
+            // watch goes to the broker, which allows it inside the grants,
+            // and so do chmod, chown, utimes and xattrs, allowed inside the
+            // writable roots only, outside every protection (the command
+            // owns the caller's files everywhere when hull is not root, and
+            // everything in the idmapped writable roots when it is).
+            let as_command = crate::tier::identity::hull_is_root();
             let broker_fd = {
                 let (ours, theirs) =
                     crate::exec::fds::descriptor_pair().map_err(|source| RunError::Setup {
@@ -555,8 +556,8 @@ pub fn run_process_tier(
                     })?;
                 let handler = crate::tier::broker::Handler::Landlock {
                     watch: crate::tier::broker::Scope::visible(policy),
-                    metadata: metadata_broker.then(|| crate::tier::broker::Scope::of(policy)),
-                    workers: crate::tier::broker::Workers::new(!metadata_broker),
+                    metadata: Some(crate::tier::broker::Scope::of(policy)),
+                    workers: crate::tier::broker::Workers::new(as_command),
                     creates,
                 };
                 broker = Some(crate::tier::broker::Broker::start(ours, handler).map_err(
@@ -588,7 +589,7 @@ pub fn run_process_tier(
                 argv: &spec.argv,
                 env: &command_env,
                 broker_fd: Some(broker_fd),
-                metadata_broker,
+                metadata_broker: true,
                 pools: &spare_pools,
                 proxy_port,
                 in_child: cow.map(|_| spec.cwd.as_path()),

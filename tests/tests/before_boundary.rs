@@ -199,8 +199,164 @@ fn bwrap_holds_none_of_the_command_s_environment(t: &str) {
     assert!(!seen.is_empty(), "no bwrap found below hull ({hull_pid})");
 }
 
+/// The default profile with `deny` and `read` entries inside the project
+/// added; returns the policy file's path.
+fn policy_with(w: &World, read: &Path, deny: &Path) -> String {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../policies/default.toml"
+    ))
+    .expect("policies/default.toml")
+    .replace(
+        "read = [",
+        &format!("read = [{:?}, ", read.display().to_string()),
+    )
+    .replace(
+        "deny = [",
+        &format!("deny = [{:?}, ", deny.display().to_string()),
+    );
+    let pol = w.root.path().join("protected.toml");
+    std::fs::write(&pol, text).expect("write policy");
+    pol.to_str().expect("utf8").to_string()
+}
+
+/// Mode, owner, mtime and extended attributes (names and values).
+fn meta(p: &Path) -> (u32, u32, u32, i64, Vec<(String, Vec<u8>)>) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let o = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg("import os,sys; p=sys.argv[1]; [print(n, os.getxattr(p, n, follow_symlinks=False).hex()) for n in sorted(os.listxattr(p, follow_symlinks=False))]")
+        .arg(p)
+        .output()
+        .expect("python3");
+    let xattrs = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    (m.mode() & 0o7777, m.uid(), m.gid(), m.mtime(), xattrs)
+}
+
+/// What the command tries on each protected path: chmod, a time set back,
+/// a user xattr, and a default ACL granting others everything (the
+/// `system.posix_acl_default` value of `setfacl -d -m o::rwx`).
+fn tamper(paths: &[&str]) -> String {
+    const XATTRS: &str = r#"
+import os, struct, sys
+p = sys.argv[1]
+acl = struct.pack('<I', 2) + b''.join(struct.pack('<HHI', t, 7, 0xffffffff) for t in (1, 4, 0x20))
+tries = [('user.hull', b'x')] + ([('system.posix_acl_default', acl)] if os.path.isdir(p) else [])
+ok = False
+for name, value in tries:
+    try:
+        os.setxattr(p, name, value, follow_symlinks=False)
+        ok = True
+    except OSError:
+        pass
+sys.exit(0 if ok else 1)
+"#;
+    let mut s = String::from("f=0\n");
+    for p in paths {
+        s.push_str(&format!(
+            "chmod 0777 '{p}' 2>/dev/null && f=1\n\
+             touch -h -c -m -d 2001-01-01 '{p}' 2>/dev/null && f=1\n\
+             /usr/bin/python3 -c \"$XATTRS\" '{p}' && f=1\n"
+        ));
+    }
+    s.push_str("exit $f\n");
+    format!("XATTRS='{}'\n{s}", XATTRS.replace('\'', "'\\''"))
+}
+
+/// The protected paths' metadata holds whoever hull runs as (as root the
+/// idmapped project makes the sandbox user the owner of every path in it,
+/// protected ones too): `.git/hooks`, `.git/config`, `.hull`, a `deny`ed
+/// secret and a read-only grant inside the project keep mode, owner, times
+/// and xattrs; a file of the project's own still changes.
+fn protected_metadata_holds(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    w.git_init();
+    let p = &w.project;
+    std::fs::create_dir_all(p.join(".hull")).expect("mkdir .hull");
+    std::fs::create_dir_all(p.join("vendor")).expect("mkdir vendor");
+    std::fs::write(p.join("vendor/lib.txt"), "vendored").expect("write");
+    std::fs::write(p.join("secret.env"), "TOKEN=1").expect("write");
+    std::fs::write(p.join("mine.txt"), "mine").expect("write");
+    for (f, mode) in [("secret.env", 0o600), ("mine.txt", 0o600), (".hull", 0o700)] {
+        std::fs::set_permissions(p.join(f), std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let pol = policy_with(&w, &p.join("vendor"), &p.join("secret.env"));
+    let protected = [".git/hooks", ".git/config", ".hull", "secret.env", "vendor"];
+    let reset_times = || {
+        for f in protected {
+            let st = Command::new("touch")
+                .args(["-h", "-m", "-d", "2020-02-02"])
+                .arg(p.join(f))
+                .status()
+                .expect("touch");
+            assert!(st.success());
+        }
+    };
+
+    // Control: with no boundary every change lands.
+    reset_times();
+    let before: Vec<_> = protected.iter().map(|f| meta(&p.join(f))).collect();
+    let o = w.run("none", &["--policy", &pol], &tamper(&protected));
+    assert_eq!(o.status.code(), Some(1), "control: {}", show(&o));
+    for (f, b) in protected.iter().zip(&before) {
+        assert_ne!(&meta(&p.join(f)), b, "control: {f} unchanged: {}", show(&o));
+    }
+    // Put everything back as it was.
+    for (f, (mode, ..)) in protected.iter().zip(&before) {
+        let path = p.join(f);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(*mode)).expect("chmod");
+        let st = Command::new("/usr/bin/python3")
+            .arg("-c")
+            .arg("import os,sys; p=sys.argv[1]; [os.removexattr(p, n) for n in os.listxattr(p)]")
+            .arg(&path)
+            .status()
+            .expect("python3");
+        assert!(st.success());
+    }
+    reset_times();
+    let before: Vec<_> = protected.iter().map(|f| meta(&p.join(f))).collect();
+
+    let o = w.run(t, &["--policy", &pol], &tamper(&protected));
+    assert_eq!(o.status.code(), Some(0), "a change landed: {}", show(&o));
+    for (f, b) in protected.iter().zip(&before) {
+        let now = meta(&p.join(f));
+        if *f == ".hull" {
+            // hull keeps its spare pool there: its own entries move the
+            // time, the command's `touch` must not.
+            assert_ne!(now.3, 978307200, "{f}'s time set: {}", show(&o));
+            assert_eq!(
+                (now.0, now.1, now.2, &now.4),
+                (b.0, b.1, b.2, &b.4),
+                "{f} changed: {}",
+                show(&o)
+            );
+        } else {
+            assert_eq!(&now, b, "{f} changed: {}", show(&o));
+        }
+    }
+    // The project's own file: the same calls land.
+    let o = w.run(
+        t,
+        &["--policy", &pol],
+        "chmod 0640 mine.txt && touch -m -d 2001-01-01 mine.txt",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let (mode, _, _, mtime, _) = meta(&p.join("mine.txt"));
+    assert_eq!((mode, mtime), (0o640, 978307200), "{}", show(&o));
+}
+
 macro_rules! tiers {
-    (common: [$($case:ident),* $(,)?], bwrap: [$($b:ident),* $(,)?] $(,)?) => {
+    (
+        common: [$($case:ident),* $(,)?],
+        bwrap: [$($b:ident),* $(,)?],
+        vm: [$($v:ident),* $(,)?] $(,)?
+    ) => {
         #[cfg(feature = "landlock")]
         mod landlock { $( #[test] fn $case() { super::$case("landlock") } )* }
         #[cfg(feature = "bwrap")]
@@ -208,10 +364,13 @@ macro_rules! tiers {
             $( #[test] fn $case() { super::$case("bwrap") } )*
             $( #[test] fn $b() { super::$b("bwrap") } )*
         }
+        #[cfg(feature = "tier3")]
+        mod vm { $( #[test] fn $v() { super::$v("vm") } )* }
     };
 }
 
 tiers!(
-    common: [the_command_s_environment_reaches_no_helper],
+    common: [the_command_s_environment_reaches_no_helper, protected_metadata_holds],
     bwrap: [bwrap_holds_none_of_the_command_s_environment],
+    vm: [protected_metadata_holds],
 );

@@ -1,9 +1,12 @@
-//! The metadata broker of the landlock tier when hull is not root.
+//! The metadata broker of the landlock tier.
 //!
 //! Landlock does not mediate chmod, chown, utimes or extended attributes,
 //! and a command running as the caller owns the caller's files everywhere:
 //! it could make `~/.ssh/id_ed25519` world-readable or add an ACL entry to
-//! it. The command's seccomp filter stops every such call
+//! it. When hull is root the command is the sandbox user, but the idmapped
+//! writable roots show it as the owner of everything in them, protected
+//! paths included (`.git/hooks`, `.hull`, a `deny`ed secret): the same
+//! holds there, so the broker serves both. The command's seccomp filter stops every such call
 //! (`SECCOMP_RET_USER_NOTIF`, `hull_seccomp::build_broker`) and this thread,
 //! in hull, answers it: it resolves the call's file itself (the command's
 //! descriptors fetched with `pidfd_getfd`, its cwd through `/proc`), checks
@@ -11,8 +14,10 @@
 //! then performs the change itself on that descriptor. The command's memory
 //! is read once, so changing the path after the check changes nothing, and
 //! a symlink planted to point outside resolves to a file outside, which is
-//! refused (EPERM). hull acts with the command's uid and no capability, so
-//! the kernel's own permission checks are the same.
+//! refused (EPERM). hull acts with the command's uid and no capability (as
+//! the caller, or, when hull is root, on a worker thread that took the
+//! command's credentials), so the kernel's own permission checks are the
+//! same.
 
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -265,8 +270,19 @@ impl Task<'_> {
     }
 
     /// Answers a metadata call: performed when its file lies in `scope`.
-    pub(super) fn metadata(&self, req: &libc::seccomp_notif, scope: &Scope) -> std::io::Result<()> {
+    /// With `as_command` (hull is root; only on a worker thread, which this
+    /// changes for good) the file is resolved and changed with the
+    /// command's credentials.
+    pub(super) fn metadata(
+        &self,
+        req: &libc::seccomp_notif,
+        scope: &Scope,
+        as_command: bool,
+    ) -> std::io::Result<()> {
         let (target, op) = decode(self, req.data.nr as i64, &req.data.args)?;
+        if as_command {
+            super::become_on_this_thread(&super::identity(self.pid)?)?;
+        }
         let fd = self.resolve(&target)?;
         self.valid()?;
         let link = rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(fd.as_fd()), Vec::new())?;

@@ -331,11 +331,23 @@ fn answer_one(listener: &Arc<OwnedFd>, handler: &Handler) {
                 }
                 return;
             }
-            let result = match metadata {
-                Some(scope) => Task::of(listener, &req).and_then(|t| t.metadata(&req, scope)),
-                None => Err(err(libc::EPERM)),
-            };
-            respond(listener, req.id, result.map(|()| 0));
+            match metadata {
+                // hull is root: the change is made on a worker with the
+                // command's credentials, so the kernel's owner checks (on
+                // the idmapped mounts the command sees) are the command's.
+                Some(scope) if workers.as_command => {
+                    let scope = scope.clone();
+                    workers.answer(listener, req, move |t, as_command| {
+                        t.metadata(&req, &scope, as_command).map(|()| 0)
+                    });
+                }
+                Some(scope) => {
+                    let result =
+                        Task::of(listener, &req).and_then(|t| t.metadata(&req, scope, false));
+                    respond(listener, req.id, result.map(|()| 0));
+                }
+                None => respond(listener, req.id, Err(err(libc::EPERM))),
+            }
         }
         Handler::Connect(workers) => workers.answer(listener, req, move |t, as_command| {
             t.connect(&req, as_command).map(|()| 0)
