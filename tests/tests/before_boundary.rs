@@ -220,8 +220,10 @@ fn policy_with(w: &World, read: &Path, deny: &Path) -> String {
     pol.to_str().expect("utf8").to_string()
 }
 
-/// Mode, owner, mtime and extended attributes (names and values).
-fn meta(p: &Path) -> (u32, u32, u32, i64, Vec<(String, Vec<u8>)>) {
+/// Mode, owner, group, mtime and extended attributes (names and values).
+type Meta = (u32, u32, u32, i64, Vec<(String, Vec<u8>)>);
+
+fn meta(p: &Path) -> Meta {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     let o = Command::new("/usr/bin/python3")
