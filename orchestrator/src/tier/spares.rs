@@ -39,6 +39,7 @@
 //! them, so concurrent runs each take their own.
 
 use std::collections::HashSet;
+use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -137,6 +138,8 @@ pub struct Pool {
     handed: Mutex<HashSet<u64>>,
     /// Spare files taken back (`r<n>`), in the order they came.
     recycled: Mutex<Vec<String>>,
+    /// Spare directories taken back (`r<n>` too), emptied by the command.
+    recycled_dirs: Mutex<Vec<String>>,
     next_recycled: AtomicU32,
 }
 
@@ -221,6 +224,7 @@ impl Pool {
             dev,
             handed: Mutex::default(),
             recycled: Mutex::default(),
+            recycled_dirs: Mutex::default(),
             next_recycled: AtomicU32::new(0),
             set: SpareSet {
                 dir: path,
@@ -362,8 +366,28 @@ impl Pool {
     /// a fresh one, else a recycled one that no process holds open
     /// (emptied, mode 0600).
     pub fn take_file(&self) -> Option<String> {
-        if let Some(i) = take(&self.next_file, self.set.files) {
-            return Some(self.set.file_name(i));
+        while let Some(i) = take(&self.next_file, self.set.files) {
+            let name = self.set.file_name(i);
+            // Checked empty when taken: what the command wrote into it by
+            // its path is never carried to the name it is placed at.
+            match rustix::fs::statat(
+                &self.dir,
+                name.as_str(),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            ) {
+                Ok(st)
+                    if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                        == rustix::fs::FileType::RegularFile
+                        && st.st_size == 0
+                        && st.st_nlink == 1
+                        && st.st_dev == self.dev =>
+                {
+                    return Some(name)
+                }
+                _ => {
+                    tracing::debug!(spare = %name, "spares: a spare file not empty when taken, skipped")
+                }
+            }
         }
         let mut recycled = self.recycled.lock().unwrap_or_else(|e| e.into_inner());
         let at = recycled.iter().position(|name| self.reusable(name))?;
@@ -435,9 +459,79 @@ impl Pool {
             && rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o600)).is_ok()
     }
 
-    /// The name of the next unused spare directory, or None.
+    /// The name of the next unused spare directory, or None: a fresh one,
+    /// else one a removal took back. Each is checked empty when taken (an
+    /// entry in it, which the command may have put there by its path, is
+    /// never carried to the name it is placed at: that spare is skipped).
     pub fn take_dir(&self) -> Option<String> {
-        take(&self.next_dir, self.set.dirs).map(|i| self.set.dir_name(i))
+        while let Some(i) = take(&self.next_dir, self.set.dirs) {
+            let name = self.set.dir_name(i);
+            if self.empty_dir(&name) {
+                return Some(name);
+            }
+            tracing::debug!(spare = %name, "spares: a spare directory not empty when taken, skipped");
+        }
+        let mut recycled = self.recycled_dirs.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(name) = recycled.pop() {
+            if self.empty_dir(&name) {
+                return Some(name);
+            }
+        }
+        None
+    }
+
+    /// Whether spare directory `name` is a directory of the pool's
+    /// filesystem with no entry but `.` and `..`.
+    fn empty_dir(&self, name: &str) -> bool {
+        let Ok(fd) = openat(
+            &self.dir,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return false;
+        };
+        dir_is_empty(&fd, self.dev)
+    }
+
+    /// Instead of removing directory `name` from `dir`, takes it back into
+    /// the pool when this pool handed it out and it is empty; false
+    /// (nothing done) otherwise. Its rule goes with the inode, so a
+    /// `mkdir`/`rmdir` loop does not use the pool up.
+    pub fn recycle_dir(&self, dir: impl AsFd, name: &[u8]) -> std::io::Result<bool> {
+        let fd = match openat(
+            &dir,
+            OsStr::from_bytes(name),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(_) => return Ok(false),
+        };
+        let st = rustix::fs::fstat(&fd)?;
+        let ours = self
+            .handed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&st.st_ino);
+        if !ours || !dir_is_empty(&fd, self.dev) {
+            return Ok(false);
+        }
+        let n = self.next_recycled.fetch_add(1, Ordering::AcqRel);
+        let back = format!("r{n}");
+        rustix::fs::renameat_with(
+            &dir,
+            name,
+            &self.dir,
+            back.as_str(),
+            rustix::fs::RenameFlags::NOREPLACE,
+        )?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700))?;
+        self.recycled_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(back);
+        Ok(true)
     }
 }
 
@@ -598,18 +692,41 @@ fn spare_intact(
         true => (rustix::fs::FileType::Directory, 0o700, 2),
     };
     let before_seal = ctime_of(&st) < seal.time;
+    // A directory's ctime moves with every entry made in it, but check its
+    // entries too: nothing of an earlier run may come along.
+    let empty = !is_dir
+        || openat(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .is_ok_and(|fd| dir_is_empty(&fd, dev));
     let pristine = rustix::fs::FileType::from_raw_mode(st.st_mode) == ty
         && st.st_mode & 0o7777 == mode
         && (st.st_uid, st.st_gid) == want.owner
         && st.st_nlink == links
         && (is_dir || st.st_size == 0)
         && st.st_dev == dev
+        && empty
         && before_seal;
     if pristine {
         Presence::Intact
     } else {
         Presence::Changed
     }
+}
+
+/// Whether the directory `fd` is on `dev` and holds no entry but `.` and
+/// `..` (an unreadable one counts as not empty).
+fn dir_is_empty(fd: &OwnedFd, dev: u64) -> bool {
+    if rustix::fs::fstat(fd).map(|st| st.st_dev) != Ok(dev) {
+        return false;
+    }
+    let Ok(mut entries) = rustix::fs::Dir::read_from(fd) else {
+        return false;
+    };
+    entries.all(|e| e.is_ok_and(|e| matches!(e.file_name().to_bytes(), b"." | b"..")))
 }
 
 /// Removes entry `name` of `dir` (a tree for a directory), never following
@@ -624,7 +741,8 @@ fn remove_entry(dir: &OwnedFd, name: &str) -> std::io::Result<()> {
     }
 }
 
-/// Removes the recycled spares (`r<n>`) a run left in the pool.
+/// Removes the recycled spares (`r<n>`, files and directories) a run left
+/// in the pool.
 fn remove_recycled(dir: &OwnedFd) {
     let Ok(entries) = std::fs::read_dir(beneath(dir, ".")) else {
         return;
@@ -633,7 +751,9 @@ fn remove_recycled(dir: &OwnedFd) {
         let name = e.file_name();
         let b = name.as_bytes();
         if b.len() > 1 && b[0] == b'r' && b[1..].iter().all(u8::is_ascii_digit) {
-            let _ = rustix::fs::unlinkat(dir, &name, rustix::fs::AtFlags::empty());
+            if let Some(name) = name.to_str() {
+                let _ = remove_entry(dir, name);
+            }
         }
     }
 }

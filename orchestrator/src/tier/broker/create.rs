@@ -25,6 +25,8 @@
 //!   EXDEV, as across filesystems (tools copy instead): moving an inode
 //!   without a rule of its own into the directory would leave it
 //!   unwritable, and moving one out is the kernel's to check;
+//! - a removed spare directory that is empty goes back to the pool too, so
+//!   a `mkdir`/`rmdir` loop does not use it up;
 //! - when the pool is used up, a create fails with EDQUOT, said once.
 
 use std::ffi::{CString, OsStr};
@@ -360,6 +362,7 @@ impl Task<'_> {
                 )?;
                 self.valid()?;
                 self.place(d, &spare, name)?;
+                d.pool.handed(rustix::fs::fstat(&fd)?.st_ino);
                 Ok(Answer::Value(0))
             }
             Call::Mknod { dirfd, path, mode } => {
@@ -431,7 +434,9 @@ impl Task<'_> {
                 }
                 self.valid()?;
                 if rmdir {
-                    rustix::fs::unlinkat(&d.dir, name, AtFlags::REMOVEDIR)?;
+                    if !d.pool.recycle_dir(&d.dir, name)? {
+                        rustix::fs::unlinkat(&d.dir, name, AtFlags::REMOVEDIR)?;
+                    }
                 } else if !d.pool.recycle(&d.dir, name)? {
                     rustix::fs::unlinkat(&d.dir, name, AtFlags::empty())?;
                 }
