@@ -446,6 +446,74 @@ fn a_mkdir_rmdir_loop_keeps_the_pool_and_running_out_is_named() {
     );
 }
 
+/// No process of a run survives hull, killed with SIGKILL mid-run (no
+/// handler of hull's runs): a grandchild that left the session is gone
+/// soon after, and so is the run's cgroup. The control: the grandchild
+/// runs while hull does.
+fn nothing_of_a_run_outlives_a_killed_hull(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let marker = format!("hull-orphan-{}-{t}", std::process::id());
+    let script = format!(
+        "setsid {} & echo started; sleep 300",
+        hull_tests::marked_sleep(&marker, 300)
+    );
+    let mut c = hull_tests::started(w.cmd(t, &[], &script));
+    let until = |cond: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !cond() {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        true
+    };
+    assert!(
+        until(&|| !hull_tests::pids_with(&marker).is_empty()),
+        "control: the grandchild does not run"
+    );
+    let cgroups = || -> Vec<String> {
+        let mut out = Vec::new();
+        for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+            if let Ok(rd) = std::fs::read_dir(root) {
+                for e in rd.flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if name.starts_with("hull-") {
+                        let procs = std::fs::read_to_string(e.path().join("cgroup.procs"))
+                            .unwrap_or_default();
+                        if procs.lines().any(|p| {
+                            p.parse::<i32>()
+                                .is_ok_and(|p| hull_tests::pids_with(&marker).contains(&p))
+                        }) {
+                            out.push(e.path().display().to_string());
+                        }
+                    }
+                }
+            }
+        }
+        out
+    };
+    let theirs = cgroups();
+    if t == "landlock" {
+        assert!(!theirs.is_empty(), "the run has no cgroup of its own");
+    }
+    // SAFETY: kill(2) on the pid of our own child.
+    unsafe {
+        libc::kill(c.id() as i32, libc::SIGKILL);
+    }
+    let _ = c.wait();
+    assert!(
+        until(&|| hull_tests::pids_with(&marker).is_empty()),
+        "left running after hull was killed: {:?}",
+        hull_tests::pids_with(&marker)
+    );
+    assert!(
+        until(&|| theirs.iter().all(|d| !Path::new(d).exists())),
+        "the run's cgroup is left: {theirs:?}"
+    );
+}
+
 macro_rules! tiers {
     (
         common: [$($case:ident),* $(,)?],
@@ -465,7 +533,11 @@ macro_rules! tiers {
 }
 
 tiers!(
-    common: [the_command_s_environment_reaches_no_helper, protected_metadata_holds],
+    common: [
+        the_command_s_environment_reaches_no_helper,
+        protected_metadata_holds,
+        nothing_of_a_run_outlives_a_killed_hull,
+    ],
     bwrap: [bwrap_holds_none_of_the_command_s_environment],
     vm: [protected_metadata_holds],
 );

@@ -9,6 +9,16 @@
 //! so everything the command starts is born inside. The
 //! command cannot leave it: the landlock tier grants no write under
 //! `/sys`, and the sandbox user (when hull is root) owns nothing there.
+//!
+//! No process of the run outlives hull, however hull ends: beside the
+//! cgroup hull forks a watchdog (before the command starts; hull's own
+//! code, no exec, raw system calls only) that holds the read end of a pipe
+//! only hull writes to, and the cgroup's `cgroup.kill`. When hull is gone
+//! (SIGKILL included) the pipe reads EOF and the watchdog kills the cgroup
+//! and removes it. It ignores the terminal's signals (Ctrl-C reaches hull,
+//! which ends the run itself), holds none of hull's other descriptors, and
+//! is out of the command's reach: outside its Landlock domain, which
+//! scopes signals and ptrace.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -40,6 +50,102 @@ pub struct RunCgroup {
     /// The directory itself, for `clone3(CLONE_INTO_CGROUP)`.
     dir_fd: File,
     procs: File,
+    /// Kills the cgroup if hull dies first.
+    watchdog: Option<Watchdog>,
+}
+
+/// The watchdog of a run's cgroup (see the module comment).
+#[derive(Debug)]
+struct Watchdog {
+    pid: libc::pid_t,
+    /// The write end of the pipe: closing it (or hull's death) wakes it.
+    alive: Option<std::os::fd::OwnedFd>,
+}
+
+impl Watchdog {
+    fn start(dir: &Path) -> io::Result<Watchdog> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let kill = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(dir.join("cgroup.kill"))?;
+        let dir_c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let (r_fd, k_fd) = (r.as_raw_fd(), kill.as_raw_fd());
+        let (lo, hi) = (
+            r_fd.min(k_fd) as libc::c_uint,
+            r_fd.max(k_fd) as libc::c_uint,
+        );
+        // SAFETY: fork; the child only makes raw, async-signal-safe system
+        // calls (prctl, signal, close_range, read, write, rmdir, nanosleep,
+        // _exit) on values prepared before the fork, and never returns.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: as above; the child of the fork.
+            unsafe {
+                libc::prctl(libc::PR_SET_NAME, c"hull-watchdog".as_ptr(), 0, 0, 0);
+                for sig in [
+                    libc::SIGINT,
+                    libc::SIGQUIT,
+                    libc::SIGHUP,
+                    libc::SIGTSTP,
+                    libc::SIGTTIN,
+                    libc::SIGTTOU,
+                    libc::SIGPIPE,
+                ] {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                // Everything but the pipe's read end and cgroup.kill.
+                if lo > 0 {
+                    libc::syscall(libc::SYS_close_range, 0u32, lo - 1, 0u32);
+                }
+                if hi > lo + 1 {
+                    libc::syscall(libc::SYS_close_range, lo + 1, hi - 1, 0u32);
+                }
+                libc::syscall(libc::SYS_close_range, hi + 1, libc::c_uint::MAX, 0u32);
+                let mut b = [0u8; 16];
+                loop {
+                    let n = libc::read(r_fd, b.as_mut_ptr().cast(), b.len());
+                    if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+                        break;
+                    }
+                }
+                libc::write(k_fd, b"1".as_ptr().cast(), 1);
+                let pause = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 10_000_000,
+                };
+                for _ in 0..1000 {
+                    if libc::rmdir(dir_c.as_ptr()) == 0 || *libc::__errno_location() == libc::ENOENT
+                    {
+                        break;
+                    }
+                    libc::nanosleep(&pause, std::ptr::null_mut());
+                }
+                libc::_exit(0);
+            }
+        }
+        Ok(Watchdog {
+            pid,
+            alive: Some(w),
+        })
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.alive.take());
+        let mut status = 0;
+        // SAFETY: waits for our own child, which exits at once now.
+        unsafe {
+            libc::waitpid(self.pid, &mut status, 0);
+        }
+    }
 }
 
 impl RunCgroup {
@@ -85,11 +191,28 @@ impl RunCgroup {
                     source,
                 })
             })?;
-        Ok(RunCgroup { dir, dir_fd, procs })
+        let watchdog = Watchdog::start(&dir).map_err(|source| {
+            fail(CgroupError::Create {
+                path: dir.join("cgroup.kill"),
+                source,
+            })
+        })?;
+        Ok(RunCgroup {
+            dir,
+            dir_fd,
+            procs,
+            watchdog: Some(watchdog),
+        })
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The watchdog's pid: hull's own child, not the command's, spared by
+    /// the sweeps that end the tree.
+    pub fn watchdog_pid(&self) -> Option<i32> {
+        self.watchdog.as_ref().map(|w| w.pid)
     }
 
     /// The cgroup's directory, which a child is cloned into
@@ -139,7 +262,10 @@ impl RunCgroup {
 impl Drop for RunCgroup {
     fn drop(&mut self) {
         self.kill_and_wait(Duration::from_secs(5));
-        if let Err(e) = std::fs::remove_dir(&self.dir) {
+        let removed = std::fs::remove_dir(&self.dir);
+        // Woken once the cgroup is gone: it finds nothing left to do.
+        drop(self.watchdog.take());
+        if let Err(e) = removed {
             tracing::warn!("cannot remove the run's cgroup {}: {e}", self.dir.display());
         }
     }

@@ -49,6 +49,15 @@ impl Containment {
         kill_descendants(main, spared);
     }
 
+    /// hull's own watchdog of the tree (a cgroup's), spared by the sweeps.
+    fn watchdog(&self) -> Option<i32> {
+        match self {
+            #[cfg(target_os = "linux")]
+            Containment::Cgroup(cg) => cg.watchdog_pid(),
+            _ => None,
+        }
+    }
+
     /// Whether the tree needs ending after the direct child exits.
     fn needs_sweep(&self) -> bool {
         !matches!(self, Containment::PidNamespace)
@@ -276,7 +285,11 @@ pub fn run(
             let _ = tx.send(Event::Exited(wait()));
         });
     }
-    let spared: Vec<i32> = helpers.iter().map(|h| h.pid).collect();
+    let spared: Vec<i32> = helpers
+        .iter()
+        .map(|h| h.pid)
+        .chain(containment.watchdog())
+        .collect();
     for h in helpers {
         let tx = tx.clone();
         std::thread::spawn(move || {
