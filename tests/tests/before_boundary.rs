@@ -514,6 +514,102 @@ fn nothing_of_a_run_outlives_a_killed_hull(t: &str) {
     );
 }
 
+/// Two concurrent runs (as root: the same sandbox user) cannot reach each
+/// other through `/proc`: run B, given run A's host pid, neither lists nor
+/// writes A's project through `/proc/PID/cwd`, nor reads A's environment.
+/// The control: a command with no boundary does both.
+fn concurrent_runs_cannot_reach_each_other(t: &str) {
+    require_tier(t);
+    let a = World::new();
+    let b = World::new();
+    std::fs::write(a.project.join("a-secret.txt"), "a-project-secret").expect("write");
+    let marker = format!("hull-run-a-{}-{t}", std::process::id());
+    let script = format!("echo started; {}", hull_tests::marked_sleep(&marker, 60));
+    let _run_a = Killed(hull_tests::started(a.cmd(
+        t,
+        &["--env", "A_TOKEN=a-env-token-5e1"],
+        &script,
+    )));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let pid = loop {
+        if let Some(p) = hull_tests::pids_with(&marker).first() {
+            break *p;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "run A's command not found"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let reach = format!(
+        "ls /proc/{pid}/cwd/; cat /proc/{pid}/cwd/a-secret.txt; \
+         tr '\\0' '\\n' < /proc/{pid}/environ; echo planted > /proc/{pid}/cwd/planted; \
+         ls /proc/{pid}/root/ >/dev/null && echo root-reached; true"
+    );
+    // The control: the same commands, with no boundary, as the user run
+    // A's command is (the sandbox user when hull is root).
+    let uid_gid = |field: &str| -> u32 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .expect("status")
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .expect("ids")
+    };
+    let control = {
+        use std::os::unix::process::CommandExt;
+        Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&reach)
+            .current_dir("/")
+            .gid(uid_gid("Gid:"))
+            .uid(uid_gid("Uid:"))
+            .output()
+            .expect("sh")
+    };
+    let text = String::from_utf8_lossy(&control.stdout).to_string();
+    assert!(
+        text.contains("a-project-secret") && text.contains("a-env-token-5e1"),
+        "control: {}",
+        show(&control)
+    );
+    assert!(
+        a.project.join("planted").exists(),
+        "control: nothing planted"
+    );
+    std::fs::remove_file(a.project.join("planted")).expect("rm");
+
+    let o = b.run(t, &[], &reach);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for leaked in [
+        "a-secret.txt",
+        "a-project-secret",
+        "a-env-token-5e1",
+        "root-reached",
+    ] {
+        assert!(
+            !text.contains(leaked),
+            "run B reached run A ({leaked}): {}",
+            show(&o)
+        );
+    }
+    assert!(
+        !a.project.join("planted").exists(),
+        "run B wrote in run A's project"
+    );
+}
+
+/// A child killed and reaped when the test ends, passed or not.
+struct Killed(std::process::Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 macro_rules! tiers {
     (
         common: [$($case:ident),* $(,)?],
@@ -537,6 +633,7 @@ tiers!(
         the_command_s_environment_reaches_no_helper,
         protected_metadata_holds,
         nothing_of_a_run_outlives_a_killed_hull,
+        concurrent_runs_cannot_reach_each_other,
     ],
     bwrap: [bwrap_holds_none_of_the_command_s_environment],
     vm: [protected_metadata_holds],

@@ -8,6 +8,8 @@
 
 #[cfg(target_os = "linux")]
 pub mod cgroup;
+#[cfg(target_os = "linux")]
+pub mod domain;
 #[cfg(unix)]
 pub mod fds;
 #[cfg(not(target_os = "linux"))]

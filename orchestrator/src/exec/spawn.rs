@@ -509,13 +509,15 @@ mod tests {
             .spawn(Piped::default())
             .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
-        // Both children were reaped: this thread has none, not even a
-        // zombie (the list is per thread, so other tests' do not count).
+        // Both children were reaped: this thread has none but the cgroup's
+        // watchdog, not even a zombie (the list is per thread, so other
+        // tests' do not count).
         let children = format!(
             "/proc/self/task/{}/children",
             rustix::thread::gettid().as_raw_nonzero()
         );
-        assert_eq!(std::fs::read_to_string(&children).unwrap().trim(), "");
+        let watchdog = cg.watchdog_pid().map(|p| p.to_string()).unwrap_or_default();
+        assert_eq!(std::fs::read_to_string(&children).unwrap().trim(), watchdog);
         // And with the step gone, the same command runs and lands.
         let mut c = CgroupCommand::new("/usr/bin/touch", &cg).unwrap();
         c.arg(&marker);

@@ -187,6 +187,9 @@ impl ProxyProcess {
                 Ok(())
             });
         }
+        // A proxy taken over by what it parses reaches no run's processes.
+        #[cfg(target_os = "linux")]
+        crate::exec::domain::confine(&mut cmd, "the network proxy");
         let child = cmd.spawn()?;
         // The child has its copies.
         drop((input, audit, exe));

@@ -399,6 +399,9 @@ impl Machine {
             // `snapshot=on` overlays live (and die) with the instance.
             .env("TMPDIR", &spec.dir);
         proc::tie_to_parent(&mut cmd);
+        // A guest that took QEMU over reaches no run's processes.
+        #[cfg(target_os = "linux")]
+        crate::exec::domain::confine(&mut cmd, "tier vm: QEMU");
         let mut qemu =
             Supervised::spawn(cmd, "qemu", &spec.dir).map_err(|e| MachineErrorKind::Io {
                 step: Step::Qemu,
