@@ -165,9 +165,14 @@ impl Decoy {
 
     /// Puts every area back as it was made, and starts the victims afresh.
     pub fn reset(&self, setup: Setup) -> std::io::Result<()> {
-        for dir in [&self.home, &self.project, &self.outside] {
+        let drop = self.root.join("drop");
+        for dir in [&self.home, &self.project, &self.outside, &drop] {
             crate::runtime::remove_tree(dir)?;
         }
+        // Anyone may write here: what the sandbox user's processes write
+        // before a boundary is seen (`helper_environment`).
+        std::fs::create_dir(&drop)?;
+        mode(&drop, 0o1777)?;
         for dir in [&self.home, &self.home.join(".ssh"), &self.outside] {
             std::fs::create_dir(dir)?;
             mode(dir, 0o755)?;

@@ -188,9 +188,9 @@ pub fn run(
             })?;
             let script = (p.script)(&decoy, tier);
             let out = if tier == Tier::None && p.control_without_hull {
-                run_bare(&decoy, p.caller, &script)
+                run_bare(&decoy, p.caller, &script, &(p.env)(&decoy))
             } else {
-                run_one(&exe, &decoy, p.caller, tier, &script)
+                run_one(&exe, &decoy, p.caller, tier, &script, &(p.env)(&decoy))
             };
             // Give the listeners' threads a moment to count a connection
             // (and a process that outlived the run, to act).
@@ -249,11 +249,17 @@ fn summary(o: &Output) -> String {
 const RUN_SOCKET_TAIL: usize = 1 + 36 + 1 + 10 + 1 + 10;
 
 /// A probe's control without hull: `sh -c script` in the decoy project.
-fn run_bare(d: &Decoy, caller: Caller, script: &str) -> Result<Output, CanaryError> {
+fn run_bare(
+    d: &Decoy,
+    caller: Caller,
+    script: &str,
+    env: &[(String, String)],
+) -> Result<Output, CanaryError> {
     let mut c = as_called(d, caller, Path::new("sh"));
     c.args(["-c", script])
         .current_dir(&d.project)
-        .env("HOME", &d.home);
+        .env("HOME", &d.home)
+        .envs(env.iter().map(|(k, v)| (k, v)));
     collect(c, d, caller, Path::new("sh"))
 }
 
@@ -278,9 +284,13 @@ fn run_one(
     caller: Caller,
     tier: Tier,
     script: &str,
+    env: &[(String, String)],
 ) -> Result<Output, CanaryError> {
     let mut c = as_called(d, caller, exe);
     c.args(["-q", "run"]);
+    for (k, v) in env {
+        c.arg("--env").arg(format!("{k}={v}"));
+    }
     if tier == Tier::Vm {
         c.arg("--tier3");
     } else {

@@ -60,6 +60,8 @@ pub struct Probe {
     pub control_without_hull: bool,
     /// What hull's caller hands it besides the command line.
     pub caller: Caller,
+    /// The command's environment beyond the policy's (`hull run --env`).
+    pub env: fn(&Decoy) -> Vec<(String, String)>,
     /// Why the probe does not apply to a tier on this host, if it does not.
     pub unavailable: fn(&Decoy, Tier) -> Option<String>,
     pub script: fn(&Decoy, Tier) -> String,
@@ -85,6 +87,7 @@ impl Probe {
             control_without_hull: false,
             unavailable: |_, _| None,
             caller: Caller::Plain,
+            env: |_| Vec::new(),
             script,
             landed,
         }
@@ -92,6 +95,11 @@ impl Probe {
 
     const fn positive(mut self) -> Probe {
         self.kind = Kind::Positive;
+        self
+    }
+
+    const fn with_env(mut self, env: fn(&Decoy) -> Vec<(String, String)>) -> Probe {
+        self.env = env;
         self
     }
 
@@ -222,7 +230,68 @@ pub fn probes() -> Vec<Probe> {
                 xattr_set(&key).then(|| "an xattr was set on it on the host".into())
             },
         ),
+        // ---- nothing of the command runs before its boundary
+        Probe::attack(
+            "helper_environment",
+            "the command's environment in hull's helpers",
+            |_, _| "true".into(),
+            |d, _| {
+                let dropped: Vec<String> = std::fs::read_dir(d.root.join("drop"))
+                    .ok()?
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                (!dropped.is_empty()).then(|| {
+                    format!(
+                        "the dynamic loader of a process started with the command's \
+                         environment wrote {} on the host",
+                        dropped.join(", ")
+                    )
+                })
+            },
+        )
+        .with_env(|d| {
+            // glibc's loader writes its debug output to this file of any
+            // process that starts with these variables: hull's helpers
+            // before the boundary (anyone may write in the drop directory)
+            // as much as the command.
+            vec![
+                ("LD_DEBUG".into(), "files".into()),
+                (
+                    "LD_DEBUG_OUTPUT".into(),
+                    d.root.join("drop/ld").display().to_string(),
+                ),
+            ]
+        }),
         // ---- what is protected inside the project
+        Probe::attack(
+            "protected_metadata",
+            "protected paths",
+            |_, _| {
+                "for p in .git .git/config .hull vendor/ro; do chmod 0777 $p; \
+                 touch -h -m -d 2001-01-01 $p; done; \
+                 python3 -c 'import os, struct; os.setxattr(\".hull\", \"system.posix_acl_default\", \
+                 struct.pack(\"<I\", 2) + b\"\".join(struct.pack(\"<HHI\", t, 7, 0xffffffff) \
+                 for t in (1, 4, 0x20)))'"
+                    .into()
+            },
+            |d, _| {
+                for p in [".git", ".git/config", ".hull", "vendor/ro"] {
+                    let path = d.project.join(p);
+                    let m = std::fs::symlink_metadata(&path).ok()?;
+                    if m.mode() & 0o777 == 0o777 {
+                        return Some(format!("{p} is now mode 777 on the host"));
+                    }
+                    if m.mtime() < 1_000_000_000 + 86400 * 365 {
+                        return Some(format!("{p}'s modification time was set on the host"));
+                    }
+                    if xattr_set(&path) {
+                        return Some(format!("an xattr or ACL was set on {p} on the host"));
+                    }
+                }
+                None
+            },
+        ),
         Probe::attack(
             "git_hook",
             "protected paths",
@@ -653,17 +722,16 @@ fn xattr_set(p: &Path) -> bool {
     let Ok(path) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
         return false;
     };
-    // SAFETY: both strings are NUL-terminated; a zero-size buffer only asks
-    // for the value's size.
-    let n = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            c"user.hull".as_ptr(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    n >= 0
+    // The probes' own attribute, or a default ACL (none is made here).
+    [c"user.hull", c"system.posix_acl_default"]
+        .iter()
+        .any(|name| {
+            // SAFETY: both strings are NUL-terminated; a zero-size buffer only
+            // asks for the value's size.
+            let n =
+                unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+            n >= 0
+        })
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -705,6 +773,7 @@ mod tests {
             "watches outside the grants",
             "the process tree",
             "descriptors of hull's caller",
+            "the command's environment in hull's helpers",
         ] {
             assert!(classes.contains(&c), "{c}");
         }
