@@ -29,6 +29,10 @@
 //! `protected_hardlinks` keeps links to files the sandbox user does not
 //! own from being made.
 
+// A command can write the trees this module works on: no path-based
+// filesystem call (clippy.toml).
+#![deny(clippy::disallowed_methods)]
+
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -398,6 +402,8 @@ pub(super) fn to_access(r: Right) -> BitFlags<AccessFs> {
 }
 
 #[cfg(test)]
+// Tests build their trees by path.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
     use crate::policy::lower::landlock::{writable_rights, Rule};

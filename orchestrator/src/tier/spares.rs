@@ -38,6 +38,10 @@
 //! owner, is removed whole. Pools are locked (`flock`) while a run holds
 //! them, so concurrent runs each take their own.
 
+// A command can write the trees this module works on: no path-based
+// filesystem call (clippy.toml).
+#![deny(clippy::disallowed_methods)]
+
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
@@ -153,7 +157,26 @@ impl Pool {
     /// while a run holds it; a new one is made under a temporary name and
     /// renamed once locked. Pools that cannot be adopted (no valid seal:
     /// their maker was killed) are removed.
+    #[cfg(test)]
     pub fn create(
+        hull_dir: &Path,
+        run_id: &str,
+        owner: Option<(u32, u32)>,
+        files: u32,
+        dirs: u32,
+        keep: bool,
+    ) -> Result<Pool, SpareError> {
+        let parent = open_dir_nofollow(rustix::fs::CWD, hull_dir).map_err(|source| SpareError {
+            path: hull_dir.to_path_buf(),
+            source,
+        })?;
+        Pool::create_in(parent, hull_dir, run_id, owner, files, dirs, keep)
+    }
+
+    /// [`Pool::create`] in the `.hull` directory `parent` is open on
+    /// (`hull_dir` names it in messages and the helper's plan only).
+    pub fn create_in(
+        parent: OwnedFd,
         hull_dir: &Path,
         run_id: &str,
         owner: Option<(u32, u32)>,
@@ -167,7 +190,6 @@ impl Pool {
             path: path.clone(),
             source,
         };
-        let parent = open_dir_nofollow(rustix::fs::CWD, hull_dir).map_err(err)?;
         let chunks = std::thread::available_parallelism()
             .map_or(1, |n| n.get() as u32)
             .clamp(1, 4);
@@ -744,11 +766,7 @@ fn remove_entry(dir: &OwnedFd, name: &str) -> std::io::Result<()> {
 /// Removes the recycled spares (`r<n>`, files and directories) a run left
 /// in the pool.
 fn remove_recycled(dir: &OwnedFd) {
-    let Ok(entries) = std::fs::read_dir(beneath(dir, ".")) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
+    for name in entry_names(dir) {
         let b = name.as_bytes();
         if b.len() > 1 && b[0] == b'r' && b[1..].iter().all(u8::is_ascii_digit) {
             if let Some(name) = name.to_str() {
@@ -758,14 +776,27 @@ fn remove_recycled(dir: &OwnedFd) {
     }
 }
 
+/// The names in the directory `dir` is open on, but `.` and `..` (none
+/// when it cannot be read).
+fn entry_names(dir: &OwnedFd) -> Vec<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStringExt;
+    let Ok(entries) = rustix::fs::Dir::read_from(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.file_name().to_bytes().to_vec())
+        .filter(|n| n != b"." && n != b"..")
+        .map(std::ffi::OsString::from_vec)
+        .collect()
+}
+
 /// An idle pool in `hull_dir` sealed for what `want` needs, locked: its
 /// directory and name. Idle pools that cannot serve (no seal, another
 /// owner or size) are removed; those being made are left their grace.
 fn adopt(hull_dir: &OwnedFd, want: &Seal) -> Option<(OwnedFd, String)> {
-    let entries = std::fs::read_dir(beneath(hull_dir, ".")).ok()?;
     let mut found = None;
-    for e in entries.flatten() {
-        let name = e.file_name();
+    for name in entry_names(hull_dir) {
         let making = name.as_bytes().starts_with(MAKING.as_bytes());
         if !making && !name.as_bytes().starts_with(PREFIX.as_bytes()) {
             continue;
@@ -876,7 +907,6 @@ fn make_pool(
     run: &ThisRun,
     out: &mut Served,
 ) -> Result<Arc<Pool>, String> {
-    use std::os::unix::fs::MetadataExt;
     let hull = root.join(".hull");
     let hidden = policy
         .protects
@@ -885,7 +915,17 @@ fn make_pool(
     if !hidden {
         return Err(format!("{} is not hidden by the policy", hull.display()));
     }
-    let root_meta = std::fs::metadata(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    // The writable root opened once, no link on the way; `.hull` and the
+    // split directory looked at through it, never by path again.
+    let root_fd = rustix::fs::openat2(
+        rustix::fs::CWD,
+        root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        rustix::fs::ResolveFlags::NO_SYMLINKS | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| format!("{}: {e}", root.display()))?;
+    let root_meta = rustix::fs::fstat(&root_fd).map_err(|e| format!("{}: {e}", root.display()))?;
     // A pool stays for the next run only in a `.hull` the project has: one
     // hull makes goes after the run, with the pool; so does one another
     // run made and still holds (a placeholder of hull's, held by this run
@@ -894,33 +934,51 @@ fn make_pool(
         path: hull.clone(),
         root: root.to_path_buf(),
         dir: true,
-        seen: std::fs::symlink_metadata(&hull).is_ok(),
+        seen: rustix::fs::statat(&root_fd, ".hull", rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok(),
     }];
     let held =
         crate::runtime::placeholder::hold(&wanted, &run.runs_root).map_err(|e| e.to_string())?;
     let keep = !held.paths().any(|p| p == hull);
     out.placeholders.absorb(held);
-    let meta = std::fs::symlink_metadata(&hull).map_err(|e| format!("{}: {e}", hull.display()))?;
-    if !meta.is_dir() {
-        return Err(format!("{} is not a directory", hull.display()));
-    }
-    let split_dev = std::fs::metadata(split)
-        .map_err(|e| format!("{}: {e}", split.display()))?
-        .dev();
-    if meta.dev() != split_dev {
+    let hull_fd =
+        open_dir_nofollow(&root_fd, Path::new(".hull")).map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOTDIR) | Some(libc::ELOOP) => {
+                format!("{} is not a directory", hull.display())
+            }
+            _ => format!("{}: {e}", hull.display()),
+        })?;
+    let meta = rustix::fs::fstat(&hull_fd).map_err(|e| format!("{}: {e}", hull.display()))?;
+    let rel = split.strip_prefix(root).unwrap_or(Path::new(""));
+    let split_dev = rustix::fs::openat2(
+        &root_fd,
+        if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        },
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
+    )
+    .and_then(|fd| rustix::fs::fstat(&fd))
+    .map_err(|e| format!("{}: {e}", split.display()))?
+    .st_dev;
+    if meta.st_dev != split_dev {
         return Err(format!("{} is on another filesystem", hull.display()));
     }
-    let owner = run.root_user.then(|| (root_meta.uid(), root_meta.gid()));
-    if run.root_user && meta.uid() != root_meta.uid() && meta.mode() & 0o001 == 0 {
+    let owner = run
+        .root_user
+        .then_some((root_meta.st_uid, root_meta.st_gid));
+    if run.root_user && meta.st_uid != root_meta.st_uid && meta.st_mode & 0o001 == 0 {
         return Err(format!(
             "{} belongs to uid {} (not {}'s owner) and others cannot search it, so the \
              sandbox user could not reach the entries hull prepares there",
             hull.display(),
-            meta.uid(),
+            meta.st_uid,
             root.display()
         ));
     }
-    Pool::create(&hull, &run.id, owner, FILES, DIRS, keep)
+    Pool::create_in(hull_fd, &hull, &run.id, owner, FILES, DIRS, keep)
         .map(Arc::new)
         .map_err(|e| e.to_string())
 }
@@ -941,6 +999,8 @@ fn beneath(dir: &OwnedFd, name: impl AsRef<std::ffi::OsStr>) -> PathBuf {
 }
 
 #[cfg(test)]
+// Tests build their trees by path.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 

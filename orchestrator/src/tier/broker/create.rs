@@ -596,6 +596,7 @@ impl Task<'_> {
     }
 
     /// The command's umask, from `/proc/TID/status`.
+    #[allow(clippy::disallowed_methods)] // procfs: the kernel's, of a task the pending notification pins
     fn umask(&self) -> std::io::Result<u32> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
         status
@@ -683,6 +684,8 @@ fn is_dir(d: &Split, name: &[u8]) -> bool {
 }
 
 #[cfg(test)]
+// Tests build their trees by path.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 

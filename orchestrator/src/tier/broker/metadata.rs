@@ -54,6 +54,9 @@ impl Scope {
 
     /// One entry per grant and protection of `policy`, canonical, allowing
     /// what `grant` and `protect` say.
+    // The policy's own paths, resolved once before the command starts, to
+    // compare with the paths the kernel gives for the command's files.
+    #[allow(clippy::disallowed_methods)]
     fn built(
         policy: &Policy,
         grant: impl Fn(&Grant) -> bool,

@@ -23,6 +23,10 @@
 //! the child sends over a socketpair ([`send_listener`]); the broker thread
 //! serves until every filtered process is gone.
 
+// A command can write the trees this module works on: no path-based
+// filesystem call (clippy.toml).
+#![deny(clippy::disallowed_methods)]
+
 mod connect;
 mod create;
 mod metadata;
@@ -124,6 +128,7 @@ struct Identity {
     groups: Vec<u32>,
 }
 
+#[allow(clippy::disallowed_methods)] // procfs: the kernel's, of a task the pending notification pins
 fn identity(tid: i32) -> std::io::Result<Identity> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
     let field = |name: &str| -> Option<Vec<u32>> {
@@ -523,6 +528,7 @@ impl Task<'_> {
 }
 
 /// The mount namespace of process `pid` (or `self`): its device and inode.
+#[allow(clippy::disallowed_methods)] // procfs: the kernel's, of a task the pending notification pins
 fn mount_ns(pid: &str) -> std::io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(format!("/proc/{pid}/ns/mnt"))?;
@@ -540,6 +546,7 @@ fn own_mount_ns() -> std::io::Result<(u64, u64)> {
 }
 
 /// The text of the file `path`, at most `max` bytes of it.
+#[allow(clippy::disallowed_methods)] // procfs files of a pinned task only (its callers)
 fn read_bounded(path: &str, max: u64) -> std::io::Result<String> {
     use std::io::Read;
     let mut text = String::new();
@@ -551,6 +558,7 @@ fn read_bounded(path: &str, max: u64) -> std::io::Result<String> {
 
 /// The thread group (process) of thread `tid`, from `/proc/TID/status`;
 /// checked afterwards by the notification still being valid.
+#[allow(clippy::disallowed_methods)] // procfs: the kernel's, of a task the pending notification pins
 fn thread_group(tid: i32) -> std::io::Result<i32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
     status
@@ -561,6 +569,8 @@ fn thread_group(tid: i32) -> std::io::Result<i32> {
 }
 
 #[cfg(test)]
+// Tests build their trees by path.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 
