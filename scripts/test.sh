@@ -140,7 +140,10 @@ make_rootfs_tar() {
   local mirror
   mirror=$(. images/apt-mirror.sh && host_apt_uri bookworm)
   [ -n "$mirror" ] || { echo "no apt source of this host serves Debian bookworm" >&2; return 1; }
-  SOURCE_DATE_EPOCH=1700000000 timeout 600 mmdebstrap --variant=minbase --mode=root \
+  # mmdebstrap picks its output format from the target's extension, and
+  # `.partial` is none of its: without --format it made a directory there.
+  rm -rf "$rootfs_tar.partial"
+  SOURCE_DATE_EPOCH=1700000000 timeout 600 mmdebstrap --variant=minbase --mode=root --format=tar \
     --include=hello bookworm "$rootfs_tar.partial" "deb $mirror bookworm main" >&2 &&
     mv "$rootfs_tar.partial" "$rootfs_tar"
 }

@@ -610,6 +610,62 @@ impl Drop for Killed {
     }
 }
 
+/// Two concurrent landlock runs on one project: run B swaps the project's
+/// `src` with a symlink to a directory outside every grant, over and over
+/// (`RENAME_EXCHANGE` through its create broker), while run A starts again
+/// and again and writes below `src`. A rule of A's never lands on the
+/// directory outside: nothing is written there (a run may be refused,
+/// naming the link, or find `src` a link it may not follow). The control:
+/// with no boundary the same write through the link lands outside.
+#[cfg(feature = "landlock")]
+#[test]
+fn a_concurrent_run_swapping_an_entry_moves_no_rule_outside() {
+    require_tier("landlock");
+    let w = World::new();
+    w.git_init();
+    let drop = open_drop();
+    let _gone = Removed(drop.clone());
+    std::fs::create_dir_all(w.project.join("src")).expect("mkdir");
+    std::os::unix::fs::symlink(&drop, w.project.join("lnk")).expect("symlink");
+
+    // Control: through the link, with no boundary, the write lands.
+    let o = w.run("none", &[], "echo control > lnk/control");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(drop.join("control").exists(), "control: {}", show(&o));
+    std::fs::remove_file(drop.join("control")).expect("rm");
+
+    let swapper = r#"/usr/bin/python3 -c '
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+print("started", flush=True)
+end = time.time() + 20
+n = 0
+while time.time() < end:
+    libc.renameat2(-100, b"src", -100, b"lnk", 2)
+    n += 1
+'"#;
+    let _b = Killed(hull_tests::started(w.cmd("landlock", &[], swapper)));
+    let mut outcomes = std::collections::BTreeMap::new();
+    for i in 0..40 {
+        let o = w.run("landlock", &[], &format!("echo a > src/f{i}"));
+        let code = o.status.code().unwrap_or(-1);
+        if code == 125 {
+            assert!(
+                String::from_utf8_lossy(&o.stderr).contains("symlink"),
+                "hull failed otherwise: {}",
+                show(&o)
+            );
+        }
+        *outcomes.entry(code).or_insert(0) += 1;
+        assert_eq!(
+            std::fs::read_dir(&drop).expect("drop").count(),
+            0,
+            "run {i} wrote outside the project (outcomes so far {outcomes:?}): {}",
+            show(&o)
+        );
+    }
+}
+
 macro_rules! tiers {
     (
         common: [$($case:ident),* $(,)?],
