@@ -598,7 +598,8 @@ pub fn run_process_tier(
                 .keep_fds
                 .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
             keep_alive.push(prepared.error_w);
-            for fd in prepared.keep {
+            keep_alive.push(prepared.exe);
+            for fd in prepared.inherit {
                 setup.keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(&fd));
                 keep_alive.push(fd);
             }

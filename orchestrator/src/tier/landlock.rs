@@ -176,9 +176,12 @@ pub struct Prepared {
     pub argv: Vec<OsString>,
     pub error_w: std::os::fd::OwnedFd,
     pub error_r: std::os::fd::OwnedFd,
-    /// Descriptors the child must keep open until it is spawned: hull's
-    /// executable, the sealed plan (`--plan-fd`) and the ruleset.
-    pub keep: Vec<std::os::fd::OwnedFd>,
+    /// hull's executable, which `argv[0]` names: open (close-on-exec:
+    /// the kernel opened it before the exec closes it) until it is spawned.
+    pub exe: std::os::fd::OwnedFd,
+    /// Descriptors the helper inherits and closes itself before the
+    /// command runs: the sealed plan (`--plan-fd`) and the ruleset.
+    pub inherit: Vec<std::os::fd::OwnedFd>,
 }
 
 /// Reads the helper's error pipe after it is done.
@@ -251,7 +254,8 @@ pub fn command(req: &Request<'_>) -> Result<Prepared, LandlockError> {
         argv: helper,
         error_w,
         error_r,
-        keep: vec![exe, plan_fd, bound.ruleset],
+        exe,
+        inherit: vec![plan_fd, bound.ruleset],
     })
 }
 
