@@ -556,7 +556,7 @@ pub fn run_process_tier(
                     })?;
                 let handler = crate::tier::broker::Handler::Landlock {
                     watch: crate::tier::broker::Scope::visible(policy),
-                    metadata: Some(crate::tier::broker::Scope::of(policy)),
+                    metadata: crate::tier::broker::Scope::of(policy),
                     workers: crate::tier::broker::Workers::new(as_command),
                     creates,
                 };
@@ -589,7 +589,6 @@ pub fn run_process_tier(
                 argv: &spec.argv,
                 env: &command_env,
                 broker_fd: Some(broker_fd),
-                metadata_broker: true,
                 pools: &spare_pools,
                 proxy_port,
                 in_child: cow.map(|_| spec.cwd.as_path()),

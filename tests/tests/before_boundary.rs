@@ -353,59 +353,6 @@ fn protected_metadata_holds(t: &str) {
     assert_eq!((mode, mtime), (0o640, 978307200), "{}", show(&o));
 }
 
-/// The spare pool kept in a project's `.hull` trusts nothing the command
-/// can change: one run writes into every spare it reaches by path and then
-/// tries to move its pool's seal forward (chmod, touch, an xattr), which
-/// used to make the planted spares look sealed; the next run's new
-/// directories and files, spares of that pool, come to it empty.
-#[cfg(feature = "landlock")]
-#[test]
-fn a_planted_spare_and_a_touched_seal_reach_no_later_run() {
-    require_tier("landlock");
-    let w = World::new();
-    w.git_init();
-    std::fs::create_dir(w.project.join(".hull")).expect("mkdir .hull");
-    let plant = "n=0; for f in .hull/spares-*/c*/*; do \
-                 if [ -d \"$f\" ]; then echo planted > \"$f/inside\" && n=$((n+1)); \
-                 else echo planted >> \"$f\" && n=$((n+1)); fi; done 2>/dev/null; \
-                 for s in .hull/spares-*/seal; do chmod 0644 \"$s\"; touch \"$s\"; \
-                 /usr/bin/python3 -c 'import os,sys; os.setxattr(sys.argv[1], \"user.x\", b\"1\")' \"$s\"; \
-                 done 2>/dev/null; echo $n";
-    let o = w.run("landlock", &[], plant);
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    let planted: u32 = String::from_utf8_lossy(&o.stdout)
-        .trim()
-        .parse()
-        .expect("a count");
-    assert!(
-        planted >= 300,
-        "control: only {planted} spares were written"
-    );
-    let o = w.run(
-        "landlock",
-        &[],
-        "for i in 1 2 3 4 5 6 7 8; do mkdir d$i && ls -A d$i; touch f$i && cat f$i; done; echo end",
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "end\n", "{}", show(&o));
-    for i in 1..=8 {
-        let d = w.project.join(format!("d{i}"));
-        assert_eq!(
-            std::fs::read_dir(&d).expect("dir").count(),
-            0,
-            "{}",
-            d.display()
-        );
-        let f = w.project.join(format!("f{i}"));
-        assert_eq!(
-            std::fs::metadata(&f).expect("file").len(),
-            0,
-            "{}",
-            f.display()
-        );
-    }
-}
-
 /// A loop that makes and removes a directory at the top of a split project
 /// does not use the run's spare directories up (a removed empty one goes
 /// back to the pool); making more directories there than the pool holds

@@ -716,19 +716,7 @@ fn a_spare_written_by_one_run_reaches_no_later_run() {
     let w = World::new();
     w.git_init();
     std::fs::create_dir(w.project.join(".hull")).expect("mkdir .hull");
-    let plant = "n=0; for f in .hull/spares-*/c*/*; do \
-                 if [ -d \"$f\" ]; then echo planted > \"$f/inside\" && n=$((n+1)); \
-                 else echo planted >> \"$f\" && n=$((n+1)); fi; done 2>/dev/null; echo $n";
-    let o = w.run("landlock", &[], plant);
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    let planted: u32 = String::from_utf8_lossy(&o.stdout)
-        .trim()
-        .parse()
-        .expect("a count");
-    assert!(
-        planted >= 300,
-        "control: only {planted} spares were written"
-    );
+    plant_every_spare(&w, "");
     let pools = || {
         std::fs::read_dir(w.project.join(".hull"))
             .expect(".hull")
@@ -757,6 +745,71 @@ fn a_spare_written_by_one_run_reaches_no_later_run() {
         0
     );
     assert_eq!(pools(), 1, "the next run adopted the pool");
+}
+
+/// A landlock run that writes into every spare of the project's pool it
+/// reaches by path (files appended to, an entry made in each directory),
+/// then runs `also`; asserts it got that far (the attack's control: the
+/// spares are reachable and writable).
+fn plant_every_spare(w: &World, also: &str) {
+    let plant = format!(
+        "n=0; for f in .hull/spares-*/c*/*; do \
+         if [ -d \"$f\" ]; then echo planted > \"$f/inside\" && n=$((n+1)); \
+         else echo planted >> \"$f\" && n=$((n+1)); fi; done 2>/dev/null; {also} echo $n"
+    );
+    let o = w.run("landlock", &[], &plant);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let planted: u32 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("a count");
+    assert!(
+        planted >= 300,
+        "control: only {planted} spares were written"
+    );
+}
+
+/// The spare pool kept in a project's `.hull` trusts nothing the command
+/// can change: one run writes into every spare it reaches by path and then
+/// tries to move its pool's seal forward (chmod, touch, an xattr), which
+/// used to make the planted spares look sealed; the next run's new
+/// directories and files, spares of that pool, come to it empty.
+#[cfg(feature = "landlock")]
+#[test]
+fn a_planted_spare_and_a_touched_seal_reach_no_later_run() {
+    require_tier("landlock");
+    let w = World::new();
+    w.git_init();
+    std::fs::create_dir(w.project.join(".hull")).expect("mkdir .hull");
+    plant_every_spare(
+        &w,
+        "for s in .hull/spares-*/seal; do chmod 0644 \"$s\"; touch \"$s\"; \
+         /usr/bin/python3 -c 'import os,sys; os.setxattr(sys.argv[1], \"user.x\", b\"1\")' \"$s\"; \
+         done 2>/dev/null;",
+    );
+    let o = w.run(
+        "landlock",
+        &[],
+        "for i in 1 2 3 4 5 6 7 8; do mkdir d$i && ls -A d$i; touch f$i && cat f$i; done; echo end",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "end\n", "{}", show(&o));
+    for i in 1..=8 {
+        let d = w.project.join(format!("d{i}"));
+        assert_eq!(
+            std::fs::read_dir(&d).expect("dir").count(),
+            0,
+            "{}",
+            d.display()
+        );
+        let f = w.project.join(format!("f{i}"));
+        assert_eq!(
+            std::fs::metadata(&f).expect("file").len(),
+            0,
+            "{}",
+            f.display()
+        );
+    }
 }
 
 /// Runs on a project without `.hull` at the same time: each makes its

@@ -26,18 +26,25 @@ struct RulesetAttr {
 
 const LANDLOCK_ACCESS_FS_MAKE_BLOCK: u64 = 1 << 11;
 
-/// Whether the kernel has Landlock at all.
-pub fn supported() -> bool {
-    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns the
-    // ABI version (or -1); it reads no memory.
-    unsafe {
+/// The Landlock ABI the running kernel supports (0 when none).
+pub fn kernel_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns the ABI
+    // version number (or -1); it reads no memory.
+    let r = unsafe {
         libc::syscall(
             libc::SYS_landlock_create_ruleset,
             std::ptr::null::<libc::c_void>(),
             0usize,
-            1u32,
-        ) >= 1
-    }
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    i32::try_from(r).unwrap_or(0).max(0)
+}
+
+/// Whether the kernel has Landlock at all.
+pub fn supported() -> bool {
+    kernel_abi() >= 1
 }
 
 /// In a forked child before exec: enters a domain of its own (sets

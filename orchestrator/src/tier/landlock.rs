@@ -65,22 +65,7 @@ pub enum LandlockError {
 
 /// The Landlock ABI the running kernel supports (0 when none).
 pub fn kernel_abi() -> i32 {
-    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
-    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns the ABI
-    // version number (or -1); it reads no memory.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<libc::c_void>(),
-            0usize,
-            LANDLOCK_CREATE_RULESET_VERSION,
-        )
-    };
-    if r < 0 {
-        0
-    } else {
-        r as i32
-    }
+    crate::exec::domain::kernel_abi()
 }
 
 /// The largest plan the helper reads (its environment included).
@@ -106,9 +91,6 @@ pub struct ExecPlan {
     /// broker's filter (`tier::broker`).
     #[serde(default)]
     pub broker_fd: Option<i32>,
-    /// Whether metadata calls go to the broker too.
-    #[serde(default)]
-    pub metadata_broker: bool,
     /// Whether creates in split directories go to the broker (spare
     /// entries of `tier::spares` renamed into place).
     #[serde(default)]
@@ -131,7 +113,6 @@ pub struct Request<'a> {
     /// [`crate::exec::helper_env`]).
     pub env: &'a [(String, String)],
     pub broker_fd: Option<i32>,
-    pub metadata_broker: bool,
     /// The spare pools whose entries carry writable rules.
     pub pools: &'a [std::sync::Arc<crate::tier::spares::Pool>],
     pub proxy_port: Option<u16>,
@@ -218,7 +199,6 @@ pub fn command(req: &Request<'_>) -> Result<Prepared, LandlockError> {
         memory: req.limits.memory,
         pids: req.limits.pids,
         broker_fd: req.broker_fd,
-        metadata_broker: req.metadata_broker,
         spares: !req.pools.is_empty(),
         inet: req.proxy_port.is_some(),
     };
@@ -342,14 +322,15 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
     let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Landlock {
         allow_unix_sockets: plan.allow_unix_sockets,
         inet: plan.inet,
-        broker: plan.metadata_broker,
+        // Metadata calls go to the broker: Landlock does not mediate them.
+        broker: true,
     })?;
     crate::tier::seccomp::apply(&prog)?;
     if let Some(fd) = plan.broker_fd {
         // SAFETY: hull passed this socket by number; we own it from here,
         // and it closes before the command runs.
         let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let broker = crate::tier::seccomp::build_broker(plan.metadata_broker, plan.spares)?;
+        let broker = crate::tier::seccomp::build_broker(true, plan.spares)?;
         let listener = crate::tier::seccomp::apply_with_listener(&broker)?;
         crate::tier::broker::send_listener(
             std::os::fd::AsFd::as_fd(&sock),

@@ -131,7 +131,6 @@ impl Opener {
             .rev()
             .find(|(d, _)| path.starts_with(d))
             .map(|(d, fd)| (d.clone(), fd));
-        let flags = OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW;
         let opened = match &base {
             Some((d, fd)) => {
                 let rel = path.strip_prefix(d).unwrap_or(path);
@@ -140,15 +139,15 @@ impl Opener {
                 } else {
                     rel
                 };
-                rustix::fs::openat2(
-                    fd,
-                    rel,
-                    flags,
-                    Mode::empty(),
-                    RESOLVE | ResolveFlags::BENEATH,
-                )
+                open_beneath(fd, rel)
             }
-            None => rustix::fs::openat2(rustix::fs::CWD, path, flags, Mode::empty(), RESOLVE),
+            None => rustix::fs::openat2(
+                rustix::fs::CWD,
+                path,
+                OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+                RESOLVE,
+            ),
         };
         let fd = match opened {
             Ok(fd) => fd,
@@ -164,21 +163,8 @@ impl Opener {
             }
             Err(e) => return Err(fail(e.to_string())),
         };
-        let st = rustix::fs::fstat(&fd).map_err(|e| fail(e.to_string()))?;
-        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
-        if kind == rustix::fs::FileType::Symlink {
-            return Err(fail(SWAPPED_FOR_A_LINK.into()));
-        }
-        let is_dir = kind == rustix::fs::FileType::Directory;
-        if is_dir != dir {
-            return Err(fail(format!(
-                "the plan saw a {} there and found a {} (something replaced it since); the \
-                 command did not run",
-                if dir { "directory" } else { "file" },
-                if is_dir { "directory" } else { "file" },
-            )));
-        }
-        if is_dir {
+        check_type(&fd, dir).map_err(fail)?;
+        if dir {
             self.dirs.insert(
                 path.to_path_buf(),
                 fd.try_clone().map_err(|e| fail(e.to_string()))?,
@@ -258,17 +244,11 @@ pub fn bind(
     for pool in pools {
         for (name, is_dir) in pool.set().names() {
             let path = pool.set().dir.join(&name);
-            let fd = rustix::fs::openat2(
-                pool.dir(),
-                name.as_str(),
-                OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-                Mode::empty(),
-                RESOLVE | ResolveFlags::BENEATH,
-            )
-            .map_err(|e| LandlockError::Rule {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
+            let fd =
+                open_beneath(pool.dir(), Path::new(&name)).map_err(|e| LandlockError::Rule {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
             let rights = if is_dir { &dir_rights } else { &file_rights };
             created = add(created, fd, &path, access_of(rights, allow_unix_sockets))?;
         }
@@ -305,28 +285,48 @@ pub fn add_deferred(ruleset: &OwnedFd, deferred: &[Deferred]) -> Result<(), Land
             path: d.rel.display().to_string(),
             reason,
         };
-        let fd = match rustix::fs::openat2(
-            &cwd,
-            &d.rel,
-            OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::empty(),
-            RESOLVE | ResolveFlags::BENEATH,
-        ) {
+        let fd = match open_beneath(&cwd, &d.rel) {
             Ok(fd) => fd,
             Err(rustix::io::Errno::NOENT) => continue,
             Err(e) => return Err(fail(e.to_string())),
         };
-        let st = rustix::fs::fstat(&fd).map_err(|e| fail(e.to_string()))?;
-        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
-        if kind == rustix::fs::FileType::Symlink {
-            return Err(fail(SWAPPED_FOR_A_LINK.into()));
-        }
-        if (kind == rustix::fs::FileType::Directory) != d.dir {
-            return Err(fail("changed type since the plan was made".into()));
-        }
+        check_type(&fd, d.dir).map_err(fail)?;
         add_rule_raw(ruleset, &fd, d.access).map_err(|e| fail(e.to_string()))?;
     }
     Ok(())
+}
+
+/// Whether the target `fd` is open on is what the plan saw there: no
+/// symlink, and a directory exactly when `dir`; else why not.
+fn check_type(fd: &OwnedFd, dir: bool) -> Result<(), String> {
+    let st = rustix::fs::fstat(fd).map_err(|e| e.to_string())?;
+    let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+    if kind == rustix::fs::FileType::Symlink {
+        return Err(SWAPPED_FOR_A_LINK.into());
+    }
+    let is_dir = kind == rustix::fs::FileType::Directory;
+    if is_dir != dir {
+        let name = |d: bool| if d { "directory" } else { "file" };
+        return Err(format!(
+            "the plan saw a {} there and found a {} (something replaced it since); the \
+             command did not run",
+            name(dir),
+            name(is_dir),
+        ));
+    }
+    Ok(())
+}
+
+/// `rel` beneath `dir`, as an `O_PATH` descriptor: no link followed, not
+/// left through `..`.
+fn open_beneath(dir: impl std::os::fd::AsFd, rel: &Path) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat2(
+        dir,
+        rel,
+        OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        RESOLVE | ResolveFlags::BENEATH,
+    )
 }
 
 /// `struct landlock_path_beneath_attr` (packed, as the kernel declares it).

@@ -432,14 +432,27 @@ impl Pool {
         let st = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
         let regular =
             rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
-        let ours = self
-            .handed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&st.st_ino);
-        if !regular || st.st_nlink != 1 || !ours || st.st_dev != self.dev {
+        if !regular || st.st_nlink != 1 || !self.handed_out(st.st_ino) || st.st_dev != self.dev {
             return Ok(false);
         }
+        let back = self.take_back(&dir, name)?;
+        self.recycled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(back);
+        Ok(true)
+    }
+
+    /// Whether this pool handed inode `ino` out.
+    fn handed_out(&self, ino: u64) -> bool {
+        self.handed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&ino)
+    }
+
+    /// Renames `name` of `dir` back into the pool as the next `r<n>`.
+    fn take_back(&self, dir: impl AsFd, name: &[u8]) -> std::io::Result<String> {
         let n = self.next_recycled.fetch_add(1, Ordering::AcqRel);
         let back = format!("r{n}");
         rustix::fs::renameat_with(
@@ -449,11 +462,7 @@ impl Pool {
             back.as_str(),
             rustix::fs::RenameFlags::NOREPLACE,
         )?;
-        self.recycled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(back);
-        Ok(true)
+        Ok(back)
     }
 
     /// Whether recycled spare `name` can be handed out again: no process
@@ -531,23 +540,10 @@ impl Pool {
             Err(_) => return Ok(false),
         };
         let st = rustix::fs::fstat(&fd)?;
-        let ours = self
-            .handed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&st.st_ino);
-        if !ours || !dir_is_empty(&fd, self.dev) {
+        if !self.handed_out(st.st_ino) || !dir_is_empty(&fd, self.dev) {
             return Ok(false);
         }
-        let n = self.next_recycled.fetch_add(1, Ordering::AcqRel);
-        let back = format!("r{n}");
-        rustix::fs::renameat_with(
-            &dir,
-            name,
-            &self.dir,
-            back.as_str(),
-            rustix::fs::RenameFlags::NOREPLACE,
-        )?;
+        let back = self.take_back(&dir, name)?;
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700))?;
         self.recycled_dirs
             .lock()

@@ -55,12 +55,11 @@ fn proc_fd(fd: BorrowedFd<'_>) -> String {
 pub enum Handler {
     /// The landlock tier: inotify watches, allowed inside `watch` (what
     /// the policy grants at all); metadata changes, allowed inside
-    /// `metadata`'s writable roots (none when hull is root: the command
-    /// then owns nothing, and those calls do not stop).
-    /// Watches run on workers (as the command when hull is root).
+    /// `metadata`'s writable roots. Watches run on workers, and so do
+    /// metadata changes when hull is root (as the command).
     Landlock {
         watch: Scope,
-        metadata: Option<Scope>,
+        metadata: Scope,
         workers: Arc<Workers>,
         /// Creates in split directories (None: no directory was split, or
         /// no spares could be made, which the user was told).
@@ -336,22 +335,18 @@ fn answer_one(listener: &Arc<OwnedFd>, handler: &Handler) {
                 }
                 return;
             }
-            match metadata {
+            if workers.as_command {
                 // hull is root: the change is made on a worker with the
                 // command's credentials, so the kernel's owner checks (on
                 // the idmapped mounts the command sees) are the command's.
-                Some(scope) if workers.as_command => {
-                    let scope = scope.clone();
-                    workers.answer(listener, req, move |t, as_command| {
-                        t.metadata(&req, &scope, as_command).map(|()| 0)
-                    });
-                }
-                Some(scope) => {
-                    let result =
-                        Task::of(listener, &req).and_then(|t| t.metadata(&req, scope, false));
-                    respond(listener, req.id, result.map(|()| 0));
-                }
-                None => respond(listener, req.id, Err(err(libc::EPERM))),
+                let scope = metadata.clone();
+                workers.answer(listener, req, move |t, as_command| {
+                    t.metadata(&req, &scope, as_command).map(|()| 0)
+                });
+            } else {
+                let result =
+                    Task::of(listener, &req).and_then(|t| t.metadata(&req, metadata, false));
+                respond(listener, req.id, result.map(|()| 0));
             }
         }
         Handler::Connect(workers) => workers.answer(listener, req, move |t, as_command| {
