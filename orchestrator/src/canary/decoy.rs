@@ -234,7 +234,7 @@ impl Decoy {
                 let _ = old.child.kill();
                 let _ = old.child.wait();
             }
-            let child = victim_command(i == 0, &self.secret)?.spawn()?;
+            let child = victim_command(i == 0, &self.secret, &self.outside)?.spawn()?;
             let nofile = nofile_limit(child.id()).unwrap_or_default();
             *slot = Some(Victim { child, nofile });
         }
@@ -357,24 +357,33 @@ fn slot(tier: Tier) -> usize {
 /// A `sleep` on the host as the uid a command of the control (`control`)
 /// or of a tier runs as: when hull is root, the control's command is root
 /// without capabilities and a tier's is the sandbox user. It carries the
-/// secret in its environment.
-fn victim_command(control: bool, secret: &str) -> std::io::Result<Command> {
+/// secret in its environment and works in `cwd` (where the secret is).
+fn victim_command(control: bool, secret: &str, cwd: &Path) -> std::io::Result<Command> {
+    const SETPRIV: &str = "/usr/bin/setpriv";
     let root = crate::sandbox_user::hull_is_root();
-    let mut c = if root && control && Path::new("/usr/bin/setpriv").exists() {
-        let mut c = Command::new("/usr/bin/setpriv");
-        c.args(["--inh-caps=-all", "--bounding-set=-all", "sleep"]);
-        c
-    } else {
-        Command::new("sleep")
-    };
+    let setpriv = root && Path::new(SETPRIV).exists();
+    let mut c = Command::new(if setpriv { SETPRIV } else { "sleep" });
+    // Works in `cwd` (where the secret is: what `other_run_cwd` reaches
+    // through /proc), entered as root when hull is root: the sandbox user
+    // may not search the way there (a private TMPDIR), and a process's cwd
+    // is reached through /proc whatever the way.
+    c.current_dir(cwd);
     if root && !control {
         let ids = crate::sandbox_user::lookup("hull canary")
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e))?;
-        c.uid(ids.uid).gid(ids.gid);
+        if setpriv {
+            c.arg(format!("--reuid={}", ids.uid))
+                .arg(format!("--regid={}", ids.gid))
+                .arg("--clear-groups");
+        } else {
+            c.uid(ids.uid).gid(ids.gid).current_dir("/");
+        }
+    }
+    if setpriv {
+        c.args(["--inh-caps=-all", "--bounding-set=-all", "sleep"]);
     }
     c.arg("600")
         .env("HULL_CANARY_VICTIM", secret)
-        .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());

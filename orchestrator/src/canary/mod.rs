@@ -274,7 +274,7 @@ fn as_called(d: &Decoy, caller: Caller, program: &Path) -> Command {
                 .arg(program);
             c
         }
-        Caller::Plain | Caller::StdoutLog => Command::new(program),
+        Caller::Plain | Caller::StdoutLog | Caller::KillsHull => Command::new(program),
     }
 }
 
@@ -322,6 +322,31 @@ fn run_one(
     collect(c, d, caller, exe)
 }
 
+/// Reads `out` (the first 64 KiB kept) and kills child `pid` with SIGKILL
+/// once it has printed [`probes::STARTED`]; its output to the end.
+fn kill_at_start(pid: u32, out: Option<impl Read>) -> Vec<u8> {
+    use std::io::BufRead;
+    let mut kept = Vec::new();
+    let Some(mut out) = out else {
+        return kept;
+    };
+    let mut lines = std::io::BufReader::new(out.by_ref().take(64 * 1024));
+    let mut line = Vec::new();
+    let mut killed = false;
+    while lines.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+        if !killed && line.trim_ascii_end() == probes::STARTED.as_bytes() {
+            // SAFETY: kill(2) on our own child, not yet waited for (the
+            // pid cannot have been reused).
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            killed = true;
+        }
+        kept.append(&mut line);
+    }
+    drop(lines);
+    let _ = std::io::copy(&mut out, &mut std::io::sink());
+    kept
+}
+
 /// Runs `c` and keeps the first 64 KiB of each of its streams (a probe's
 /// output is small; the rest is read and dropped, so the command never
 /// blocks on a full pipe). Its standard output is the caller's log when
@@ -361,7 +386,10 @@ fn collect(mut c: Command, d: &Decoy, caller: Caller, exe: &Path) -> Result<Outp
     }
     let err = child.stderr.take();
     let err = std::thread::spawn(move || keep(err));
-    let mut stdout = keep(child.stdout.take());
+    let mut stdout = match caller {
+        Caller::KillsHull => kill_at_start(child.id(), child.stdout.take()),
+        _ => keep(child.stdout.take()),
+    };
     let stderr = err.join().unwrap_or_default();
     let status = child.wait().map_err(spawn_err)?;
     if caller == Caller::StdoutLog {

@@ -31,7 +31,13 @@ pub enum Caller {
     /// Standard output is the caller's log file, with what the caller wrote
     /// before the run in it.
     StdoutLog,
+    /// The caller kills hull (SIGKILL) once the command has printed
+    /// [`STARTED`]: what it left running must not act afterwards.
+    KillsHull,
 }
+
+/// The line a probe of [`Caller::KillsHull`] prints once its command runs.
+pub const STARTED: &str = "HULL-CANARY-STARTED";
 
 /// What the caller wrote to its log before the run.
 pub fn earlier_log(d: &Decoy) -> String {
@@ -107,6 +113,27 @@ impl Probe {
         self.needs_root = true;
         self
     }
+}
+
+/// The argument of `outlive_hull`'s sleeping survivor: this decoy's alone
+/// (its listener's port) while it exists.
+fn survivor_mark(d: &Decoy) -> String {
+    format!("9.{}", d.listener_port)
+}
+
+/// Host processes that are `sleep <mark>`.
+fn survivors(mark: &str) -> Vec<i32> {
+    let want = format!("sleep\0{mark}\0");
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want.as_bytes())
+        })
+        .collect()
 }
 
 fn secret_shown(d: &Decoy, o: &Output) -> Option<String> {
@@ -233,7 +260,7 @@ pub fn probes() -> Vec<Probe> {
         // ---- nothing of the command runs before its boundary
         Probe::attack(
             "helper_environment",
-            "the command's environment in hull's helpers",
+            "hull's own helpers",
             |_, _| "true".into(),
             |d, _| {
                 let dropped: Vec<String> = std::fs::read_dir(d.root.join("drop"))
@@ -663,6 +690,54 @@ pub fn probes() -> Vec<Probe> {
                 |d, _| exists(&d.project.join("late.txt")),
             )
         },
+        Probe {
+            settle: Duration::from_millis(2500),
+            control_without_hull: true,
+            caller: Caller::KillsHull,
+            ..Probe::attack(
+                "outlive_hull",
+                "the process tree",
+                // hull is killed at the marker. A session leader of the
+                // run's sleeps on (its argument marks it as this decoy's),
+                // another writes into the project two seconds later,
+                // unless they died with hull.
+                |d, _| {
+                    format!(
+                        "setsid sleep {} </dev/null >/dev/null 2>&1 & \
+                         setsid sh -c 'sleep 2; echo late > src/late.txt' </dev/null >/dev/null 2>&1 & \
+                         echo {STARTED}; sleep 6 </dev/null >/dev/null 2>&1",
+                        survivor_mark(d)
+                    )
+                },
+                |d, _| {
+                    let left = survivors(&survivor_mark(d));
+                    if !left.is_empty() {
+                        for pid in &left {
+                            // SAFETY: kill(2) with integer arguments.
+                            unsafe { libc::kill(*pid, libc::SIGKILL) };
+                        }
+                        return Some(format!(
+                            "a process of the run still ran after hull was killed (pid {})",
+                            left[0]
+                        ));
+                    }
+                    exists(&d.project.join("src/late.txt"))
+                },
+            )
+        },
+        // ---- other runs
+        Probe::attack(
+            "other_run_cwd",
+            "other runs",
+            // A process of the uid the tier's command runs as (another run
+            // of the same user, or of the sandbox user when hull is root),
+            // whose working directory holds the secret.
+            |d, t| {
+                let pid = d.victim_pid(t);
+                format!("cat /proc/{pid}/cwd/secret.txt; echo planted > /proc/{pid}/cwd/planted")
+            },
+            |d, o| secret_shown(d, o).or_else(|| exists(&d.outside.join("planted"))),
+        ),
         // ---- what the policy allows must work, or the denials prove nothing
         Probe::attack(
             "write_project",
@@ -773,7 +848,8 @@ mod tests {
             "watches outside the grants",
             "the process tree",
             "descriptors of hull's caller",
-            "the command's environment in hull's helpers",
+            "hull's own helpers",
+            "other runs",
         ] {
             assert!(classes.contains(&c), "{c}");
         }
