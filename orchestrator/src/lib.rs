@@ -20,6 +20,8 @@ pub mod mountinfo;
 #[cfg(unix)]
 pub mod net;
 pub mod os;
+#[cfg(target_os = "linux")]
+pub mod out_dir;
 pub mod policy;
 pub mod result_file;
 pub mod run;

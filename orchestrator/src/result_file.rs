@@ -104,19 +104,22 @@ pub struct Ended {
 }
 
 impl Ended {
-    /// The document at `path` (at most 1 MiB), or None when there is none
-    /// or it is not one.
+    /// The document at `path` (at most [`MAX_DOCUMENT`] bytes), or None
+    /// when there is none or it is not one.
+    #[cfg(target_os = "linux")]
     pub fn read(path: &Path) -> Option<Ended> {
-        use std::io::Read;
-        let mut text = Vec::new();
-        std::fs::File::open(path)
-            .ok()?
-            .take(1 << 20)
-            .read_to_end(&mut text)
-            .ok()?;
-        serde_json::from_slice(&text).ok()
+        Ended::parse(&crate::out_dir::read_named(path, MAX_DOCUMENT).ok()?)
+    }
+
+    /// The document in `text`, or None when it is not one.
+    pub fn parse(text: &[u8]) -> Option<Ended> {
+        serde_json::from_slice(text).ok()
     }
 }
+
+/// The most bytes of a result document read back.
+#[cfg(target_os = "linux")]
+pub const MAX_DOCUMENT: u64 = 1 << 20;
 
 /// What a run took, where its tier can tell (each field absent otherwise);
 /// also a part of each `hull batch` result line.
@@ -159,18 +162,27 @@ impl ResultFile {
             .ok_or_else(|| ResultFileError::NoName { path: abs.clone() })?
             .to_os_string();
         let parent = abs.parent().unwrap_or(Path::new("/"));
-        let dir_real = std::fs::canonicalize(parent).map_err(io("open its directory"))?;
+        // Opened once; where it is comes from the open descriptor, never
+        // from resolving the path a second time.
         #[cfg(unix)]
         let dir = {
             use rustix::fs::{openat, Mode, OFlags, CWD};
             openat(
                 CWD,
-                &dir_real,
+                parent,
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
                 Mode::empty(),
             )
             .map_err(|e| io("open its directory")(e.into()))?
         };
+        #[cfg(target_os = "linux")]
+        let dir_real = {
+            use std::os::fd::AsRawFd;
+            std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+                .map_err(io("open its directory"))?
+        };
+        #[cfg(not(target_os = "linux"))]
+        let dir_real = std::fs::canonicalize(parent).map_err(io("open its directory"))?;
         Ok(ResultFile {
             path: abs,
             dir_real,

@@ -8,7 +8,9 @@
 //! and tier), and unbounded reads (lines and file size capped).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
+
+use crate::out_dir::OutDir;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -18,8 +20,9 @@ use serde::{Deserialize, Serialize};
 pub const RESULTS: &str = "results.jsonl";
 /// Longest result line read back.
 const MAX_LINE: usize = 1 << 20;
-/// Largest results file read back.
-const MAX_FILE: u64 = 4 << 30;
+/// Largest results file read back (a line is well under 4 KiB: a million
+/// results).
+const MAX_FILE: u64 = 256 << 20;
 
 /// How a job ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,6 +155,8 @@ pub enum ResultsError {
          per --out directory"
     )]
     Busy { path: PathBuf },
+    #[error(transparent)]
+    Read(crate::out_dir::ReadError),
     #[error("job {id} has no result on tier {tier} in any of the directories")]
     Missing { id: String, tier: String },
 }
@@ -165,20 +170,15 @@ pub struct ResultsLog {
 }
 
 impl ResultsLog {
-    /// Opens (or creates) `dir/results.jsonl`: a torn last line is cut
-    /// off, the lines before it read back as the jobs already done.
-    pub fn open(dir: &Path) -> Result<(ResultsLog, Vec<ResultLine>), ResultsError> {
-        let path = dir.join(RESULTS);
+    /// Opens (or creates) `results.jsonl` in `dir`: a torn last line is
+    /// cut off, the lines before it read back as the jobs already done.
+    pub fn open(dir: &OutDir) -> Result<(ResultsLog, Vec<ResultLine>), ResultsError> {
+        let path = dir.shown(RESULTS);
         let io_err = |what: &'static str| {
             let path = path.clone();
             move |source| ResultsError::Io { what, path, source }
         };
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&path)
-            .map_err(io_err("cannot open"))?;
+        let mut file = dir.open_append(RESULTS).map_err(io_err("cannot open"))?;
         // Held while this batch appends (the kernel drops it when the batch
         // dies, killed or not): two batches on one log would run the same
         // jobs and write two lines for each.
@@ -187,14 +187,13 @@ impl ResultsLog {
             Err(rustix::io::Errno::WOULDBLOCK) => return Err(ResultsError::Busy { path }),
             Err(e) => return Err(io_err("cannot lock")(e.into())),
         }
-        let len = file.metadata().map_err(io_err("cannot stat"))?.len();
-        if len > MAX_FILE {
-            return Err(ResultsError::TooLarge { path });
-        }
         let mut bytes = Vec::new();
         file.seek(SeekFrom::Start(0))
-            .and_then(|_| file.read_to_end(&mut bytes))
+            .and_then(|_| (&mut file).take(MAX_FILE + 1).read_to_end(&mut bytes))
             .map_err(io_err("cannot read"))?;
+        if bytes.len() as u64 > MAX_FILE {
+            return Err(ResultsError::TooLarge { path });
+        }
         let whole = whole_lines(&bytes);
         if whole < bytes.len() {
             // The crash tore the last line: that job runs again.
@@ -279,18 +278,9 @@ pub fn merge(
     let mut out = Vec::new();
     for d in dirs {
         let path = d.join(RESULTS);
-        let meta = std::fs::metadata(&path).map_err(|source| ResultsError::Io {
-            what: "cannot read",
-            path: path.clone(),
-            source,
-        })?;
-        if meta.len() > MAX_FILE {
-            return Err(ResultsError::TooLarge { path });
-        }
-        let bytes = std::fs::read(&path).map_err(|source| ResultsError::Io {
-            what: "cannot read",
-            path: path.clone(),
-            source,
+        let bytes = crate::out_dir::read_named(&path, MAX_FILE).map_err(|e| match e {
+            crate::out_dir::ReadError::TooLarge { path, .. } => ResultsError::TooLarge { path },
+            e => ResultsError::Read(e),
         })?;
         // A torn last line is not a result: its job did not finish.
         let whole = whole_lines(&bytes);
@@ -367,7 +357,8 @@ mod tests {
     fn a_torn_last_line_is_cut_and_the_rest_read_back() {
         let d = tempfile::tempdir().unwrap();
         {
-            let (mut log, done) = ResultsLog::open(d.path()).unwrap();
+            let (mut log, done) =
+                ResultsLog::open(&OutDir::open_or_make(d.path()).unwrap()).unwrap();
             assert!(done.is_empty());
             log.append(&line("a", "bwrap")).unwrap();
             log.append(&line("b", "bwrap")).unwrap();
@@ -375,10 +366,13 @@ mod tests {
         }
         // What a crash in the middle of a write leaves.
         let path = d.path().join(RESULTS);
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         f.write_all(b"{\"id\":\"c\",\"tier\":\"bw").unwrap();
         drop(f);
-        let (mut log, done) = ResultsLog::open(d.path()).unwrap();
+        let (mut log, done) = ResultsLog::open(&OutDir::open_or_make(d.path()).unwrap()).unwrap();
         let ids: Vec<&str> = done.iter().map(|l| l.id.as_str()).collect();
         assert_eq!(ids, ["a", "b"]);
         assert!(log.has("a", "bwrap") && !log.has("a", "vm") && !log.has("c", "bwrap"));
@@ -393,29 +387,29 @@ mod tests {
     #[test]
     fn a_second_batch_on_one_log_is_refused_while_the_first_holds_it() {
         let d = tempfile::tempdir().unwrap();
-        let (mut first, _) = ResultsLog::open(d.path()).unwrap();
+        let (mut first, _) = ResultsLog::open(&OutDir::open_or_make(d.path()).unwrap()).unwrap();
         // flock locks belong to the open file: a second open is another
         // batch, as a second process would be.
-        let second = ResultsLog::open(d.path()).unwrap_err();
+        let second = ResultsLog::open(&OutDir::open_or_make(d.path()).unwrap()).unwrap_err();
         assert!(
             matches!(&second, ResultsError::Busy { path } if path == &d.path().join(RESULTS)),
             "{second}"
         );
         first.append(&line("a", "bwrap")).unwrap();
         drop(first);
-        let (_, done) = ResultsLog::open(d.path()).unwrap();
+        let (_, done) = ResultsLog::open(&OutDir::open_or_make(d.path()).unwrap()).unwrap();
         assert_eq!(done.len(), 1);
     }
 
     #[test]
     fn merge_takes_each_result_once_and_names_what_is_missing_or_twice() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        ResultsLog::open(a.path())
+        ResultsLog::open(&OutDir::open_or_make(a.path()).unwrap())
             .unwrap()
             .0
             .append(&line("j1", "vm"))
             .unwrap();
-        ResultsLog::open(b.path())
+        ResultsLog::open(&OutDir::open_or_make(b.path()).unwrap())
             .unwrap()
             .0
             .append(&line("j2", "vm"))
@@ -432,7 +426,7 @@ mod tests {
             e,
             "job j3 has no result on tier vm in any of the directories"
         );
-        ResultsLog::open(b.path())
+        ResultsLog::open(&OutDir::open_or_make(b.path()).unwrap())
             .unwrap()
             .0
             .append(&line("j1", "vm"))

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::io::Write;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::jobs::{Job, Workspace};
 use super::results::{Receipt, ResultLine, ResultsError, ResultsLog, Status};
+use crate::out_dir::{OutDir, OutDirError};
 
 /// What every job of a batch shares.
 #[derive(Debug, Clone)]
@@ -28,8 +29,8 @@ pub struct RunnerOptions {
     /// Tier names, each job runs on each.
     pub tiers: Vec<String>,
     pub parallel: usize,
-    /// The output directory (the log, `jobs/`).
-    pub out: PathBuf,
+    /// The output directory (the log, `jobs/`), opened and checked once.
+    pub out: Arc<OutDir>,
     /// A job's project when it names none.
     pub project: PathBuf,
     /// A job's policy when it names none.
@@ -104,12 +105,8 @@ pub fn receipt(tier: &str, policy: &str) -> Receipt {
 pub enum RunnerError {
     #[error(transparent)]
     Results(#[from] ResultsError),
-    #[error("cannot create {path}: {source}")]
-    Dir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Dir(#[from] OutDirError),
 }
 
 /// Where the batch stands, after each job.
@@ -144,11 +141,7 @@ pub fn run(
     irq: &Arc<AtomicI32>,
     on_result: &mut dyn FnMut(&ResultLine, Progress),
 ) -> Result<Vec<ResultLine>, RunnerError> {
-    let jobs_dir = opts.out.join("jobs");
-    std::fs::create_dir_all(&jobs_dir).map_err(|source| RunnerError::Dir {
-        path: jobs_dir.clone(),
-        source,
-    })?;
+    let jobs = opts.out.subdir("jobs")?;
     let total = work.len();
     let queue: Mutex<VecDeque<(Job, String)>> =
         Mutex::new(work.into_iter().map(|(j, t)| (j.clone(), t)).collect());
@@ -164,7 +157,7 @@ pub fn run(
     std::thread::scope(|s| -> Result<(), RunnerError> {
         for _ in 0..opts.parallel.max(1).min(total.max(1)) {
             let tx = tx.clone();
-            let (queue, running, policy_sha) = (&queue, &running, &policy_sha);
+            let (queue, running, policy_sha, jobs) = (&queue, &running, &policy_sha, &jobs);
             s.spawn(move || loop {
                 if irq.load(Ordering::SeqCst) != 0 {
                     return;
@@ -173,7 +166,7 @@ pub fn run(
                 let Some((job, tier)) = next else { return };
                 running.fetch_add(1, Ordering::SeqCst);
                 let queue_s = started.elapsed().as_secs_f64();
-                let r = run_one(&job, &tier, opts, queue_s, policy_sha);
+                let r = run_one(&job, &tier, opts, jobs, queue_s, policy_sha);
                 running.fetch_sub(1, Ordering::SeqCst);
                 let interrupted = r.status == Status::Interrupted;
                 if tx.send((!interrupted).then_some(r)).is_err() {
@@ -210,17 +203,11 @@ fn run_one(
     job: &Job,
     tier: &str,
     opts: &RunnerOptions,
+    jobs: &OutDir,
     queue_s: f64,
     policy_sha: &str,
 ) -> ResultLine {
-    let jobs_dir = opts.out.join("jobs");
-    let base = jobs_dir.join(format!("{}.{tier}", job.id));
-    let with = |ext: &str| {
-        let mut p = base.clone().into_os_string();
-        p.push(ext);
-        PathBuf::from(p)
-    };
-    let (stdout, stderr, result) = (with(".stdout"), with(".stderr"), with(".result.json"));
+    let files = JobFiles::of(job, tier);
     let policy = job.policy.clone().unwrap_or_else(|| opts.policy.clone());
     let policy_sha = if job.policy.is_some() {
         policy_sha256(&policy)
@@ -236,8 +223,8 @@ fn run_one(
         wall_s: 0.0,
         queue_s,
         usage: Default::default(),
-        stdout: stdout.clone(),
-        stderr: stderr.clone(),
+        stdout: jobs.shown(&files.stdout),
+        stderr: jobs.shown(&files.stderr),
         changes: None,
         counts: None,
         policy_sha256: policy_sha,
@@ -248,35 +235,58 @@ fn run_one(
         },
         error: None,
     };
-    let _ = std::fs::remove_file(&result);
     let t0 = Instant::now();
-    let status = spawn_and_wait(job, tier, opts, &policy, &stdout, &stderr, &result);
+    let status = spawn_and_wait(job, tier, opts, &policy, jobs, &files);
     line.wall_s = t0.elapsed().as_secs_f64();
     if let Err(e) = status {
         line.error = Some(e);
         return line;
     }
-    read_result(&result, &stderr, &mut line);
+    read_result(jobs, &files, &mut line);
     line
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The names of one job's files on one tier in `jobs/`.
+struct JobFiles {
+    stdout: String,
+    stderr: String,
+    result: String,
+}
+
+impl JobFiles {
+    fn of(job: &Job, tier: &str) -> JobFiles {
+        let base = format!("{}.{tier}", job.id);
+        JobFiles {
+            stdout: format!("{base}.stdout"),
+            stderr: format!("{base}.stderr"),
+            result: format!("{base}.result.json"),
+        }
+    }
+}
+
 fn spawn_and_wait(
     job: &Job,
     tier: &str,
     opts: &RunnerOptions,
     policy: &str,
-    stdout: &Path,
-    stderr: &Path,
-    result: &Path,
+    jobs: &OutDir,
+    files: &JobFiles,
 ) -> Result<std::process::ExitStatus, String> {
+    // An earlier attempt's document is not this one's.
+    let _ = rustix::fs::unlinkat(
+        jobs.fd(),
+        files.result.as_str(),
+        rustix::fs::AtFlags::empty(),
+    );
     let project = job.project.clone().unwrap_or_else(|| opts.project.clone());
     let mut cmd = std::process::Command::new(&opts.hull);
     cmd.args(["run", "--tier", tier, "--policy", policy])
         .arg("--project")
         .arg(&project)
         .arg("--json-result")
-        .arg(result);
+        // Through the held descriptor: the caller's path is not resolved
+        // again by the child.
+        .arg(jobs.through_fd(&files.result));
     if job.workspace == Workspace::Cow {
         cmd.arg("--cow");
     }
@@ -287,11 +297,12 @@ fn spawn_and_wait(
         cmd.arg("--env").arg(format!("{k}={v}"));
     }
     cmd.arg("--").args(job.command.argv());
-    let file = |p: &Path| {
-        std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
+    let file = |name: &str| {
+        jobs.create(name)
+            .map_err(|e| format!("cannot create {}: {e}", jobs.shown(name).display()))
     };
-    cmd.stdout(file(stdout)?)
-        .stderr(file(stderr)?)
+    cmd.stdout(file(&files.stdout)?)
+        .stderr(file(&files.stderr)?)
         .stdin(if job.stdin.is_some() {
             Stdio::piped()
         } else {
@@ -324,11 +335,15 @@ fn spawn_and_wait(
 
 /// Fills `line` from the `--json-result` document, or, without one, with
 /// the end of hull's stderr as the error.
-fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
-    let Some(ended) = crate::result_file::Ended::read(result) else {
+fn read_result(jobs: &OutDir, files: &JobFiles, line: &mut ResultLine) {
+    let ended = jobs
+        .read(&files.result, crate::result_file::MAX_DOCUMENT)
+        .ok()
+        .and_then(|text| crate::result_file::Ended::parse(&text));
+    let Some(ended) = ended else {
         line.error = Some(format!(
             "hull run left no result document; its stderr ends: {}",
-            tail(stderr)
+            tail(jobs, &files.stderr)
         ));
         return;
     };
@@ -337,7 +352,7 @@ fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
     line.exit_code = e.exit_code;
     line.signal = e.signal;
     line.error = match (e.status, e.error) {
-        (Status::HullError, Some(m)) if m.is_empty() => Some(tail(stderr)),
+        (Status::HullError, Some(m)) if m.is_empty() => Some(tail(jobs, &files.stderr)),
         (_, error) => error,
     };
     line.usage = ended.usage;
@@ -348,10 +363,9 @@ fn read_result(result: &Path, stderr: &Path, line: &mut ResultLine) {
     }
 }
 
-/// The last line of hull's stderr, printable.
-fn tail(stderr: &Path) -> String {
-    let text = std::fs::read(stderr).unwrap_or_default();
-    let start = text.len().saturating_sub(4096);
-    let s = String::from_utf8_lossy(&text[start..]);
+/// The last line of hull's stderr (its last 4 KiB), printable.
+fn tail(jobs: &OutDir, stderr: &str) -> String {
+    let text = jobs.read_tail(stderr, 4096).unwrap_or_default();
+    let s = String::from_utf8_lossy(&text);
     crate::text::printable(s.trim_end().lines().last().unwrap_or("(empty)"))
 }

@@ -253,7 +253,6 @@ pub(super) fn watch_signals(
 /// `hull batch merge`.
 #[cfg(target_os = "linux")]
 fn merge(m: MergeArgs) -> anyhow::Result<i32> {
-    use anyhow::Context;
     let merged = crate::batch::results::merge(&m.dirs, None)?;
     let expected: Option<Vec<(String, String)>> = match &m.jobs {
         Some(path) => {
@@ -285,8 +284,10 @@ fn merge(m: MergeArgs) -> anyhow::Result<i32> {
         crate::batch::results::check_present(&merged, expected)?;
     }
     if let Some(out) = &m.out {
-        std::fs::create_dir(out).with_context(|| format!("create {}", out.display()))?;
-        let (mut log, _) = crate::batch::ResultsLog::open(out)?;
+        // A new directory of hull's (one that exists is refused: merged
+        // results never mix with others).
+        let out = crate::out_dir::OutDir::make_new(out)?;
+        let (mut log, _) = crate::batch::ResultsLog::open(&out)?;
         for r in &merged {
             log.append(r)?;
         }

@@ -66,10 +66,17 @@ pub fn run(a: BatchArgs, jobs_path: &Path, text: &str) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(crate::vm::batch_out::default_dir);
     check_out(&out, &project, &all)?;
-    let existed = out.join(crate::batch::results::RESULTS).exists();
-    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+    // Opened once and checked: hull (maybe root) writes only into a
+    // directory no other user can plant a link in.
+    let out_dir = std::sync::Arc::new(crate::out_dir::OutDir::open_or_make(&out)?);
+    let existed = rustix::fs::statat(
+        out_dir.fd(),
+        crate::batch::results::RESULTS,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .is_ok();
     // Opened (and locked) first: a batch still writing there is named as such.
-    let (mut log, earlier) = ResultsLog::open(&out)?;
+    let (mut log, earlier) = ResultsLog::open(&out_dir)?;
     if existed && !a.resume {
         anyhow::bail!(
             "{} holds the results of an earlier batch: --resume to go on with it, or choose \
@@ -99,7 +106,7 @@ pub fn run(a: BatchArgs, jobs_path: &Path, text: &str) -> anyhow::Result<i32> {
     let opts = runner::RunnerOptions {
         tiers: tiers.clone(),
         parallel,
-        out: out.clone(),
+        out: std::sync::Arc::clone(&out_dir),
         project,
         policy: a.policy.clone(),
         timeout: a.timeout,

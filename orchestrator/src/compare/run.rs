@@ -33,6 +33,8 @@ pub enum CompareError {
     Results(#[from] crate::batch::results::ResultsError),
     #[error("hull compare: {0}")]
     Runner(#[from] runner::RunnerError),
+    #[error(transparent)]
+    Out(#[from] crate::out_dir::OutDirError),
     #[error("hull compare: interrupted")]
     Interrupted,
 }
@@ -86,11 +88,12 @@ pub fn compare(
         }
     }
     let work = WorkDir::create(&opts.project)?;
-    let (mut log, _) = crate::batch::ResultsLog::open(&work.0)?;
+    let out = Arc::new(crate::out_dir::OutDir::open_or_make(&work.0)?);
+    let (mut log, _) = crate::batch::ResultsLog::open(&out)?;
     let ropts = runner::RunnerOptions {
         tiers: names[1..].to_vec(),
         parallel: 1,
-        out: work.0.clone(),
+        out: Arc::clone(&out),
         project: opts.project.clone(),
         policy: opts.policy.clone(),
         timeout: opts.timeout,
