@@ -319,6 +319,66 @@ fn protected_paths_stay_unwritable_in_the_overlay(tier: &str) {
     assert!(!w.project.join("ok.txt").exists());
 }
 
+/// Names the command chose cannot forge lines in what a reviewer reads:
+/// `hull changes show`, `diff` and `apply` print a file named
+/// `a<newline>+ M /etc/passwd`, a link whose target has a newline and a
+/// name with a right-to-left override quoted as git quotes paths, each on
+/// one line; `--json` carries the names exactly. (Against the code
+/// before, `show` printed a line `+ M /etc/passwd  ...`.)
+#[cfg(feature = "bwrap")]
+#[test]
+fn names_the_command_chose_are_quoted_as_git_quotes_them() {
+    require_tier("bwrap");
+    let w = World::new();
+    let forged = "a\n+ M /etc/passwd";
+    let script = "printf x > \"$(printf 'a\\n+ M /etc/passwd' | tr / _)\"; \
+                  ln -s \"$(printf 'target\\nA evil')\" link; \
+                  printf y > \"$(printf 'x\\342\\200\\256txt.exe')\"";
+    let o = w.run("bwrap", &["--cow"], script);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let id = kept_id(&o);
+    let forged = forged.replace('/', "_");
+    let s = changes(&w, &["show", &id]);
+    assert_eq!(s.status.code(), Some(0), "{}", show(&s));
+    let text = String::from_utf8(s.stdout.clone()).unwrap();
+    // The header, then one line per change: three.
+    assert_eq!(text.lines().count(), 4, "{text}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("+ M"))
+            && !text.lines().any(|l| l.starts_with("A evil")),
+        "{text}"
+    );
+    assert!(text.contains("\"a\\n+ M _etc_passwd\""), "{text}");
+    assert!(text.contains("\"target\\nA evil\""), "{text}");
+    assert!(text.contains("\"x\\342\\200\\256txt.exe\""), "{text}");
+    let d = changes(&w, &["diff", &id]);
+    let diff = String::from_utf8_lossy(&d.stdout);
+    assert!(
+        !diff
+            .lines()
+            .any(|l| l.starts_with("+ M _etc") || l.starts_with("A evil")),
+        "{diff}"
+    );
+    assert!(diff.contains("+++ \"b/a\\n+ M _etc_passwd\""), "{diff}");
+    let j = changes(&w, &["show", &id, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    let paths: Vec<&str> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["path"].as_str())
+        .collect();
+    assert!(paths.contains(&forged.as_str()), "{paths:?}");
+    let a = changes(&w, &["apply", &id]);
+    assert_eq!(a.status.code(), Some(0), "{}", show(&a));
+    let applied = String::from_utf8_lossy(&a.stdout);
+    assert_eq!(applied.lines().count(), 3, "{applied}");
+    assert_eq!(
+        std::fs::read_to_string(w.project.join(&forged)).unwrap(),
+        "x"
+    );
+}
+
 #[cfg(feature = "bwrap")]
 mod bwrap {
     #[test]

@@ -18,8 +18,7 @@ fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        euid,
-        0,
+        euid, 0,
         "these tests are about hull running as root (as CI and evaluation farms run it): \
          run them as root"
     );

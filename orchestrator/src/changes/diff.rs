@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use super::store::ChangeSet;
 use super::{at, ChangesError, Node, Op, MAX_DIFF_BYTES};
-use crate::text::printable;
+use crate::text::{one_line, printable, quote_path};
 
 /// The diff of the changes at or below each path of `only` (all when
 /// empty).
@@ -27,11 +27,11 @@ pub fn diff(set: &ChangeSet, only: &[String]) -> Result<String, ChangesError> {
     })?;
     let mut out = String::new();
     for c in set.select(only)? {
-        let path = printable(&c.path);
+        let path = quote_path(&c.path);
         match (c.op, &c.before, &c.after) {
             (Op::Refused, _, _) => out.push_str(&format!(
                 "refused {path}: {}\n",
-                printable(c.reason.as_deref().unwrap_or(""))
+                one_line(c.reason.as_deref().unwrap_or(""))
             )),
             (Op::Deleted, Some(b), _) => out.push_str(&format!("deleted {path} ({})\n", b.kind())),
             (Op::Mode, b, Some(a)) => out.push_str(&format!(
@@ -40,7 +40,7 @@ pub fn diff(set: &ChangeSet, only: &[String]) -> Result<String, ChangesError> {
                 a.mode().unwrap_or(0)
             )),
             (_, _, Some(Node::Symlink { target })) => {
-                out.push_str(&format!("symlink {path} -> {}\n", printable(target)))
+                out.push_str(&format!("symlink {path} -> {}\n", quote_path(target)))
             }
             (_, _, Some(Node::Dir { mode })) => {
                 out.push_str(&format!("directory {path} (mode {mode:o})\n"))
@@ -55,7 +55,7 @@ pub fn diff(set: &ChangeSet, only: &[String]) -> Result<String, ChangesError> {
                 match (old, new, is_binary(a) || b.as_ref().is_some_and(is_binary)) {
                     (Some(old), Some(new), false) => {
                         let from = if b.is_some() {
-                            format!("a/{path}")
+                            quote_path(&format!("a/{}", c.path))
                         } else {
                             "/dev/null".into()
                         };
@@ -63,7 +63,7 @@ pub fn diff(set: &ChangeSet, only: &[String]) -> Result<String, ChangesError> {
                         out.push_str(&printable(
                             &d.unified_diff()
                                 .context_radius(3)
-                                .header(&from, &format!("b/{path}"))
+                                .header(&from, &quote_path(&format!("b/{}", c.path)))
                                 .to_string(),
                         ));
                     }

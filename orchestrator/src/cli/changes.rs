@@ -53,7 +53,7 @@ mod imp {
 
     use super::ChangesCommand;
     use crate::changes::{self, Store};
-    use crate::text::printable;
+    use crate::text::{one_line, quote_path};
 
     pub(super) fn changes(c: ChangesCommand) -> anyhow::Result<i32> {
         let store = Store::open(Store::default_root());
@@ -95,7 +95,7 @@ mod imp {
                             c.deleted,
                             c.mode,
                             c.refused,
-                            printable(&m.project.display().to_string())
+                            one_line(&m.project.display().to_string())
                         )?;
                     }
                 }
@@ -116,17 +116,17 @@ mod imp {
                     out,
                     "change set {} of {} ({} run: {})",
                     set.meta.id,
-                    printable(&set.meta.project.display().to_string()),
+                    one_line(&set.meta.project.display().to_string()),
                     set.meta.tier,
-                    printable(&set.meta.argv.join(" "))
+                    one_line(&set.meta.argv.join(" "))
                 )?;
                 for c in &set.changes {
                     let what = match (&c.after, &c.before) {
                         (_, _) if c.op == changes::Op::Refused => {
-                            printable(c.reason.as_deref().unwrap_or(""))
+                            one_line(c.reason.as_deref().unwrap_or(""))
                         }
                         (Some(changes::Node::Symlink { target }), _) => {
-                            format!("symlink -> {}", printable(target))
+                            format!("symlink -> {}", quote_path(target))
                         }
                         (Some(n @ changes::Node::File { size, binary, .. }), _) => format!(
                             "{} {size} bytes{}{}",
@@ -138,7 +138,7 @@ mod imp {
                         (None, Some(b)) => b.kind().to_string(),
                         (None, None) => String::new(),
                     };
-                    writeln!(out, "{} {}  {what}", c.op.letter(), printable(&c.path))?;
+                    writeln!(out, "{} {}  {what}", c.op.letter(), quote_path(&c.path))?;
                 }
                 if set.changes.is_empty() {
                     writeln!(out, "no changes")?;
@@ -157,10 +157,10 @@ mod imp {
                     writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
                 } else {
                     for p in &r.applied {
-                        writeln!(out, "applied {}", printable(p))?;
+                        writeln!(out, "applied {}", quote_path(p))?;
                     }
                     for s in &r.refused {
-                        writeln!(out, "refused {}: {}", printable(&s.path), printable(&s.why))?;
+                        writeln!(out, "refused {}: {}", quote_path(&s.path), one_line(&s.why))?;
                     }
                 }
                 if r.conflicts.is_empty() {
@@ -171,8 +171,8 @@ mod imp {
                     writeln!(
                         err,
                         "hull: conflict: {}: {}",
-                        printable(&s.path),
-                        printable(&s.why)
+                        quote_path(&s.path),
+                        one_line(&s.why)
                     )?;
                 }
                 if paths.is_empty() {
