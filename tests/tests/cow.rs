@@ -379,6 +379,48 @@ fn names_the_command_chose_are_quoted_as_git_quotes_them() {
     );
 }
 
+/// `hull changes apply` applies only to the directory the run saw: a
+/// project swapped for a link to elsewhere after the run is refused by
+/// name and nothing lands there; put back, the same change set applies.
+/// (Against the code before, apply wrote through the link.)
+#[cfg(feature = "bwrap")]
+#[test]
+fn apply_refuses_a_project_swapped_for_a_link() {
+    require_tier("bwrap");
+    let w = World::new();
+    let o = w.run("bwrap", &["--cow"], "echo new > out.txt");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let id = kept_id(&o);
+    let elsewhere = w.outside.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let moved = w.root.path().join("project.moved");
+    std::fs::rename(&w.project, &moved).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &w.project).unwrap();
+    let a = changes(&w, &["apply", &id]);
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "{}",
+        show(&a)
+    );
+    assert_ne!(a.status.code(), Some(0), "{}", show(&a));
+    let err = String::from_utf8_lossy(&a.stderr);
+    assert!(
+        err.contains(&w.project.display().to_string())
+            && err.contains("no longer the directory the run saw"),
+        "{}",
+        show(&a)
+    );
+    std::fs::remove_file(&w.project).unwrap();
+    std::fs::rename(&moved, &w.project).unwrap();
+    let a = changes(&w, &["apply", &id]);
+    assert_eq!(a.status.code(), Some(0), "{}", show(&a));
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("out.txt")).unwrap(),
+        "new\n"
+    );
+}
+
 #[cfg(feature = "bwrap")]
 mod bwrap {
     #[test]

@@ -56,6 +56,31 @@ pub fn apply(set: &ChangeSet, only: &[String]) -> Result<ApplyReport, ChangesErr
         move |source| ChangesError::Io { what, path, source }
     };
     let root = at::open_root(&project).map_err(io("cannot open the project", &project))?;
+    // The directory the run saw, or nothing is applied: a project replaced
+    // since (a link to elsewhere put in its place) is refused by name.
+    let replaced = |why: String| ChangesError::ProjectReplaced {
+        id: set.meta.id.clone(),
+        path: project.clone(),
+        why,
+    };
+    let st =
+        rustix::fs::fstat(&root).map_err(|e| io("cannot stat the project", &project)(e.into()))?;
+    match set.meta.project_id {
+        Some(id) if id == (st.st_dev, st.st_ino) => {}
+        Some((dev, ino)) => {
+            return Err(replaced(format!(
+                "device {dev} inode {ino} then, device {} inode {} now",
+                st.st_dev, st.st_ino
+            )))
+        }
+        None => {
+            return Err(replaced(
+                "the change set was made by an older hull and records no identity to check; \
+                 discard it and run again"
+                    .into(),
+            ))
+        }
+    }
     let upper_dir = set.upper();
     let upper = at::open_root(&upper_dir).map_err(io("cannot open", &upper_dir))?;
     let mut report = ApplyReport::default();

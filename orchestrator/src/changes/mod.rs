@@ -185,6 +185,15 @@ pub enum ChangesError {
     },
     #[error("change set {id}: no change at or below {path}")]
     NoSuchPath { id: String, path: String },
+    #[error(
+        "change set {id}: the project {path} is no longer the directory the run saw \
+         ({why}): nothing was applied"
+    )]
+    ProjectReplaced {
+        id: String,
+        path: PathBuf,
+        why: String,
+    },
     #[error("change set {id} cannot be continued: {why}")]
     Continue { id: String, why: String },
 }

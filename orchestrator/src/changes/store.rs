@@ -36,6 +36,11 @@ pub struct Meta {
     /// the protections in its own view gains nothing by it.
     #[serde(default)]
     pub protected: Vec<String>,
+    /// The project directory's identity (device, inode) when the run
+    /// started: apply refuses a project that is no longer that directory
+    /// (replaced, or swapped for a link, since).
+    #[serde(default)]
+    pub project_id: Option<(u64, u64)>,
 }
 
 /// The protected path `c` would write or remove, if any: one at or above
@@ -247,6 +252,11 @@ impl Store {
         };
         crate::runtime::fsx::make_private_dir_all(&self.root)
             .map_err(io("cannot create the change-set store", &self.root))?;
+        let project_id = {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(project).map_err(io("cannot stat the project", project))?;
+            (m.dev(), m.ino())
+        };
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let dir = self.root.join(&id);
         crate::runtime::fsx::make_private_dir(&dir).map_err(io("cannot create", &dir))?;
@@ -263,6 +273,7 @@ impl Store {
                 baseline: Baseline::default(),
                 marks,
                 protected: Vec::new(),
+                project_id: Some(project_id),
             },
             changes: Vec::new(),
         };
