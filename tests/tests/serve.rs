@@ -278,6 +278,107 @@ fn landlock_a_session_runs_commands_and_its_files() {
     a_session_runs_commands_and_its_files("landlock");
 }
 
+/// Host processes that are `sleep <mark>`.
+fn sleeping(mark: &str) -> usize {
+    let want = format!("sleep\0{mark}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want.as_bytes()))
+        .count()
+}
+
+/// Starts an exec in session `id` that leaves a `setsid` survivor
+/// (`sleep <mark>`) and sleeps on itself (`sleep <mark>` too), by curl in
+/// the background (`max_time` seconds at most); returns once both run.
+fn start_tree(s: &Server, id: &str, mark: &str, max_time: u32) -> Child {
+    let body = format!(
+        r#"{{"argv": ["sh", "-c", "setsid sleep {mark} </dev/null >/dev/null 2>&1 & sleep {mark}"]}}"#
+    );
+    let curl = Command::new("curl")
+        .args(["-sS", "--max-time", &max_time.to_string(), "--unix-socket"])
+        .arg(&s.socket)
+        .args(["--data-binary", &body])
+        .arg(format!("http://hull/v1/sessions/{id}/exec"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("curl");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sleeping(mark) < 2 {
+        assert!(Instant::now() < deadline, "the exec's tree did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    curl
+}
+
+/// An exec ends with its whole tree (a `setsid` survivor included) when
+/// its client goes away, when its session is closed (the DELETE answers
+/// once the tree is gone), and when `hull serve` stops (before it exits).
+/// (Against the code before, on landlock, the tree ran on in all three.)
+fn an_exec_ends_with_its_tree(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let s = Server::start(&w);
+    let id = open(&s, tier, &w.project);
+    let mark = |n: u32| format!("{}{n}.5", std::process::id() % 10000 + 10000);
+
+    // The client goes away.
+    let m = mark(1);
+    let mut curl = start_tree(&s, &id, &m, 3);
+    curl.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sleeping(&m) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{tier}: the exec's tree outlived its client by 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The session is closed.
+    let m = mark(2);
+    let mut curl = start_tree(&s, &id, &m, 120);
+    let (code, body) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 204, "{body}");
+    assert_eq!(
+        sleeping(&m),
+        0,
+        "{tier}: the DELETE answered before the tree was gone"
+    );
+    curl.wait().unwrap();
+
+    // The server stops.
+    let id = open(&s, tier, &w.project);
+    let m = mark(3);
+    let mut curl = start_tree(&s, &id, &m, 120);
+    drop(s);
+    assert_eq!(
+        sleeping(&m),
+        0,
+        "{tier}: hull serve exited before the tree was gone"
+    );
+    curl.wait().unwrap();
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_an_exec_ends_with_its_tree() {
+    an_exec_ends_with_its_tree("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_an_exec_ends_with_its_tree() {
+    an_exec_ends_with_its_tree("landlock");
+}
+
 /// Bad JSON, unknown fields, an oversize body, a path outside the
 /// session's roots, a tier that does not exist: each a 4xx naming what is
 /// wrong, and nothing is changed on the host.

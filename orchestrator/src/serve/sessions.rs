@@ -43,6 +43,103 @@ pub struct Session {
     /// A copy-on-write session: its change set, once its first exec made
     /// it. Held for each exec: one run at a time uses the set's overlay.
     changes: Mutex<Option<String>>,
+    /// The `hull run` of each exec in progress.
+    execs: Execs,
+}
+
+/// The `hull run` processes of a session's execs in progress, so a close
+/// ends them and waits until they (and their trees) are gone.
+#[derive(Debug, Default)]
+struct Execs {
+    /// Pids of the `hull run`s, and whether the session is closing (no
+    /// exec starts then).
+    state: std::sync::Mutex<(std::collections::HashSet<u32>, bool)>,
+    /// Told whenever an exec ends.
+    ended: tokio::sync::Notify,
+}
+
+/// How long a closing session gives its execs' `hull run`s to end their
+/// trees after SIGTERM before SIGKILL (the tree's cgroup then goes with
+/// hull's watchdog).
+const EXEC_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
+impl Execs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (std::collections::HashSet<u32>, bool)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `pid`'s exec; false when the session is closing.
+    fn start(&self, pid: u32) -> bool {
+        let mut st = self.lock();
+        if st.1 {
+            return false;
+        }
+        st.0.insert(pid);
+        true
+    }
+
+    fn end(&self, pid: u32) {
+        self.lock().0.remove(&pid);
+        self.ended.notify_waiters();
+    }
+
+    /// Stops new execs, ends every exec in progress (SIGTERM: `hull run`
+    /// ends its command's tree and exits; SIGKILL after [`EXEC_GRACE`]),
+    /// and returns once each has ended.
+    async fn close(&self) {
+        let pids: Vec<u32> = {
+            let mut st = self.lock();
+            st.1 = true;
+            st.0.iter().copied().collect()
+        };
+        signal_all(&pids, libc::SIGTERM);
+        let term = tokio::time::Instant::now() + EXEC_GRACE;
+        let mut killed = false;
+        loop {
+            let ended = self.ended.notified();
+            let left: Vec<u32> = self.lock().0.iter().copied().collect();
+            if left.is_empty() {
+                return;
+            }
+            let deadline = if killed { term + EXEC_GRACE } else { term };
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                if killed {
+                    tracing::warn!(?left, "hull serve: execs still running after SIGKILL");
+                    return;
+                }
+                signal_all(&left, libc::SIGKILL);
+                killed = true;
+            }
+        }
+    }
+}
+
+/// Signals each `hull run` of `pids` (children of this server not yet
+/// reaped: an exec removes its pid before its child is waited for).
+fn signal_all(pids: &[u32], sig: i32) {
+    for pid in pids {
+        // SAFETY: kill(2) with integer arguments, on a child of ours that
+        // is still registered, so not yet reaped.
+        unsafe { libc::kill(*pid as i32, sig) };
+    }
+}
+
+/// Ends one exec's registration when the exec is over or abandoned (its
+/// client went away: the future is dropped): its `hull run` is told to
+/// end the command's tree (SIGTERM) first. Dropped before the child.
+struct ExecGuard<'a> {
+    execs: &'a Execs,
+    pid: u32,
+    done: bool,
+}
+
+impl Drop for ExecGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            signal_all(&[self.pid], libc::SIGTERM);
+        }
+        self.execs.end(self.pid);
+    }
 }
 
 /// Every session of the server, and what runs them.
@@ -154,15 +251,18 @@ impl Sessions {
             owner: caller,
             vm,
             changes: Mutex::new(None),
+            execs: Execs::default(),
         });
         self.map.lock().await.insert(id, session);
         Ok(info)
     }
 
-    /// Closes the caller's session `id` (its VM is stopped).
+    /// Closes the caller's session `id`: its execs in progress end with
+    /// their trees, then its VM is stopped; returns once all is gone.
     pub async fn close(&self, caller: u32, id: &str) -> Result<(), Refusal> {
         let s = self.get(caller, id).await?;
         self.map.lock().await.remove(id);
+        s.execs.close().await;
         self.stop(&s).await;
         Ok(())
     }
@@ -171,6 +271,7 @@ impl Sessions {
     pub async fn close_all(&self) {
         let all: Vec<Arc<Session>> = self.map.lock().await.drain().map(|(_, s)| s).collect();
         for s in all {
+            s.execs.close().await;
             self.stop(&s).await;
         }
     }
@@ -267,10 +368,11 @@ impl Sessions {
                 .arg(s.info.project.join(dir));
         }
         c.args(&req.argv);
+        // Not killed on drop: an abandoned exec's `hull run` gets SIGTERM
+        // (`ExecGuard`) and ends the command's tree itself.
         c.stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         Ok(c)
     }
 
@@ -314,6 +416,17 @@ impl Sessions {
         let mut child = cmd
             .spawn()
             .map_err(|e| Refusal::new(500, format!("cannot start hull run: {e}")))?;
+        let Some(pid) = child.id() else {
+            return Err(Refusal::new(500, "hull run ended at once"));
+        };
+        let mut guard = ExecGuard {
+            execs: &s.execs,
+            pid,
+            done: false,
+        };
+        if !s.execs.start(pid) {
+            return Err(Refusal::new(409, "the session is closing"));
+        }
         let mut input = child.stdin.take();
         let writer = async move {
             if let (Some(mut w), Some(bytes)) = (input.take(), stdin) {
@@ -329,6 +442,8 @@ impl Sessions {
             collect(err, max, keep, |b| on_chunk(2, b)),
             child.wait()
         );
+        guard.done = true;
+        drop(guard);
         let wall_s = t0.elapsed().as_secs_f64();
         let ended = crate::result_file::Ended::read(&result);
         let _ = std::fs::remove_file(&result);
