@@ -650,6 +650,57 @@ mod vm {
         super::a_cow_session_keeps_its_writes_apart("vm");
     }
 
+    /// In a session's kept VM, an exec whose client went away ends with
+    /// its tree (a `setsid` survivor included), as a later exec in the same
+    /// VM sees; a closed session's VM is gone with everything in it
+    /// (`a_session_on_vm_keeps_one_vm_for_its_execs`).
+    #[test]
+    fn an_exec_ends_with_its_tree_when_its_client_goes() {
+        require_tier("vm");
+        let w = World::new();
+        let s = Server::start(&w);
+        let id = open(&s, "vm", &w.project);
+        let mark = format!("{}1.5", std::process::id() % 10000 + 10000);
+        let count = || -> u32 {
+            let script = format!(
+                "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done 2>/dev/null \
+                 | grep -c '^sleep {mark} $' || true"
+            );
+            let body = serde_json::json!({"argv": ["sh", "-c", script]}).to_string();
+            let (code, body) = s.call("POST", &format!("/v1/sessions/{id}/exec"), Some(&body));
+            assert_eq!(code, 200, "{body}");
+            let r = json(&body);
+            r["stdout"].as_str().unwrap().trim().parse().unwrap()
+        };
+        let body = format!(
+            r#"{{"argv": ["sh", "-c", "setsid sleep {mark} </dev/null >/dev/null 2>&1 & sleep {mark}"]}}"#
+        );
+        let mut curl = Command::new("curl")
+            .args(["-sS", "--max-time", "60", "--unix-socket"])
+            .arg(&s.socket)
+            .args(["--data-binary", &body])
+            .arg(format!("http://hull/v1/sessions/{id}/exec"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("curl");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count() < 2 {
+            assert!(Instant::now() < deadline, "the exec's tree did not start");
+        }
+        let _ = curl.kill();
+        curl.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the exec's tree outlived its client by 60 s in the session's VM"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     #[test]
     fn a_session_on_vm_keeps_one_vm_for_its_execs() {
         require_tier("vm");
