@@ -379,6 +379,82 @@ fn landlock_an_exec_ends_with_its_tree() {
     an_exec_ends_with_its_tree("landlock");
 }
 
+/// Connections of the flood: 19,000, or as many as this process may open
+/// (less a margin).
+fn flood_size() -> usize {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct we pass.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+    usize::try_from(l.rlim_cur)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(500)
+        .min(19_000)
+}
+
+/// Another uid flooding `hull serve` (root, who can reach any user's
+/// socket, holding up to 19,000 idle connections) does not starve its
+/// owner: the owner's requests are answered at once, the flood's
+/// connections beyond its share are closed, and an idle one that sends no
+/// request is closed after the header timeout. (Against the code before,
+/// every flood connection was held open, idle, for good: a larger flood
+/// ran the server out of descriptors.)
+#[cfg(feature = "bwrap")]
+#[test]
+fn a_flood_from_another_uid_does_not_starve_the_owner() {
+    let w = hull_tests::nobody::AsNobody::new();
+    let socket = w.u.join("serve").join("s.sock");
+    let child = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(w.hull_path())
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .env("HOME", &w.u)
+        .env("HULL_RUNS_DIR", w.u.join("runs"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Server::wait(child, socket);
+    let mut flood = Vec::new();
+    for _ in 0..flood_size() {
+        match std::os::unix::net::UnixStream::connect(&s.socket) {
+            Ok(c) => flood.push(c),
+            Err(e) => panic!("connect {}: {e}", flood.len()),
+        }
+    }
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        let (code, body) = s.call_as(Some("nobody"), "GET", "/v1/sessions", None);
+        assert_eq!(code, 200, "{body}");
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "the owner waited {:?} for five answers",
+        t0.elapsed()
+    );
+    // Every flood connection is closed: at once beyond the share, after
+    // the header timeout within it.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for c in &flood {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "a flood connection still open after 40 s");
+        c.set_read_timeout(Some(left)).unwrap();
+        let mut b = [0u8; 1];
+        let n = std::io::Read::read(&mut &*c, &mut b);
+        assert!(
+            matches!(n, Ok(0))
+                || n.as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "{n:?}"
+        );
+    }
+}
+
 /// Bad JSON, unknown fields, an oversize body, a path outside the
 /// session's roots, a tier that does not exist: each a 4xx naming what is
 /// wrong, and nothing is changed on the host.

@@ -9,6 +9,7 @@
 //! not exist. SIGINT or SIGTERM closes every session (a tier-3 session's
 //! VM is stopped) and removes the socket.
 
+mod admission;
 pub mod api;
 mod http;
 pub mod sessions;
@@ -139,19 +140,30 @@ async fn run(socket: &Path, sessions: Arc<sessions::Sessions>) -> Result<(), Ser
             path: socket.to_path_buf(),
             source,
         })?;
+    let admitted = admission::Admitted::new(rustix::process::geteuid().as_raw());
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((stream, _)) = accepted else {
+                    // Out of descriptors (EMFILE) or the like: not a spin.
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                };
                 let Ok(cred) = stream.peer_cred() else { continue };
                 let caller = cred.uid();
+                // Over its uid's share: closed at once, unread.
+                let Some(ticket) = admission::admit(&admitted, caller) else { continue };
                 let sessions = Arc::clone(&sessions);
                 tokio::spawn(async move {
+                    let _ticket = ticket;
                     let svc = hyper::service::service_fn(move |req| {
                         http::handle(req, Arc::clone(&sessions), caller)
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
                         .max_buf_size(64 * 1024)
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        // Also the longest a kept-alive connection idles.
+                        .header_read_timeout(admission::HEADER_TIMEOUT)
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
                     if let Err(e) = conn.await {
                         tracing::debug!("hull serve: connection: {e}");
