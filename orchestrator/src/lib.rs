@@ -20,7 +20,7 @@ pub mod mountinfo;
 #[cfg(unix)]
 pub mod net;
 pub mod os;
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub mod out_dir;
 pub mod policy;
 pub mod result_file;

@@ -154,11 +154,14 @@ impl OutDir {
             source: e.into(),
         })?;
         let me = rustix::process::geteuid().as_raw();
-        if st.st_uid != me || st.st_mode & 0o022 != 0 {
+        // u16 on macOS.
+        #[allow(clippy::useless_conversion)]
+        let mode = u32::from(st.st_mode) & 0o7777;
+        if st.st_uid != me || mode & 0o022 != 0 {
             return Err(OutDirError::NotYours {
                 path,
                 uid: st.st_uid,
-                mode: st.st_mode & 0o7777,
+                mode,
                 me,
             });
         }
@@ -370,7 +373,7 @@ pub fn read_named(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
     };
     let dir = rustix::fs::open(
         dir,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
     .map_err(|e| ReadError::Io {
@@ -379,6 +382,52 @@ pub fn read_named(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
         source: e.into(),
     })?;
     read_at(dir.as_fd(), name, path, limit)
+}
+
+/// Writes `bytes` as the file `path` the caller named (a report, a page):
+/// its directory opened once by the caller's path, the bytes written to a
+/// new name beneath it (`O_EXCL | O_NOFOLLOW`) and renamed over `path`,
+/// which replaces a link planted there instead of writing through it.
+/// (The directory may be `/tmp` or another anyone can write in: nothing
+/// hull writes goes through what another user made there.)
+// The caller's own path, resolved once.
+#[allow(clippy::disallowed_methods)]
+pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let (dir, name) = match (path.parent(), path.file_name()) {
+        (Some(d), Some(n)) => (if d.as_os_str().is_empty() { Path::new(".") } else { d }, n),
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "names no file",
+            ))
+        }
+    };
+    let dir = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let tmp = format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let fd = rustix::fs::openat(
+        &dir,
+        tmp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )?;
+    let mut f = File::from(fd);
+    let done = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| Ok(rustix::fs::renameat(&dir, tmp.as_str(), &dir, name)?));
+    if done.is_err() {
+        let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+    }
+    done
 }
 
 #[cfg(test)]
@@ -427,6 +476,20 @@ mod tests {
         assert!(e.to_string().contains(&real.display().to_string()), "{e}");
         std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(OutDir::open_or_make(&real).is_ok());
+    }
+
+    #[test]
+    fn a_named_file_replaces_a_planted_link() {
+        let t = tempfile::tempdir().unwrap();
+        let victim = t.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let page = t.path().join("page.html");
+        std::os::unix::fs::symlink(&victim, &page).unwrap();
+        write_file(&page, b"<html>").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&page).unwrap(), "<html>");
+        assert!(!std::fs::symlink_metadata(&page).unwrap().is_symlink());
+        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 2);
     }
 
     #[test]

@@ -92,7 +92,7 @@ pub fn canary(a: CanaryArgs, quiet: bool) -> anyhow::Result<i32> {
         Err(e) => return Err(e.into()),
     };
     if let Some(f) = &a.html {
-        std::fs::write(f, crate::canary::render_html(&cells))
+        crate::out_dir::write_file(f, crate::canary::render_html(&cells).as_bytes())
             .map_err(|e| anyhow::anyhow!("canary: cannot write {}: {e}", f.display()))?;
     }
     if a.json {

@@ -108,7 +108,7 @@ pub fn compare(a: CompareArgs, quiet: bool) -> anyhow::Result<i32> {
     if let Some(file) = &a.html {
         let matrix = canary_matrix(&report, quiet)?;
         let page = crate::compare::render::html(&report, matrix.as_deref(), crate::canary::STYLE);
-        std::fs::write(file, page)
+        crate::out_dir::write_file(file, page.as_bytes())
             .with_context(|| format!("hull compare: cannot write {}", file.display()))?;
     }
     if a.json {
