@@ -395,13 +395,15 @@ pub fn read_named(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
 pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write;
     let (dir, name) = match (path.parent(), path.file_name()) {
-        (Some(d), Some(n)) => (if d.as_os_str().is_empty() { Path::new(".") } else { d }, n),
-        _ => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "names no file",
-            ))
-        }
+        (Some(d), Some(n)) => (
+            if d.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                d
+            },
+            n,
+        ),
+        _ => return Err(io::Error::new(io::ErrorKind::InvalidInput, "names no file")),
     };
     let dir = rustix::fs::open(
         dir,

@@ -191,3 +191,59 @@ fn batch_merge_refuses_what_is_not_a_regular_file() {
         );
     }
 }
+
+/// A batch job's environment reaches its command and no command line on
+/// the host (`/proc/PID/cmdline` is any local user's to read): it goes to
+/// `hull run` through a descriptor. (Against the code before, it was
+/// `hull run --env K=V`.)
+#[cfg(feature = "bwrap")]
+#[test]
+fn a_job_s_environment_shows_on_no_command_line() {
+    require_tier("bwrap");
+    let w = World::new();
+    let secret = format!("job-secret-{}", std::process::id());
+    let jobs = w.root.path().join("jobs.jsonl");
+    std::fs::write(
+        &jobs,
+        format!(
+            "{{\"id\": \"e\", \"sh\": \"echo $TOKEN; sleep 3\", \"env\": {{\"TOKEN\": \"{secret}\"}}}}\n"
+        ),
+    )
+    .unwrap();
+    let out = w.root.path().join("out");
+    let mut child = w
+        .hull()
+        .arg("batch")
+        .arg(&jobs)
+        .args(["--tier", "bwrap", "--project"])
+        .arg(&w.project)
+        .arg("--out")
+        .arg(&out)
+        .args(["--timeout", "60s"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("hull batch");
+    let needle = format!("TOKEN={secret}");
+    let mut seen = 0;
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the batch did not end"
+        );
+        let shown = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        });
+        seen += usize::from(shown);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(
+        std::fs::read_to_string(out.join("jobs/e.bwrap.stdout")).unwrap(),
+        format!("{secret}\n")
+    );
+    assert_eq!(seen, 0, "the value showed on a command line");
+}

@@ -455,6 +455,55 @@ fn a_flood_from_another_uid_does_not_starve_the_owner() {
     }
 }
 
+/// Whether any host process has `needle` on its command line.
+fn on_a_command_line(needle: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()))
+    })
+}
+
+/// An exec's environment reaches the command and no command line on the
+/// host (`/proc/PID/cmdline` is any local user's to read): it goes to
+/// `hull run` through a descriptor. (Against the code before, it was
+/// `hull run --env K=V`.)
+#[cfg(feature = "bwrap")]
+#[test]
+fn an_exec_s_environment_shows_on_no_command_line() {
+    require_tier("bwrap");
+    let w = World::new();
+    let s = Server::start(&w);
+    let id = open(&s, "bwrap", &w.project);
+    let secret = format!("secret-{}", std::process::id());
+    let body = format!(
+        r#"{{"argv": ["sh", "-c", "echo $TOKEN; sleep 3"], "env": {{"TOKEN": "{secret}"}}}}"#
+    );
+    let curl = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "--unix-socket"])
+        .arg(&s.socket)
+        .args(["--data-binary", &body])
+        .arg(format!("http://hull/v1/sessions/{id}/exec"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("curl");
+    let mut seen = 0;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(2500) {
+        // curl's own command line holds the body: not a host process of
+        // hull's, so it is skipped by looking for the variable's form.
+        if on_a_command_line(&format!("TOKEN={secret}")) {
+            seen += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = curl.wait_with_output().unwrap();
+    let r = json(&String::from_utf8_lossy(&o.stdout));
+    assert_eq!(r["stdout"], format!("{secret}\n"), "{r}");
+    assert_eq!(seen, 0, "the value showed on a command line");
+}
+
 /// Bad JSON, unknown fields, an oversize body, a path outside the
 /// session's roots, a tier that does not exist: each a 4xx naming what is
 /// wrong, and nothing is changed on the host.

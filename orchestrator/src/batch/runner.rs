@@ -293,8 +293,28 @@ fn spawn_and_wait(
     if let Some(t) = job.timeout.or(opts.timeout) {
         cmd.args(["--timeout", &format!("{}ms", t.as_millis().max(1))]);
     }
-    for (k, v) in &job.env {
-        cmd.arg("--env").arg(format!("{k}={v}"));
+    // The job's environment through a descriptor, never on the command
+    // line (any local user reads that).
+    let env_fd = match job.env.is_empty() {
+        true => None,
+        false => Some(
+            crate::exec::env_fd::memfd(
+                &job.env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<Vec<_>>(),
+            )
+            .map_err(|e| format!("cannot pass the job's environment: {e}"))?,
+        ),
+    };
+    if let Some(fd) = &env_fd {
+        use std::os::fd::AsRawFd;
+        let raw = fd.as_raw_fd();
+        cmd.arg("--env-fd").arg(raw.to_string());
+        // SAFETY: fcntl only, async-signal-safe, on a descriptor number.
+        unsafe {
+            cmd.pre_exec(move || crate::exec::env_fd::keep_in_child(raw));
+        }
     }
     cmd.arg("--").args(job.command.argv());
     let file = |name: &str| {

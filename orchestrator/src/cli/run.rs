@@ -23,6 +23,12 @@ pub struct RunArgs {
     /// Set a variable in the command's environment (repeatable).
     #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
+    /// Also set the variables read from descriptor N (`K=V` entries each
+    /// ended by a NUL, at most 1 MiB; N is closed after): for callers
+    /// whose values must not show on a command line, which any local user
+    /// can read. Linux.
+    #[arg(long = "env-fd", value_name = "N")]
+    pub env_fd: Option<i32>,
     /// Kill the whole process tree after this long (e.g. 90s, 10m); overrides limits.wall_time.
     #[arg(long, value_parser = parse_timeout)]
     pub timeout: Option<std::time::Duration>,
@@ -70,6 +76,18 @@ fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    #[cfg(target_os = "linux")]
+    let a = {
+        let mut a = a;
+        if let Some(fd) = a.env_fd {
+            a.env.extend(crate::exec::env_fd::take(fd)?);
+        }
+        a
+    };
+    #[cfg(not(target_os = "linux"))]
+    if let Some(fd) = a.env_fd {
+        anyhow::bail!("--env-fd {fd}: Linux only for now");
+    }
     let tier = if a.tier3 || a.vm.is_some() {
         TierChoice::Named(crate::tier::Tier::Vm)
     } else {

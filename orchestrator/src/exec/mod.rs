@@ -10,6 +10,8 @@
 pub mod cgroup;
 #[cfg(target_os = "linux")]
 pub mod domain;
+#[cfg(target_os = "linux")]
+pub mod env_fd;
 #[cfg(unix)]
 pub mod fds;
 #[cfg(not(target_os = "linux"))]

@@ -325,8 +325,9 @@ impl Sessions {
         req: &ExecRequest,
         result: &Path,
         continued: Option<&str>,
-    ) -> Result<tokio::process::Command, Refusal> {
+    ) -> Result<(tokio::process::Command, Option<std::os::fd::OwnedFd>), Refusal> {
         let mut c = tokio::process::Command::new(&self.hull);
+        let mut env_fd = None;
         c.args(["run", "--tier", &s.info.tier, "--policy", &s.info.policy])
             .arg("--project")
             .arg(&s.info.project)
@@ -353,10 +354,30 @@ impl Sessions {
             ));
         }
         for (k, v) in &req.env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            if k.is_empty()
+                || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                || v.contains('\0')
+            {
                 return Err(Refusal::new(400, format!("env {k:?}: not a variable")));
             }
-            c.arg("--env").arg(format!("{k}={v}"));
+        }
+        if !req.env.is_empty() {
+            // Through a descriptor, never on the command line (any local
+            // user reads that); closed here once the child has it.
+            let env: Vec<(String, String)> = req
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let fd = crate::exec::env_fd::memfd(&env)
+                .map_err(|e| Refusal::new(500, format!("cannot pass the environment: {e}")))?;
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+            c.arg("--env-fd").arg(raw.to_string());
+            // SAFETY: fcntl only, async-signal-safe, on a descriptor number.
+            unsafe {
+                c.pre_exec(move || crate::exec::env_fd::keep_in_child(raw));
+            }
+            env_fd = Some(fd);
         }
         c.arg("--");
         if let Some(dir) = &req.cwd {
@@ -373,7 +394,7 @@ impl Sessions {
         c.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        Ok(c)
+        Ok((c, env_fd))
     }
 
     /// Runs `req` in session `s`; `on_chunk` gets the output as it comes
@@ -411,11 +432,12 @@ impl Sessions {
             Workspace::Shared => None,
         };
         let continued = cow.as_ref().and_then(|g| (**g).clone());
-        let mut cmd = self.command(s, req, &result, continued.as_deref())?;
+        let (mut cmd, env_fd) = self.command(s, req, &result, continued.as_deref())?;
         let t0 = std::time::Instant::now();
         let mut child = cmd
             .spawn()
             .map_err(|e| Refusal::new(500, format!("cannot start hull run: {e}")))?;
+        drop(env_fd); // the child has its own
         let Some(pid) = child.id() else {
             return Err(Refusal::new(500, "hull run ended at once"));
         };

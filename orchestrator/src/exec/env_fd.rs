@@ -1,0 +1,136 @@
+//! The command's environment handed to a child `hull run` through a
+//! descriptor (`hull run --env-fd N`) instead of its command line, which
+//! every local user can read in `/proc/PID/cmdline`: a session exec's or a
+//! batch job's secrets stay between hull and the command.
+//!
+//! The descriptor is a sealed memfd of `K=V` entries, each ended by a NUL;
+//! it is close-on-exec except in the one child it is meant for.
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The most bytes read from the descriptor.
+pub const MAX_BYTES: u64 = 1 << 20;
+/// The most entries.
+pub const MAX_ENTRIES: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnvFdError {
+    #[error("--env-fd {fd}: not an open descriptor of hull's (0, 1 and 2 are not taken)")]
+    NotOpen { fd: RawFd },
+    #[error("--env-fd {fd}: cannot read: {source}")]
+    Read {
+        fd: RawFd,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--env-fd {fd}: more than {MAX_BYTES} bytes or {MAX_ENTRIES} entries")]
+    TooLarge { fd: RawFd },
+    #[error("--env-fd {fd}: entry {n} is not K=V with a name of letters, digits and _")]
+    Bad { fd: RawFd, n: usize },
+}
+
+/// The entries as the descriptor carries them; a name with `=` or a NUL
+/// anywhere is refused (it would change what the entries say).
+pub fn encode(env: &[(String, String)]) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{k:?}: not a variable"),
+            ));
+        }
+        out.extend_from_slice(k.as_bytes());
+        out.push(b'=');
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    Ok(out)
+}
+
+/// A sealed memfd holding `env` (close-on-exec: [`keep_in_child`] clears
+/// that in the child it is for).
+pub fn memfd(env: &[(String, String)]) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
+    let fd = memfd_create("hull-env", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    let mut f = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut f, &encode(env)?)?;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0))?;
+    fcntl_add_seals(
+        &f,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )?;
+    Ok(OwnedFd::from(f))
+}
+
+/// Clears close-on-exec on `fd` (in a child between fork and exec; only
+/// async-signal-safe calls).
+pub fn keep_in_child(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl with integer arguments on a descriptor number.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes descriptor `fd` (given to this process for it), reads its
+/// entries and closes it.
+pub fn take(fd: RawFd) -> Result<Vec<(String, String)>, EnvFdError> {
+    // SAFETY: fcntl(F_GETFD) with integer arguments only asks whether the
+    // descriptor is open.
+    if fd <= 2 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(EnvFdError::NotOpen { fd });
+    }
+    // SAFETY: the descriptor is open and was handed to this process to
+    // own (`--env-fd`); nothing else in hull refers to it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let _ = rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC);
+    debug_assert_eq!(owned.as_raw_fd(), fd);
+    let mut bytes = Vec::new();
+    std::fs::File::from(owned)
+        .take(MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| EnvFdError::Read { fd, source })?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(EnvFdError::TooLarge { fd });
+    }
+    let mut out = Vec::new();
+    for (n, entry) in bytes.split(|b| *b == 0).enumerate() {
+        if entry.is_empty() && n + 1 == bytes.split(|b| *b == 0).count() {
+            break; // after the last NUL
+        }
+        let bad = || EnvFdError::Bad { fd, n: n + 1 };
+        let text = std::str::from_utf8(entry).map_err(|_| bad())?;
+        let (k, v) = text.split_once('=').ok_or_else(bad)?;
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(bad());
+        }
+        out.push((k.to_string(), v.to_string()));
+        if out.len() > MAX_ENTRIES {
+            return Err(EnvFdError::TooLarge { fd });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_go_through_a_descriptor_and_come_back_exactly() {
+        let env = vec![
+            ("A".to_string(), "x=y z\nw".to_string()),
+            ("EMPTY".to_string(), String::new()),
+        ];
+        let fd = memfd(&env).unwrap();
+        let raw = rustix::io::dup(&fd).unwrap();
+        let n = std::os::fd::IntoRawFd::into_raw_fd(raw);
+        assert_eq!(take(n).unwrap(), env);
+        // SAFETY: fcntl(F_GETFD) with integer arguments.
+        assert!(unsafe { libc::fcntl(n, libc::F_GETFD) } < 0, "closed after");
+        assert!(encode(&[("A=B".into(), "v".into())]).is_err());
+        assert!(matches!(take(1), Err(EnvFdError::NotOpen { .. })));
+    }
+}
