@@ -1551,6 +1551,7 @@ fn the_canary_reports_no_leak(t: &str) {
         "inotify_outside",
         "outlive_the_run",
         "outlive_hull",
+        "mkdir_rmdir_loop",
         "other_run_cwd",
         "helper_environment",
         "protected_metadata",

@@ -740,6 +740,23 @@ pub fn probes() -> Vec<Probe> {
         ),
         // ---- what the policy allows must work, or the denials prove nothing
         Probe::attack(
+            "mkdir_rmdir_loop",
+            "allowed writes",
+            // More top-level directories made and removed than the landlock
+            // tier keeps spares for (64): each removal gives its spare back.
+            |_, _| {
+                "i=0; while [ $i -lt 200 ]; do mkdir loop.d && rmdir loop.d || exit 1; \
+                 i=$((i + 1)); done; mkdir after && echo ok > after/f.txt"
+                    .into()
+            },
+            |d, _| {
+                (std::fs::read_to_string(d.project.join("after/f.txt")).ok()? == "ok\n"
+                    && !d.project.join("loop.d").exists())
+                .then(|| "200 top-level directories made and removed, then one more".into())
+            },
+        )
+        .positive(),
+        Probe::attack(
             "write_project",
             "allowed writes",
             |_, _| {
