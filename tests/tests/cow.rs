@@ -333,7 +333,8 @@ fn names_the_command_chose_are_quoted_as_git_quotes_them() {
     let forged = "a\n+ M /etc/passwd";
     let script = "printf x > \"$(printf 'a\\n+ M /etc/passwd' | tr / _)\"; \
                   ln -s \"$(printf 'target\\nA evil')\" link; \
-                  printf y > \"$(printf 'x\\342\\200\\256txt.exe')\"";
+                  printf y > \"$(printf 'x\\342\\200\\256txt.exe')\"; \
+                  printf z > \"$(printf 'bad\\377name')\"";
     let o = w.run("bwrap", &["--cow"], script);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let id = kept_id(&o);
@@ -341,8 +342,10 @@ fn names_the_command_chose_are_quoted_as_git_quotes_them() {
     let s = changes(&w, &["show", &id]);
     assert_eq!(s.status.code(), Some(0), "{}", show(&s));
     let text = String::from_utf8(s.stdout.clone()).unwrap();
-    // The header, then one line per change: three.
-    assert_eq!(text.lines().count(), 4, "{text}");
+    // The header, then one line per change: four (the name that is not
+    // UTF-8 refused, with its bytes).
+    assert_eq!(text.lines().count(), 5, "{text}");
+    assert!(text.contains("! \"bad\\357\\277\\275name\""), "{text}");
     assert!(
         !text.lines().any(|l| l.starts_with("+ M"))
             && !text.lines().any(|l| l.starts_with("A evil")),
@@ -369,10 +372,19 @@ fn names_the_command_chose_are_quoted_as_git_quotes_them() {
         .filter_map(|c| c["path"].as_str())
         .collect();
     assert!(paths.contains(&forged.as_str()), "{paths:?}");
+    assert!(
+        v["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["path_hex"] == "626164ff6e616d65" && c["op"] == "refused"),
+        "{v}"
+    );
     let a = changes(&w, &["apply", &id]);
     assert_eq!(a.status.code(), Some(0), "{}", show(&a));
     let applied = String::from_utf8_lossy(&a.stdout);
-    assert_eq!(applied.lines().count(), 3, "{applied}");
+    assert_eq!(applied.lines().count(), 4, "{applied}");
+    assert!(!w.project.join("bad\u{fffd}name").exists());
     assert_eq!(
         std::fs::read_to_string(w.project.join(&forged)).unwrap(),
         "x"

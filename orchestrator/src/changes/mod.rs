@@ -143,6 +143,10 @@ pub struct Change {
     /// Why a change is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The path's exact bytes in hex, when they are not UTF-8 (`path`
+    /// then shows them with U+FFFD; such a change is always refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_hex: Option<String>,
 }
 
 /// Whether `path` (relative, `/`-separated) passes through `.git` or

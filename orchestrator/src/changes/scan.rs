@@ -106,7 +106,18 @@ impl Scan {
         for name in &names {
             let path = join(rel, &name.to_string_lossy());
             let Some(name) = name.to_str() else {
-                self.push(refused(&path, "its name is not UTF-8"))?;
+                use std::os::unix::ffi::OsStrExt;
+                let mut exact = join(rel, "").into_bytes();
+                exact.extend_from_slice(name.as_bytes());
+                self.push(Change {
+                    reason: Some(
+                        "its name is not UTF-8: hull keeps no change it cannot name exactly \
+                         (path_hex has its bytes)"
+                            .into(),
+                    ),
+                    path_hex: Some(crate::text::hex(&exact)),
+                    ..refused(&path, "")
+                })?;
                 continue;
             };
             seen.push(name.to_string());
@@ -276,6 +287,7 @@ fn change(path: &str, op: Op, before: Option<Node>, after: Option<Node>) -> Chan
         before,
         after,
         reason: None,
+        path_hex: None,
     }
 }
 
@@ -288,6 +300,7 @@ fn refused(path: &str, why: &str) -> Change {
         reason: Some(format!(
             "{why}: a change set carries files, directories and symlinks only"
         )),
+        path_hex: None,
     }
 }
 
