@@ -631,6 +631,77 @@ macro_rules! tiers {
     };
 }
 
+/// A kept VM's name reused for another project carries nothing of the
+/// first one's runs: the VM's tmp (the runs' `TMPDIR` and `HOME`) and
+/// spill are removed from the host when it goes down and start empty when
+/// it comes up. (Against the code before, the second project's run read
+/// the first's secret from `$HOME`.)
+fn a_kept_vm_s_name_carries_nothing_to_another_project(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let other = w.root.path().join("other-project");
+    std::fs::create_dir(&other).unwrap();
+    let name = format!("reuse{}", std::process::id());
+    let hull = |args: &[&str]| {
+        let o = w
+            .hull()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn hull");
+        assert_eq!(o.status.code(), Some(0), "hull {args:?}: {}", show(&o));
+        o
+    };
+    let up = |project: &Path| {
+        hull(&[
+            "vm",
+            "up",
+            "--name",
+            &name,
+            "--idle",
+            "10m",
+            "--project",
+            project.to_str().unwrap(),
+            "--timeout",
+            "150s",
+        ])
+    };
+    let run = |project: &Path, script: &str| {
+        hull(&[
+            "run",
+            "--vm",
+            &name,
+            "--project",
+            project.to_str().unwrap(),
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+    };
+    let down = || hull(&["vm", "down", "--name", &name]);
+    up(&w.project);
+    run(
+        &w.project,
+        "echo first-project-secret > \"$HOME/secret.txt\"",
+    );
+    let tmp = w.root.path().join("vms").join(&name).join("tmp");
+    // The control: the write landed in the VM's tmp on the host.
+    assert!(
+        std::fs::read_dir(&tmp).unwrap().count() > 0,
+        "control: the run's HOME is not the VM's tmp ({})",
+        tmp.display()
+    );
+    down();
+    assert!(!tmp.exists(), "{} is left on the host", tmp.display());
+    up(&other);
+    let o = run(&other, "cat \"$HOME/secret.txt\" 2>/dev/null || echo none");
+    down();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "none\n", "{}", show(&o));
+}
+
 tiers!(
     common: [
         the_command_s_environment_reaches_no_helper,
@@ -639,5 +710,8 @@ tiers!(
         concurrent_runs_cannot_reach_each_other,
     ],
     bwrap: [bwrap_holds_none_of_the_command_s_environment],
-    vm: [protected_metadata_holds],
+    vm: [
+        protected_metadata_holds,
+        a_kept_vm_s_name_carries_nothing_to_another_project
+    ],
 );

@@ -169,6 +169,7 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
                 }
             }
             let _ = write_state(&dir, &state);
+            remove_run_dirs(&state);
             drop(lock);
             r.map(|_| ())
         }
@@ -176,8 +177,19 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
             state.state = Phase::Failed;
             state.error = Some(e.to_string());
             let _ = write_state(&dir, &state);
+            remove_run_dirs(&state);
             drop(lock);
             Err(e)
+        }
+    }
+}
+
+/// Removes the VM's tmp and spill (its runs' `TMPDIR`, `HOME` and spill)
+/// once the VM is down: nothing of its runs stays on the host.
+fn remove_run_dirs(state: &VmState) {
+    for d in [&state.tmp, &state.spill] {
+        if let Err(e) = crate::runtime::remove_tree(d) {
+            eprintln!("hull vm {}: cannot remove {}: {e}", state.name, d.display());
         }
     }
 }
@@ -199,7 +211,10 @@ fn boot(
     let project = crate::run::project_path(&o.project, &runs)
         .map_err(|e| SupervisorError::Project(Box::new(e)))?;
     state.project = project.clone();
+    // Empty, whatever an earlier VM of this name (maybe for another
+    // project) left: nothing of one VM's runs reaches the next's.
     for d in [&state.tmp, &state.spill] {
+        crate::runtime::remove_tree(d).map_err(io_err("empty", d))?;
         fs::create_dir_all(d).map_err(io_err("create", d))?;
     }
     let pf = crate::policy::profiles::load(&o.policy)?;

@@ -380,6 +380,7 @@ pub fn down(name: &str, grace: Duration) -> Result<bool, SupervisorError> {
     let dir = vm_dir(name)?;
     if !lock_held(&dir) {
         let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
+        remove_leftovers(&dir);
         return Ok(false);
     }
     let s = read_state(&dir).ok_or_else(|| {
@@ -423,7 +424,18 @@ pub fn down(name: &str, grace: Duration) -> Result<bool, SupervisorError> {
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
+    if !lock_held(&dir) {
+        remove_leftovers(&dir);
+    }
     Ok(true)
+}
+
+/// The tmp and spill of VM directory `dir` whose supervisor is gone (one
+/// killed before it removed them): its runs' files leave the host.
+fn remove_leftovers(dir: &Path) {
+    for d in ["tmp", "spill"] {
+        let _ = crate::runtime::remove_tree(&dir.join(d));
+    }
 }
 
 #[cfg(test)]
