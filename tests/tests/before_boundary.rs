@@ -700,6 +700,11 @@ fn a_kept_vm_s_name_carries_nothing_to_another_project(tier: &str) {
     let o = run(&other, "cat \"$HOME/secret.txt\" 2>/dev/null || echo none");
     down();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "none\n", "{}", show(&o));
+    // What a killed supervisor left: `hull runs gc` removes it.
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::write(tmp.join("left.txt"), "x").unwrap();
+    hull(&["runs", "gc"]);
+    assert!(!tmp.exists(), "hull runs gc left {}", tmp.display());
 }
 
 tiers!(

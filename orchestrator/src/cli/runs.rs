@@ -64,6 +64,11 @@ pub fn runs(c: RunsCommand) -> anyhow::Result<i32> {
         }
         RunsCommand::Gc { json } => {
             let r = runtime::gc(&root)?;
+            // Kept VMs whose supervisor is gone: their runs' tmp and spill.
+            #[cfg(target_os = "linux")]
+            for name in crate::vm::supervisor::sweep_leftovers() {
+                eprintln!("hull runs gc: VM {name} is down: removed its tmp and spill");
+            }
             let failed = r
                 .entries
                 .iter()

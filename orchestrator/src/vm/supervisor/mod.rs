@@ -430,6 +430,33 @@ pub fn down(name: &str, grace: Duration) -> Result<bool, SupervisorError> {
     Ok(true)
 }
 
+/// Removes the tmp and spill of every kept VM that no live supervisor
+/// holds (`hull runs gc`); the names of those that had any.
+pub fn sweep_leftovers() -> Vec<String> {
+    let Ok(root) = checked_vms_root() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Vec::new();
+    };
+    let mut swept = Vec::new();
+    for e in entries.flatten() {
+        let Some(name) = e.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let dir = e.path();
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if validate_name(&name).is_err() || !is_dir || lock_held(&dir) {
+            continue;
+        }
+        if ["tmp", "spill"].iter().any(|d| dir.join(d).exists()) {
+            remove_leftovers(&dir);
+            swept.push(name);
+        }
+    }
+    swept
+}
+
 /// The tmp and spill of VM directory `dir` whose supervisor is gone (one
 /// killed before it removed them): its runs' files leave the host.
 fn remove_leftovers(dir: &Path) {
