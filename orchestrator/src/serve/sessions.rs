@@ -447,7 +447,10 @@ impl Sessions {
             done: false,
         };
         if !s.execs.start(pid) {
-            return Err(Refusal::new(404, "the session is closing: no new exec starts"));
+            return Err(Refusal::new(
+                404,
+                "the session is closing: no new exec starts",
+            ));
         }
         let mut input = child.stdin.take();
         let writer = async move {
