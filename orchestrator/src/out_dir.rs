@@ -75,10 +75,10 @@ pub struct OutDir {
 }
 
 impl OutDir {
-    /// Opens the directory at `path`, made (mode 0755, its missing parents
-    /// too) when absent. Refused, by name: a symbolic link there, and a
-    /// directory that is not hull's user's or that group or others may
-    /// write in.
+    /// Opens the directory at `path`, made when absent (mode 0700: what
+    /// jobs print is the caller's; its missing parents too). Refused, by
+    /// name: a symbolic link there, and a directory that is not hull's
+    /// user's or that group or others may write in.
     // The caller's own path, resolved once.
     pub fn open_or_make(path: &Path) -> Result<OutDir, OutDirError> {
         OutDir::open(path, false)
@@ -102,7 +102,7 @@ impl OutDir {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(io_err("cannot make its parent"))?;
         }
-        match rustix::fs::mkdir(path, Mode::from_raw_mode(0o755)) {
+        match rustix::fs::mkdir(path, Mode::from_raw_mode(0o700)) {
             Ok(()) => {}
             Err(rustix::io::Errno::EXIST) if !new => {}
             Err(e) => return Err(io_err("cannot make it")(e.into())),
@@ -123,7 +123,7 @@ impl OutDir {
     /// [`OutDir::open_or_make`] checks.
     pub fn subdir(&self, name: &str) -> Result<OutDir, OutDirError> {
         let path = self.path.join(name);
-        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o755)) {
+        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o700)) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => {
                 return Err(OutDirError::Io {
@@ -393,7 +393,6 @@ pub fn read_named(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
 // The caller's own path, resolved once.
 #[allow(clippy::disallowed_methods)]
 pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    use std::io::Write;
     let (dir, name) = match (path.parent(), path.file_name()) {
         (Some(d), Some(n)) => (
             if d.as_os_str().is_empty() {
@@ -410,13 +409,21 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
+    replace_at(dir.as_fd(), name, bytes)
+}
+
+/// Writes `bytes` as `name` in `dir`: to a new name beneath it (`O_EXCL |
+/// O_NOFOLLOW`), synced, then renamed over `name`, replacing whatever is
+/// there (a link included, never followed).
+pub fn replace_at(dir: BorrowedFd<'_>, name: &OsStr, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
     let tmp = format!(
         ".{}.{}.tmp",
         name.to_string_lossy(),
         uuid::Uuid::new_v4().simple()
     );
     let fd = rustix::fs::openat(
-        &dir,
+        dir,
         tmp.as_str(),
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o644),
@@ -425,9 +432,9 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let done = f
         .write_all(bytes)
         .and_then(|()| f.sync_all())
-        .and_then(|()| Ok(rustix::fs::renameat(&dir, tmp.as_str(), &dir, name)?));
+        .and_then(|()| Ok(rustix::fs::renameat(dir, tmp.as_str(), dir, name)?));
     if done.is_err() {
-        let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+        let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
     }
     done
 }

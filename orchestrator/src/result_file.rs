@@ -10,7 +10,6 @@
 //! O_NOFOLLOW`) and renamed over FILE, which replaces a link there rather
 //! than writing through it.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -218,35 +217,17 @@ impl ResultFile {
         };
         let mut text = serde_json::to_vec_pretty(result).map_err(|e| io("encode")(e.into()))?;
         text.push(b'\n');
-        let tmp = format!(
-            ".{}.{}.tmp",
-            self.name.to_string_lossy(),
-            uuid::Uuid::new_v4().simple()
-        );
         #[cfg(unix)]
-        {
-            use rustix::fs::{openat, renameat, unlinkat, AtFlags, Mode, OFlags};
-            let fd = openat(
-                &self.dir,
-                &tmp,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o644),
-            )
-            .map_err(|e| io("create a temporary file beside it")(e.into()))?;
-            let mut f = std::fs::File::from(fd);
-            let written = f.write_all(&text).and_then(|()| f.sync_all());
-            drop(f);
-            let renamed = written.and_then(|()| {
-                renameat(&self.dir, &tmp, &self.dir, &self.name).map_err(Into::into)
-            });
-            if let Err(e) = renamed {
-                let _ = unlinkat(&self.dir, &tmp, AtFlags::empty());
-                return Err(io("write")(e));
-            }
-        }
+        crate::out_dir::replace_at(std::os::fd::AsFd::as_fd(&self.dir), &self.name, &text)
+            .map_err(io("write"))?;
         #[cfg(not(unix))]
         {
-            let tmp = self.dir_real.join(tmp);
+            use std::io::Write;
+            let tmp = self.dir_real.join(format!(
+                ".{}.{}.tmp",
+                self.name.to_string_lossy(),
+                uuid::Uuid::new_v4().simple()
+            ));
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)

@@ -30,6 +30,25 @@ impl Server {
         Server::wait(c.spawn().expect("spawn hull serve"), socket)
     }
 
+    /// A `hull serve` run by the user nobody, in `w`.
+    fn start_as_nobody(w: &hull_tests::nobody::AsNobody) -> Server {
+        let socket = w.u.join("serve").join("s.sock");
+        let child = Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(w.hull_path())
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .env("HOME", &w.u)
+            .env("HULL_RUNS_DIR", w.u.join("runs"))
+            .env_remove("XDG_RUNTIME_DIR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Server::wait(child, socket)
+    }
+
     fn wait(child: Child, socket: PathBuf) -> Server {
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::os::unix::net::UnixStream::connect(&socket).is_err() {
@@ -403,23 +422,10 @@ fn flood_size() -> usize {
 /// ran the server out of descriptors.)
 #[cfg(feature = "bwrap")]
 #[test]
+#[ignore = "needs root: runs hull serve as the user nobody"]
 fn a_flood_from_another_uid_does_not_starve_the_owner() {
     let w = hull_tests::nobody::AsNobody::new();
-    let socket = w.u.join("serve").join("s.sock");
-    let child = Command::new("setpriv")
-        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-        .arg(w.hull_path())
-        .args(["serve", "--socket"])
-        .arg(&socket)
-        .env("HOME", &w.u)
-        .env("HULL_RUNS_DIR", w.u.join("runs"))
-        .env_remove("XDG_RUNTIME_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let s = Server::wait(child, socket);
+    let s = Server::start_as_nobody(&w);
     let mut flood = Vec::new();
     for _ in 0..flood_size() {
         match std::os::unix::net::UnixStream::connect(&s.socket) {
@@ -455,14 +461,6 @@ fn a_flood_from_another_uid_does_not_starve_the_owner() {
     }
 }
 
-/// Whether any host process has `needle` on its command line.
-fn on_a_command_line(needle: &str) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-        std::fs::read(e.path().join("cmdline"))
-            .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()))
-    })
-}
-
 /// An exec's environment reaches the command and no command line on the
 /// host (`/proc/PID/cmdline` is any local user's to read): it goes to
 /// `hull run` through a descriptor. (Against the code before, it was
@@ -493,7 +491,7 @@ fn an_exec_s_environment_shows_on_no_command_line() {
     while t0.elapsed() < Duration::from_millis(2500) {
         // curl's own command line holds the body: not a host process of
         // hull's, so it is skipped by looking for the variable's form.
-        if on_a_command_line(&format!("TOKEN={secret}")) {
+        if !hull_tests::pids_with(&format!("TOKEN={secret}")).is_empty() {
             seen += 1;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -712,21 +710,7 @@ fn landlock_a_cow_session_keeps_its_writes_apart() {
 fn another_callers_session_does_not_exist_for_them() {
     require_tier("bwrap");
     let w = hull_tests::nobody::AsNobody::new();
-    let socket = w.u.join("serve").join("s.sock");
-    let child = Command::new("setpriv")
-        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-        .arg(w.hull_path())
-        .args(["serve", "--socket"])
-        .arg(&socket)
-        .env("HOME", &w.u)
-        .env("HULL_RUNS_DIR", w.u.join("runs"))
-        .env_remove("XDG_RUNTIME_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let s = Server::wait(child, socket);
+    let s = Server::start_as_nobody(&w);
     let (code, body) = s.call_as(
         Some("nobody"),
         "POST",

@@ -7,7 +7,7 @@
 //! it is close-on-exec except in the one child it is meant for.
 
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 /// The most bytes read from the descriptor.
 pub const MAX_BYTES: u64 = 1 << 20;
@@ -52,16 +52,7 @@ pub fn encode(env: &[(String, String)]) -> std::io::Result<Vec<u8>> {
 /// A sealed memfd holding `env` (close-on-exec: [`keep_in_child`] clears
 /// that in the child it is for).
 pub fn memfd(env: &[(String, String)]) -> std::io::Result<OwnedFd> {
-    use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
-    let fd = memfd_create("hull-env", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-    let mut f = std::fs::File::from(fd);
-    std::io::Write::write_all(&mut f, &encode(env)?)?;
-    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0))?;
-    fcntl_add_seals(
-        &f,
-        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
-    )?;
-    Ok(OwnedFd::from(f))
+    super::memfd::sealed("hull-env", &encode(env)?)
 }
 
 /// Clears close-on-exec on `fd` (in a child between fork and exec; only
@@ -86,7 +77,6 @@ pub fn take(fd: RawFd) -> Result<Vec<(String, String)>, EnvFdError> {
     // own (`--env-fd`); nothing else in hull refers to it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let _ = rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC);
-    debug_assert_eq!(owned.as_raw_fd(), fd);
     let mut bytes = Vec::new();
     std::fs::File::from(owned)
         .take(MAX_BYTES + 1)
@@ -95,11 +85,18 @@ pub fn take(fd: RawFd) -> Result<Vec<(String, String)>, EnvFdError> {
     if bytes.len() as u64 > MAX_BYTES {
         return Err(EnvFdError::TooLarge { fd });
     }
+    // Every entry ends with a NUL: none after the last.
+    let Some(body) = bytes.strip_suffix(&[0]) else {
+        return match bytes.is_empty() {
+            true => Ok(Vec::new()),
+            false => Err(EnvFdError::Bad {
+                fd,
+                n: bytes.iter().filter(|b| **b == 0).count() + 1,
+            }),
+        };
+    };
     let mut out = Vec::new();
-    for (n, entry) in bytes.split(|b| *b == 0).enumerate() {
-        if entry.is_empty() && n + 1 == bytes.split(|b| *b == 0).count() {
-            break; // after the last NUL
-        }
+    for (n, entry) in body.split(|b| *b == 0).enumerate() {
         let bad = || EnvFdError::Bad { fd, n: n + 1 };
         let text = std::str::from_utf8(entry).map_err(|_| bad())?;
         let (k, v) = text.split_once('=').ok_or_else(bad)?;

@@ -14,6 +14,8 @@ pub mod domain;
 pub mod env_fd;
 #[cfg(unix)]
 pub mod fds;
+#[cfg(target_os = "linux")]
+pub mod memfd;
 #[cfg(not(target_os = "linux"))]
 pub mod portable;
 #[cfg(unix)]

@@ -23,19 +23,28 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct Admitted {
     owner: u32,
-    held: Mutex<(HashMap<u32, usize>, usize)>,
+    /// Connections held, by uid (a uid with none has no entry).
+    held: Mutex<HashMap<u32, usize>>,
 }
 
 impl Admitted {
     pub fn new(owner: u32) -> Arc<Admitted> {
         Arc::new(Admitted {
             owner,
-            held: Mutex::new((HashMap::new(), 0)),
+            held: Mutex::new(HashMap::new()),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (HashMap<u32, usize>, usize)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, usize>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connections every uid but the owner's holds, together.
+    fn others(&self, held: &HashMap<u32, usize>) -> usize {
+        held.iter()
+            .filter(|(uid, _)| **uid != self.owner)
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
@@ -48,15 +57,12 @@ pub struct Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut h = self.of.lock();
-        if let Some(n) = h.0.get_mut(&self.uid) {
+        let mut held = self.of.lock();
+        if let Some(n) = held.get_mut(&self.uid) {
             *n -= 1;
             if *n == 0 {
-                h.0.remove(&self.uid);
+                held.remove(&self.uid);
             }
-        }
-        if self.uid != self.of.owner {
-            h.1 -= 1;
         }
     }
 }
@@ -65,18 +71,15 @@ impl Drop for Ticket {
 /// share ([`MAX_OWNER`] for the server's own uid, [`MAX_PER_PEER`] for
 /// another, [`MAX_OTHERS`] for every uid but the owner's together).
 pub fn admit(of: &Arc<Admitted>, uid: u32) -> Option<Ticket> {
-    let mut h = of.lock();
-    let mine = h.0.get(&uid).copied().unwrap_or(0);
+    let mut held = of.lock();
+    let mine = held.get(&uid).copied().unwrap_or(0);
     let other = uid != of.owner;
     let share = if other { MAX_PER_PEER } else { MAX_OWNER };
-    if mine >= share || (other && h.1 >= MAX_OTHERS) {
+    if mine >= share || (other && of.others(&held) >= MAX_OTHERS) {
         return None;
     }
-    *h.0.entry(uid).or_insert(0) += 1;
-    if other {
-        h.1 += 1;
-    }
-    drop(h);
+    *held.entry(uid).or_insert(0) += 1;
+    drop(held);
     Some(Ticket {
         of: Arc::clone(of),
         uid,
@@ -109,7 +112,6 @@ mod tests {
             "a closed connection frees its place"
         );
         drop((own, others));
-        assert_eq!(a.lock().1, 0);
-        assert!(a.lock().0.is_empty());
+        assert!(a.lock().is_empty());
     }
 }

@@ -186,8 +186,8 @@ pub fn command(
             .map_err(BwrapError::SeccompFd)?;
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| BwrapError::SeccompFd(e.into()))?;
-    let env_fd = crate::tier::launch::sealed_memfd("hull-bwrap-env", &env_args(env)?)
-        .map_err(BwrapError::EnvFd)?;
+    let env_fd =
+        crate::exec::memfd::sealed("hull-bwrap-env", &env_args(env)?).map_err(BwrapError::EnvFd)?;
     let mut cmd = Command::new(bin);
     cmd.args(&plan.args);
     cmd.arg("--args").arg(env_fd.as_raw_fd().to_string());

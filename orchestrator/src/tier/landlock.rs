@@ -203,8 +203,8 @@ pub fn command(req: &Request<'_>) -> Result<Prepared, LandlockError> {
         inet: req.proxy_port.is_some(),
     };
     let json = serde_json::to_vec(&exec).map_err(|e| LandlockError::Plan(e.to_string()))?;
-    let plan_fd = crate::tier::launch::sealed_memfd("hull-landlock-plan", &json)
-        .map_err(LandlockError::PlanFd)?;
+    let plan_fd =
+        crate::exec::memfd::sealed("hull-landlock-plan", &json).map_err(LandlockError::PlanFd)?;
     // The helper is this executable, started through a descriptor: when
     // hull runs as root the helper runs as the sandbox user, who may not be
     // able to search the directories hull lives in (a 0700 home).

@@ -4,17 +4,19 @@
 //! next job's output (`job-2.stdout -> /etc/victim`, which hull running as
 //! root would overwrite, or a FIFO that would hang it). The directory is
 //! never inside a writable root of the batch's policy, it is a new or empty
-//! directory held open (never reopened by path, so a rename of it changes
-//! nothing), and every file is created beneath that descriptor with
-//! `O_CREAT | O_EXCL | O_NOFOLLOW`: a name that exists already is an error,
-//! never followed.
+//! directory opened and checked as [`crate::out_dir`] does (hull's, or its
+//! user's and writable by no one else; held open, never reopened by path,
+//! so a rename of it changes nothing), and every file is created beneath
+//! that descriptor with `O_CREAT | O_EXCL | O_NOFOLLOW`: a name that exists
+//! already is an error, never followed.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{mkdirat, openat, Mode, OFlags, CWD};
+use rustix::fs::{openat, Mode, OFlags};
+
+use crate::out_dir::OutDirError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutError {
@@ -29,6 +31,8 @@ pub enum OutError {
         #[source]
         source: io::Error,
     },
+    #[error("hull batch: {0}")]
+    Dir(OutDirError),
 }
 
 /// The default: a new directory under the user's state directory
@@ -51,7 +55,7 @@ pub fn default_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct OutDir {
     pub path: PathBuf,
-    dir: OwnedFd,
+    dir: crate::out_dir::OutDir,
 }
 
 impl OutDir {
@@ -75,22 +79,11 @@ impl OutDir {
                 });
             }
         }
-        if let Some(parent) = abs.parent() {
-            std::fs::create_dir_all(parent).map_err(io_err("create the parent of"))?;
-        }
-        match mkdirat(CWD, &abs, Mode::from_raw_mode(0o700)) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(io_err("create")(e.into())),
-        }
-        let dir = openat(
-            CWD,
-            &abs,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|_| OutError::NotEmpty { path: abs.clone() })?;
-        let empty = rustix::fs::Dir::read_from(&dir)
+        let dir = crate::out_dir::OutDir::open_or_make(&abs).map_err(|e| match e {
+            OutDirError::Link { .. } => OutError::NotEmpty { path: abs.clone() },
+            e => OutError::Dir(e),
+        })?;
+        let empty = rustix::fs::Dir::read_from(dir.fd())
             .map_err(|e| io_err("list")(e.into()))?
             .filter_map(Result::ok)
             .all(|e| matches!(e.file_name().to_bytes(), b"." | b".."));
@@ -104,7 +97,7 @@ impl OutDir {
     /// through a link.
     pub fn create(&self, name: &str) -> io::Result<File> {
         let fd = openat(
-            &self.dir,
+            self.dir.fd(),
             name,
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),

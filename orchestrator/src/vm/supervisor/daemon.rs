@@ -169,7 +169,7 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
                 }
             }
             let _ = write_state(&dir, &state);
-            remove_run_dirs(&state);
+            super::remove_leftovers(&dir);
             drop(lock);
             r.map(|_| ())
         }
@@ -177,19 +177,9 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
             state.state = Phase::Failed;
             state.error = Some(e.to_string());
             let _ = write_state(&dir, &state);
-            remove_run_dirs(&state);
+            super::remove_leftovers(&dir);
             drop(lock);
             Err(e)
-        }
-    }
-}
-
-/// Removes the VM's tmp and spill (its runs' `TMPDIR`, `HOME` and spill)
-/// once the VM is down: nothing of its runs stays on the host.
-fn remove_run_dirs(state: &VmState) {
-    for d in [&state.tmp, &state.spill] {
-        if let Err(e) = crate::runtime::remove_tree(d) {
-            eprintln!("hull vm {}: cannot remove {}: {e}", state.name, d.display());
         }
     }
 }

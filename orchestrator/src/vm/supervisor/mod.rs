@@ -457,11 +457,15 @@ pub fn sweep_leftovers() -> Vec<String> {
     swept
 }
 
-/// The tmp and spill of VM directory `dir` whose supervisor is gone (one
-/// killed before it removed them): its runs' files leave the host.
+/// Removes the tmp and spill (its runs' `TMPDIR`, `HOME` and spill) of VM
+/// directory `dir` once its VM is down: nothing of its runs stays on the
+/// host. Said on stderr when one cannot be removed.
 fn remove_leftovers(dir: &Path) {
     for d in ["tmp", "spill"] {
-        let _ = crate::runtime::remove_tree(&dir.join(d));
+        let path = dir.join(d);
+        if let Err(e) = crate::runtime::remove_tree(&path) {
+            eprintln!("hull vm: cannot remove {}: {e}", path.display());
+        }
     }
 }
 
