@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::tier::Tier;
 use decoy::Decoy;
-pub use probes::{probes, Caller, Kind, Probe};
+pub use probes::{probes, Caller, Control, Kind, Others, Probe, When};
 pub use render::{matrix_html, render, render_html, STYLE};
 
 /// What a cell says.
@@ -172,6 +172,10 @@ pub fn run(
                 ));
                 continue;
             }
+            if let (Tier::None, Control::FirstStep { why, .. }) = (tier, p.control) {
+                cells.push(cell(p, &name, Verdict::NotApplicable, why.into()));
+                continue;
+            }
             if tier != Tier::None && p.kind == Kind::Attack && control_landed == Some(false) {
                 cells.push(cell(
                     p,
@@ -187,10 +191,13 @@ pub fn run(
                 source,
             })?;
             let script = (p.script)(&decoy, tier);
+            let env = (p.env)(&decoy);
             let out = if tier == Tier::None && p.control_without_hull {
-                run_bare(&decoy, p.caller, &script, &(p.env)(&decoy))
+                run_bare(&decoy, p.caller, &script, &env)
+            } else if let Some(others) = p.others {
+                run_beside(&exe, &decoy, others, tier, &script, &env)
             } else {
-                run_one(&exe, &decoy, p.caller, tier, &script, &(p.env)(&decoy))
+                run_one(&exe, &decoy, p.caller, tier, &script, &env, &mut |_| {})
             };
             // Give the listeners' threads a moment to count a connection
             // (and a process that outlived the run, to act).
@@ -200,8 +207,10 @@ pub fn run(
             decoy.restore_host();
             let out = out?;
             let hull_failed = out.status.code() == Some(crate::EXIT_HULL_FAILED);
+            let first_step = p.first_step.map(|f| f(&out));
             let verdict = match (tier, p.kind, &landed) {
                 (_, _, None) if hull_failed => Verdict::Error,
+                (_, Kind::Attack, None) if first_step == Some(None) => Verdict::Inconclusive,
                 (Tier::None, Kind::Attack, Some(_)) => Verdict::Allowed,
                 (Tier::None, Kind::Attack, None) => Verdict::Inconclusive,
                 (_, Kind::Attack, Some(_)) => Verdict::Leak,
@@ -212,7 +221,11 @@ pub fn run(
             if tier == Tier::None {
                 control_landed = Some(landed.is_some());
             }
-            let evidence = landed.unwrap_or_else(|| summary(&out));
+            let evidence = landed.unwrap_or_else(|| match first_step {
+                Some(Some(did)) => format!("{did}; {}", summary(&out)),
+                Some(None) => format!("the attack's first step did not work: {}", summary(&out)),
+                None => summary(&out),
+            });
             cells.push(cell(p, &name, verdict, evidence));
         }
         // The lock goes next: what another canary does to the setting from
@@ -260,7 +273,7 @@ fn run_bare(
         .current_dir(&d.project)
         .env("HOME", &d.home)
         .envs(env.iter().map(|(k, v)| (k, v)));
-    collect(c, d, caller, Path::new("sh"))
+    collect(c, d, caller, Path::new("sh"), &mut |_| {})
 }
 
 /// `program`, started as `caller` says: with the decoy home as descriptor 3
@@ -278,6 +291,40 @@ fn as_called(d: &Decoy, caller: Caller, program: &Path) -> Command {
     }
 }
 
+/// The probe's run, with the other runs it attacks (their own output is
+/// not looked at: what they left on the host is).
+fn run_beside(
+    exe: &Path,
+    d: &Decoy,
+    others: Others,
+    tier: Tier,
+    script: &str,
+    env: &[(String, String)],
+) -> Result<Output, CanaryError> {
+    let mut failed = None;
+    let mut run_others = || {
+        for i in 0..others.runs {
+            let script = (others.script)(d, i);
+            if let Err(e) = run_one(exe, d, Caller::Plain, tier, &script, &[], &mut |_| {}) {
+                failed.get_or_insert(e);
+            }
+        }
+    };
+    let out = match others.when {
+        When::Started => run_one(exe, d, Caller::Plain, tier, script, env, &mut |_| {
+            run_others()
+        })?,
+        When::Ended => {
+            let out = run_one(exe, d, Caller::Plain, tier, script, env, &mut |_| {})?;
+            run_others();
+            out
+        }
+    };
+    failed.map_or(Ok(out), Err)
+}
+
+/// `hull run` of `script` on `tier` in the decoy; `at_start(pid)` is
+/// called once the command printed [`probes::STARTED`].
 fn run_one(
     exe: &Path,
     d: &Decoy,
@@ -285,6 +332,7 @@ fn run_one(
     tier: Tier,
     script: &str,
     env: &[(String, String)],
+    at_start: &mut dyn FnMut(u32),
 ) -> Result<Output, CanaryError> {
     let mut c = as_called(d, caller, exe);
     c.args(["-q", "run"]);
@@ -319,12 +367,12 @@ fn run_one(
     if runs.as_os_str().len() <= 107 - RUN_SOCKET_TAIL {
         c.env("HULL_RUNS_DIR", runs);
     }
-    collect(c, d, caller, exe)
+    collect(c, d, caller, exe, at_start)
 }
 
-/// Reads `out` (the first 64 KiB kept) and kills child `pid` with SIGKILL
-/// once it has printed [`probes::STARTED`]; its output to the end.
-fn kill_at_start(pid: u32, out: Option<impl Read>) -> Vec<u8> {
+/// Reads `out` (the first 64 KiB kept) and calls `at_start(pid)` once
+/// child `pid` has printed [`probes::STARTED`]; its output to the end.
+fn watch_start(pid: u32, out: Option<impl Read>, at_start: &mut dyn FnMut(u32)) -> Vec<u8> {
     use std::io::BufRead;
     let mut kept = Vec::new();
     let Some(mut out) = out else {
@@ -332,13 +380,11 @@ fn kill_at_start(pid: u32, out: Option<impl Read>) -> Vec<u8> {
     };
     let mut lines = std::io::BufReader::new(out.by_ref().take(64 * 1024));
     let mut line = Vec::new();
-    let mut killed = false;
+    let mut started = false;
     while lines.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
-        if !killed && line.trim_ascii_end() == probes::STARTED.as_bytes() {
-            // SAFETY: kill(2) on our own child, not yet waited for (the
-            // pid cannot have been reused).
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            killed = true;
+        if !started && line.trim_ascii_end() == probes::STARTED.as_bytes() {
+            at_start(pid);
+            started = true;
         }
         kept.append(&mut line);
     }
@@ -351,7 +397,13 @@ fn kill_at_start(pid: u32, out: Option<impl Read>) -> Vec<u8> {
 /// output is small; the rest is read and dropped, so the command never
 /// blocks on a full pipe). Its standard output is the caller's log when
 /// `caller` says so, and what the log holds afterwards is its output.
-fn collect(mut c: Command, d: &Decoy, caller: Caller, exe: &Path) -> Result<Output, CanaryError> {
+fn collect(
+    mut c: Command,
+    d: &Decoy,
+    caller: Caller,
+    exe: &Path,
+    at_start: &mut dyn FnMut(u32),
+) -> Result<Output, CanaryError> {
     let spawn_err = |source| CanaryError::Spawn {
         exe: exe.to_path_buf(),
         source,
@@ -386,9 +438,14 @@ fn collect(mut c: Command, d: &Decoy, caller: Caller, exe: &Path) -> Result<Outp
     }
     let err = child.stderr.take();
     let err = std::thread::spawn(move || keep(err));
+    let pid = child.id();
     let mut stdout = match caller {
-        Caller::KillsHull => kill_at_start(child.id(), child.stdout.take()),
-        _ => keep(child.stdout.take()),
+        // SAFETY: kill(2) on our own child, not yet waited for (the pid
+        // cannot have been reused).
+        Caller::KillsHull => watch_start(pid, child.stdout.take(), &mut |pid| unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }),
+        _ => watch_start(pid, child.stdout.take(), at_start),
     };
     let stderr = err.join().unwrap_or_default();
     let status = child.wait().map_err(spawn_err)?;

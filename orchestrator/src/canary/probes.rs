@@ -36,8 +36,39 @@ pub enum Caller {
     KillsHull,
 }
 
-/// The line a probe of [`Caller::KillsHull`] prints once its command runs.
+/// The line a probe of [`Caller::KillsHull`] (or of [`Others`] at
+/// [`When::Started`]) prints once its command runs.
 pub const STARTED: &str = "HULL-CANARY-STARTED";
+
+/// Other runs of the same user on the same tier and project, the attacked
+/// ones of a probe about runs reaching each other: `hull run` with
+/// `script(decoy, i)` for each `i` below `runs`, one after another.
+#[derive(Debug, Clone, Copy)]
+pub struct Others {
+    pub when: When,
+    pub runs: u32,
+    pub script: fn(&Decoy, u32) -> String,
+}
+
+/// How a probe shows its attack can land, so that a denial means something.
+#[derive(Debug, Clone, Copy)]
+pub enum Control {
+    /// The attack, under tier `none`, must land.
+    TierNone,
+    /// The attack is on a mechanism of some tiers only (tier `none` has
+    /// nothing like it, said by `why`): its first step must work on the
+    /// tier itself.
+    FirstStep { why: &'static str },
+}
+
+/// When a probe's [`Others`] run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// Beside the probe's command, once it printed [`STARTED`].
+    Started,
+    /// After the probe's run ended.
+    Ended,
+}
 
 /// What the caller wrote to its log before the run.
 pub fn earlier_log(d: &Decoy) -> String {
@@ -66,6 +97,12 @@ pub struct Probe {
     pub control_without_hull: bool,
     /// What hull's caller hands it besides the command line.
     pub caller: Caller,
+    /// Other runs the probe's command attacks, if any.
+    pub others: Option<Others>,
+    pub control: Control,
+    /// What the attack's first step did on the tier, from the command's
+    /// output (`None`: it did not work there, so a denial proves nothing).
+    pub first_step: Option<fn(&Output) -> Option<String>>,
     /// The command's environment beyond the policy's (`hull run --env`).
     pub env: fn(&Decoy) -> Vec<(String, String)>,
     /// Why the probe does not apply to a tier on this host, if it does not.
@@ -93,6 +130,9 @@ impl Probe {
             control_without_hull: false,
             unavailable: |_, _| None,
             caller: Caller::Plain,
+            others: None,
+            control: Control::TierNone,
+            first_step: None,
             env: |_| Vec::new(),
             script,
             landed,
@@ -121,6 +161,9 @@ fn survivor_mark(d: &Decoy) -> String {
     format!("9.{}", d.listener_port)
 }
 
+/// How many runs `swap_a_rule_target` attacks.
+const RACED_RUNS: u32 = 24;
+
 /// Host processes that are `sleep <mark>`.
 fn survivors(mark: &str) -> Vec<i32> {
     let want = format!("sleep\0{mark}\0");
@@ -146,6 +189,16 @@ fn said(o: &Output, marker: &str, what: &str) -> Option<String> {
     String::from_utf8_lossy(&o.stdout)
         .contains(marker)
         .then(|| what.to_string())
+}
+
+/// `<word> <n>` in the command's output with `n` > 0, as "n what".
+fn counted(o: &Output, word: &str, what: &str) -> Option<String> {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let n = out
+        .lines()
+        .filter_map(|l| l.strip_prefix(word)?.trim().parse::<u64>().ok())
+        .next_back()?;
+    (n > 0).then(|| format!("{n} {what}"))
 }
 
 /// Whether a host listener's counter saw anything since the reset.
@@ -738,6 +791,118 @@ pub fn probes() -> Vec<Probe> {
             },
             |d, o| secret_shown(d, o).or_else(|| exists(&d.outside.join("planted"))),
         ),
+        Probe {
+            others: Some(Others {
+                when: When::Started,
+                runs: RACED_RUNS,
+                // The attacked run writes below `src` (the last one says
+                // it is over).
+                script: |_, i| {
+                    if i + 1 == RACED_RUNS {
+                        "echo a > src/raced-last; touch raced.done".into()
+                    } else {
+                        format!("echo a > src/raced-{i}")
+                    }
+                },
+            }),
+            first_step: Some(|o| counted(o, "SWAPPED", "times src and the link were swapped")),
+            unavailable: |_, t| {
+                (t == Tier::Vm).then(|| {
+                    "tier 3's grants are its shares, opened when its VM starts, and its \
+                     guest resolves a link within its own tree"
+                        .into()
+                })
+            },
+            ..Probe::attack(
+                "swap_a_rule_target",
+                "other runs",
+                // The project's `src` is swapped with a link to the drop
+                // directory (outside every grant, writable by anyone) over
+                // and over, while other runs of the same project start and
+                // write below `src`: a rule of theirs bound to the path, not
+                // to the directory the plan saw, lands outside.
+                |d, _| {
+                    format!(
+                        "ln -s '{}' lnk && echo {STARTED} && /usr/bin/python3 -c '
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+end = time.time() + 30
+n = 0
+while time.time() < end and not os.path.exists(\"raced.done\"):
+    n += libc.renameat2(-100, b\"src\", -100, b\"lnk\", 2) == 0
+print(\"SWAPPED\", n)
+'",
+                        d.root.join("drop").display()
+                    )
+                },
+                |d, _| {
+                    let raced: Vec<String> = std::fs::read_dir(d.root.join("drop"))
+                        .ok()?
+                        .flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.starts_with("raced-"))
+                        .collect();
+                    (!raced.is_empty()).then(|| {
+                        format!(
+                            "another run's write below src landed outside the project: {}",
+                            raced.join(", ")
+                        )
+                    })
+                },
+            )
+        },
+        // ---- hull's own state in the project
+        Probe {
+            others: Some(Others {
+                when: When::Ended,
+                runs: 1,
+                script: |_, _| {
+                    "for i in 1 2 3 4 5 6 7 8; do mkdir fresh$i; touch fresh$i.txt; done".into()
+                },
+            }),
+            control: Control::FirstStep {
+                why: "tier none keeps no pool of spares; the control is the attack's first \
+                      step on the tier (the spares were written)",
+            },
+            first_step: Some(|o| counted(o, "PLANTED", "spares were written")),
+            unavailable: |_, t| {
+                (t != Tier::Landlock && t != Tier::None)
+                    .then(|| "only the landlock tier keeps a pool of spares in the project".into())
+            },
+            ..Probe::attack(
+                "planted_spare",
+                "hull's state in the project",
+                // Every spare the command reaches is written into, and its
+                // pool's seal touched (its time was once trusted); the next
+                // run's new directories and files, spares of that pool,
+                // must come to it empty.
+                |_, _| {
+                    "n=0; for f in .hull/spares-*/c*/*; do \
+                     if [ -d \"$f\" ]; then echo planted > \"$f/inside\" && n=$((n+1)); \
+                     else echo planted >> \"$f\" && n=$((n+1)); fi; done 2>/dev/null; \
+                     for s in .hull/spares-*/seal; do chmod 0644 \"$s\"; touch \"$s\"; done \
+                     2>/dev/null; echo PLANTED $n"
+                        .into()
+                },
+                |d, _| {
+                    for i in 1..=8 {
+                        let dir = d.project.join(format!("fresh{i}"));
+                        if std::fs::read_dir(&dir).is_ok_and(|mut e| e.next().is_some()) {
+                            return Some(format!(
+                                "the next run's new fresh{i} held what this one planted"
+                            ));
+                        }
+                        let file = d.project.join(format!("fresh{i}.txt"));
+                        if std::fs::metadata(&file).is_ok_and(|m| m.len() > 0) {
+                            return Some(format!(
+                                "the next run's new fresh{i}.txt held what this one planted"
+                            ));
+                        }
+                    }
+                    None
+                },
+            )
+        },
         // ---- what the policy allows must work, or the denials prove nothing
         Probe::attack(
             "mkdir_rmdir_loop",
@@ -867,6 +1032,7 @@ mod tests {
             "descriptors of hull's caller",
             "hull's own helpers",
             "other runs",
+            "hull's state in the project",
         ] {
             assert!(classes.contains(&c), "{c}");
         }
