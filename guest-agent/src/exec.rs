@@ -5,10 +5,13 @@
 //! are sent as bytes arrive (at most 64 KiB per frame, no buffering until
 //! exit); `Exit` is sent only after both output pipes reached end of file.
 //!
-//! The whole tree is killed (SIGKILL to the command's process group and to
-//! every descendant of the shepherd) on `Kill`, on timeout, when the
-//! connection is lost, and also when the command itself exits normally:
-//! nothing an exec started outlives it.
+//! The whole tree is killed on `Kill`, on timeout, when the connection is
+//! lost, and also when the command itself exits normally: nothing an exec
+//! started outlives it. In the container the command has a cgroup of its
+//! own ([`crate::cgroup`]) and the kill is its `cgroup.kill`; a tree still
+//! there past [`crate::cgroup::GONE_WITHIN`] ends the exec with
+//! `TreeSurvived`. Elsewhere it is SIGKILL to the command's process group
+//! and to every descendant of the shepherd ([`crate::tree`]).
 //!
 //! Guards against: trees escaping by `setsid` or double fork (see
 //! [`crate::spawn`]), output arriving after `Exit`, a shepherd that dies
@@ -27,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use hull_protocol::{ErrorCode, Exec, ExitStatus, Message};
 
+use crate::cgroup::{self, ExecCgroup};
 use crate::outbox::Outbox;
 use crate::spawn::{self, SpawnError, Spawned, REC_EXITED, REC_STARTED, REC_START_FAILED};
 use crate::tree;
@@ -78,22 +82,31 @@ pub(crate) struct StdinHandle {
     pub eof: bool,
 }
 
-/// Start `req` under `id`. `unregister` is called once, right before the
+/// Start `req` under `id`, in a cgroup of its own when `cgroups` says
+/// so ([`crate::cgroup`]). `unregister` is called once, right before the
 /// terminal frame, to remove the exec from the session's table.
 pub(crate) fn start(
     id: u32,
     req: &Exec,
     ids: Option<(u32, u32)>,
+    cgroups: bool,
     out: Outbox,
     unregister: Box<dyn FnOnce() + Send>,
 ) -> Result<(ExecHandle, JoinHandle<()>), SpawnError> {
+    let cgroup = match cgroups {
+        true => Some(ExecCgroup::new().map_err(|e| SpawnError::Resource {
+            what: "a cgroup",
+            source: io::Error::other(e),
+        })?),
+        false => None,
+    };
     let Spawned {
         shepherd,
         status,
         stdout,
         stderr,
         stdin,
-    } = spawn::spawn(req, ids)?;
+    } = spawn::spawn(req, ids, cgroup.as_ref().map(ExecCgroup::procs_fd))?;
     let (tx, rx) = mpsc::channel();
 
     let status_tx = tx.clone();
@@ -150,6 +163,9 @@ pub(crate) fn start(
             .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms))),
         stdin_thread,
         unregister: Some(unregister),
+        cgroup,
+        gone_by: None,
+        survived: None,
     };
     let handle = thread::Builder::new()
         .name(format!("exec{id}"))
@@ -200,19 +216,36 @@ struct Supervisor {
     deadline: Option<Instant>,
     stdin_thread: Option<JoinHandle<()>>,
     unregister: Option<Box<dyn FnOnce() + Send>>,
+    /// The command's cgroup (inside the container), ended by `cgroup.kill`.
+    cgroup: Option<ExecCgroup>,
+    /// When a killed tree must be gone by.
+    gone_by: Option<Instant>,
+    /// How many processes outlived the kill past [`cgroup::GONE_WITHIN`].
+    survived: Option<usize>,
 }
 
 impl Supervisor {
     fn run(mut self) {
         while !(self.shepherd_gone && self.outputs_open == 0) {
-            let ev = match self.deadline.filter(|_| self.end.is_none()) {
+            let timeout = self.deadline.filter(|_| self.end.is_none());
+            let wake = match (timeout, self.gone_by) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let ev = match wake {
                 Some(d) => match self
                     .rx
                     .recv_timeout(d.saturating_duration_since(Instant::now()))
                 {
                     Ok(ev) => ev,
                     Err(RecvTimeoutError::Timeout) => {
-                        self.end_tree(End::TimedOut);
+                        if self.gone_by.is_some_and(|g| Instant::now() >= g) {
+                            if self.tree_survived() {
+                                break;
+                            }
+                        } else {
+                            self.end_tree(End::TimedOut);
+                        }
                         continue;
                     }
                     Err(RecvTimeoutError::Disconnected) => break,
@@ -223,6 +256,17 @@ impl Supervisor {
                 },
             };
             self.on_event(ev);
+        }
+        // Whatever is left in the cgroup goes now, within the bound.
+        if self.survived.is_none() {
+            if let Some(cg) = &self.cgroup {
+                if cg.populated() {
+                    cg.kill();
+                    if !cg.wait_gone(cgroup::GONE_WITHIN) {
+                        self.survived = Some(cg.left().max(1));
+                    }
+                }
+            }
         }
         if let Some(unregister) = self.unregister.take() {
             unregister();
@@ -261,6 +305,9 @@ impl Supervisor {
                 if self.wait_status.is_none() && self.start_failed.is_none() {
                     // The shepherd died before the command: its tree was
                     // adopted by the agent. Kill it there.
+                    if let Some(cg) = &self.cgroup {
+                        cg.kill();
+                    }
                     if let Err(e) = tree::sweep_orphans() {
                         tracing::error!(id = self.id, "orphan sweep failed: {e}");
                     }
@@ -311,7 +358,33 @@ impl Supervisor {
         self.kill_tree();
     }
 
+    /// Past the bound for a killed tree: whether processes of it are
+    /// still there (then the exec ends saying so; the host takes the VM
+    /// down). Without a cgroup the shepherd's end is what tells.
+    fn tree_survived(&mut self) -> bool {
+        self.gone_by = None;
+        match &self.cgroup {
+            Some(cg) if !cg.wait_gone(Duration::ZERO) => {
+                self.survived = Some(cg.left().max(1));
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn kill_tree(&mut self) {
+        if let Some(cg) = &self.cgroup {
+            // One write ends every process of the command, wherever it
+            // reparented, also one that forks as fast as pids free; what
+            // it passes over is killed by its threads (briefly waited for
+            // here, then up to the bound as the shepherd and outputs end).
+            cg.kill();
+            cg.wait_gone(Duration::from_millis(200));
+            if self.gone_by.is_none() && self.survived.is_none() {
+                self.gone_by = Some(Instant::now() + cgroup::GONE_WITHIN);
+            }
+            return;
+        }
         if self.shepherd_gone {
             // The shepherd is reaped: its pid may be reused, never walk it.
             return;
@@ -326,6 +399,21 @@ impl Supervisor {
     }
 
     fn terminal_frame(&mut self) -> Option<Message> {
+        if let Some(left) = self.survived {
+            let cg = self
+                .cgroup
+                .as_ref()
+                .map(|c| c.path().display().to_string())
+                .unwrap_or_default();
+            return Some(Message::error(
+                ErrorCode::TreeSurvived,
+                format!(
+                    "{left} process(es) of the command outlived SIGKILL for {} s (cgroup {cg}; \
+                     uninterruptible sleep?): this sandbox must not serve another command",
+                    cgroup::GONE_WITHIN.as_secs()
+                ),
+            ));
+        }
         match self.end.take() {
             Some(End::ConnLost) => return None,
             Some(End::Abort(code, msg)) => return Some(Message::error(code, msg)),

@@ -6,6 +6,8 @@
 //! virtio-serial.
 
 #[cfg(target_os = "linux")]
+pub mod cgroup;
+#[cfg(target_os = "linux")]
 pub mod exec;
 #[cfg(target_os = "linux")]
 pub mod incus;
@@ -17,6 +19,8 @@ pub mod netrelay;
 pub mod outbox;
 #[cfg(target_os = "linux")]
 pub mod outer;
+#[cfg(target_os = "linux")]
+pub mod scrub;
 #[cfg(target_os = "linux")]
 pub mod serve;
 #[cfg(target_os = "linux")]

@@ -37,6 +37,13 @@ mod cli {
         },
         /// The outer-VM agent.
         Outer(hull_agent::outer::OuterArgs),
+        /// Empty these directories (they stay) on their own filesystem,
+        /// following no link: the container's scratch between two runs of
+        /// a kept VM.
+        Scrub {
+            #[arg(required = true)]
+            dirs: Vec<PathBuf>,
+        },
     }
 
     #[derive(Debug, Args)]
@@ -107,9 +114,16 @@ mod cli {
             Cmd::Inner {
                 listen_unix,
                 limits,
-            } => serve::serve_unix(&listen_unix, &options(Role::InnerAgent, limits))
-                .with_context(|| format!("inner agent on {}", listen_unix.display())),
+            } => serve::serve_unix(
+                &listen_unix,
+                &ServeOptions {
+                    exec_cgroups: true,
+                    ..options(Role::InnerAgent, limits)
+                },
+            )
+            .with_context(|| format!("inner agent on {}", listen_unix.display())),
             Cmd::Outer(args) => hull_agent::outer::run(args),
+            Cmd::Scrub { dirs } => hull_agent::scrub::run(&dirs),
         }
     }
 }

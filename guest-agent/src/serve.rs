@@ -51,6 +51,9 @@ pub struct ServeOptions {
     /// When set, every exec runs as this (uid, gid); a request for other ids
     /// is refused with `PolicyDenied`.
     pub run_as: Option<(u32, u32)>,
+    /// Every exec in a cgroup of its own below the agent's, ended by
+    /// `cgroup.kill` ([`crate::cgroup`]): the inner agent, in the container.
+    pub exec_cgroups: bool,
     pub configurator: Option<Arc<dyn Configurator>>,
 }
 
@@ -60,6 +63,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("role", &self.role)
             .field("max_execs", &self.max_execs)
             .field("run_as", &self.run_as)
+            .field("exec_cgroups", &self.exec_cgroups)
             .field("configurator", &self.configurator.is_some())
             .finish()
     }
@@ -71,6 +75,7 @@ impl ServeOptions {
             role,
             max_execs: DEFAULT_MAX_EXECS,
             run_as: None,
+            exec_cgroups: false,
             configurator: None,
         }
     }
@@ -411,7 +416,14 @@ impl Session<'_> {
         });
         // The table stays locked until the exec is in it, so its
         // supervisor cannot unregister before it was registered.
-        match exec::start(id, req, ids, self.out.clone(), unregister) {
+        match exec::start(
+            id,
+            req,
+            ids,
+            self.opts.exec_cgroups,
+            self.out.clone(),
+            unregister,
+        ) {
             Ok((handle, thread)) => {
                 execs.insert(id, handle);
                 self.threads.push(thread);

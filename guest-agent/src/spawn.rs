@@ -53,6 +53,7 @@ pub(crate) fn step_name(step: i32) -> &'static str {
         STEP_SETUID => "setuid",
         STEP_NO_NEW_PRIVS => "prctl(PR_SET_NO_NEW_PRIVS)",
         STEP_SECCOMP => "installing the seccomp filter",
+        STEP_CGROUP => "joining the command's cgroup",
         STEP_CHDIR => "chdir",
         STEP_EXEC => "execve",
         _ => "an unknown step",
@@ -74,6 +75,7 @@ const STEP_NO_NEW_PRIVS: i32 = 5;
 const STEP_CHDIR: i32 = 6;
 const STEP_EXEC: i32 = 7;
 const STEP_SECCOMP: i32 = 8;
+const STEP_CGROUP: i32 = 9;
 
 /// The guest filter, built once per agent.
 fn guest_filter() -> Result<&'static hull_seccomp::Raw, SpawnError> {
@@ -186,8 +188,14 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), SpawnError> {
     })
 }
 
-/// Start `req` (already validated) as the given ids.
-pub fn spawn(req: &Exec, ids: Option<(u32, u32)>) -> Result<Spawned, SpawnError> {
+/// Start `req` (already validated) as the given ids; with `cgroup_procs`
+/// (a cgroup's `cgroup.procs`, open for writing), the command joins that
+/// cgroup before anything of it runs.
+pub fn spawn(
+    req: &Exec,
+    ids: Option<(u32, u32)>,
+    cgroup_procs: Option<RawFd>,
+) -> Result<Spawned, SpawnError> {
     let prep = prepare(req, ids)?;
     let (status_r, status_w) = pipe()?;
     let (out_r, out_w) = pipe()?;
@@ -221,6 +229,7 @@ pub fn spawn(req: &Exec, ids: Option<(u32, u32)>) -> Result<Spawned, SpawnError>
         envp: envp_ptrs.as_ptr(),
         cwd: prep.cwd.as_ref().map(|c| c.as_ptr()),
         ids: prep.ids,
+        cgroup_procs: cgroup_procs.unwrap_or(-1),
         filter: guest_filter()?,
         fds: [
             in_r.as_raw_fd(),
@@ -284,10 +293,16 @@ struct Child {
     envp: *const *const libc::c_char,
     cwd: Option<*const libc::c_char>,
     ids: Option<(u32, u32)>,
+    /// The command's cgroup's `cgroup.procs` (or -1): moved to
+    /// [`CGROUP_FD`] in the shepherd, written by the command.
+    cgroup_procs: RawFd,
     filter: &'static hull_seccomp::Raw,
     /// stdin, stdout, stderr, status: moved to 0, 1, 2, 3 in the shepherd.
     fds: [RawFd; 4],
 }
+
+/// Where the shepherd keeps the cgroup's `cgroup.procs` for the command.
+const CGROUP_FD: RawFd = 4;
 
 fn errno() -> i32 {
     // SAFETY: __errno_location returns the calling thread's errno slot.
@@ -325,23 +340,26 @@ unsafe fn shepherd(c: &Child) -> ! {
     unsafe {
         libc::setsid();
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-        // Lift the four fds above 0..=3 first, so moving them cannot clobber
+        // Lift the fds above 0..=4 first, so moving them cannot clobber
         // one another, then place them.
-        let mut high = [0; 4];
-        for (i, fd) in c.fds.iter().enumerate() {
-            high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10);
+        let with_cgroup = c.cgroup_procs >= 0;
+        let fds = [c.fds[0], c.fds[1], c.fds[2], c.fds[3], c.cgroup_procs];
+        let n = if with_cgroup { 5 } else { 4 };
+        let mut high = [0; 5];
+        for i in 0..n {
+            high[i] = libc::fcntl(fds[i], libc::F_DUPFD_CLOEXEC, 10);
             if high[i] < 0 {
                 libc::_exit(126);
             }
         }
-        for (target, fd) in high.iter().enumerate() {
+        for (target, fd) in high.iter().enumerate().take(n) {
             if libc::dup2(*fd, target as RawFd) < 0 {
                 libc::_exit(126);
             }
         }
         // Close everything else: other execs' pipes, the transport.
-        if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
-            for fd in 4..65536 {
+        if libc::syscall(libc::SYS_close_range, n as u32, u32::MAX, 0u32) != 0 {
+            for fd in n as RawFd..65536 {
                 libc::close(fd);
             }
         }
@@ -361,6 +379,9 @@ unsafe fn shepherd(c: &Child) -> ! {
         libc::close(0);
         libc::close(1);
         libc::close(2);
+        if with_cgroup {
+            libc::close(CGROUP_FD);
+        }
         libc::close(errp[1]);
         // The command writes (step, errno) if it fails before execve; a
         // successful execve closes the pipe (CLOEXEC) and read returns 0.
@@ -416,6 +437,14 @@ unsafe fn command(c: &Child, errfd: RawFd) -> ! {
     unsafe {
         let fail = |step: i32| fail_start(errfd, step);
         libc::close(3);
+        // Into the command's cgroup before anything else: every process it
+        // ever starts is there.
+        if c.cgroup_procs >= 0 {
+            if libc::write(CGROUP_FD, b"0".as_ptr().cast(), 1) != 1 {
+                fail(STEP_CGROUP);
+            }
+            libc::close(CGROUP_FD);
+        }
         libc::setpgid(0, 0);
         // Signal state: nothing blocked, every disposition default (the Rust
         // runtime ignores SIGPIPE, and ignored signals survive execve).

@@ -48,6 +48,8 @@ pub struct RunOptions {
     pub instance: Option<String>,
     /// `--vm NAME`: run in a VM kept up by `hull vm up` (tier 3).
     pub vm: Option<String>,
+    /// `--vm-turn-fd N`: the kept VM's turn, held by the caller.
+    pub vm_turn_fd: Option<i32>,
     /// `--cow`: the project read-only to the command, its writes kept as a
     /// change set ([`crate::changes`]).
     pub cow: bool,
@@ -904,7 +906,10 @@ pub fn execute(
             instance.dir(),
             &instance.id().to_string(),
             sink,
-            opts.vm.as_deref(),
+            opts.vm.as_deref().map(|name| crate::tier::vm::KeptVm {
+                name,
+                turn_fd: opts.vm_turn_fd,
+            }),
             cow_layers.as_deref(),
         )
         .map(|r| {

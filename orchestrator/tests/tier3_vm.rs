@@ -84,18 +84,21 @@ fn a_warm_vm_serves_runs_until_it_is_taken_down() {
         text(&up.stderr)
     );
 
-    // Two runs in the same container: state in the container persists.
-    let a = w.run(&["--vm", &name], "echo first > /var/tmp/marker; echo one");
-    assert_eq!(
-        (a.status.code(), text(&a.stdout)),
-        (Some(0), "one\n".to_string()),
-        "{}",
-        text(&a.stderr)
+    // Two runs in the same container: the same VM (its boot), the project
+    // shared, and nothing of the first run's scratch for the second.
+    let a = w.run(
+        &["--vm", &name],
+        "echo first > /var/tmp/marker; cat /proc/sys/kernel/random/boot_id",
     );
-    let b = w.run(&["--vm", &name], "cat /var/tmp/marker; cat input.txt");
+    assert_eq!(a.status.code(), Some(0), "{}", text(&a.stderr));
+    let b = w.run(
+        &["--vm", &name],
+        "cat /proc/sys/kernel/random/boot_id; cat /var/tmp/marker 2>/dev/null || echo none; \
+         cat input.txt",
+    );
     assert_eq!(
         text(&b.stdout),
-        "first\nfrom the host\n",
+        format!("{}none\nfrom the host\n", text(&a.stdout)),
         "{}",
         text(&b.stderr)
     );

@@ -145,6 +145,10 @@ error_codes! {
     /// permission, a directory, a `noexec` mount, an unknown format).
     /// Terminal for that exec id; the host exits 126, as a shell.
     CommandNotExecutable = 16,
+    /// Processes of the command outlived its kill past the agent's bound
+    /// (uninterruptible sleep): the sandbox must not serve another command,
+    /// and the host takes its VM down. Terminal for that exec id.
+    TreeSurvived = 17,
 }
 
 impl Serialize for ErrorCode {

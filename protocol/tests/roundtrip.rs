@@ -225,6 +225,7 @@ fn error_codes_are_stable() {
         (ErrorCode::FlowControl, 14),
         (ErrorCode::CommandNotFound, 15),
         (ErrorCode::CommandNotExecutable, 16),
+        (ErrorCode::TreeSurvived, 17),
     ];
     assert_eq!(ErrorCode::ALL.len(), expected.len());
     for (code, n) in expected {

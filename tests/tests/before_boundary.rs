@@ -631,19 +631,23 @@ macro_rules! tiers {
     };
 }
 
-/// A kept VM's name reused for another project carries nothing of the
-/// first one's runs: the VM's tmp (the runs' `TMPDIR` and `HOME`) and
-/// spill are removed from the host when it goes down and start empty when
-/// it comes up. (Against the code before, the second project's run read
-/// the first's secret from `$HOME`.)
-fn a_kept_vm_s_name_carries_nothing_to_another_project(tier: &str) {
-    require_tier(tier);
-    let w = World::new();
-    let other = w.root.path().join("other-project");
-    std::fs::create_dir(&other).unwrap();
-    let name = format!("reuse{}", std::process::id());
-    let hull = |args: &[&str]| {
-        let o = w
+/// A VM kept up by `hull vm up` for the test, taken down when it ends.
+struct KeptVm<'a> {
+    w: &'a World,
+    name: String,
+}
+
+impl<'a> KeptVm<'a> {
+    fn new(w: &'a World, prefix: &str) -> KeptVm<'a> {
+        KeptVm {
+            w,
+            name: format!("{prefix}{}", std::process::id()),
+        }
+    }
+
+    fn hull(&self, args: &[&str]) -> std::process::Output {
+        let o = self
+            .w
             .hull()
             .args(args)
             .stdin(Stdio::null())
@@ -651,60 +655,260 @@ fn a_kept_vm_s_name_carries_nothing_to_another_project(tier: &str) {
             .expect("spawn hull");
         assert_eq!(o.status.code(), Some(0), "hull {args:?}: {}", show(&o));
         o
-    };
-    let up = |project: &Path| {
-        hull(&[
+    }
+
+    fn up(&self, project: &Path) {
+        self.hull(&[
             "vm",
             "up",
             "--name",
-            &name,
+            &self.name,
             "--idle",
             "10m",
             "--project",
             project.to_str().unwrap(),
             "--timeout",
             "150s",
-        ])
-    };
-    let run = |project: &Path, script: &str| {
-        hull(&[
-            "run",
-            "--vm",
-            &name,
-            "--project",
-            project.to_str().unwrap(),
-            "--timeout",
-            "60s",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ])
-    };
-    let down = || hull(&["vm", "down", "--name", &name]);
-    up(&w.project);
-    run(
+        ]);
+    }
+
+    /// `hull run --vm` of `sh -c script` in `project`, with `env`.
+    fn cmd(&self, project: &Path, env: &[&str], script: &str) -> Command {
+        let mut c = self.w.hull();
+        c.args(["run", "--vm", &self.name, "--project"])
+            .arg(project)
+            .args(["--timeout", "60s"]);
+        for e in env {
+            c.args(["--env", e]);
+        }
+        c.args(["--", "sh", "-c", script]);
+        c
+    }
+
+    fn run(&self, project: &Path, script: &str) -> std::process::Output {
+        let o = self
+            .cmd(project, &[], script)
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn hull run");
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        o
+    }
+
+    fn down(&self) {
+        self.hull(&["vm", "down", "--name", &self.name]);
+    }
+
+    /// The VM's tmp on the host (its runs' tmps are made in it).
+    fn tmp(&self) -> PathBuf {
+        self.w.root.path().join("vms").join(&self.name).join("tmp")
+    }
+}
+
+impl Drop for KeptVm<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .w
+            .hull()
+            .args(["vm", "down", "--name", &self.name])
+            .stdin(Stdio::null())
+            .output();
+    }
+}
+
+/// Files below `dir` named `name`, at any depth (none when it is gone).
+fn found(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            } else if e.file_name() == name {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// Interrupts a `hull run` as a terminal's Ctrl-C does, and waits for it.
+fn interrupt(mut c: std::process::Child) -> std::process::ExitStatus {
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+    c.wait().expect("wait")
+}
+
+/// A kept VM's name reused for another project carries nothing of the
+/// first one's runs: a run's tmp (its `TMPDIR` and `HOME`) is its own,
+/// made in the VM's tmp on the host and removed when the run ends; the
+/// VM's tmp and spill are removed from the host when it goes down and
+/// start empty when it comes up. (Against the code before, the second
+/// project's run read the first's secret from `$HOME`.)
+fn a_kept_vm_s_name_carries_nothing_to_another_project(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let other = w.root.path().join("other-project");
+    std::fs::create_dir(&other).unwrap();
+    let vm = KeptVm::new(&w, "reuse");
+    vm.up(&w.project);
+    let a = hull_tests::started(vm.cmd(
         &w.project,
-        "echo first-project-secret > \"$HOME/secret.txt\"",
-    );
-    let tmp = w.root.path().join("vms").join(&name).join("tmp");
+        &[],
+        "echo first-project-secret > \"$HOME/secret.txt\"; echo started; sleep 50",
+    ));
     // The control: the write landed in the VM's tmp on the host.
+    let tmp = vm.tmp();
+    let control = found(&tmp, "secret.txt");
+    let st = interrupt(a);
+    assert_eq!(st.code(), Some(130));
     assert!(
-        std::fs::read_dir(&tmp).unwrap().count() > 0,
-        "control: the run's HOME is not the VM's tmp ({})",
+        !control.is_empty(),
+        "control: the run's HOME is not in the VM's tmp ({})",
         tmp.display()
     );
-    down();
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "the run's tmp is left in {}",
+        tmp.display()
+    );
+    // What a run killed before it could remove its tmp leaves is gone
+    // when the VM goes down.
+    std::fs::write(tmp.join("left.txt"), "x").unwrap();
+    vm.down();
     assert!(!tmp.exists(), "{} is left on the host", tmp.display());
-    up(&other);
-    let o = run(&other, "cat \"$HOME/secret.txt\" 2>/dev/null || echo none");
-    down();
+    vm.up(&other);
+    let o = vm.run(&other, "cat \"$HOME/secret.txt\" 2>/dev/null || echo none");
+    vm.down();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "none\n", "{}", show(&o));
     // What a killed supervisor left: `hull runs gc` removes it.
     std::fs::create_dir_all(&tmp).unwrap();
     std::fs::write(tmp.join("left.txt"), "x").unwrap();
-    hull(&["runs", "gc"]);
+    vm.hull(&["runs", "gc"]);
     assert!(!tmp.exists(), "hull runs gc left {}", tmp.display());
+}
+
+/// Two runs in one kept VM at once: the second waits for the first to end
+/// (and says so), so it can neither read the first's environment through
+/// `/proc` nor signal it, and its `HOME` is a new empty directory, not
+/// the first's. The control, two runs under tier `none` as one user:
+/// the second reads the first's environment.
+fn runs_in_a_kept_vm_take_turns(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let secret = format!("turn-secret-{}", std::process::id());
+    let token = format!("TOKEN={secret}");
+    let first = "echo mine > \"$HOME/first.txt\"; echo started; sleep 6";
+    let second = "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep '^TOKEN=' ; \
+                  for p in /proc/[0-9]*; do \
+                  [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'sleep 6 ' ] && \
+                  kill ${p#/proc/} && echo SIGNALLED; done; ls -A \"$HOME\"; echo end";
+    let other = |extra: &[&str]| {
+        let mut c = w.hull();
+        c.args(["run", "-q", "--tier", "none", "--timeout", "60s"]);
+        c.args(extra).args(["--", "sh", "-c"]);
+        c.current_dir(&w.project);
+        c
+    };
+    // Control: at once, the second run reads the first's environment.
+    let mut c = other(&["--env", &token]);
+    let a = hull_tests::started({
+        c.arg(first);
+        c
+    });
+    let mut c = other(&[]);
+    let o = c
+        .arg("cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep '^TOKEN='")
+        .stdin(Stdio::null())
+        .output()
+        .expect("hull");
+    let _ = interrupt(a);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&secret),
+        "control: {}",
+        show(&o)
+    );
+
+    let vm = KeptVm::new(&w, "turns");
+    vm.up(&w.project);
+    let mut a = hull_tests::started(vm.cmd(&w.project, &[&token], first));
+    let o = vm
+        .cmd(&w.project, &[], second)
+        .stdin(Stdio::null())
+        .output()
+        .expect("hull run");
+    let first_ended = a.try_wait().expect("try_wait");
+    let st = a.wait().expect("wait");
+    assert_eq!(st.code(), Some(0), "the first run was disturbed");
+    assert!(
+        first_ended.is_some(),
+        "the second run ended while the first still ran: {}",
+        show(&o)
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains(&secret), "{}", show(&o));
+    assert!(!out.contains("SIGNALLED"), "{}", show(&o));
+    assert_eq!(out, "end\n", "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("waiting"),
+        "the second run did not say it waited: {}",
+        show(&o)
+    );
+}
+
+/// What a run leaves in a kept VM's container outside the shares (in its
+/// `/tmp`, `/var/tmp`, `/run/lock` and the runs' user's home there, which
+/// the container keeps) is gone for the next run, and the shares below
+/// them stay. The control: the first run's files are there at its end.
+fn a_kept_vm_s_container_scratch_is_emptied_between_runs(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let vm = KeptVm::new(&w, "scratch");
+    vm.up(&w.project);
+    let dirs = "/tmp /var/tmp /run/lock /home/hull";
+    let o = vm.run(
+        &w.project,
+        &format!(
+            "for d in {dirs}; do echo planted > $d/left-by-a-run && \
+             mkdir -p $d/dir/sub && echo planted > $d/dir/sub/f && chmod 0 $d/dir; done; \
+             echo 'echo pwned' >> /home/hull/.bashrc; \
+             ls -d {}",
+            dirs.split(' ')
+                .map(|d| format!("{d}/left-by-a-run {d}/dir"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).lines().count(),
+        8,
+        "control: {}",
+        show(&o)
+    );
+    let o = vm.run(
+        &w.project,
+        &format!(
+            "for d in {dirs}; do ls -d $d/left-by-a-run $d/dir 2>/dev/null; done; \
+             grep -s pwned /home/hull/.bashrc; echo mine > $HOME/x && \
+             echo project-visible > seen.txt && echo end"
+        ),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "end\n",
+        "the last run's files are still there: {}",
+        show(&o)
+    );
+    // The shares below /tmp (the project, the VM's tmp) were left alone.
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("seen.txt")).unwrap_or_default(),
+        "project-visible\n",
+        "{}",
+        show(&o)
+    );
+    vm.down();
 }
 
 tiers!(
@@ -717,6 +921,8 @@ tiers!(
     bwrap: [bwrap_holds_none_of_the_command_s_environment],
     vm: [
         protected_metadata_holds,
-        a_kept_vm_s_name_carries_nothing_to_another_project
+        a_kept_vm_s_name_carries_nothing_to_another_project,
+        runs_in_a_kept_vm_take_turns,
+        a_kept_vm_s_container_scratch_is_emptied_between_runs,
     ],
 );

@@ -429,9 +429,10 @@ fn setsid_grandchild_dies_on_timeout(t: &str) {
     let marker = format!("hull-escape-marker-{}", std::process::id());
     let (a, b) = (format!("{marker}-a"), format!("{marker}-b"));
     let script = format!(
-        "setsid {} & (setsid {} &); echo started; sleep 300",
+        "setsid {} & (setsid {} &); {}; sleep 300",
         marked_sleep(&a, 300),
-        marked_sleep(&b, 300)
+        marked_sleep(&b, 300),
+        tree.announce(&[&a, &b])
     );
     let mut extra = tree.extra();
     extra.extend(["--timeout", "5s"]);
@@ -649,6 +650,33 @@ fn no_helper_left(w: &World) {
     );
 }
 
+/// A process that forks whenever a pid slot frees (a loop of background
+/// subshells against the policy's `pids` limit) is ended with the run: in
+/// a kept VM the next run sees none of it. Against a `/proc` walk that
+/// kills what it lists, such a holder refills each slot it frees.
+fn a_fork_holder_ends_with_the_run(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let tree = Tree::new(&w, t);
+    let marker = format!("hull-forks-marker-{}", std::process::id());
+    let (a, b) = marker.split_at(marker.len() / 2);
+    let script = format!(
+        "sh -c 'while :; do (sleep 60; :) & done' \"{a}\"\"{b}\" >/dev/null 2>&1 & \
+         {}; sleep 300",
+        tree.announce(&[&marker])
+    );
+    let mut extra = tree.extra();
+    extra.extend(["--timeout", "8s"]);
+    let mut c = started(w.cmd(t, &extra, &script));
+    assert!(!tree.appears(&marker).is_empty(), "{marker} does not run");
+    let st = c.wait().expect("wait");
+    assert_eq!(st.code(), Some(124));
+    let left = tree.left(&marker);
+    assert!(left.is_empty(), "left running: {} processes", left.len());
+    drop(tree);
+    no_helper_left(&w);
+}
+
 fn interrupt_kills_the_tree(t: &str) {
     require_tier(t);
     let w = World::new();
@@ -658,8 +686,9 @@ fn interrupt_kills_the_tree(t: &str) {
         t,
         &tree.extra(),
         &format!(
-            "(setsid {} &); echo started; sleep 300",
-            marked_sleep(&marker, 300)
+            "(setsid {} &); {}; sleep 300",
+            marked_sleep(&marker, 300),
+            tree.announce(&[&marker])
         ),
     ));
     // The control: the marked process runs.
@@ -2888,6 +2917,7 @@ matrix!(
     ],
     vm: [
         the_canary_reports_no_leak,
+        a_fork_holder_ends_with_the_run,
         a_host_program_for_a_newer_glibc_is_refused_by_name,
         read_grant_is_not_executable,
         only_allowed_names_are_reached_through_the_proxy,

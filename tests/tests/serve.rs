@@ -856,9 +856,27 @@ mod vm {
         };
         let up = kept(&w).expect("the session's VM is up");
         let pid = up["state"]["pid"].as_i64().expect("its supervisor's pid");
+        // The session's execs share its tmp (their HOME), on the host in
+        // its VM's directory, until the session is deleted.
+        let tmp = PathBuf::from(up["state"]["tmp"].as_str().expect("its tmp"));
+        let (code, body) = s.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(r#"{"argv": ["sh", "-c", "echo session-secret > \"$HOME/s.txt\""]}"#),
+        );
+        assert_eq!(code, 200, "{body}");
+        let (code, body) = s.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(r#"{"argv": ["sh", "-c", "cat \"$HOME/s.txt\""]}"#),
+        );
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(json(&body)["stdout"], "session-secret\n", "{body}");
+        assert!(tmp.join("s.txt").exists(), "control: {}", tmp.display());
         let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
         assert_eq!(code, 204);
         assert!(kept(&w).is_none(), "the session's VM is still up");
+        assert!(!tmp.exists(), "the session's tmp {} is left", tmp.display());
         // Gone, or a zombie its parent has yet to reap.
         let alive = || {
             std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {

@@ -38,9 +38,14 @@ pub struct RunArgs {
     /// Join an existing instance (its spill stays readable), by id.
     #[arg(long, env = "HULL_INSTANCE")]
     pub instance: Option<String>,
-    /// Tier 3: run in the VM named NAME kept up by `hull vm up`.
+    /// Tier 3: run in the VM named NAME kept up by `hull vm up`. Runs in
+    /// one kept VM take turns: this one waits while another runs there.
     #[arg(long)]
     pub vm: Option<String>,
+    /// With --vm: descriptor N holds the VM's turn, taken by the caller
+    /// (`hull serve`, for the execs of one session); N is closed after.
+    #[arg(long, value_name = "N", requires = "vm", hide = true)]
+    pub vm_turn_fd: Option<i32>,
     /// Also write the run's result to FILE as JSON (outcome, exit code,
     /// tier, instance, spill, times), also when hull fails; FILE must be
     /// outside the policy's writable roots.
@@ -120,6 +125,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         spill: a.spill,
         instance: a.instance,
         vm: a.vm,
+        vm_turn_fd: a.vm_turn_fd,
         cow: a.cow,
         cow_continue: a.cow_continue,
         argv: a.argv,

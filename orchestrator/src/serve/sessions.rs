@@ -38,8 +38,11 @@ impl Refusal {
 pub struct Session {
     pub info: SessionInfo,
     owner: u32,
-    /// Tier 3 with a shared workspace: the kept VM's name.
+    /// Tier 3 with a shared workspace: the kept VM's name, and its turn,
+    /// held for the session's life and handed to each exec: the session's
+    /// execs run side by side, no other run in its VM.
     vm: Option<String>,
+    vm_turn: Option<std::fs::File>,
     /// A copy-on-write session: its change set, once its first exec made
     /// it. Held for each exec: one run at a time uses the set's overlay.
     changes: Mutex<Option<String>>,
@@ -238,6 +241,16 @@ impl Sessions {
         } else {
             None
         };
+        let vm_turn = match &vm {
+            Some(name) => match crate::vm::supervisor::hold_turn(name) {
+                Ok(turn) => Some(turn),
+                Err(e) => {
+                    self.vm_down(name).await;
+                    return Err(Refusal::new(500, e.to_string()));
+                }
+            },
+            None => None,
+        };
         let info = SessionInfo {
             id: id.clone(),
             tier: tier.name().into(),
@@ -250,6 +263,7 @@ impl Sessions {
             info: info.clone(),
             owner: caller,
             vm,
+            vm_turn,
             changes: Mutex::new(None),
             execs: Execs::default(),
         });
@@ -278,19 +292,23 @@ impl Sessions {
 
     async fn stop(&self, s: &Session) {
         if let Some(name) = &s.vm {
-            let out = tokio::process::Command::new(&self.hull)
-                .args(["vm", "down", "--name", name])
-                .stdin(Stdio::null())
-                .output()
-                .await;
-            match out {
-                Ok(o) if o.status.success() => {}
-                Ok(o) => tracing::warn!(
-                    "hull serve: stopping the VM {name}: {}",
-                    String::from_utf8_lossy(&o.stderr).trim_end()
-                ),
-                Err(e) => tracing::warn!("hull serve: stopping the VM {name}: {e}"),
-            }
+            self.vm_down(name).await;
+        }
+    }
+
+    async fn vm_down(&self, name: &str) {
+        let out = tokio::process::Command::new(&self.hull)
+            .args(["vm", "down", "--name", name])
+            .stdin(Stdio::null())
+            .output()
+            .await;
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => tracing::warn!(
+                "hull serve: stopping the VM {name}: {}",
+                String::from_utf8_lossy(&o.stderr).trim_end()
+            ),
+            Err(e) => tracing::warn!("hull serve: stopping the VM {name}: {e}"),
         }
     }
 
@@ -333,8 +351,16 @@ impl Sessions {
             .arg(&s.info.project)
             .arg("--json-result")
             .arg(result);
-        if let Some(vm) = &s.vm {
-            c.args(["--vm", vm]);
+        if let (Some(vm), Some(turn)) = (&s.vm, &s.vm_turn) {
+            let raw = std::os::fd::AsRawFd::as_raw_fd(turn);
+            c.args(["--vm", vm])
+                .arg("--vm-turn-fd")
+                .arg(raw.to_string());
+            // SAFETY: fcntl only, async-signal-safe, on a descriptor number
+            // the session holds open while the child starts.
+            unsafe {
+                c.pre_exec(move || crate::exec::env_fd::keep_in_child(raw));
+            }
         }
         if s.info.workspace == Workspace::Cow {
             c.arg("--cow");

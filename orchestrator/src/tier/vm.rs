@@ -145,18 +145,27 @@ pub struct VmRun {
     pub peak_memory_bytes: Option<u64>,
 }
 
+/// A VM kept up by `hull vm up` that a run goes to (`--vm NAME`).
+#[derive(Debug, Clone, Copy)]
+pub struct KeptVm<'a> {
+    pub name: &'a str,
+    /// `--vm-turn-fd`: the VM's turn, held by the caller (a `hull serve`
+    /// session) and handed down; else the run takes its own.
+    pub turn_fd: Option<i32>,
+}
+
 pub fn run(
     policy: &Policy,
     spec: &CommandSpec,
     instance_dir: &Path,
     instance_id: &str,
     sink: Option<&mut dyn OutputSink>,
-    vm: Option<&str>,
+    vm: Option<KeptVm<'_>>,
     cow: Option<&Path>,
 ) -> Result<VmRun, VmTierError> {
-    if let (Some(name), Some(_)) = (vm, cow) {
+    if let (Some(kept), Some(_)) = (vm, cow) {
         return Err(VmTierError::CowInKeptVm {
-            name: name.to_string(),
+            name: kept.name.to_string(),
         });
     }
     imp::run(policy, spec, instance_dir, instance_id, sink, vm, cow)
@@ -305,7 +314,7 @@ mod imp {
         instance_dir: &Path,
         instance_id: &str,
         sink: Option<&mut dyn OutputSink>,
-        vm: Option<&str>,
+        vm: Option<super::KeptVm<'_>>,
         cow: Option<&Path>,
     ) -> Result<VmRun, VmTierError> {
         let plan = lower_vm::lower(policy, &crate::policy::RealFs)?;
@@ -330,15 +339,21 @@ mod imp {
             None => &mut stdio,
         };
         let r = match vm {
-            Some(name) => {
-                crate::vm::supervisor::run_in(name, policy, &plan, spec, sink, irq.clone())
-                    .map(|status| VmRun {
-                        status,
-                        restore_s: None,
-                        peak_memory_bytes: None,
-                    })
-                    .map_err(VmTierError::from)
-            }
+            Some(kept) => crate::vm::supervisor::run_in(
+                kept.name,
+                kept.turn_fd,
+                policy,
+                &plan,
+                spec,
+                sink,
+                irq.clone(),
+            )
+            .map(|status| VmRun {
+                status,
+                restore_s: None,
+                peak_memory_bytes: None,
+            })
+            .map_err(VmTierError::from),
             None => run_fresh(
                 &plan,
                 policy,
@@ -476,7 +491,7 @@ mod imp {
         _instance_dir: &Path,
         _instance_id: &str,
         _sink: Option<&mut dyn OutputSink>,
-        _vm: Option<&str>,
+        _vm: Option<super::KeptVm<'_>>,
         _cow: Option<&Path>,
     ) -> Result<VmRun, VmTierError> {
         Err(VmTierError::Unsupported)

@@ -2,6 +2,7 @@
 //! supervisor, the run's env rebased onto the VM's own dirs.
 
 use std::io;
+use std::os::fd::RawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
@@ -12,11 +13,15 @@ use crate::policy::lower::vm::VmPlan;
 use crate::policy::Policy;
 use crate::vm::agent::{AgentError, AgentSession, ExecOptions};
 
+use super::turn::{RunTmp, Taken, Turn};
 use super::{fingerprint, lock_held, read_state, vm_dir, Phase, SupervisorError, VmState};
 
-/// Runs a command in VM `name` (`hull run --tier3 --vm NAME`).
+/// Runs a command in VM `name` (`hull run --tier3 --vm NAME`), in its
+/// turn ([`super::turn`]): the turn `turn_fd` hands down (a `hull serve`
+/// session's), or one it waits for, with a tmp of its own.
 pub fn run_in(
     name: &str,
+    turn_fd: Option<RawFd>,
     policy: &Policy,
     plan: &VmPlan,
     spec: &CommandSpec,
@@ -24,29 +29,7 @@ pub fn run_in(
     irq: Arc<AtomicI32>,
 ) -> Result<ExitStatus, SupervisorError> {
     let dir = vm_dir(name)?;
-    if !lock_held(&dir) {
-        // A VM a fault ended says so, with the fault.
-        return Err(match read_state(&dir) {
-            Some(VmState {
-                state: Phase::Failed,
-                error: Some(e),
-                ..
-            }) => SupervisorError::NotReady {
-                name: name.into(),
-                state: Phase::Failed,
-                detail: format!(": {e}"),
-            },
-            _ => SupervisorError::NotUp { name: name.into() },
-        });
-    }
-    let st = read_state(&dir).ok_or_else(|| SupervisorError::NotUp { name: name.into() })?;
-    if st.state != Phase::Ready {
-        return Err(SupervisorError::NotReady {
-            name: name.into(),
-            state: st.state,
-            detail: st.error.map(|e| format!(": {e}")).unwrap_or_default(),
-        });
-    }
+    let st = ready_state(name, &dir)?;
     let mut want = fingerprint(plan);
     want.push(super::net_fingerprint(&policy.net));
     want.push(super::userland_fingerprint(
@@ -59,14 +42,28 @@ pub fn run_in(
             run: want.join("; "),
         });
     }
+    let (_turn, run_tmp) = match turn_fd {
+        Some(fd) => (Turn::inherited(fd, &dir)?, None),
+        None => match Turn::take(&dir, name, &irq)? {
+            Taken::Turn(t) => {
+                // The VM may have ended (a fault) while this run waited.
+                ready_state(name, &dir)?;
+                let id = uuid::Uuid::new_v4().to_string();
+                (t, Some(RunTmp::make(&st, &id)?))
+            }
+            Taken::Interrupted(sig) => return Ok(ExitStatus::Interrupted(sig)),
+        },
+    };
+    let tmp = run_tmp.as_ref().map_or(&st.tmp, |t| &t.path);
     let mut cmd = spec.clone();
     cmd.env = rebase_env(
         &spec.env,
         &policy.vars.tmp,
-        &st.tmp,
+        tmp,
         &policy.vars.spill,
         &st.spill,
     );
+
     if policy.net.mode == crate::policy::NetMode::Allowlist {
         // The VM's proxy (same policy: the fingerprint says so).
         cmd.env = crate::net::with_proxy_env(&cmd.env);
@@ -79,6 +76,9 @@ pub fn run_in(
     let mut s = AgentSession::connect(&ctl, Duration::from_secs(5)).map_err(agent_err)?;
     s.hello(Duration::from_secs(10), &mut || true)
         .map_err(agent_err)?;
+    if run_tmp.is_some() {
+        scrub_container(&mut s, name, (plan.uid, plan.gid))?;
+    }
     let opts = ExecOptions {
         stdin: Some(Box::new(io::stdin())),
         uid_gid: Some((plan.uid, plan.gid)),
@@ -104,6 +104,93 @@ pub fn run_in(
             Ok(ExitStatus::Interrupted(irq_sig(&irq)))
         }
         r => r.map_err(agent_err),
+    }
+}
+
+/// VM `name`'s state (its directory `dir`), when it is up and ready; a VM
+/// a fault ended says so, with the fault.
+fn ready_state(name: &str, dir: &Path) -> Result<VmState, SupervisorError> {
+    if !lock_held(dir) {
+        return Err(match read_state(dir) {
+            Some(VmState {
+                state: Phase::Failed,
+                error: Some(e),
+                ..
+            }) => SupervisorError::NotReady {
+                name: name.into(),
+                state: Phase::Failed,
+                detail: format!(": {e}"),
+            },
+            _ => SupervisorError::NotUp { name: name.into() },
+        });
+    }
+    let st = read_state(dir).ok_or_else(|| SupervisorError::NotUp { name: name.into() })?;
+    if st.state != Phase::Ready {
+        return Err(SupervisorError::NotReady {
+            name: name.into(),
+            state: st.state,
+            detail: st.error.map(|e| format!(": {e}")).unwrap_or_default(),
+        });
+    }
+    Ok(st)
+}
+
+/// What the runs' user may write in the container's own filesystem (its
+/// scratch directories and its home there), emptied before each run of a
+/// kept VM that holds its own turn.
+const SCRATCH: [&str; 5] = ["/tmp", "/var/tmp", "/run/lock", "/dev/shm", "/home/hull"];
+
+/// Empties [`SCRATCH`] in VM `name`'s container (`hull-agent scrub`, as
+/// the runs' user `ids`, who owns all a run made, while no command runs
+/// there): nothing a run left in the container's own filesystem reaches
+/// the next. Shares mounted below them are another filesystem and stay.
+/// Fails the run when it fails.
+fn scrub_container(
+    s: &mut AgentSession,
+    name: &str,
+    ids: (u32, u32),
+) -> Result<(), SupervisorError> {
+    use crate::vm::image::agent_disk;
+    struct Kept(Vec<u8>);
+    impl OutputSink for Kept {
+        fn stdout(&mut self, d: &[u8]) -> io::Result<()> {
+            self.stderr(d)
+        }
+        fn stderr(&mut self, d: &[u8]) -> io::Result<()> {
+            let room = 4096usize.saturating_sub(self.0.len());
+            self.0.extend_from_slice(&d[..d.len().min(room)]);
+            Ok(())
+        }
+    }
+    let agent = Path::new(agent_disk::GUEST_DIR).join(agent_disk::FILE);
+    let mut argv = vec![agent.into_os_string(), "scrub".into()];
+    argv.extend(SCRATCH.iter().map(Into::into));
+    let spec = CommandSpec {
+        argv,
+        cwd: "/".into(),
+        env: crate::exec::helper_env(),
+        timeout: Some(Duration::from_secs(60)),
+    };
+    let mut out = Kept(Vec::new());
+    let ran = s.exec(
+        &spec,
+        &mut out,
+        ExecOptions {
+            uid_gid: Some(ids),
+            ..ExecOptions::default()
+        },
+    );
+    match ran {
+        Ok(ExitStatus::Code(0)) => Ok(()),
+        other => Err(SupervisorError::Other(format!(
+            "tier vm: VM {name}: cannot empty the container's {} before the run ({}): {}",
+            SCRATCH.join(", "),
+            match other {
+                Ok(st) => format!("{st:?}"),
+                Err(e) => e.to_string(),
+            },
+            crate::vm::proc::guest_text(&String::from_utf8_lossy(&out.0))
+        ))),
     }
 }
 

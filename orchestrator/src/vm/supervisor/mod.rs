@@ -17,14 +17,31 @@
 //! runs reaching shares they did not ask for (a run's policy must lower to
 //! the shares the VM was started with, or it is refused).
 //!
-//! What it does not: give each run a fresh container. State in the
-//! container persists between runs of the same VM by design; a run that
-//! needs a clean container uses a fresh VM (no `--vm`).
+//! Runs in one kept VM take turns ([`turn`]): every run's command is the
+//! container's uid 1000, so two at once could read each other's
+//! environment through `/proc` and signal each other. Each run has a tmp of
+//! its own (its `TMPDIR` and, in the shipped profiles, `HOME`), made by
+//! hull in the VM's tmp when its turn comes and removed when it ends; the
+//! VM's tmp and spill go when the VM goes down (and by `hull runs gc`
+//! after a killed supervisor). Each command is in a cgroup of its own in
+//! the container, ended by `cgroup.kill`; a command whose processes
+//! outlive that (uninterruptible sleep) faults the VM, which then serves
+//! nothing more. A `hull serve` session holds its VM's turn for its life:
+//! its execs share the session's tmp.
+//!
+//! Before a run that holds its own turn, what the runs' user may write in
+//! the container's own filesystem (`/tmp`, `/var/tmp`, `/run/lock`,
+//! `/home/hull`) is emptied (`hull-agent scrub`).
+//!
+//! What it does not: give each run a fresh container (its kernel, its
+//! page cache, what container root changed); a run that needs one uses a
+//! fresh VM (no `--vm`).
 //!
 //! Here: a VM's state file, names and dirs, `status` and `down`; in
 //! [`daemon`] `up` and the supervisor process; in [`relay`] its relay of
 //! agent sessions, with the watch and heartbeat that end a faulted VM; in
-//! [`client`] the side of a `hull run --vm`.
+//! [`turn`] the runs' turns and tmps; in [`client`] the side of a `hull
+//! run --vm`.
 
 use std::fs;
 use std::io;
@@ -42,9 +59,11 @@ use crate::vm::proc::PidRecord;
 mod client;
 mod daemon;
 mod relay;
+mod turn;
 
 pub use client::{rebase_env, run_in};
 pub use daemon::{serve, up};
+pub use turn::{hold_turn, TURN_FILE};
 
 /// Idle time after which a VM with no client and no command stops.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(30 * 60);

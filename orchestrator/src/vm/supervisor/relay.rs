@@ -291,6 +291,15 @@ fn agent_reader(
             continue;
         }
         let terminal = matches!(f.message, Message::Exit(_) | Message::Error { .. });
+        // A command whose processes outlived their kill: the VM must not
+        // serve another run (the client is told first, below).
+        let survived = match &f.message {
+            Message::Error {
+                code: ErrorCode::TreeSurvived,
+                message,
+            } => Some(crate::vm::proc::guest_text(message)),
+            _ => None,
+        };
         let relayable = matches!(
             f.message,
             Message::Started { .. }
@@ -324,6 +333,10 @@ fn agent_reader(
             if let Ok(mut w) = w.lock() {
                 let _ = w.send(&f.message, local);
             }
+        }
+        if let Some(why) = survived {
+            hub.fault_because(format!("a run's processes could not be ended: {why}"));
+            return;
         }
     }
     hub.fault_because("agent connection closed".into());
@@ -488,6 +501,14 @@ mod tests {
                             c.send(&Message::Started { pid: 5 }, id).unwrap();
                             continue;
                         }
+                        if a0 == b"stuck" {
+                            let m = Message::error(
+                                ErrorCode::TreeSurvived,
+                                "1 process(es) of the command outlived SIGKILL",
+                            );
+                            c.send(&m, id).unwrap();
+                            continue;
+                        }
                         c.send(&Message::Stdout(a0), id).unwrap();
                         c.send(&Message::Exit(hull_protocol::ExitStatus::Code(0)), id)
                             .unwrap();
@@ -605,14 +626,27 @@ mod tests {
         );
         assert!(!hub.stop.load(Ordering::SeqCst));
 
+        // A command whose processes outlived their kill: its client is
+        // told, and the VM is faulted (it serves no other run).
+        let mut oc = Out::default();
+        let r = a.exec(&spec("stuck"), &mut oc, ExecOptions::default());
+        let err = format!("{:?}", r.expect_err("the stuck command's exec succeeded"));
+        assert!(err.contains("outlived"), "{err}");
+        let end = Instant::now() + Duration::from_secs(5);
+        while !hub.fault.load(Ordering::SeqCst) {
+            assert!(Instant::now() < end, "the VM was not faulted");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(hub.stop.load(Ordering::SeqCst));
+
         drop(a);
         drop(b);
         hub.to_agent(&Message::Shutdown, 0);
         let seen = guest.join().unwrap();
-        assert_eq!(seen.len(), 3);
+        assert_eq!(seen.len(), 4);
         let mut uniq = seen.clone();
         uniq.sort();
         uniq.dedup();
-        assert_eq!(uniq.len(), 3, "guest ids are distinct: {seen:?}");
+        assert_eq!(uniq.len(), 4, "guest ids are distinct: {seen:?}");
     }
 }
