@@ -393,8 +393,8 @@ fn killing_hull_ends_its_vm() {
 
 /// A `hull vm up` VM whose QEMU stops while a run uses it: the supervisor
 /// sees it, kills the VM, and tells its client, whose run ends with the
-/// fault named; the next run is refused with the same reason, not left to
-/// hang; nothing of the VM is left.
+/// fault named; nothing of the VM is left, and the next run gets a fresh
+/// VM (never the faulted one), saying why.
 #[test]
 fn a_kept_vm_that_stalls_fails_its_run_and_the_next_one() {
     let w = world();
@@ -411,15 +411,28 @@ fn a_kept_vm_that_stalls_fails_its_run_and_the_next_one() {
     );
     assert!(err.contains("QEMU has been stopped by a signal"), "{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}: {err}");
-    let next = w.run(&["--vm", &name], "echo RAN");
-    assert_eq!(next.status.code(), Some(125));
-    assert!(!text(&next.stdout).contains("RAN"));
+    // Nothing of the faulted VM is left; the next run gets a fresh one,
+    // and says why.
+    assert_nothing_left(&w);
+    let next = w.run(
+        &["--vm", &name],
+        "cat /proc/sys/kernel/random/boot_id; echo RAN",
+    );
+    assert_eq!(next.status.code(), Some(0), "{}", text(&next.stderr));
+    assert!(text(&next.stdout).contains("RAN"));
     assert!(
-        text(&next.stderr).contains(&format!("VM {name} is failed, not ready"))
-            && text(&next.stderr).contains("QEMU has been stopped by a signal"),
+        text(&next.stderr).contains(&format!("VM {name} was taken down by a fault"))
+            && text(&next.stderr).contains("QEMU has been stopped by a signal")
+            && text(&next.stderr).contains("starting a fresh one"),
         "{}",
         text(&next.stderr)
     );
+    assert_eq!(
+        run_helpers(&w, "qemu-system").len(),
+        1,
+        "the fresh VM's QEMU"
+    );
+    drop(vm);
     assert_nothing_left(&w);
 }
 

@@ -29,7 +29,19 @@ pub fn run_in(
     irq: Arc<AtomicI32>,
 ) -> Result<ExitStatus, SupervisorError> {
     let dir = vm_dir(name)?;
-    let st = ready_state(name, &dir)?;
+    // The turn first: whoever holds it alone may start a fresh VM after a
+    // fault, or use the VM.
+    let turn = match turn_fd {
+        Some(fd) => Turn::inherited(fd, &dir)?,
+        None => match Turn::take(&dir, name, &irq)? {
+            Taken::Turn(t) => t,
+            Taken::Interrupted(sig) => return Ok(ExitStatus::Interrupted(sig)),
+        },
+    };
+    let st = match ready_state(name, &dir) {
+        Ok(st) => st,
+        Err(e) => fresh_after_fault(name, &dir).ok_or(e)??,
+    };
     let mut want = fingerprint(plan);
     want.push(super::net_fingerprint(&policy.net));
     want.push(super::userland_fingerprint(
@@ -42,18 +54,13 @@ pub fn run_in(
             run: want.join("; "),
         });
     }
-    let (_turn, run_tmp) = match turn_fd {
-        Some(fd) => (Turn::inherited(fd, &dir)?, None),
-        None => match Turn::take(&dir, name, &irq)? {
-            Taken::Turn(t) => {
-                // The VM may have ended (a fault) while this run waited.
-                ready_state(name, &dir)?;
-                let id = uuid::Uuid::new_v4().to_string();
-                (t, Some(RunTmp::make(&st, &id)?))
-            }
-            Taken::Interrupted(sig) => return Ok(ExitStatus::Interrupted(sig)),
-        },
+    // A run of its own turn has a tmp of its own; a session's execs share
+    // the session's.
+    let run_tmp = match turn_fd {
+        Some(_) => None,
+        None => Some(RunTmp::make(&st, &uuid::Uuid::new_v4().to_string())?),
     };
+    let _turn = turn;
     let tmp = run_tmp.as_ref().map_or(&st.tmp, |t| &t.path);
     let mut cmd = spec.clone();
     cmd.env = rebase_env(
@@ -106,6 +113,38 @@ pub fn run_in(
         r => r.map_err(agent_err),
     }
 }
+
+/// When a fault took VM `name` down after it was ready, starts a fresh
+/// one with the same project, policy and idle time, saying so (the caller
+/// holds the VM's turn, so one run alone does it): never the VM that
+/// faulted. None when the VM did not end by a fault.
+fn fresh_after_fault(name: &str, dir: &Path) -> Option<Result<VmState, SupervisorError>> {
+    let old = read_state(dir).filter(|s| s.faulted && s.state == Phase::Failed)?;
+    if lock_held(dir) {
+        return None;
+    }
+    eprintln!(
+        "hull: tier vm: VM {name} was taken down by a fault ({}); starting a fresh one \
+         (project {}, policy {})",
+        old.error.as_deref().unwrap_or("unknown"),
+        old.project.display(),
+        old.policy
+    );
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return Some(Err(super::io_err("find", Path::new("/proc/self/exe"))(e))),
+    };
+    let o = super::UpOptions {
+        name: name.into(),
+        project: old.project,
+        policy: old.policy,
+        idle: Duration::from_secs(old.idle_secs),
+    };
+    Some(super::up(&exe, &o, Some(FRESH_WITHIN)).and_then(|_| ready_state(name, dir)))
+}
+
+/// How long a fresh VM after a fault may take to be ready.
+const FRESH_WITHIN: Duration = Duration::from_secs(300);
 
 /// VM `name`'s state (its directory `dir`), when it is up and ready; a VM
 /// a fault ended says so, with the fault.

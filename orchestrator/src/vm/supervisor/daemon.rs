@@ -149,6 +149,7 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
         accel: String::new(),
         started_unix: now_unix(),
         console: dir.join("m").join("console.log"),
+        faulted: false,
     };
     write_state(&dir, &state)?;
     match boot(o, &dir, &mut state, &term) {
@@ -162,10 +163,12 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
                 Ok(End::Fault(why)) => {
                     state.state = Phase::Failed;
                     state.error = Some(why.clone());
+                    state.faulted = true;
                 }
                 Err(e) => {
                     state.state = Phase::Failed;
                     state.error = Some(e.to_string());
+                    state.faulted = true;
                 }
             }
             let _ = write_state(&dir, &state);

@@ -26,7 +26,8 @@
 //! after a killed supervisor). Each command is in a cgroup of its own in
 //! the container, ended by `cgroup.kill`; a command whose processes
 //! outlive that (uninterruptible sleep) faults the VM, which then serves
-//! nothing more. A `hull serve` session holds its VM's turn for its life:
+//! nothing more: after any fault the next run starts a fresh VM of the same
+//! project, policy and idle time (`client::fresh_after_fault`), saying so. A `hull serve` session holds its VM's turn for its life:
 //! its execs share the session's tmp.
 //!
 //! Before a run that holds its own turn, what the runs' user may write in
@@ -178,6 +179,11 @@ pub struct VmState {
     pub accel: String,
     pub started_unix: u64,
     pub console: PathBuf,
+    /// A fault took the VM down after it was ready (a helper died, the
+    /// guest went silent or broke the protocol, a run's processes could
+    /// not be ended): the next run starts a fresh one.
+    #[serde(default)]
+    pub faulted: bool,
 }
 
 /// Where a kept VM is in its life.

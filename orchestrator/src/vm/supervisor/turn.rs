@@ -48,6 +48,12 @@ pub enum Taken {
 
 fn open_turn(dir: &Path) -> Result<File, SupervisorError> {
     let path = dir.join(TURN_FILE);
+    if !dir.is_dir() {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        return Err(SupervisorError::NotUp {
+            name: name.unwrap_or_default(),
+        });
+    }
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -313,6 +319,7 @@ mod tests {
             accel: String::new(),
             started_unix: 0,
             console: PathBuf::new(),
+            faulted: false,
         };
         let run = RunTmp::make(&st, "run1").unwrap();
         let names: Vec<_> = std::fs::read_dir(&tmp)
