@@ -364,7 +364,7 @@ impl Supervisor {
     fn tree_survived(&mut self) -> bool {
         self.gone_by = None;
         match &self.cgroup {
-            Some(cg) if !cg.wait_gone(Duration::ZERO) => {
+            Some(cg) if cg.populated() => {
                 self.survived = Some(cg.left().max(1));
                 true
             }

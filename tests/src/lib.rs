@@ -271,7 +271,7 @@ pub fn marked_sleep(marker: &str, secs: u32) -> String {
 pub struct Tree<'a> {
     w: &'a World,
     tier: String,
-    vm: Option<String>,
+    vm: Option<KeptVm<'a>>,
 }
 
 impl<'a> Tree<'a> {
@@ -286,18 +286,9 @@ impl<'a> Tree<'a> {
         if tier != "vm" {
             return t;
         }
-        let name = format!("esc{}", std::process::id());
-        let up = w
-            .hull()
-            .args(["vm", "up", "--name", &name, "--idle", "10m"])
-            .arg("--project")
-            .arg(&w.project)
-            .args(["--timeout", "150s"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("spawn hull vm up");
-        t.vm = Some(name);
-        assert!(up.status.success(), "hull vm up: {}", show(&up));
+        let vm = KeptVm::new(w, "esc");
+        vm.up(&w.project);
+        t.vm = Some(vm);
         // The control: a marked process a run started is seen by the
         // listing, in the VM's container.
         let marker = format!("hull-tree-probe-{}", std::process::id());
@@ -365,7 +356,7 @@ impl<'a> Tree<'a> {
     /// The arguments that make a run use this tree's place.
     pub fn extra(&self) -> Vec<&str> {
         match &self.vm {
-            Some(name) => vec!["--vm", name.as_str()],
+            Some(vm) => vec!["--vm", vm.name.as_str()],
             None => Vec::new(),
         }
     }
@@ -420,16 +411,89 @@ impl<'a> Tree<'a> {
     }
 }
 
-impl Drop for Tree<'_> {
-    fn drop(&mut self) {
-        if let Some(name) = &self.vm {
-            let _ = self
-                .w
-                .hull()
-                .args(["vm", "down", "--name", name, "--timeout", "30s"])
-                .stdin(Stdio::null())
-                .output();
+/// A VM kept up by `hull vm up` for the test, taken down when it ends.
+#[derive(Debug)]
+pub struct KeptVm<'a> {
+    w: &'a World,
+    pub name: String,
+}
+
+impl<'a> KeptVm<'a> {
+    pub fn new(w: &'a World, prefix: &str) -> KeptVm<'a> {
+        KeptVm {
+            w,
+            name: format!("{prefix}{}", std::process::id()),
         }
+    }
+
+    pub fn hull(&self, args: &[&str]) -> std::process::Output {
+        let o = self
+            .w
+            .hull()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn hull");
+        assert_eq!(o.status.code(), Some(0), "hull {args:?}: {}", show(&o));
+        o
+    }
+
+    pub fn up(&self, project: &Path) {
+        self.hull(&[
+            "vm",
+            "up",
+            "--name",
+            &self.name,
+            "--idle",
+            "10m",
+            "--project",
+            project.to_str().unwrap(),
+            "--timeout",
+            "150s",
+        ]);
+    }
+
+    /// `hull run --vm` of `sh -c script` in `project`, with `env`.
+    pub fn cmd(&self, project: &Path, env: &[&str], script: &str) -> Command {
+        let mut c = self.w.hull();
+        c.args(["run", "--vm", &self.name, "--project"])
+            .arg(project)
+            .args(["--timeout", "60s"]);
+        for e in env {
+            c.args(["--env", e]);
+        }
+        c.args(["--", "sh", "-c", script]);
+        c
+    }
+
+    pub fn run(&self, project: &Path, script: &str) -> std::process::Output {
+        let o = self
+            .cmd(project, &[], script)
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawn hull run");
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        o
+    }
+
+    pub fn down(&self) {
+        self.hull(&["vm", "down", "--name", &self.name]);
+    }
+
+    /// The VM's tmp on the host (its runs' tmps are made in it).
+    pub fn tmp(&self) -> PathBuf {
+        self.w.root.path().join("vms").join(&self.name).join("tmp")
+    }
+}
+
+impl Drop for KeptVm<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .w
+            .hull()
+            .args(["vm", "down", "--name", &self.name, "--timeout", "30s"])
+            .stdin(Stdio::null())
+            .output();
     }
 }
 

@@ -631,91 +631,6 @@ macro_rules! tiers {
     };
 }
 
-/// A VM kept up by `hull vm up` for the test, taken down when it ends.
-struct KeptVm<'a> {
-    w: &'a World,
-    name: String,
-}
-
-impl<'a> KeptVm<'a> {
-    fn new(w: &'a World, prefix: &str) -> KeptVm<'a> {
-        KeptVm {
-            w,
-            name: format!("{prefix}{}", std::process::id()),
-        }
-    }
-
-    fn hull(&self, args: &[&str]) -> std::process::Output {
-        let o = self
-            .w
-            .hull()
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("spawn hull");
-        assert_eq!(o.status.code(), Some(0), "hull {args:?}: {}", show(&o));
-        o
-    }
-
-    fn up(&self, project: &Path) {
-        self.hull(&[
-            "vm",
-            "up",
-            "--name",
-            &self.name,
-            "--idle",
-            "10m",
-            "--project",
-            project.to_str().unwrap(),
-            "--timeout",
-            "150s",
-        ]);
-    }
-
-    /// `hull run --vm` of `sh -c script` in `project`, with `env`.
-    fn cmd(&self, project: &Path, env: &[&str], script: &str) -> Command {
-        let mut c = self.w.hull();
-        c.args(["run", "--vm", &self.name, "--project"])
-            .arg(project)
-            .args(["--timeout", "60s"]);
-        for e in env {
-            c.args(["--env", e]);
-        }
-        c.args(["--", "sh", "-c", script]);
-        c
-    }
-
-    fn run(&self, project: &Path, script: &str) -> std::process::Output {
-        let o = self
-            .cmd(project, &[], script)
-            .stdin(Stdio::null())
-            .output()
-            .expect("spawn hull run");
-        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-        o
-    }
-
-    fn down(&self) {
-        self.hull(&["vm", "down", "--name", &self.name]);
-    }
-
-    /// The VM's tmp on the host (its runs' tmps are made in it).
-    fn tmp(&self) -> PathBuf {
-        self.w.root.path().join("vms").join(&self.name).join("tmp")
-    }
-}
-
-impl Drop for KeptVm<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .w
-            .hull()
-            .args(["vm", "down", "--name", &self.name])
-            .stdin(Stdio::null())
-            .output();
-    }
-}
-
 /// Files below `dir` named `name`, at any depth (none when it is gone).
 fn found(dir: &Path, name: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -750,7 +665,7 @@ fn a_kept_vm_s_name_carries_nothing_to_another_project(tier: &str) {
     let w = World::new();
     let other = w.root.path().join("other-project");
     std::fs::create_dir(&other).unwrap();
-    let vm = KeptVm::new(&w, "reuse");
+    let vm = hull_tests::KeptVm::new(&w, "reuse");
     vm.up(&w.project);
     let a = hull_tests::started(vm.cmd(
         &w.project,
@@ -830,7 +745,7 @@ fn runs_in_a_kept_vm_take_turns(tier: &str) {
         show(&o)
     );
 
-    let vm = KeptVm::new(&w, "turns");
+    let vm = hull_tests::KeptVm::new(&w, "turns");
     vm.up(&w.project);
     let mut a = hull_tests::started(vm.cmd(&w.project, &[&token], first));
     let o = vm
@@ -865,7 +780,7 @@ fn runs_in_a_kept_vm_take_turns(tier: &str) {
 fn a_kept_vm_s_container_scratch_is_emptied_between_runs(tier: &str) {
     require_tier(tier);
     let w = World::new();
-    let vm = KeptVm::new(&w, "scratch");
+    let vm = hull_tests::KeptVm::new(&w, "scratch");
     vm.up(&w.project);
     let dirs = "/tmp /var/tmp /run/lock /home/hull";
     let o = vm.run(

@@ -65,18 +65,26 @@ pub fn keep_in_child(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Takes descriptor `fd` (given to this process for it), reads its
-/// entries and closes it.
-pub fn take(fd: RawFd) -> Result<Vec<(String, String)>, EnvFdError> {
+/// Takes ownership of descriptor `fd`, handed to this process by its
+/// caller on the command line (`--env-fd`, `--vm-turn-fd`): None unless it
+/// is open and not a standard stream. Close-on-exec from here on.
+pub fn adopt(fd: RawFd) -> Option<OwnedFd> {
     // SAFETY: fcntl(F_GETFD) with integer arguments only asks whether the
     // descriptor is open.
     if fd <= 2 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(EnvFdError::NotOpen { fd });
+        return None;
     }
     // SAFETY: the descriptor is open and was handed to this process to
-    // own (`--env-fd`); nothing else in hull refers to it.
+    // own; nothing else in hull refers to it (each flag is read once).
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let _ = rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC);
+    Some(owned)
+}
+
+/// Takes descriptor `fd` (given to this process for it), reads its
+/// entries and closes it.
+pub fn take(fd: RawFd) -> Result<Vec<(String, String)>, EnvFdError> {
+    let owned = adopt(fd).ok_or(EnvFdError::NotOpen { fd })?;
     let mut bytes = Vec::new();
     std::fs::File::from(owned)
         .take(MAX_BYTES + 1)

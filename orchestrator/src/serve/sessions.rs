@@ -38,16 +38,22 @@ impl Refusal {
 pub struct Session {
     pub info: SessionInfo,
     owner: u32,
-    /// Tier 3 with a shared workspace: the kept VM's name, and its turn,
-    /// held for the session's life and handed to each exec: the session's
-    /// execs run side by side, no other run in its VM.
-    vm: Option<String>,
-    vm_turn: Option<std::fs::File>,
+    /// Tier 3 with a shared workspace: the session's kept VM.
+    vm: Option<SessionVm>,
     /// A copy-on-write session: its change set, once its first exec made
     /// it. Held for each exec: one run at a time uses the set's overlay.
     changes: Mutex<Option<String>>,
     /// The `hull run` of each exec in progress.
     execs: Execs,
+}
+
+/// A session's kept VM: its name, and its turn, held for the session's
+/// life and handed to each exec: the session's execs run side by side, no
+/// other run in its VM.
+#[derive(Debug)]
+struct SessionVm {
+    name: String,
+    turn: std::fs::File,
 }
 
 /// The `hull run` processes of a session's execs in progress, so a close
@@ -236,20 +242,9 @@ impl Sessions {
         // (a kept VM shares the project itself).
         let vm = if tier == crate::tier::Tier::Vm && req.workspace == Workspace::Shared {
             let name = format!("session-{}", &id[..12]);
-            self.vm_up(&name, &project, &req.policy).await?;
-            Some(name)
+            Some(self.vm_up(name, &project, &req.policy).await?)
         } else {
             None
-        };
-        let vm_turn = match &vm {
-            Some(name) => match crate::vm::supervisor::hold_turn(name) {
-                Ok(turn) => Some(turn),
-                Err(e) => {
-                    self.vm_down(name).await;
-                    return Err(Refusal::new(500, e.to_string()));
-                }
-            },
-            None => None,
         };
         let info = SessionInfo {
             id: id.clone(),
@@ -263,7 +258,6 @@ impl Sessions {
             info: info.clone(),
             owner: caller,
             vm,
-            vm_turn,
             changes: Mutex::new(None),
             execs: Execs::default(),
         });
@@ -291,8 +285,8 @@ impl Sessions {
     }
 
     async fn stop(&self, s: &Session) {
-        if let Some(name) = &s.vm {
-            self.vm_down(name).await;
+        if let Some(vm) = &s.vm {
+            self.vm_down(&vm.name).await;
         }
     }
 
@@ -312,10 +306,16 @@ impl Sessions {
         }
     }
 
-    async fn vm_up(&self, name: &str, project: &Path, policy: &str) -> Result<(), Refusal> {
+    /// Brings the session's VM `name` up and takes its turn.
+    async fn vm_up(
+        &self,
+        name: String,
+        project: &Path,
+        policy: &str,
+    ) -> Result<SessionVm, Refusal> {
         let o = tokio::process::Command::new(&self.hull)
             .args([
-                "vm", "up", "--name", name, "--policy", policy, "--idle", "1h",
+                "vm", "up", "--name", &name, "--policy", policy, "--idle", "1h",
             ])
             .arg("--project")
             .arg(project)
@@ -332,7 +332,13 @@ impl Sessions {
                 ),
             ));
         }
-        Ok(())
+        match crate::vm::supervisor::hold_turn(&name) {
+            Ok(turn) => Ok(SessionVm { name, turn }),
+            Err(e) => {
+                self.vm_down(&name).await;
+                Err(Refusal::new(500, e.to_string()))
+            }
+        }
     }
 
     /// The `hull run` that runs `argv` (in `cwd`, inside the project) for
@@ -351,9 +357,9 @@ impl Sessions {
             .arg(&s.info.project)
             .arg("--json-result")
             .arg(result);
-        if let (Some(vm), Some(turn)) = (&s.vm, &s.vm_turn) {
-            let raw = std::os::fd::AsRawFd::as_raw_fd(turn);
-            c.args(["--vm", vm])
+        if let Some(vm) = &s.vm {
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&vm.turn);
+            c.args(["--vm", &vm.name])
                 .arg("--vm-turn-fd")
                 .arg(raw.to_string());
             // SAFETY: fcntl only, async-signal-safe, on a descriptor number

@@ -31,7 +31,7 @@ pub fn run_in(
     let dir = vm_dir(name)?;
     // The turn first: whoever holds it alone may start a fresh VM after a
     // fault, or use the VM.
-    let turn = match turn_fd {
+    let _turn = match turn_fd {
         Some(fd) => Turn::inherited(fd, &dir)?,
         None => match Turn::take(&dir, name, &irq)? {
             Taken::Turn(t) => t,
@@ -60,7 +60,6 @@ pub fn run_in(
         Some(_) => None,
         None => Some(RunTmp::make(&st, &uuid::Uuid::new_v4().to_string())?),
     };
-    let _turn = turn;
     let tmp = run_tmp.as_ref().map_or(&st.tmp, |t| &t.path);
     let mut cmd = spec.clone();
     cmd.env = rebase_env(

@@ -64,7 +64,7 @@ mod turn;
 
 pub use client::{rebase_env, run_in};
 pub use daemon::{serve, up};
-pub use turn::{hold_turn, TURN_FILE};
+pub use turn::hold_turn;
 
 /// Idle time after which a VM with no client and no command stops.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(30 * 60);

@@ -19,7 +19,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -30,7 +30,7 @@ use rustix::fs::{flock, FlockOperation};
 use super::{io_err, SupervisorError, VmState};
 
 /// The lock file of a VM's turn, in its directory.
-pub const TURN_FILE: &str = "turn";
+const TURN_FILE: &str = "turn";
 
 /// A run's turn in a kept VM: held until dropped.
 #[derive(Debug)]
@@ -106,15 +106,9 @@ impl Turn {
                 path.display()
             ))
         };
-        // SAFETY: fcntl(F_GETFD) with integer arguments only asks whether
-        // the descriptor is open.
-        if fd <= 2 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            return Err(bad("not an open descriptor".into()));
-        }
-        // SAFETY: the descriptor is open and was handed to this process to
-        // own (`--vm-turn-fd`); nothing else in hull refers to it.
-        let lock = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let _ = rustix::io::fcntl_setfd(&lock, rustix::io::FdFlags::CLOEXEC);
+        let lock = File::from(
+            crate::exec::env_fd::adopt(fd).ok_or_else(|| bad("not an open descriptor".into()))?,
+        );
         let held = lock.metadata().map_err(io_err("stat", &path))?;
         let want = std::fs::symlink_metadata(&path).map_err(io_err("stat", &path))?;
         if (held.dev(), held.ino()) != (want.dev(), want.ino()) || !want.is_file() {
