@@ -813,6 +813,8 @@ pub struct RunOutcome {
     pub changes: Option<String>,
     /// What the run took, where the tier can tell.
     pub usage: crate::result_file::Usage,
+    /// The wall-time limit the run had (`--timeout` or the policy's).
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// Runs the command. `result_file` (`--json-result`) is refused when it
@@ -975,6 +977,7 @@ pub fn execute(
         spill,
         changes,
         usage,
+        timeout: spec.timeout,
     })
 }
 

@@ -682,7 +682,7 @@ fn interrupt_kills_the_tree(t: &str) {
     let w = World::new();
     let tree = Tree::new(&w, t);
     let marker = format!("hull-int-marker-{}", std::process::id());
-    let mut c = started(w.cmd(
+    let mut cmd = w.cmd(
         t,
         &tree.extra(),
         &format!(
@@ -690,7 +690,9 @@ fn interrupt_kills_the_tree(t: &str) {
             marked_sleep(&marker, 300),
             tree.announce(&[&marker])
         ),
-    ));
+    );
+    cmd.stderr(std::process::Stdio::piped());
+    let mut c = started(cmd);
     // The control: the marked process runs.
     assert!(!tree.appears(&marker).is_empty(), "{marker} does not run");
     // SAFETY: sending SIGINT to the hull child we spawned.
@@ -699,6 +701,11 @@ fn interrupt_kills_the_tree(t: &str) {
     }
     let st = c.wait().expect("wait");
     assert_eq!(st.code(), Some(130));
+    // hull says once what ended the run.
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut c.stderr.take().expect("stderr"), &mut err).expect("stderr");
+    let said = format!("hull: tier {t}: hull received SIGINT (Ctrl-C), and ended the command");
+    assert_eq!(err.matches(&said).count(), 1, "{err}");
     let left = tree.left(&marker);
     assert!(left.is_empty(), "left running: {left:?}");
     drop(tree);
@@ -1197,6 +1204,89 @@ fn hull_state_is_hidden(t: &str) {
         show(&o)
     );
     assert!(!vms.join("dev/planted").exists());
+}
+
+/// A denied path fails as denied on every tier ("Permission denied", a
+/// failing exit), never reads as an empty file or an empty directory. On
+/// landlock a denied directory's names still list when its parent is
+/// granted (Landlock's `read_dir` reaches every directory below; its files
+/// cannot be read: docs/tiers.md).
+fn a_denied_path_fails_as_denied(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let secrets = w.root.path().join("secrets");
+    let pol = w.root.path().join("denying.toml");
+    denied_paths_fail_as_denied(t, &secrets, &pol, &|tier, script| {
+        w.run(tier, &["--policy", pol.to_str().expect("utf8")], script)
+    });
+}
+
+/// The same with hull run by an ordinary user, who owns the files bwrap
+/// masks a denied path with: they read as denied too, not as empty.
+#[test]
+#[ignore = "needs root: runs hull as the user nobody"]
+fn a_denied_path_fails_as_denied_as_a_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = hull_tests::nobody::AsNobody::new();
+    let secrets = w.u.join("secrets");
+    let pol = w.top.path().join("denying.toml");
+    let mut tiers = Vec::new();
+    #[cfg(feature = "landlock")]
+    tiers.push("landlock");
+    #[cfg(feature = "bwrap")]
+    tiers.push("bwrap");
+    for t in tiers {
+        require_tier(t);
+        denied_paths_fail_as_denied(t, &secrets, &pol, &|tier, script| {
+            std::fs::set_permissions(&pol, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+            w.give_to_nobody();
+            w.run(tier, &pol, script)
+        });
+    }
+}
+
+/// `secrets/key.txt` and `secrets/dir/inner` denied, `secrets` granted
+/// read, by the default profile written to `pol`; each read of them works
+/// under the control (`none`) and fails as denied under `t`.
+fn denied_paths_fail_as_denied(
+    t: &str,
+    secrets: &Path,
+    pol: &Path,
+    run: &dyn Fn(&str, &str) -> std::process::Output,
+) {
+    std::fs::create_dir_all(secrets.join("dir")).expect("mkdir");
+    std::fs::write(secrets.join("key.txt"), "secret-key\n").expect("write");
+    std::fs::write(secrets.join("dir/inner"), "secret-inner\n").expect("write");
+    let (key, dir) = (secrets.join("key.txt"), secrets.join("dir"));
+    let text = hull_policy_default()
+        .replace("read = [", &format!("read = [{secrets:?}, "))
+        .replace("deny = [", &format!("deny = [{key:?}, {dir:?}, "));
+    std::fs::write(pol, text).expect("write policy");
+    let (key, dir) = (key.display(), dir.display());
+    let mut scripts = vec![
+        (format!("cat '{key}'"), "secret-key"),
+        (format!("cat '{dir}/inner'"), "secret-inner"),
+    ];
+    if t != "landlock" {
+        scripts.push((format!("ls '{dir}'"), "inner"));
+    }
+    for (script, secret) in scripts {
+        let control = run("none", &script);
+        assert!(
+            control.status.success() && String::from_utf8_lossy(&control.stdout).contains(secret),
+            "control: {}",
+            show(&control)
+        );
+        let o = run(t, &script);
+        assert!(failed(&o), "{t}: {script}: {}", show(&o));
+        assert!(o.stdout.is_empty(), "{t}: {script}: {}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("Permission denied"),
+            "{t}: {script}: {}",
+            show(&o)
+        );
+    }
 }
 
 /// A repository the command creates anywhere in a writable root is named
@@ -1928,6 +2018,10 @@ fn the_json_result_says_how_the_run_ended(t: &str) {
     }
     let o = w.run(t, &["--json-result", f, "--timeout", "1s"], "sleep 30");
     assert_eq!(o.status.code(), Some(124), "{}", show(&o));
+    // hull says once that it ended the run, and why.
+    let said = format!("hull: tier {t}: the command ran past its time limit (1s)");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches(&said).count(), 1, "{}", show(&o));
     assert_eq!(read()["outcome"], "timed_out");
     // hull's own failure is a result too.
     let o = w.run(
@@ -2876,6 +2970,7 @@ matrix!(
         toolchain_caches_are_read_only,
         grant_through_a_planted_link_is_refused,
         hull_state_is_hidden,
+        a_denied_path_fails_as_denied,
         a_repository_made_in_the_run_is_named,
         a_process_with_an_exited_main_thread_dies_with_the_run,
     ],

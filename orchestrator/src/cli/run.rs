@@ -153,7 +153,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
     let code = match not_runnable {
         Some((code, _)) => code,
-        None => res?.status.exit_code(),
+        None => {
+            let outcome = res?;
+            if let Some(why) = ending(&outcome) {
+                eprintln!("hull: {why}");
+            }
+            outcome.status.exit_code()
+        }
     };
     // The harness reads the file, not the exit code: without it the run's
     // result is unknown to it.
@@ -163,6 +169,48 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         )));
     }
     Ok(code)
+}
+
+/// What ended the run when hull ended it (its deadline, a signal hull
+/// received), said once on stderr as `timeout(1)` users expect; `None`
+/// when the command ended by itself.
+fn ending(o: &crate::run::RunOutcome) -> Option<String> {
+    use crate::exec::ExitStatus;
+    let code = o.status.exit_code();
+    match o.status {
+        ExitStatus::TimedOut => Some(format!(
+            "tier {}: the command ran past its time limit ({}) and was killed with every process it started (exit {code})",
+            o.tier,
+            o.timeout.map_or_else(|| "unknown".into(), seconds),
+        )),
+        ExitStatus::Interrupted(n) => Some(format!(
+            "tier {}: hull received {}, and ended the command with every process it started (exit {code})",
+            o.tier,
+            signal_name(n),
+        )),
+        ExitStatus::Code(_) | ExitStatus::Signal(_) => None,
+    }
+}
+
+/// `1s`, `1.5s`, `90s`: a limit as `--timeout` takes it.
+fn seconds(d: std::time::Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
+            .trim_end_matches('0')
+            .to_string()
+    }
+}
+
+fn signal_name(n: i32) -> String {
+    match n {
+        1 => "SIGHUP".into(),
+        2 => "SIGINT (Ctrl-C)".into(),
+        3 => "SIGQUIT".into(),
+        15 => "SIGTERM".into(),
+        n => format!("signal {n}"),
+    }
 }
 
 /// The `--json-result` document of a run that ended as `res`.

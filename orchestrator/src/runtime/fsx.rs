@@ -99,6 +99,19 @@ pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Gives the user rwx back on every directory in the tree (no link
+/// followed), for a tree hull must read or remove: a command's read-only
+/// directories, bwrap's masks (mode 0).
+pub(crate) fn open_up(path: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    return perms::open_up_tree(path);
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
+}
+
 /// Bytes and regular files under `path` (not following symlinks; symlinks
 /// count their own size). A missing path is empty.
 pub(crate) fn tree_usage(path: &Path) -> io::Result<(u64, u64)> {

@@ -284,7 +284,16 @@ pub(crate) fn remove_scratch(dir: &Path) -> io::Result<(bool, u64)> {
             continue;
         }
         let p = e.path();
-        bytes += fsx::tree_usage(&p)?.0;
+        // bwrap's masks are mode 0 (a denied path reads as denied, not
+        // as empty): they are opened up before they are read.
+        bytes += match fsx::tree_usage(&p) {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                fsx::open_up(&p)?;
+                fsx::tree_usage(&p)?
+            }
+            r => r?,
+        }
+        .0;
         if std::fs::symlink_metadata(&p)?.is_dir() {
             fsx::remove_tree(&p)?;
         } else {

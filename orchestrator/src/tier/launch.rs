@@ -53,7 +53,10 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// Creates the empty read-only dir and file protections are masked with.
+/// Creates the empty dir and file protections are masked with, mode 0: a
+/// command reading a hidden path gets "Permission denied", as on the other
+/// tiers, never an empty file (bwrap drops every capability, and binds
+/// them read-only, so no command can chmod them).
 pub fn create_masks(run_dir: &Path) -> Result<Masks, LaunchError> {
     use std::os::unix::fs::PermissionsExt;
     let base = run_dir.join("mask");
@@ -69,9 +72,9 @@ pub fn create_masks(run_dir: &Path) -> Result<Masks, LaunchError> {
     if !masks.empty_file.exists() {
         std::fs::write(&masks.empty_file, b"").map_err(|e| mk(&masks.empty_file, e))?;
     }
-    std::fs::set_permissions(&masks.empty_file, std::fs::Permissions::from_mode(0o400))
+    std::fs::set_permissions(&masks.empty_file, std::fs::Permissions::from_mode(0o000))
         .map_err(|e| mk(&masks.empty_file, e))?;
-    std::fs::set_permissions(&masks.empty_dir, std::fs::Permissions::from_mode(0o500))
+    std::fs::set_permissions(&masks.empty_dir, std::fs::Permissions::from_mode(0o000))
         .map_err(|e| mk(&masks.empty_dir, e))?;
     Ok(masks)
 }

@@ -20,7 +20,7 @@ use super::plan::{self, FsPlan, Placeholder, PlanError, Step};
 use crate::policy::{Access, HostFs, Policy};
 
 /// The empty nodes protections are masked with (made by the runtime, in the
-/// instance dir, mode 0500 / 0400).
+/// instance dir, mode 0: reading one is "Permission denied").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Masks {
     pub empty_dir: PathBuf,
