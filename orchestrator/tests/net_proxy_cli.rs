@@ -29,8 +29,10 @@ fn the_proxy_helper_serves_audits_and_ends_with_its_owner() {
     std::fs::write(
         &pol,
         format!(
-            "version = 1\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\"]\nports = [{port}]\n\
-             hosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\" }}\n\
+            "version = 1\n[net]\nmode = \"allowlist\"\nallow = [\"pkgs.test\", \"doc.test\"]\n\
+             ports = [{port}]\n\
+             hosts = {{ \"pkgs.test\" = \"127.0.0.1\", \"other.test\" = \"127.0.0.1\", \
+             \"doc.test\" = \"192.0.2.1\" }}\n\
              allow_private = [\"127.0.0.1/32\"]\n"
         ),
     )
@@ -72,6 +74,12 @@ fn the_proxy_helper_serves_audits_and_ends_with_its_owner() {
         &format!("GET http://other.test:{port}/x HTTP/1.1\r\nHost: other.test:{port}\r\nConnection: close\r\n\r\n"),
     );
     assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    // Allowed by name, refused by the address it resolves to.
+    let refused = ask(
+        &addr,
+        &format!("GET http://doc.test:{port}/x HTTP/1.1\r\nHost: doc.test:{port}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
     let ok = ask(
         &addr,
         &format!("GET http://pkgs.test:{port}/x HTTP/1.1\r\nHost: pkgs.test:{port}\r\nConnection: close\r\n\r\n"),
@@ -101,19 +109,34 @@ fn the_proxy_helper_serves_audits_and_ends_with_its_owner() {
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
+    // Each refusal once, with its reason and the policy line that would
+    // allow it.
     assert_eq!(
         err.trim(),
-        format!("hull: network: refused other.test:{port} (1 time)")
+        format!(
+            "hull: network: refused doc.test:{port} (1 time): 192.0.2.1 is a documentation \
+             address, which allow_private does not cover; to allow it: [net] allow_private = \
+             [..., \"192.0.2.1/32\"] (only if that address is meant to be reached)\n\
+             hull: network: refused other.test:{port} (1 time): other.test is not in the \
+             policy's allow list; to allow it: [net] allow = [..., \"other.test\"]"
+        )
     );
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines.len(), 3, "{lines:?}");
     assert_eq!(lines[0]["host"], "other.test");
     assert_eq!(lines[0]["allowed"], false);
-    assert_eq!(lines[1]["host"], "pkgs.test");
-    assert_eq!(lines[1]["allowed"], true);
-    assert_eq!(lines[1]["addr"], format!("127.0.0.1:{port}"));
+    assert_eq!(
+        lines[0]["allow_with"],
+        "[net] allow = [..., \"other.test\"]"
+    );
+    assert_eq!(lines[1]["host"], "doc.test");
+    assert_eq!(lines[1]["allowed"], false);
+    assert_eq!(lines[2]["host"], "pkgs.test");
+    assert_eq!(lines[2]["allowed"], true);
+    assert_eq!(lines[2]["allow_with"], serde_json::Value::Null);
+    assert_eq!(lines[2]["addr"], format!("127.0.0.1:{port}"));
 }

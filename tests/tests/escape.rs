@@ -2257,7 +2257,10 @@ fn only_allowed_names_are_reached_through_the_proxy(t: &str) {
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains(&format!("network: refused other.test:{port} (1 time)")),
+        err.contains(&format!(
+            "network: refused other.test:{port} (1 time): other.test is not in the policy's \
+             allow list; to allow it: [net] allow = [..., \"other.test\"]"
+        )),
         "{}",
         show(&o)
     );

@@ -30,6 +30,9 @@ pub struct Entry {
     pub allowed: bool,
     /// Why it was refused, or how the exchange ended.
     pub reason: String,
+    /// What in the policy would allow a refused request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_with: Option<String>,
     /// Bytes from the command to the destination and back.
     pub sent: u64,
     pub received: u64,
@@ -49,6 +52,7 @@ impl Entry {
             addr: None,
             allowed: false,
             reason: String::new(),
+            allow_with: None,
             sent: 0,
             received: 0,
             duration: 0.0,
@@ -61,6 +65,12 @@ impl Entry {
         self
     }
 
+    /// Refused, with what in the policy would allow it.
+    pub fn refused_with(mut self, why: impl ToString, allow_with: Option<String>) -> Entry {
+        self.allow_with = allow_with;
+        self.refused(why)
+    }
+
     pub fn took(mut self, d: Duration) -> Entry {
         self.duration = d.as_secs_f64();
         self
@@ -71,7 +81,16 @@ impl Entry {
 #[derive(Debug)]
 pub struct Audit {
     file: Option<Mutex<std::fs::File>>,
-    refused: Mutex<BTreeMap<String, u64>>,
+    refused: Mutex<BTreeMap<Refused, u64>>,
+}
+
+/// A kind of refusal, as the line after the run counts them: where to,
+/// why, and what would allow it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Refused {
+    to: String,
+    reason: String,
+    allow_with: Option<String>,
 }
 
 impl Audit {
@@ -110,7 +129,12 @@ impl Audit {
     pub fn record(&self, e: &Entry) {
         if !e.allowed {
             if let Ok(mut r) = self.refused.lock() {
-                *r.entry(format!("{}:{}", e.host, e.port)).or_default() += 1;
+                let key = Refused {
+                    to: format!("{}:{}", e.host, e.port),
+                    reason: e.reason.clone(),
+                    allow_with: e.allow_with.clone(),
+                };
+                *r.entry(key).or_default() += 1;
             }
         }
         if let Some(f) = &self.file {
@@ -123,16 +147,28 @@ impl Audit {
         }
     }
 
-    /// One line per refused `host:port`, by name: `network: refused
-    /// HOST:PORT (N times)`, for the caller to prefix and print.
+    /// One line per refused `host:port` and reason, by name: `network:
+    /// refused HOST:PORT (N times): REASON; to allow it: LINE`, for the
+    /// caller to prefix and print.
     pub fn refused_lines(&self) -> Vec<String> {
-        self.refused()
+        let counted = self.refused.lock().map(|r| r.clone()).unwrap_or_default();
+        counted
             .into_iter()
-            .map(|(host, n)| {
-                format!(
-                    "network: refused {host} ({n} time{})",
+            .map(|(r, n)| {
+                let mut line = format!(
+                    "network: refused {} ({n} time{})",
+                    r.to,
                     if n == 1 { "" } else { "s" }
-                )
+                );
+                if !r.reason.is_empty() {
+                    line.push_str(": ");
+                    line.push_str(&r.reason);
+                }
+                if let Some(allow) = &r.allow_with {
+                    line.push_str("; to allow it: ");
+                    line.push_str(allow);
+                }
+                line
             })
             .collect()
     }
@@ -161,8 +197,10 @@ impl Audit {
                 let (Some(host), Some(port)) = (v["host"].as_str(), v["port"].as_u64()) else {
                     continue;
                 };
-                let mut e = Entry::new("", host, port.min(u64::from(u16::MAX)) as u16);
-                e.allowed = false;
+                let e = Entry::new("", host, port.min(u64::from(u16::MAX)) as u16).refused_with(
+                    v["reason"].as_str().unwrap_or_default(),
+                    v["allow_with"].as_str().map(str::to_string),
+                );
                 counted.record(&e);
             }
         }
@@ -171,10 +209,13 @@ impl Audit {
 
     /// Refused `host:port`s with their counts, by name.
     pub fn refused(&self) -> Vec<(String, u64)> {
-        self.refused
-            .lock()
-            .map(|r| r.iter().map(|(k, v)| (k.clone(), *v)).collect())
-            .unwrap_or_default()
+        let mut by_to = BTreeMap::<String, u64>::new();
+        if let Ok(r) = self.refused.lock() {
+            for (k, n) in r.iter() {
+                *by_to.entry(k.to.clone()).or_default() += n;
+            }
+        }
+        by_to.into_iter().collect()
     }
 }
 
@@ -205,7 +246,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             Audit::refused_since(&path, offset),
-            vec!["network: refused other.example:80 (2 times)".to_string()]
+            vec!["network: refused other.example:80 (2 times): not allowed".to_string()]
         );
         assert_eq!(Audit::refused_since(&path, 0).len(), 2);
         assert!(Audit::refused_since(&dir.path().join("none"), 0).is_empty());

@@ -82,6 +82,21 @@ impl ProxyError {
                 | ProxyError::Hello(_)
         )
     }
+
+    /// What in the policy would allow the request (only a refusal by
+    /// policy has one).
+    fn allow_with(&self, port: u16) -> Option<String> {
+        match self {
+            ProxyError::Refused(r) => r.allow_with(port),
+            _ => None,
+        }
+    }
+}
+
+/// `entry` refused by `e`, with what in the policy would allow it.
+pub(super) fn refused(entry: Entry, e: &ProxyError) -> Entry {
+    let allow = e.allow_with(entry.port);
+    entry.refused_with(e, allow)
 }
 
 /// What every connection of the proxy shares.
@@ -245,7 +260,7 @@ fn connect(req: Request<Incoming>, shared: Arc<Shared>, started: Instant) -> Res
             let e = ProxyError::from(r);
             shared
                 .audit
-                .record(&entry.refused(&e).took(started.elapsed()));
+                .record(&refused(entry, &e).took(started.elapsed()));
             return refusal_response(&e);
         }
     };
@@ -275,7 +290,7 @@ pub(super) fn tunnel_ended(mut entry: Entry, r: Result<(), ProxyError>) -> Entry
             entry.reason = e.to_string();
             entry
         }
-        Err(e) => entry.refused(&e),
+        Err(e) => refused(entry, &e),
     }
 }
 
@@ -498,7 +513,7 @@ async fn plain(
             let resp = refusal_response(&e);
             shared
                 .audit
-                .record(&entry.refused(&e).took(started.elapsed()));
+                .record(&refused(entry, &e).took(started.elapsed()));
             return resp;
         }
     };

@@ -86,7 +86,7 @@ where
             let e = ProxyError::from(r);
             shared
                 .audit
-                .record(&entry.refused(&e).took(started.elapsed()));
+                .record(&super::proxy::refused(entry, &e).took(started.elapsed()));
             return;
         }
     };

@@ -322,6 +322,33 @@ pub enum Refusal {
     Address { addr: IpAddr, kind: &'static str },
 }
 
+impl Refusal {
+    /// The policy line that would allow what was refused, for the line
+    /// hull prints after the run (`None`: no line would: a name hull does
+    /// not accept).
+    pub fn allow_with(&self, port: u16) -> Option<String> {
+        let net_addr = |a: &IpAddr| match a {
+            IpAddr::V4(_) => format!("{a}/32"),
+            IpAddr::V6(_) => format!("{a}/128"),
+        };
+        match self {
+            Refusal::NoNetwork => Some(
+                "[net] mode = \"allowlist\" with the host in allow = [...] (the build-net profile: --policy build-net)".into(),
+            ),
+            Refusal::BadName { .. } => None,
+            Refusal::Denied { pattern, .. } => {
+                Some(format!("the policy's [net] deny without \"{pattern}\""))
+            }
+            Refusal::NotAllowed { host } => Some(format!("[net] allow = [..., \"{host}\"]")),
+            Refusal::Port { .. } => Some(format!("[net] ports = [..., {port}]")),
+            Refusal::Address { addr, .. } => Some(format!(
+                "[net] allow_private = [..., \"{}\"] (only if that address is meant to be reached)",
+                net_addr(addr)
+            )),
+        }
+    }
+}
+
 impl NetPolicy {
     /// Whether the command may ask for `host` on `port`: mode, the name's
     /// form, `deny` then `allow`, then the port. Returns the host in its
