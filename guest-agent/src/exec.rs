@@ -101,6 +101,7 @@ pub(crate) fn start(
         false => None,
     };
     let Spawned {
+        program,
         shepherd,
         status,
         stdout,
@@ -145,6 +146,7 @@ pub(crate) fn start(
     let sup = Supervisor {
         id,
         argv0: String::from_utf8_lossy(req.argv[0].as_slice()).into_owned(),
+        program,
         cwd: String::from_utf8_lossy(req.cwd.as_slice()).into_owned(),
         uid: req.uid,
         out,
@@ -185,6 +187,53 @@ pub(crate) fn start(
     ))
 }
 
+impl Supervisor {
+    /// When the program is a script whose `#!` interpreter is not there
+    /// (true) or exists but could not be executed (false): the message.
+    /// The script is read without following a link or opening a FIFO.
+    fn interpreter_trouble(&self) -> Option<(String, bool)> {
+        use std::os::unix::ffi::OsStrExt;
+        let cwd = std::path::Path::new(&self.cwd);
+        let script = cwd.join(&self.program);
+        let fd = rustix::fs::openat2(
+            rustix::fs::CWD,
+            &script,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::NONBLOCK
+                | rustix::fs::OFlags::NOCTTY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+            rustix::fs::ResolveFlags::NO_MAGICLINKS,
+        )
+        .ok()?;
+        let mut f = File::from(fd);
+        if !f.metadata().ok()?.is_file() {
+            return None;
+        }
+        let mut head = Vec::with_capacity(hull_protocol::shebang::HEAD_BYTES);
+        (&mut f)
+            .take(hull_protocol::shebang::HEAD_BYTES as u64)
+            .read_to_end(&mut head)
+            .ok()?;
+        let interp = hull_protocol::shebang::interpreter(&head)?;
+        let interp = cwd.join(std::ffi::OsStr::from_bytes(interp));
+        let missing = std::fs::metadata(&interp).is_err();
+        let why = if missing {
+            "is not there"
+        } else {
+            "cannot be executed"
+        };
+        Some((
+            format!(
+                "its interpreter {} (the #! line of {}) {why} in the container",
+                interp.display(),
+                script.display()
+            ),
+            missing,
+        ))
+    }
+}
+
 /// Why the tree was ended by the agent.
 #[derive(Debug)]
 enum End {
@@ -197,6 +246,8 @@ enum End {
 struct Supervisor {
     id: u32,
     argv0: String,
+    /// argv[0] as resolved in PATH (relative to `cwd` when relative).
+    program: std::path::PathBuf,
     /// The working directory and user it was to start in and as (for errors).
     cwd: String,
     uid: Option<u32>,
@@ -442,12 +493,28 @@ impl Supervisor {
                 format!("{} failed: {err}", spawn::step_name(step))
             };
             // What a shell tells apart: not there (127), not executable (126).
-            let code = match (spawn::is_exec(step), errno) {
+            let mut code = match (spawn::is_exec(step), errno) {
                 (true, libc::ENOENT | libc::ENOTDIR) => ErrorCode::CommandNotFound,
                 (true, libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::EPERM) => {
                     ErrorCode::CommandNotExecutable
                 }
                 _ => ErrorCode::ExecFailed,
+            };
+            // execve's error is about the script when its interpreter is
+            // what is missing or refused: name the interpreter.
+            let what = match spawn::is_exec(step) && matches!(errno, libc::ENOENT | libc::EACCES) {
+                true => match self.interpreter_trouble() {
+                    Some((why, missing)) => {
+                        code = if missing {
+                            ErrorCode::CommandNotFound
+                        } else {
+                            ErrorCode::CommandNotExecutable
+                        };
+                        why
+                    }
+                    None => what,
+                },
+                false => what,
             };
             return Some(Message::error(
                 code,

@@ -114,6 +114,8 @@ pub enum SpawnError {
 /// The agent's ends of a started exec.
 #[derive(Debug)]
 pub struct Spawned {
+    /// The program execve was given (argv[0] resolved in PATH).
+    pub program: PathBuf,
     pub shepherd: i32,
     pub status: File,
     pub stdout: File,
@@ -123,6 +125,8 @@ pub struct Spawned {
 
 /// Everything the child side needs, allocated before `fork`.
 struct Prepared {
+    /// The program as resolved (for errors), and as execve gets it.
+    program: PathBuf,
     path: CString,
     argv: Vec<CString>,
     envp: Vec<CString>,
@@ -170,6 +174,7 @@ fn prepare(req: &Exec, ids: Option<(u32, u32)>) -> Result<Prepared, SpawnError> 
     let path = resolve(req.argv[0].as_slice(), &req.env)?;
     Ok(Prepared {
         path: cstring(path.as_os_str().as_bytes()),
+        program: path,
         argv: req.argv.iter().map(|a| cstring(a.as_slice())).collect(),
         envp: req
             .env
@@ -255,6 +260,7 @@ pub fn spawn(
     drop(shepherds);
     // The child ends (in_r, out_w, err_w, status_w) drop here, in the agent.
     Ok(Spawned {
+        program: prep.program,
         shepherd: pid,
         status: File::from(status_r),
         stdout: File::from(out_r),

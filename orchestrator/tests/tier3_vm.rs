@@ -765,6 +765,26 @@ fn batch_output_stays_out_of_the_project() {
     );
 }
 
+/// `hull image build` of a cached image builds nothing and says so, with
+/// when the image was built, instead of the old build's step times.
+#[test]
+fn a_cached_image_build_says_nothing_was_built() {
+    let w = world();
+    let out = w
+        .cmd(&["image", "build", "--no-snapshot"])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("is cached"), "{err}");
+    assert!(
+        err.contains("nothing built now: this image was built "),
+        "{err}"
+    );
+    // No step's time is printed as if it ran now.
+    assert!(!err.contains(" s  packages"), "{err}");
+}
+
 /// A new hull-agent build reuses the Debian image: the run makes the new
 /// agent's disk and snapshot beside the image (no image build, the cache
 /// holds the same images), the container's init is that agent, read-only,

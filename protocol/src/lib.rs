@@ -54,6 +54,7 @@ mod message;
 pub mod mountinfo;
 pub mod netmux;
 pub mod setup;
+pub mod shebang;
 mod version;
 
 pub use bytes::Bytes;

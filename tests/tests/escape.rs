@@ -1954,13 +1954,19 @@ fn a_missing_or_unrunnable_program_exits_127_or_126(t: &str) {
             .status
             .code()
     };
+    let interp = w.project.join("src/interp.sh");
+    std::fs::write(&interp, "#!/no/such/interp -x\necho ran\n").expect("write");
+    std::fs::set_permissions(&interp, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     assert_eq!(shell("no-such-command-hull"), Some(127), "control");
     assert_eq!(shell("./src/plain.sh"), Some(126), "control");
+    assert_eq!(shell("./src/interp.sh"), Some(127), "control");
     for (argv0, code, says) in [
         ("no-such-command-hull", 127, "command not found"),
         ("./src/none", 127, "no such file"),
         ("./src/plain.sh", 126, "cannot be executed"),
         ("./src", 126, "cannot be executed"),
+        // The interpreter is named, not the script "not found".
+        ("./src/interp.sh", 127, "its interpreter /no/such/interp"),
     ] {
         let o = run_at(&w, t, &w.project, &[argv0]);
         // Lower case: tier 3 adds the guest's own reason ("No such file").

@@ -35,9 +35,11 @@ pub fn run(a: BatchArgs, jobs_path: &Path, text: &str) -> anyhow::Result<i32> {
     let tiers: Vec<String> = tiers
         .iter()
         .map(|t| {
-            crate::tier::Tier::from_name(t)
+            crate::tier::Tier::from_arg(t)
                 .map(|t| t.name().to_string())
-                .with_context(|| format!("--tier {t}: no such tier (landlock, bwrap, vm, ...)"))
+                .with_context(|| {
+                    format!("--tier {t}: no such tier (auto, landlock, bwrap, vm, ...)")
+                })
         })
         .collect::<anyhow::Result<_>>()?;
     // A tier that cannot keep a job's writes apart refuses the batch

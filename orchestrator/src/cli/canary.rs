@@ -41,7 +41,7 @@ pub fn canary(a: CanaryArgs, quiet: bool) -> anyhow::Result<i32> {
     }
     let mut tiers = Vec::new();
     for t in &a.tiers {
-        let tier = Tier::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?;
+        let tier = Tier::from_arg(t).ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?;
         if tier == Tier::None {
             anyhow::bail!("tier none is every probe's control; it runs anyway");
         }

@@ -63,7 +63,7 @@ pub fn explain(a: ExplainArgs) -> anyhow::Result<i32> {
     // `registry:NAME`: what each resolves to here, as a run would see it.
     let registries = registry_lines(&mut pol);
     let tiers: Vec<Tier> = match &a.tier {
-        Some(t) => vec![Tier::from_name(t).ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?],
+        Some(t) => vec![Tier::from_arg(t).ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?],
         None => Tier::ALL.to_vec(),
     };
     let mut out = Vec::new();

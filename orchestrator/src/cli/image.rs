@@ -90,12 +90,29 @@ fn build_cmd(cache: &Cache, a: BuildArgs) -> anyhow::Result<i32> {
         recipe,
     };
     let mut progress = image::progress::BuildProgress::new("");
-    let mut on = |ev: build::BuildEvent| progress.on(ev);
+    let mut cached = false;
+    let mut on = |ev: build::BuildEvent| {
+        cached |= matches!(ev, build::BuildEvent::Cached { .. });
+        progress.on(ev)
+    };
     let result = build::build(cache, &opts, &mut on);
     drop(progress);
     let img = result?;
-    for s in &img.manifest.steps {
-        eprintln!("  {:>7.1} s  {}", s.seconds, s.name);
+    if cached {
+        // Nothing was built now: the steps' times are the old build's.
+        let ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .saturating_sub(img.manifest.created_unix);
+        eprintln!(
+            "  nothing built now: this image was built {} ago, in {:.0} s (--force builds it again)",
+            age(ago),
+            img.manifest.build_seconds
+        );
+    } else {
+        for s in &img.manifest.steps {
+            eprintln!("  {:>7.1} s  {}", s.seconds, s.name);
+        }
     }
     print_paths(&img);
     let guest = image::GuestImage::with_agent(&img.dir, &a.agent.path()?)?;
@@ -104,6 +121,16 @@ fn build_cmd(cache: &Cache, a: BuildArgs) -> anyhow::Result<i32> {
         snapshot_step(&guest)?;
     }
     Ok(0)
+}
+
+/// `3 min`, `5 h`, `2 days`: how long ago, roughly.
+fn age(secs: u64) -> String {
+    match secs {
+        0..=119 => format!("{secs} s"),
+        120..=7199 => format!("{} min", secs / 60),
+        7200..=172_799 => format!("{} h", secs / 3600),
+        _ => format!("{} days", secs / 86_400),
+    }
 }
 
 /// Prepares (or finds) the snapshot `hull run --tier3` restores.

@@ -16,7 +16,7 @@ pub struct ProbeArgs {
 pub fn probe(a: ProbeArgs) -> anyhow::Result<i32> {
     let probes = match &a.tier {
         Some(t) => {
-            let tier = crate::tier::Tier::from_name(t)
+            let tier = crate::tier::Tier::from_arg(t)
                 .ok_or_else(|| anyhow::anyhow!("unknown tier {t:?}"))?;
             vec![crate::tier::probe(tier)]
         }

@@ -15,7 +15,7 @@ use crate::batch::runner;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
-    #[error("hull compare: --tier {0}: no such tier (landlock, bwrap, vm, ...)")]
+    #[error("hull compare: --tier {0}: no such tier (auto, landlock, bwrap, vm, ...)")]
     UnknownTier(String),
     #[error("hull compare: no command to run (hull compare --tier T -- CMD)")]
     NoCommand,
@@ -75,7 +75,7 @@ pub fn compare(
     let mut names = vec![DIRECT.to_string()];
     for t in &opts.tiers {
         let tier =
-            crate::tier::Tier::from_name(t).ok_or_else(|| CompareError::UnknownTier(t.clone()))?;
+            crate::tier::Tier::from_arg(t).ok_or_else(|| CompareError::UnknownTier(t.clone()))?;
         let name = tier.name().to_string();
         if names.contains(&name) || rows.iter().any(|r| r.tier == name) {
             continue;
@@ -172,7 +172,7 @@ pub fn compare(
     // The rows in the order asked, the direct run first.
     let mut ordered = vec![measured.remove(0)];
     for t in &opts.tiers {
-        let name = crate::tier::Tier::from_name(t).map_or(t.as_str(), |t| t.name());
+        let name = crate::tier::Tier::from_arg(t).map_or(t.as_str(), |t| t.name());
         if ordered.iter().any(|r| r.tier == name) {
             continue;
         }

@@ -43,6 +43,17 @@ pub enum NotRunnable {
         at: PathBuf,
         why: &'static str,
     },
+    /// A script whose `#!` interpreter is not there (`missing`, 127, as
+    /// bash has it) or cannot be executed (126).
+    #[error("{program}: its interpreter {interpreter} (the #! line of {at}) {why} in the sandbox (tier {tier})")]
+    Interpreter {
+        program: String,
+        tier: &'static str,
+        at: PathBuf,
+        interpreter: String,
+        why: String,
+        missing: bool,
+    },
 }
 
 impl NotRunnable {
@@ -50,6 +61,8 @@ impl NotRunnable {
         match self {
             NotRunnable::NotFound { .. } | NotRunnable::NoSuchFile { .. } => EXIT_NOT_FOUND,
             NotRunnable::NotExecutable { .. } => EXIT_NOT_EXECUTABLE,
+            NotRunnable::Interpreter { missing: true, .. } => EXIT_NOT_FOUND,
+            NotRunnable::Interpreter { missing: false, .. } => EXIT_NOT_EXECUTABLE,
         }
     }
 }
@@ -87,10 +100,68 @@ enum Found {
     Missing,
     /// There, but not executable, and why.
     Refused(&'static str),
+    /// A script whose interpreter is missing or refused.
+    Interpreter {
+        path: PathBuf,
+        found: Box<Found>,
+    },
     Runnable,
 }
 
-fn probe(view: &dyn Fn(&Path) -> View, at: &Path) -> Found {
+/// [`probe_file`], then the interpreter of a script (one level: the
+/// kernel allows an interpreter that is a script itself, rarely used).
+fn probe(view: &dyn Fn(&Path) -> View, at: &Path, cwd: &Path) -> Found {
+    match probe_file(view, at) {
+        Found::Runnable => {}
+        other => return other,
+    }
+    let Some(interp) = script_interpreter(at) else {
+        return Found::Runnable;
+    };
+    let path = cwd.join(&interp);
+    match probe_file(view, &path) {
+        Found::Runnable => Found::Runnable,
+        found => Found::Interpreter {
+            path: interp,
+            found: Box::new(found),
+        },
+    }
+}
+
+/// The interpreter a regular file's `#!` line names. Read as a
+/// diagnosis, never through a link (the path was resolved; a link put
+/// there since is not followed), a FIFO or a device (not opened blocking,
+/// and only a regular file is read).
+fn script_interpreter(at: &Path) -> Option<PathBuf> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    let real = std::fs::canonicalize(at).ok()?;
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    #[cfg(target_os = "linux")]
+    let fd = rustix::fs::openat2(
+        rustix::fs::CWD,
+        &real,
+        flags,
+        Mode::empty(),
+        rustix::fs::ResolveFlags::NO_SYMLINKS,
+    )
+    .ok()?;
+    #[cfg(not(target_os = "linux"))]
+    let fd = rustix::fs::open(&real, flags | OFlags::NOFOLLOW, Mode::empty()).ok()?;
+    let mut f = std::fs::File::from(fd);
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut head = Vec::with_capacity(hull_protocol::shebang::HEAD_BYTES);
+    (&mut f)
+        .take(hull_protocol::shebang::HEAD_BYTES as u64)
+        .read_to_end(&mut head)
+        .ok()?;
+    let interp = hull_protocol::shebang::interpreter(&head)?;
+    Some(PathBuf::from(OsStr::from_bytes(interp)))
+}
+
+fn probe_file(view: &dyn Fn(&Path) -> View, at: &Path) -> Found {
     use std::os::unix::fs::PermissionsExt;
     let Ok(real) = std::fs::canonicalize(at) else {
         return Found::Missing;
@@ -133,7 +204,7 @@ pub fn check(
     if argv0.as_bytes().contains(&b'/') {
         // Without the `./` steps: the message names the file.
         let at: PathBuf = cwd.join(argv0).components().collect();
-        return match probe(view, &at) {
+        return match probe(view, &at, cwd) {
             Found::Runnable => Ok(()),
             Found::Missing => Err(NotRunnable::NoSuchFile { program, tier, at }),
             Found::Refused(why) => Err(NotRunnable::NotExecutable {
@@ -142,6 +213,9 @@ pub fn check(
                 at,
                 why,
             }),
+            Found::Interpreter { path, found } => {
+                Err(interpreter_error(program, tier, at, path, &found))
+            }
         };
     }
     let path = path_var.unwrap_or("/usr/local/bin:/usr/bin:/bin");
@@ -151,26 +225,56 @@ pub fn check(
         // An empty entry, and a relative one, are the working directory's
         // (execvp resolves them from there, not from where hull started).
         let at = cwd.join(dir).join(argv0);
-        match probe(view, &at) {
+        // execvp goes on after a candidate that fails (EACCES, and
+        // ENOENT for a missing interpreter): the first such is named.
+        match probe(view, &at, cwd) {
             Found::Runnable => return Ok(()),
-            Found::Refused(why) => {
-                refused.get_or_insert((at, why));
-            }
             Found::Missing => {}
+            found => {
+                refused.get_or_insert((at, found));
+            }
         }
     }
     match refused {
-        Some((at, why)) => Err(NotRunnable::NotExecutable {
+        Some((
+            at,
+            Found::Interpreter {
+                path: interp,
+                found,
+            },
+        )) => Err(interpreter_error(program, tier, at, interp, &found)),
+        Some((at, Found::Refused(why))) => Err(NotRunnable::NotExecutable {
             program,
             tier,
             at,
             why,
         }),
-        None => Err(NotRunnable::NotFound {
+        _ => Err(NotRunnable::NotFound {
             program,
             tier,
             path: path.to_string(),
         }),
+    }
+}
+
+fn interpreter_error(
+    program: String,
+    tier: &'static str,
+    at: PathBuf,
+    interp: PathBuf,
+    found: &Found,
+) -> NotRunnable {
+    let (why, missing) = match found {
+        Found::Refused(why) => (format!("cannot be executed ({why})"), false),
+        _ => ("is not there".to_string(), true),
+    };
+    NotRunnable::Interpreter {
+        program,
+        tier,
+        at,
+        interpreter: interp.display().to_string(),
+        why,
+        missing,
     }
 }
 
@@ -180,7 +284,8 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn file(p: &Path, mode: u32) {
-        std::fs::write(p, "#!/bin/sh\n").expect("write");
+        // A program, not a script: its interpreter is not in these views.
+        std::fs::write(p, "\x7fELF").expect("write");
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
     }
 
@@ -230,5 +335,41 @@ mod tests {
         assert_eq!(check(abs.to_str().expect("utf8")), Ok(()));
         assert_eq!(check("./bin").expect_err("a directory").exit_code(), 126);
         assert_eq!(check("./bin/none").expect_err("no file").exit_code(), 127);
+        // A script whose interpreter is missing (127) or not executable
+        // (126) names the interpreter; one whose interpreter runs runs.
+        for (name, head, code, says) in [
+            (
+                "gone",
+                "#!/no/such/interp -x\n",
+                Some(127),
+                "its interpreter /no/such/interp (the #! line of",
+            ),
+            (
+                "ro",
+                &format!("#!{}\n", ro.join("tool2").display()),
+                Some(126),
+                "read-only",
+            ),
+            (
+                "ok",
+                &format!("#! {} -e\n", bin.join("tool").display()),
+                None,
+                "",
+            ),
+        ] {
+            let p = bin.join(name);
+            std::fs::write(&p, head).expect("write");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            match code {
+                Some(code) => {
+                    let e = check(name).expect_err("bad interpreter");
+                    assert_eq!(e.exit_code(), code, "{e}");
+                    assert!(e.to_string().contains(says), "{e}");
+                    let abs = p.to_str().expect("utf8").to_string();
+                    assert_eq!(check(&abs).expect_err("bad interpreter").exit_code(), code);
+                }
+                None => assert_eq!(check(name), Ok(())),
+            }
+        }
     }
 }

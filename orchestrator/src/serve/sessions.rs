@@ -193,10 +193,13 @@ impl Sessions {
     /// Makes a session: checks the tier, policy and project; on tier 3
     /// starts its VM.
     pub async fn create(&self, caller: u32, req: CreateSession) -> Result<SessionInfo, Refusal> {
-        let tier = crate::tier::Tier::from_name(&req.tier).ok_or_else(|| {
+        let tier = crate::tier::Tier::from_arg(&req.tier).ok_or_else(|| {
             Refusal::new(
                 400,
-                format!("tier {:?}: no such tier (landlock, bwrap, vm)", req.tier),
+                format!(
+                    "tier {:?}: no such tier (auto, landlock, bwrap, vm)",
+                    req.tier
+                ),
             )
         })?;
         if !matches!(

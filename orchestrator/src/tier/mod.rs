@@ -140,6 +140,15 @@ impl Tier {
         }
     }
 
+    /// Parses a `--tier` argument: a tier's name, or `auto` for this
+    /// host's tier 2 ([`Tier::auto_for`]).
+    pub fn from_arg(s: &str) -> Option<Tier> {
+        match s {
+            "auto" => Os::current().map(Tier::auto_for),
+            _ => Tier::from_name(s),
+        }
+    }
+
     /// The host's tier 2, which `--tier auto` chooses.
     pub fn auto_for(os: Os) -> Tier {
         match os {
