@@ -40,6 +40,11 @@ pub struct Settings {
     pub vm_boot_timeout: Option<Duration>,
     /// `HULL_VM_SNAPSHOT=off|0|no`: boot every tier-3 run.
     pub vm_snapshot_off: bool,
+    /// `HULL_RUNS_MAX_AGE`: how long an idle run dir's spill and logs are
+    /// kept (`24h`, `30m`); `None` when unset or bad.
+    pub runs_max_age: Option<Duration>,
+    /// `HULL_RUNS_KEEP`: how many idle run dirs are kept at most.
+    pub runs_keep: Option<usize>,
 }
 
 impl Settings {
@@ -71,6 +76,9 @@ impl Settings {
                 text("HULL_VM_SNAPSHOT").as_deref(),
                 Some("off" | "0" | "no")
             ),
+            runs_max_age: text("HULL_RUNS_MAX_AGE")
+                .and_then(|s| crate::policy::resolve::parse_duration(&s).ok()),
+            runs_keep: text("HULL_RUNS_KEEP").and_then(|s| s.trim().parse().ok()),
         }
     }
 }

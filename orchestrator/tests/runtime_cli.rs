@@ -530,3 +530,79 @@ fn the_man_page_renders_and_has_a_page_per_subcommand() {
         assert!(dir.join(p).exists(), "{p}");
     }
 }
+
+/// `hull run` with nothing to keep leaves no instance directory; a run
+/// whose output spilled keeps its own; beyond `HULL_RUNS_KEEP` the oldest
+/// idle ones go at the next pass, spill and all.
+#[test]
+fn runs_with_nothing_to_keep_leave_nothing() {
+    let _serial = serial();
+    let d = tempfile::tempdir().unwrap();
+    let project = d.path().join("p");
+    std::fs::create_dir(&project).unwrap();
+    let runs = d.path().join("runs");
+    let p = project.to_str().unwrap();
+    let list = |envs: &[(&str, &str)]| -> Vec<serde_json::Value> {
+        let o = hull(&runs, &["runs", "list", "--json"], envs);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    for _ in 0..5 {
+        let o = hull(
+            &runs,
+            &[
+                "run",
+                "--tier",
+                "none",
+                "--project",
+                p,
+                "--",
+                "sh",
+                "-c",
+                "echo x > \"$TMPDIR/t\"",
+            ],
+            &[],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert_eq!(list(&[]), Vec::<serde_json::Value>::new());
+    let mut spilled = Vec::new();
+    for _ in 0..3 {
+        let o = hull(
+            &runs,
+            &[
+                "run",
+                "--tier",
+                "none",
+                "--project",
+                p,
+                "--spill=64",
+                "--",
+                "seq",
+                "1",
+                "1000",
+            ],
+            &[],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let now = list(&[]);
+        let new: Vec<String> = now
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_string())
+            .filter(|id| !spilled.contains(id))
+            .collect();
+        assert_eq!(new.len(), 1, "{now:?}");
+        spilled.extend(new);
+    }
+    let o = hull(&runs, &["runs", "gc"], &[("HULL_RUNS_KEEP", "1")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let left: Vec<String> = list(&[])
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(left, spilled[2..].to_vec(), "the newest is kept");
+}

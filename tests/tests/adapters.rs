@@ -70,7 +70,8 @@ fn nothing_left(w: &World) {
     let procs = hull_tests::pids_with(&w.root.path().to_string_lossy());
     assert!(procs.is_empty(), "processes left: {procs:?}");
     // Every instance of the runs is over, nothing in it but what an
-    // ended run keeps (its lock file, spill and logs).
+    // ended run keeps (its lock file, spill and logs); a run with nothing
+    // to keep left no instance at all.
     let o = w
         .hull()
         .args(["runs", "list", "--json"])
@@ -78,7 +79,6 @@ fn nothing_left(w: &World) {
         .output()
         .unwrap();
     let runs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert!(!runs.as_array().unwrap().is_empty(), "no run was made");
     for r in runs.as_array().unwrap() {
         assert_eq!(r["state"], "idle", "an instance is left: {r}");
         for e in std::fs::read_dir(r["dir"].as_str().unwrap()).unwrap() {

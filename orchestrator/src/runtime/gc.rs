@@ -5,8 +5,16 @@
 //! is touched, whatever its age):
 //! - `tmp/` is removed, with any other per-run scratch hull keeps in the run
 //!   dir (everything but `.active` and `spill/`, such as bwrap's mask files);
-//! - spill files older than [`SPILL_MAX_AGE`] (by modification time) are removed;
-//! - when the spill is then empty, the run dir itself is removed.
+//! - spill files and logs older than `HULL_RUNS_MAX_AGE` (default
+//!   [`SPILL_MAX_AGE`], by modification time) are removed;
+//! - when the spill is then empty, the run dir itself is removed;
+//! - beyond `HULL_RUNS_KEEP` (default [`RUNS_KEEP`]) idle run dirs, the
+//!   oldest go whole, spill and all.
+//!
+//! A run that made its instance removes its run dir itself when it ends
+//! with nothing to keep ([`finish_locked`]); [`gc_if_due`] runs a pass
+//! from `hull run` at most every [`GC_INTERVAL`]: no manual `hull runs gc`
+//! is needed.
 //!
 //! Staging dirs (`.new-<uuid>`, an instance being created) are left alone for
 //! [`STAGING_GRACE`], then treated the same way (a crashed creator). A run
@@ -21,8 +29,10 @@ use serde::Serialize;
 
 use super::{fsx, lock, InstanceId, LOCK_FILE, LOGS_DIR, SPILL_DIR, TMP_DIR};
 
-/// How long spill files are kept.
+/// How long spill files are kept, unless `HULL_RUNS_MAX_AGE` says.
 pub const SPILL_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// How many idle run dirs a pass keeps, unless `HULL_RUNS_KEEP` says.
+pub const RUNS_KEEP: usize = 200;
 /// How long a staging dir is left alone.
 pub const STAGING_GRACE: Duration = Duration::from_secs(3600);
 /// [`gc_if_due`] runs a pass at most this often.
@@ -158,19 +168,84 @@ fn read_root(root: &Path) -> Result<Vec<(String, PathBuf)>, GcError> {
 /// One cleanup pass over every run dir under `root` (see the module docs for
 /// the rules). A missing root is an empty pass.
 pub fn gc(root: &Path) -> Result<GcReport, GcError> {
+    let settings = crate::settings::get();
+    gc_with(
+        root,
+        settings.runs_max_age.unwrap_or(SPILL_MAX_AGE),
+        settings.runs_keep.unwrap_or(RUNS_KEEP),
+    )
+}
+
+/// [`gc`] with its bounds: spill and logs older than `max_age` go, and
+/// idle run dirs beyond `keep` go whole, oldest first.
+pub(crate) fn gc_with(root: &Path, max_age: Duration, keep: usize) -> Result<GcReport, GcError> {
     let now = SystemTime::now();
     let mut entries = Vec::new();
+    // Idle run dirs a pass kept, with when each was made.
+    let mut kept: Vec<(Option<SystemTime>, usize, PathBuf)> = Vec::new();
     for (name, path) in read_root(root)? {
         let Some(kind) = classify(&name) else {
             continue;
         };
-        let outcome = match clean_one(&path, kind, now) {
+        let is_run = matches!(kind, Kind::Run);
+        let outcome = match clean_one(&path, kind, now, Some(max_age)) {
             Ok(o) => o,
             Err(e) => GcOutcome::Failed {
                 error: format!("{}: {e}", path.display()),
             },
         };
+        if is_run
+            && matches!(
+                outcome,
+                GcOutcome::Cleaned {
+                    dir_removed: false,
+                    ..
+                }
+            )
+        {
+            let made = std::fs::symlink_metadata(path.join(LOCK_FILE))
+                .and_then(|m| m.modified())
+                .ok();
+            kept.push((made, entries.len(), path));
+        }
         entries.push(GcEntry { name, outcome });
+    }
+    // Over the bound: the oldest go, whatever their spill holds (each
+    // only while idle: its lock taken again).
+    kept.sort();
+    let over = kept.len().saturating_sub(keep);
+    for (_, i, path) in kept.into_iter().take(over) {
+        let outcome = match clean_one(&path, Kind::Run, now, None) {
+            Ok(GcOutcome::Cleaned {
+                tmp_removed,
+                spill_removed,
+                bytes_freed,
+                dir_removed,
+                ..
+            }) => {
+                let GcOutcome::Cleaned {
+                    tmp_removed: t,
+                    spill_removed: s,
+                    bytes_freed: b,
+                    ..
+                } = entries[i].outcome
+                else {
+                    continue;
+                };
+                GcOutcome::Cleaned {
+                    tmp_removed: tmp_removed || t,
+                    spill_removed: spill_removed + s,
+                    spill_kept: 0,
+                    bytes_freed: bytes_freed + b,
+                    dir_removed,
+                }
+            }
+            Ok(other) => other,
+            Err(e) => GcOutcome::Failed {
+                error: format!("{}: {e}", path.display()),
+            },
+        };
+        entries[i].outcome = outcome;
     }
     Ok(GcReport {
         root: root.to_path_buf(),
@@ -213,7 +288,13 @@ fn older_than(md: &std::fs::Metadata, now: SystemTime, age: Duration) -> bool {
         .is_some_and(|a| a > age)
 }
 
-fn clean_one(dir: &Path, kind: Kind, now: SystemTime) -> io::Result<GcOutcome> {
+/// `max_age`: spill files and logs older go; `None`: all go.
+fn clean_one(
+    dir: &Path,
+    kind: Kind,
+    now: SystemTime,
+    max_age: Option<Duration>,
+) -> io::Result<GcOutcome> {
     let md = std::fs::symlink_metadata(dir)?;
     if !md.is_dir() {
         return Ok(GcOutcome::Skipped {
@@ -248,7 +329,14 @@ fn clean_one(dir: &Path, kind: Kind, now: SystemTime) -> io::Result<GcOutcome> {
     // Holding the exclusive lock: no process uses this dir, and none can
     // join it until we release.
     match kind {
-        Kind::Run => clean_locked(dir, &lock_path, excl, now),
+        Kind::Run => {
+            // A crashed tier-3 run's QEMU and virtiofsd (and the
+            // placeholders they keep in shared dirs) go before the scratch
+            // that names them.
+            #[cfg(target_os = "linux")]
+            let _ = crate::vm::assemble::cleanup_stale_instance(dir);
+            clean_locked(dir, &lock_path, excl, now, max_age)
+        }
         Kind::Staging => {
             let (bytes, _) = fsx::tree_usage(dir)?;
             std::fs::remove_file(&lock_path)?;
@@ -304,23 +392,36 @@ pub(crate) fn remove_scratch(dir: &Path) -> io::Result<(bool, u64)> {
     Ok((tmp_removed, bytes))
 }
 
-/// Cleans a run dir while `excl` holds its lock exclusively.
+/// At the end of a run that made its instance, while `excl` holds its
+/// lock exclusively: removes the scratch, and the run dir too when its
+/// spill and logs are empty (nothing to keep). Returns whether the dir
+/// went.
+pub(crate) fn finish_locked(dir: &Path, lock_path: &Path, excl: std::fs::File) -> io::Result<bool> {
+    let outcome = clean_locked(dir, lock_path, excl, SystemTime::now(), Some(Duration::MAX))?;
+    Ok(matches!(
+        outcome,
+        GcOutcome::Cleaned {
+            dir_removed: true,
+            ..
+        }
+    ))
+}
+
+/// Cleans a run dir while `excl` holds its lock exclusively: spill files
+/// and logs older than `max_age` go (`None`: all of them).
 fn clean_locked(
     dir: &Path,
     lock_path: &Path,
     excl: std::fs::File,
     now: SystemTime,
+    max_age: Option<Duration>,
 ) -> io::Result<GcOutcome> {
-    // A crashed tier-3 run's QEMU and virtiofsd (and the placeholders they
-    // keep in shared dirs) go before the scratch that names them.
-    #[cfg(target_os = "linux")]
-    let _ = crate::vm::assemble::cleanup_stale_instance(dir);
     let (tmp_removed, mut bytes_freed) = remove_scratch(dir)?;
     let spill = dir.join(SPILL_DIR);
-    let (spill_removed, spill_kept, b) = remove_aged(&spill, now)?;
+    let (spill_removed, spill_kept, b) = remove_aged(&spill, now, max_age)?;
     bytes_freed += b;
     let logs = dir.join(LOGS_DIR);
-    let (_, logs_kept, b) = remove_aged(&logs, now)?;
+    let (_, logs_kept, b) = remove_aged(&logs, now, max_age)?;
     bytes_freed += b;
     if logs_kept == 0 {
         match std::fs::remove_dir(&logs) {
@@ -355,9 +456,14 @@ fn clean_locked(
     })
 }
 
-/// Removes the entries of `dir` older than [`SPILL_MAX_AGE`]; returns how
-/// many were removed and kept, and the bytes freed. A missing dir is empty.
-fn remove_aged(dir: &Path, now: SystemTime) -> io::Result<(u64, u64, u64)> {
+/// Removes the entries of `dir` older than `max_age` (`None`: all);
+/// returns how many were removed and kept, and the bytes freed. A missing
+/// dir is empty.
+fn remove_aged(
+    dir: &Path,
+    now: SystemTime,
+    max_age: Option<Duration>,
+) -> io::Result<(u64, u64, u64)> {
     let (mut removed, mut kept, mut bytes) = (0u64, 0u64, 0u64);
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
@@ -367,7 +473,7 @@ fn remove_aged(dir: &Path, now: SystemTime) -> io::Result<(u64, u64, u64)> {
     for e in rd {
         let p = e?.path();
         let md = std::fs::symlink_metadata(&p)?;
-        if older_than(&md, now, SPILL_MAX_AGE) {
+        if max_age.is_none_or(|age| older_than(&md, now, age)) {
             bytes += fsx::tree_usage(&p)?.0;
             if md.is_dir() {
                 fsx::remove_tree(&p)?;

@@ -65,6 +65,9 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Instance
 pub struct FinishOutcome {
     /// `tmp/` and the other scratch were removed (nobody else held the instance).
     pub tmp_removed: bool,
+    /// The run dir itself was removed: this process made it, and it held
+    /// nothing to keep.
+    pub dir_removed: bool,
 }
 
 /// A run dir in use by this process. Dropping it releases this process's
@@ -80,6 +83,9 @@ pub struct Instance {
     own: File,
     /// The hold passed to children.
     inherited: File,
+    /// This process made the instance (not `--instance ID`): when nothing
+    /// is left to keep, [`Instance::finish`] removes its run dir.
+    created: bool,
 }
 
 impl Instance {
@@ -135,6 +141,7 @@ impl Instance {
             own,
             inherited,
             dir,
+            created,
             ..
         } = self;
         drop(inherited);
@@ -142,11 +149,27 @@ impl Instance {
         let lock_path = dir.join(LOCK_FILE);
         let Some(excl) = lock::try_exclusive(&lock_path).map_err(io_err("locking", &lock_path))?
         else {
-            return Ok(FinishOutcome { tmp_removed: false });
+            return Ok(FinishOutcome {
+                tmp_removed: false,
+                dir_removed: false,
+            });
         };
-        super::gc::remove_scratch(&dir).map_err(io_err("removing scratch in", &dir))?;
-        drop(excl);
-        Ok(FinishOutcome { tmp_removed: true })
+        if !created {
+            super::gc::remove_scratch(&dir).map_err(io_err("removing scratch in", &dir))?;
+            drop(excl);
+            return Ok(FinishOutcome {
+                tmp_removed: true,
+                dir_removed: false,
+            });
+        }
+        // A run that leaves nothing to keep (no spill, no logs) leaves no
+        // run dir either.
+        let dir_removed = super::gc::finish_locked(&dir, &lock_path, excl)
+            .map_err(io_err("removing scratch in", &dir))?;
+        Ok(FinishOutcome {
+            tmp_removed: true,
+            dir_removed,
+        })
     }
 
     /// The instance id (`HULL_INSTANCE`).
@@ -357,6 +380,7 @@ fn create_with_id(root: &Path, id: InstanceId) -> Result<Option<Instance>, Insta
             dir,
             own,
             inherited,
+            created: true,
         }))
     }
     #[cfg(windows)]
@@ -365,7 +389,7 @@ fn create_with_id(root: &Path, id: InstanceId) -> Result<Option<Instance>, Insta
         // holds are taken after the rename; a cleanup in between can only
         // remove the new dir, and then the caller tries again.
         match join_at(root, id) {
-            Ok(i) => Ok(Some(i)),
+            Ok(i) => Ok(Some(Instance { created: true, ..i })),
             Err(InstanceError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
@@ -441,6 +465,7 @@ fn join_at(root: &Path, id: InstanceId) -> Result<Instance, InstanceError> {
         spill,
         own,
         inherited,
+        created: false,
     })
 }
 
@@ -499,10 +524,22 @@ pub(crate) mod tests {
         std::fs::write(a.dir().join("mask/file"), b"").unwrap();
         let b = Instance::join(&root, a.id()).unwrap();
         let tmp = a.tmp().to_path_buf();
-        assert_eq!(a.finish().unwrap(), FinishOutcome { tmp_removed: false });
+        assert_eq!(
+            a.finish().unwrap(),
+            FinishOutcome {
+                tmp_removed: false,
+                dir_removed: false
+            }
+        );
         assert!(tmp.join("scratch").is_file(), "b still uses tmp");
         let spill = b.spill().to_path_buf();
-        assert_eq!(b.finish().unwrap(), FinishOutcome { tmp_removed: true });
+        assert_eq!(
+            b.finish().unwrap(),
+            FinishOutcome {
+                tmp_removed: true,
+                dir_removed: false
+            }
+        );
         assert!(!tmp.exists());
         assert!(!spill.with_file_name("mask").exists());
         assert!(spill.join("out.txt").is_file(), "spill is kept");
@@ -516,6 +553,8 @@ pub(crate) mod tests {
         let a = Instance::create(&root).unwrap();
         let id = a.id();
         let tmp = a.tmp().to_path_buf();
+        // Something to keep, so the run dir stays for a later join.
+        std::fs::write(a.spill().join("out.txt"), b"y").unwrap();
         assert!(a.finish().unwrap().tmp_removed);
         assert!(!tmp.exists());
         let b = Instance::join(&root, id).unwrap();

@@ -362,3 +362,77 @@ fn helper_process() {
         m => panic!("unknown helper mode {m}"),
     }
 }
+
+/// A run that made its instance and ends with nothing to keep (no spill,
+/// no logs) leaves no run dir; one with a spill file keeps it (without its
+/// tmp); one that joined an instance (`--instance`) leaves it in place.
+#[test]
+fn a_run_with_nothing_to_keep_leaves_no_run_dir() {
+    let _serial = super::serial();
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("runs");
+    let i = Instance::create(&root).unwrap();
+    let dir = i.dir().to_path_buf();
+    std::fs::write(dir.join("tmp/work.o"), b"x").unwrap();
+    let out = i.finish().unwrap();
+    assert!(out.tmp_removed && out.dir_removed, "{out:?}");
+    assert!(!dir.exists());
+
+    let i = Instance::create(&root).unwrap();
+    let (id, dir) = (i.id(), i.dir().to_path_buf());
+    std::fs::write(dir.join("spill/out.txt"), b"x").unwrap();
+    let out = i.finish().unwrap();
+    assert!(out.tmp_removed && !out.dir_removed, "{out:?}");
+    assert!(dir.join("spill/out.txt").is_file());
+    assert!(!dir.join("tmp").exists());
+
+    std::fs::remove_file(dir.join("spill/out.txt")).unwrap();
+    let joined = Instance::join(&root, id).unwrap();
+    assert!(!joined.finish().unwrap().dir_removed);
+    assert!(dir.is_dir());
+}
+
+/// Beyond the bound, the oldest idle run dirs go whole, spill and all; one
+/// in use is neither touched nor counted.
+#[test]
+fn idle_run_dirs_beyond_the_bound_go_oldest_first() {
+    let _serial = super::serial();
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("runs");
+    let mut made = Vec::new();
+    for n in 0..5u64 {
+        let i = Instance::create(&root).unwrap();
+        let (id, dir) = (i.id(), i.dir().to_path_buf());
+        std::fs::write(dir.join("spill/out.txt"), b"kept").unwrap();
+        assert!(!i.finish().unwrap().dir_removed);
+        // The first made is the oldest.
+        age(&dir.join(LOCK_FILE), Duration::from_secs(3600 * (10 - n)));
+        made.push((id, dir));
+    }
+    let held = Instance::join(&root, made[0].0).unwrap();
+    let report = super::gc::gc_with(&root, SPILL_MAX_AGE, 2).unwrap();
+    let removed: Vec<bool> = made.iter().map(|(_, dir)| !dir.exists()).collect();
+    assert_eq!(removed, [false, true, true, false, false], "{report:?}");
+    assert!(made[0].1.join("spill/out.txt").is_file());
+    for (id, dir) in &made[3..] {
+        assert!(dir.join("spill/out.txt").is_file(), "{id}");
+    }
+    let outcome = |id: InstanceId| {
+        report
+            .entries
+            .iter()
+            .find(|e| e.name == id.to_string())
+            .map(|e| e.outcome.clone())
+            .unwrap()
+    };
+    assert_eq!(outcome(made[0].0), GcOutcome::InUse);
+    assert!(matches!(
+        outcome(made[1].0),
+        GcOutcome::Cleaned {
+            dir_removed: true,
+            spill_kept: 0,
+            ..
+        }
+    ));
+    drop(held);
+}

@@ -268,8 +268,19 @@ impl MountPlan {
                     let f = match &empty_file {
                         Some(f) => f.clone(),
                         None => {
+                            // Mode 0: a hidden file fails as denied in the
+                            // guest, as on the other tiers, never reads
+                            // as empty.
                             let f = dir.join("vfs-empty");
+                            match fs::remove_file(&f) {
+                                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                                _ => {}
+                            }
                             fs::write(&f, b"")?;
+                            fs::set_permissions(
+                                &f,
+                                std::os::unix::fs::PermissionsExt::from_mode(0o000),
+                            )?;
                             empty_file = Some(f.clone());
                             f
                         }
@@ -366,7 +377,7 @@ impl MountPlan {
                             dst.as_ptr(),
                             c"tmpfs".as_ptr(),
                             libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                            c"size=4k,mode=0555".as_ptr().cast(),
+                            c"size=4k,mode=0000".as_ptr().cast(),
                         ) != 0
                         {
                             return Err(io::Error::last_os_error());
