@@ -123,12 +123,8 @@ fi
 # ~/.cache/hull/images by the recipe's hash: rebuilt only when it changed; the
 # only network use is the Debian mirror during the build). This hull-agent
 # gets its own disk and snapshot beside it (a boot, not a rebuild).
-step "tier-3 guest image" timeout 1800 target/debug/hull image build
 # The container userland the registry cases run on tier 3 (pip, npm, curl
-# in the container): an image of its own, cached by its package list.
-step "tier-3 userland image" timeout 1800 target/debug/hull image build \
-  --policy tests/fixtures/vm-userland.toml
-
+# in the container) is an image of its own, cached by its package list.
 # A whole container userland from a tarball (`[vm] rootfs`): a Debian minbase
 # with `hello`, made once from the host's own mirror and cached (so its image,
 # cached by the tarball's digest, is built once too), then its image.
@@ -147,9 +143,31 @@ make_rootfs_tar() {
     --include=hello bookworm "$rootfs_tar.partial" "deb $mirror bookworm main" >&2 &&
     mv "$rootfs_tar.partial" "$rootfs_tar"
 }
-step "tier-3 rootfs tarball" make_rootfs_tar
 printf 'version = 1\n[vm]\nrootfs = "%s"\n' "$rootfs_tar" >target/vm-rootfs.toml
-step "tier-3 rootfs image" timeout 1800 target/debug/hull image build --policy target/vm-rootfs.toml
+# The images depend on nothing the native tests do, and the native tests
+# use no image: the images are built (or found cached) in the background
+# while the native tests run, from a copy of this build's hull (the native
+# tests rebuild nothing, but a copy cannot change under the builds). Their
+# output is shown after the native tests, their steps are in the summary.
+build_images() {
+  local hull=target/images-hull
+  cp target/debug/hull "$hull" || return 1
+  step "tier-3 guest image" timeout 1800 "$hull" image build
+  step "tier-3 userland image" timeout 1800 "$hull" image build \
+    --policy tests/fixtures/vm-userland.toml
+  step "tier-3 rootfs tarball" make_rootfs_tar
+  step "tier-3 rootfs image" timeout 1800 "$hull" image build --policy target/vm-rootfs.toml
+  # The steps' records for the summary, read back by the main shell.
+  local i
+  for i in "${!names[@]}"; do
+    printf '%s\t%s\t%s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
+  done >target/images-steps.tsv
+}
+images_log=target/images.log
+rm -f target/images-steps.tsv
+printf '\n==> tier-3 images (in the background beside the native tests: %s)\n' "$images_log" >&2
+(names=() secs=() results=() failed=0 && HULL_AGENT="$PWD/target/debug/hull-agent" build_images) >"$images_log" 2>&1 &
+images_pid=$!
 
 # The VM tests are the `vm` test group of .config/nextest.toml.
 # Root runs the tests ignored for needing root too; `helper_process` is not
@@ -160,6 +178,25 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 step "native tests" nextest_run junit-native.xml "${root_args[@]}" \
   -E 'not group(vm) & not test(=runtime::tests::helper_process)'
+
+# The images the tier-3 tests need: wait for the background builds.
+t0=$(date +%s)
+wait "$images_pid"
+printf '\n==> tier-3 images (waited %ss after the native tests)\n' $(($(date +%s) - t0)) >&2
+cat "$images_log" >&2
+if [ -f target/images-steps.tsv ]; then
+  while IFS=$'\t' read -r n s r; do
+    names+=("$n")
+    secs+=("$s")
+    results+=("$r")
+    [ "$r" = ok ] || failed=1
+  done <target/images-steps.tsv
+else
+  names+=("tier-3 images")
+  secs+=(0)
+  results+=("FAILED (no record: see $images_log)")
+  failed=1
+fi
 
 export HULL_AGENT="$PWD/target/debug/hull-agent"
 step "tier-3 tests" nextest_run junit-tier3.xml -E 'group(vm)'
