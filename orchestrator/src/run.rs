@@ -1137,7 +1137,7 @@ struct CowRun {
 /// runs the command in the guest's own filesystem: its agent answers there.
 #[cfg(unix)]
 fn check_runnable(tier: Tier, pol: &Policy, spec: &CommandSpec) -> Result<(), RunError> {
-    use crate::exec::resolve::{check, view_of, View};
+    use crate::exec::resolve::{check, on_host, view_of, why_hidden, NotRunnable, View};
     use crate::policy::Access;
     let Some(argv0) = spec.argv.first() else {
         return Ok(());
@@ -1157,8 +1157,75 @@ fn check_runnable(tier: Tier, pol: &Policy, spec: &CommandSpec) -> Result<(), Ru
         View::Visible(Access::Read) if read_runs => View::Visible(Access::ReadExec),
         v => v,
     };
-    check(tier.name(), argv0, path, &spec.cwd, &view)?;
-    Ok(())
+    let granted = |p: &Path| pol.is_none_or(|pol| pol.grants.iter().any(|g| g.path == p));
+    let sb = crate::exec::resolve::Sandbox {
+        view: &view,
+        granted: &granted,
+    };
+    let host = || on_host(argv0, path, &spec.cwd);
+    match (check(tier.name(), argv0, path, &spec.cwd, &sb), pol) {
+        (Ok(found), Some(pol)) => {
+            // The sandbox runs another program than the host would.
+            if let Some(h) = host().filter(|h| *h != found) {
+                eprintln!(
+                    "hull: tier {tier}: {} runs {} in the sandbox; on the host PATH finds {} first, hidden here: {}",
+                    argv0.to_string_lossy(),
+                    found.display(),
+                    h.display(),
+                    why_hidden(pol, &h)
+                );
+            }
+            Ok(())
+        }
+        (Ok(_), None) => Ok(()),
+        (
+            Err(NotRunnable::NotFound {
+                program,
+                tier: t,
+                path: searched,
+                ..
+            }),
+            Some(pol),
+        ) => {
+            let hint = host()
+                .map(|h| {
+                    format!(
+                        "; on the host it is {}, and {}",
+                        h.display(),
+                        why_hidden(pol, &h)
+                    )
+                })
+                .unwrap_or_default();
+            Err(NotRunnable::NotFound {
+                program,
+                tier: t,
+                path: searched,
+                hint,
+            }
+            .into())
+        }
+        (
+            Err(NotRunnable::LinkOut {
+                program,
+                tier: t,
+                link,
+                target,
+                ..
+            }),
+            Some(pol),
+        ) => {
+            let hint = format!("; {}", why_hidden(pol, &target));
+            Err(NotRunnable::LinkOut {
+                program,
+                tier: t,
+                link,
+                target,
+                hint,
+            }
+            .into())
+        }
+        (Err(e), _) => Err(e.into()),
+    }
 }
 
 #[cfg(not(unix))]

@@ -1987,6 +1987,80 @@ fn a_missing_or_unrunnable_program_exits_127_or_126(t: &str) {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n");
 }
 
+/// A program the host has but the policy hides is named with where the
+/// host has it, why the sandbox does not show it, and what would grant
+/// it: on PATH (127), through a link in the project (a venv's `python`
+/// into a toolchain dir; 127, not the tier's own failure), and shadowed by
+/// another of the same name that the sandbox runs instead (said once).
+/// Each first shown running the host's program under `none`.
+fn a_program_the_policy_hides_is_named_with_what_grants_it(t: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    require_tier(t);
+    let w = World::new();
+    let tools = w.outside.join("toolchain/bin");
+    std::fs::create_dir_all(&tools).expect("mkdir");
+    for name in ["hulltool", "true"] {
+        let p = tools.join(name);
+        std::fs::write(&p, "#!/bin/sh\necho from-the-toolchain\n").expect("write");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    std::fs::create_dir_all(w.project.join("venv/bin")).expect("mkdir");
+    std::os::unix::fs::symlink(tools.join("hulltool"), w.project.join("venv/bin/tool"))
+        .expect("symlink");
+    let path = format!("{}:/usr/bin:/bin", tools.display());
+    let run = |tier: &str, argv: &str| {
+        let mut c = w.hull();
+        c.args(["run", "--tier", tier, "--project"])
+            .arg(&w.project)
+            .args(["--timeout", hull_tests::RUN_TIMEOUT, "--", argv])
+            .current_dir(&w.project)
+            .env("PATH", &path)
+            .stdin(Stdio::null());
+        c.output().expect("spawn hull")
+    };
+    let dir = format!("add \"{}\" to", tools.display());
+    for (argv, code, says) in [
+        (
+            "hulltool",
+            127,
+            format!("on the host it is {}", tools.join("hulltool").display()),
+        ),
+        (
+            "./venv/bin/tool",
+            127,
+            format!("leads to {}", tools.join("hulltool").display()),
+        ),
+        (
+            "true",
+            0,
+            format!(
+                "on the host PATH finds {} first",
+                tools.join("true").display()
+            ),
+        ),
+    ] {
+        let control = run("none", argv);
+        assert_eq!(
+            String::from_utf8_lossy(&control.stdout),
+            "from-the-toolchain\n",
+            "control: {}",
+            show(&control)
+        );
+        let o = run(t, argv);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{argv}: {}", show(&o));
+        assert!(o.stdout.is_empty(), "{argv}: {}", show(&o));
+        assert_eq!(
+            err.matches(&says).count(),
+            1,
+            "{argv}: {says}: {}",
+            show(&o)
+        );
+        assert!(err.contains(&dir), "{argv}: {dir}: {}", show(&o));
+        assert!(err.contains(&format!("tier {t}")), "{argv}: {}", show(&o));
+    }
+}
+
 /// `--json-result FILE`: the run's outcome, exit code, tier and instance,
 /// as one document, written also when the command fails and when hull
 /// does; a FILE inside the project (which the command could forge or plant
@@ -2984,6 +3058,7 @@ matrix!(
         a_process_with_an_exited_main_thread_dies_with_the_run,
     ],
     landlock: [
+        a_program_the_policy_hides_is_named_with_what_grants_it,
         the_canary_reports_no_leak,
         the_canary_page_renders_in_chromium,
         the_canary_removes_its_decoy_when_interrupted,
@@ -3003,6 +3078,7 @@ matrix!(
         registries_the_host_uses_serve_real_installs,
     ],
     bwrap: [
+        a_program_the_policy_hides_is_named_with_what_grants_it,
         only_allowed_names_are_reached_through_the_proxy,
         git_and_curl_fetch_through_the_proxy,
         pip_and_npm_fetch_through_the_proxy,

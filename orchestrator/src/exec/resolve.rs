@@ -24,11 +24,28 @@ pub const EXIT_NOT_EXECUTABLE: i32 = 126;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NotRunnable {
-    #[error("{program}: command not found in the sandbox (tier {tier}; searched PATH={path})")]
+    #[error(
+        "{program}: command not found in the sandbox (tier {tier}; searched PATH={path}){hint}"
+    )]
     NotFound {
         program: String,
         tier: &'static str,
         path: String,
+        /// What the host has under that name and why the sandbox does
+        /// not (`; on the host it is ...`), or empty.
+        hint: String,
+    },
+    /// A link the sandbox shows that leads where the policy does not
+    /// grant (a venv's `python` into `~/.pyenv`).
+    #[error(
+        "{program}: {link} leads to {target}, which is not in the sandbox (tier {tier}){hint}"
+    )]
+    LinkOut {
+        program: String,
+        tier: &'static str,
+        link: PathBuf,
+        target: PathBuf,
+        hint: String,
     },
     #[error("{program}: no such file in the sandbox (tier {tier}: {at})")]
     NoSuchFile {
@@ -59,7 +76,9 @@ pub enum NotRunnable {
 impl NotRunnable {
     pub fn exit_code(&self) -> i32 {
         match self {
-            NotRunnable::NotFound { .. } | NotRunnable::NoSuchFile { .. } => EXIT_NOT_FOUND,
+            NotRunnable::NotFound { .. }
+            | NotRunnable::NoSuchFile { .. }
+            | NotRunnable::LinkOut { .. } => EXIT_NOT_FOUND,
             NotRunnable::NotExecutable { .. } => EXIT_NOT_EXECUTABLE,
             NotRunnable::Interpreter { missing: true, .. } => EXIT_NOT_FOUND,
             NotRunnable::Interpreter { missing: false, .. } => EXIT_NOT_EXECUTABLE,
@@ -105,13 +124,35 @@ enum Found {
         path: PathBuf,
         found: Box<Found>,
     },
+    /// A link the sandbox shows, leading where it shows nothing.
+    LinkOut {
+        link: PathBuf,
+        target: PathBuf,
+    },
     Runnable,
 }
 
+/// The sandbox as [`check`] sees it: what each host path shows, and
+/// whether a path is exactly a grant's (a link there shows its target:
+/// bwrap binds the target there, Landlock's rule is on its inode).
+pub struct Sandbox<'a> {
+    pub view: &'a dyn Fn(&Path) -> View,
+    pub granted: &'a dyn Fn(&Path) -> bool,
+}
+
+impl std::fmt::Debug for Sandbox<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox").finish_non_exhaustive()
+    }
+}
+
+/// How many links one lookup follows (the kernel's limit).
+const MAX_LINKS: u32 = 40;
+
 /// [`probe_file`], then the interpreter of a script (one level: the
 /// kernel allows an interpreter that is a script itself, rarely used).
-fn probe(view: &dyn Fn(&Path) -> View, at: &Path, cwd: &Path) -> Found {
-    match probe_file(view, at) {
+fn probe(sb: &Sandbox<'_>, at: &Path, cwd: &Path) -> Found {
+    match probe_file(sb, at, 0) {
         Found::Runnable => {}
         other => return other,
     }
@@ -119,7 +160,7 @@ fn probe(view: &dyn Fn(&Path) -> View, at: &Path, cwd: &Path) -> Found {
         return Found::Runnable;
     };
     let path = cwd.join(&interp);
-    match probe_file(view, &path) {
+    match probe_file(sb, &path, 0) {
         Found::Runnable => Found::Runnable,
         found => Found::Interpreter {
             path: interp,
@@ -161,19 +202,39 @@ fn script_interpreter(at: &Path) -> Option<PathBuf> {
     Some(PathBuf::from(OsStr::from_bytes(interp)))
 }
 
-fn probe_file(view: &dyn Fn(&Path) -> View, at: &Path) -> Found {
+fn probe_file(sb: &Sandbox<'_>, at: &Path, links: u32) -> Found {
     use std::os::unix::fs::PermissionsExt;
+    let view = sb.view;
     let Ok(real) = std::fs::canonicalize(at) else {
         return Found::Missing;
     };
     // A grant of a link shows what it leads to (bwrap binds the target
     // there, Landlock's rule is on the target's inode), and a grant of the
     // target shows it through any visible link: hidden only when neither
-    // path is visible. Never stricter than the tier, so a command the tier
-    // would start is never refused here.
+    // path is visible. A link inside a grant that is not one itself
+    // resolves in the sandbox: one level at a time, from where it is.
+    // Never stricter than the tier, so a command the tier would start is
+    // never refused here.
     let access = match (view(at), view(&real)) {
         (View::Hidden, View::Hidden) => return Found::Missing,
-        (View::Visible(a), View::Hidden) | (View::Hidden, View::Visible(a)) => a,
+        (View::Visible(a), View::Hidden) => {
+            let is_link = std::fs::symlink_metadata(at).is_ok_and(|m| m.file_type().is_symlink());
+            if is_link && !(sb.granted)(at) && links < MAX_LINKS {
+                let Ok(target) = std::fs::read_link(at) else {
+                    return Found::Missing;
+                };
+                let next = at.parent().unwrap_or(Path::new("/")).join(&target);
+                return match probe_file(sb, &next, links + 1) {
+                    Found::Missing => Found::LinkOut {
+                        link: at.to_path_buf(),
+                        target: next,
+                    },
+                    other => other,
+                };
+            }
+            a
+        }
+        (View::Hidden, View::Visible(a)) => a,
         (View::Visible(a), View::Visible(b)) => a.max(b),
     };
     let Ok(meta) = std::fs::metadata(&real) else {
@@ -192,21 +253,28 @@ fn probe_file(view: &dyn Fn(&Path) -> View, at: &Path) -> Found {
 }
 
 /// Checks that `argv0` can be started with `path_var` (the command's
-/// PATH) from `cwd`, in the view `view` gives.
+/// PATH) from `cwd`, in the sandbox `sb`; returns where it is found.
 pub fn check(
     tier: &'static str,
     argv0: &OsStr,
     path_var: Option<&str>,
     cwd: &Path,
-    view: &dyn Fn(&Path) -> View,
-) -> Result<(), NotRunnable> {
+    sb: &Sandbox<'_>,
+) -> Result<PathBuf, NotRunnable> {
     let program = argv0.to_string_lossy().into_owned();
     if argv0.as_bytes().contains(&b'/') {
         // Without the `./` steps: the message names the file.
         let at: PathBuf = cwd.join(argv0).components().collect();
-        return match probe(view, &at, cwd) {
-            Found::Runnable => Ok(()),
+        return match probe(sb, &at, cwd) {
+            Found::Runnable => Ok(at),
             Found::Missing => Err(NotRunnable::NoSuchFile { program, tier, at }),
+            Found::LinkOut { link, target } => Err(NotRunnable::LinkOut {
+                program,
+                tier,
+                link,
+                target,
+                hint: String::new(),
+            }),
             Found::Refused(why) => Err(NotRunnable::NotExecutable {
                 program,
                 tier,
@@ -227,8 +295,8 @@ pub fn check(
         let at = cwd.join(dir).join(argv0);
         // execvp goes on after a candidate that fails (EACCES, and
         // ENOENT for a missing interpreter): the first such is named.
-        match probe(view, &at, cwd) {
-            Found::Runnable => return Ok(()),
+        match probe(sb, &at, cwd) {
+            Found::Runnable => return Ok(at),
             Found::Missing => {}
             found => {
                 refused.get_or_insert((at, found));
@@ -249,11 +317,81 @@ pub fn check(
             at,
             why,
         }),
+        Some((_, Found::LinkOut { link, target })) => Err(NotRunnable::LinkOut {
+            program,
+            tier,
+            link,
+            target,
+            hint: String::new(),
+        }),
         _ => Err(NotRunnable::NotFound {
             program,
             tier,
             path: path.to_string(),
+            hint: String::new(),
         }),
+    }
+}
+
+/// Where the host's own PATH search finds `argv0` (no policy: every path
+/// visible), for saying what the sandbox hides. `None` for a path.
+pub fn on_host(argv0: &OsStr, path_var: Option<&str>, cwd: &Path) -> Option<PathBuf> {
+    if argv0.as_bytes().contains(&b'/') {
+        return None;
+    }
+    let all = |_: &Path| View::Visible(Access::ReadExec);
+    let any = |_: &Path| true;
+    let host = Sandbox {
+        view: &all,
+        granted: &any,
+    };
+    let path = path_var.unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    path.split(':')
+        .map(|dir| cwd.join(dir).join(argv0))
+        .find(|at| matches!(probe_file(&host, at, 0), Found::Runnable))
+}
+
+/// Why `pol` hides the host path `p` (no grant holds it, or a deny does),
+/// and which shipped profiles would show it, runnable: a clause for
+/// hull's message.
+pub fn why_hidden(pol: &Policy, p: &Path) -> String {
+    let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let hidden_by = pol.protects.iter().find(|x| {
+        x.protection == Protection::Hidden && (p.starts_with(&x.path) || real.starts_with(&x.path))
+    });
+    let why = match hidden_by {
+        Some(x) => format!("the policy hides {}", x.path.display()),
+        None if real != p => format!(
+            "it leads to {}, and the policy grants neither",
+            real.display()
+        ),
+        None => "no grant of the policy holds it".to_string(),
+    };
+    let runs = |pol: &Policy| {
+        [p, real.as_path()]
+            .iter()
+            .any(|q| view_of(Some(pol), q) == View::Visible(Access::ReadExec))
+    };
+    let profiles: Vec<&str> = crate::policy::profiles::PROFILES
+        .iter()
+        .filter(|(name, _)| {
+            crate::policy::profiles::load(name)
+                .ok()
+                .and_then(|pf| crate::policy::resolve(&pf, &pol.vars).ok())
+                .is_some_and(|shipped| runs(&shipped))
+        })
+        .map(|(name, _)| *name)
+        .collect();
+    let dir = p.parent().unwrap_or(p).display();
+    match profiles.as_slice() {
+        [] => format!("{why}; to run it, add \"{dir}\" to the policy's [fs] read_exec"),
+        names => format!(
+            "{why}; the shipped profile{} {} grant{} it (--policy {}), or add \"{dir}\" to [fs] read_exec",
+            if names.len() == 1 { "" } else { "s" },
+            names.join(", "),
+            if names.len() == 1 { "s" } else { "" },
+            names[0]
+        ),
     }
 }
 
@@ -305,6 +443,8 @@ mod tests {
         file(&ro.join("tool2"), 0o755);
         file(&hidden.join("secret"), 0o755);
         std::os::unix::fs::symlink(hidden.join("secret"), bin.join("link")).expect("symlink");
+        std::os::unix::fs::symlink(hidden.join("secret"), bin.join("glink")).expect("symlink");
+        std::os::unix::fs::symlink("tool", bin.join("near")).expect("symlink");
         let (b, r) = (bin.clone(), ro.clone());
         let view = move |p: &Path| {
             if p.starts_with(&b) {
@@ -316,17 +456,34 @@ mod tests {
             }
         };
         let path = format!("{}:{}:{}", ro.display(), bin.display(), hidden.display());
-        let check = |prog: &str| check("bwrap", OsStr::new(prog), Some(&path), d.path(), &view);
+        // `glink` is a grant's own path: it shows its target.
+        let glink = bin.join("glink");
+        let granted = move |p: &Path| p == glink;
+        let sb = Sandbox {
+            view: &view,
+            granted: &granted,
+        };
+        let check =
+            |prog: &str| check("bwrap", OsStr::new(prog), Some(&path), d.path(), &sb).map(|_| ());
         assert_eq!(check("tool"), Ok(()));
         let e = check("nope").expect_err("not found");
         assert_eq!(e.exit_code(), 127);
         assert!(e
             .to_string()
             .contains("nope: command not found in the sandbox (tier bwrap"));
-        // Hidden by the policy: as if not there; a visible link to it
-        // shows it (as bwrap and Landlock do).
+        // Hidden by the policy: as if not there; a grant of a link to it
+        // shows it (as bwrap and Landlock do), a link inside a grant does
+        // not (it dangles in bwrap, Landlock refuses its target), and a
+        // link to a neighbour in the grant resolves.
         assert_eq!(check("secret").expect_err("hidden").exit_code(), 127);
-        assert_eq!(check("link"), Ok(()));
+        assert_eq!(check("glink"), Ok(()));
+        let e = check("link").expect_err("a link out");
+        assert_eq!(e.exit_code(), 127);
+        assert!(
+            e.to_string().contains("link leads to") && e.to_string().contains("h/secret"),
+            "{e}"
+        );
+        assert_eq!(check("near"), Ok(()));
         assert_eq!(check("plain").expect_err("mode").exit_code(), 126);
         let e = check("tool2").expect_err("read-only grant");
         assert_eq!(e.exit_code(), 126);
