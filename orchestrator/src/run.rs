@@ -155,6 +155,12 @@ pub enum RunError {
     HelperEnded(crate::exec::ExecError),
     #[error("tier {0} cannot run on this OS")]
     WrongOs(Tier),
+    #[error("cannot copy the host's certificate authorities into the run's tmp {tmp}: {source}")]
+    Trust {
+        tmp: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// Not a source: the one message is the cause.
     #[error("{0}. Nothing was run")]
     Net(crate::tier::NetUnsupported),
@@ -343,6 +349,39 @@ pub fn command_env(
     }
     env.sort();
     env
+}
+
+/// With network, the host's certificate authorities for the command's
+/// clients: a copy in `tmp`, named by their variables (`net::trust`).
+#[cfg(unix)]
+fn with_trust(
+    mut env: Vec<(String, String)>,
+    pol: &Policy,
+    tmp: &Path,
+) -> Result<Vec<(String, String)>, RunError> {
+    if pol.net.mode != policy::NetMode::Allowlist {
+        return Ok(env);
+    }
+    let bundle = crate::net::trust::install(tmp).map_err(|source| RunError::Trust {
+        tmp: tmp.to_path_buf(),
+        source,
+    })?;
+    if let Some(b) = bundle {
+        let more = crate::net::trust::env(&b, &env);
+        env.extend(more);
+        env.sort();
+    }
+    Ok(env)
+}
+
+/// Off unix no tier has the network allow list yet.
+#[cfg(not(unix))]
+fn with_trust(
+    env: Vec<(String, String)>,
+    _pol: &Policy,
+    _tmp: &Path,
+) -> Result<Vec<(String, String)>, RunError> {
+    Ok(env)
 }
 
 /// Runs a process-tier command (none, landlock, bwrap) to its end.
@@ -854,7 +893,11 @@ pub fn execute(
         if let Some(f) = result_file {
             f.check_outside(pol.writable_roots().map(|g| g.path.as_path()))?;
         }
-        let env = command_env(&pol, &opts.env, instance.child_env());
+        let env = with_trust(
+            command_env(&pol, &opts.env, instance.child_env()),
+            &pol,
+            instance.tmp(),
+        )?;
         tracing::debug!(instance = %instance.id(), "policy resolved");
         let spec = CommandSpec {
             argv: opts.argv.clone(),

@@ -2751,36 +2751,43 @@ fn registries_the_host_uses_serve_real_installs(t: &str) {
     let w = World::new();
     let (rustup, cargo) = hull_tests::host_rust();
     let bin = cargo.join("bin");
-    // The certificate authorities this host trusts, for every client: a
-    // host may reach its registries through a TLS-inspecting gateway whose
-    // authority only the host's store has (this one does). Tier 3's
-    // container has the image's own /etc, so the bundle is copied outside
-    // the system directories, granted, and named to each client.
-    let host_bundle = std::env::var_os("SSL_CERT_FILE")
-        .map(std::path::PathBuf::from)
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| "/etc/ssl/certs/ca-certificates.crt".into());
-    let ca = w.root.path().join("ca");
-    std::fs::create_dir(&ca).expect("mkdir ca");
-    std::fs::copy(&host_bundle, ca.join("bundle.crt")).unwrap_or_else(|e| {
-        panic!(
-            "this case needs the host's CA bundle {}: {e}",
-            host_bundle.display()
-        )
-    });
-    let bundle = ca.join("bundle.crt");
+    // The shipped build-net profile as it is, with what this machine needs
+    // besides: the host's rustup toolchain (the test's HOME is a fake one)
+    // and the addresses its registries resolve to (below). The host's
+    // certificate authorities (this host reaches its registries through a
+    // TLS-inspecting gateway only its store trusts) and, on tier 3, the
+    // container's pip and npm come from the profile itself.
+    let build_net = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../policies/build-net.toml"
+    ))
+    .expect("policies/build-net.toml");
     let policy = |private: &str| {
-        format!(
-            "version = 1\n[fs]\nread_exec = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"/etc\", {rustup:?}, {bin:?}]\n\
-             read = [{ca:?}]\n\
-             read_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\n\
-             allow = [\"registry:pip\", \"registry:npm\", \"registry:cargo\"]\n{private}\
-             [env]\npass = [\"RUSTUP_TOOLCHAIN\"]\n[env.set]\nRUSTUP_HOME = {rustup:?}\n\
-             CARGO_HOME = \"${{TMP}}/cargo\"\nPATH = \"{}:/usr/bin:/bin\"\n\
-             PIP_CERT = {bundle:?}\nNODE_EXTRA_CA_CERTS = {bundle:?}\nCARGO_HTTP_CAINFO = {bundle:?}\n\
-             {VM_USERLAND}",
-            bin.display()
-        )
+        let text = build_net
+            .replace(
+                "read_exec = [",
+                &format!("read_exec = [{rustup:?}, {bin:?}, "),
+            )
+            .replace(
+                "allow = [\"registry:pip\", \"registry:npm\", \"registry:cargo\"]",
+                &format!(
+                    "allow = [\"registry:pip\", \"registry:npm\", \"registry:cargo\"]\n{private}"
+                ),
+            )
+            .replace(
+                "RUSTUP_HOME = \"${HOME}/.rustup\"",
+                &format!(
+                    "RUSTUP_HOME = {rustup:?}\nPATH = \"{}:/usr/bin:/bin\"",
+                    bin.display()
+                ),
+            );
+        assert!(
+            text.contains(&format!("{rustup:?}, {bin:?}"))
+                && text.contains("PATH = ")
+                && text.contains("[vm]"),
+            "{text}"
+        );
+        text
     };
     let pol = w.root.path().join("registries.toml");
     std::fs::write(&pol, policy("")).expect("write policy");

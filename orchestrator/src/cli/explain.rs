@@ -150,6 +150,18 @@ fn render_policy(p: &Policy, registries: &Result<Vec<String>, String>) -> String
         s.push_str(&format!("    deny     {}\n", list(&n.deny)));
         let ports: Vec<String> = n.ports.iter().map(u16::to_string).collect();
         s.push_str(&format!("    ports    {}\n", ports.join(" ")));
+        #[cfg(unix)]
+        match crate::net::trust::host_bundle() {
+            Some((path, _)) => s.push_str(&format!(
+                "    trust    the host's certificate authorities ({}), copied into the run's tmp and named by {} (each unless the policy sets it)\n",
+                path.display(),
+                crate::net::trust::VARS.join(" ")
+            )),
+            None => s.push_str(&format!(
+                "    trust    the host has no certificate bundle ({}): the clients keep their own\n",
+                crate::net::trust::HOST_BUNDLES.join(", ")
+            )),
+        }
         match registries {
             Ok(lines) => {
                 for l in lines {

@@ -13,6 +13,7 @@ pub mod proxy;
 pub mod registry;
 pub mod sni;
 pub mod socks;
+pub mod trust;
 
 use std::sync::Arc;
 

@@ -73,6 +73,9 @@ pub fn run_in(
     if policy.net.mode == crate::policy::NetMode::Allowlist {
         // The VM's proxy (same policy: the fingerprint says so).
         cmd.env = crate::net::with_proxy_env(&cmd.env);
+        // The host's authorities, in this run's tmp as the command's
+        // variables (rebased above) name them.
+        crate::net::trust::install(tmp).map_err(SupervisorError::Trust)?;
     }
     let ctl = dir.join("ctl.sock");
     let agent_err = |source| SupervisorError::Agent {

@@ -82,6 +82,8 @@ pub enum SupervisorError {
     AlreadyUp { name: String, pid: u32 },
     #[error("hull vm: no VM named {name} is up; start it with `hull vm up --name {name}`")]
     NotUp { name: String },
+    #[error("hull vm: cannot copy the host's certificate authorities into the run's tmp: {0}")]
+    Trust(#[source] std::io::Error),
     #[error("hull vm: VM {name} is {state}, not ready{detail}")]
     NotReady {
         name: String,
