@@ -330,7 +330,12 @@ fn leftovers(w: &World) -> Vec<String> {
         if r["state"] != "idle" {
             left.push(format!("instance {} {}", r["id"], r["state"]));
         }
-        for e in std::fs::read_dir(r["dir"].as_str().unwrap()).unwrap() {
+        // A run dir removed since the listing (its run ended with nothing
+        // to keep) left nothing.
+        let Ok(entries) = std::fs::read_dir(r["dir"].as_str().unwrap()) else {
+            continue;
+        };
+        for e in entries {
             let name = e.unwrap().file_name().to_string_lossy().into_owned();
             if ![".active", "spill", "logs"].contains(&name.as_str()) {
                 left.push(format!("{}/{name}", r["dir"].as_str().unwrap()));
