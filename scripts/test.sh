@@ -101,11 +101,6 @@ trap summary EXIT
 step "setup" bash scripts/setup.sh --tier3 --test || true
 
 step "fmt" cargo fmt --all -- --check
-step "clippy (Linux)" cargo clippy --workspace --all-targets --locked --features "$FEATURES" -- -D warnings
-for target in aarch64-apple-darwin x86_64-pc-windows-gnu; do
-  step "clippy ($target)" cargo clippy -p hull -p hull-protocol --all-targets --locked --target "$target" -- -D warnings
-done
-
 step "build" cargo build --workspace --locked --features "$FEATURES"
 
 # The landlock tier needs Landlock ABI 6 (Linux 6.12): on an older kernel
@@ -170,6 +165,12 @@ rm -f target/images-steps.tsv
 printf '\n==> tier-3 images (in the background beside the native tests: %s)\n' "$images_log" >&2
 (names=() secs=() results=() failed=0 && HULL_AGENT="$PWD/target/debug/hull-agent" build_images) >"$images_log" 2>&1 &
 images_pid=$!
+
+# Clippy while the images build too (it needs no image).
+step "clippy (Linux)" cargo clippy --workspace --all-targets --locked --features "$FEATURES" -- -D warnings
+for target in aarch64-apple-darwin x86_64-pc-windows-gnu; do
+  step "clippy ($target)" cargo clippy -p hull -p hull-protocol --all-targets --locked --target "$target" -- -D warnings
+done
 
 # The VM tests are the `vm` test group of .config/nextest.toml.
 # Root runs the tests ignored for needing root too; `helper_process` is not
