@@ -15,6 +15,35 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 
+/// How often [`openat2`] resolves again after the kernel could not vouch
+/// for a `..` step.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const SETTLE_TRIES: usize = 64;
+
+/// `openat2(2)`, resolved again when the kernel answers EAGAIN: with
+/// `RESOLVE_BENEATH` or `RESOLVE_IN_ROOT`, a `..` step is refused that way
+/// whenever a rename or mount ran anywhere on the system during the walk
+/// (the kernel cannot then tell that `..` stayed inside), and the man page
+/// asks the caller to retry. On a busy machine that is routine, not an
+/// attack; after [`SETTLE_TRIES`] walks in a row the EAGAIN stands. Every
+/// scoped `openat2` of hull's goes through here.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) fn openat2<Fd: std::os::fd::AsFd, P: rustix::path::Arg + Copy>(
+    dir: Fd,
+    path: P,
+    flags: rustix::fs::OFlags,
+    mode: rustix::fs::Mode,
+    resolve: rustix::fs::ResolveFlags,
+) -> rustix::io::Result<std::os::fd::OwnedFd> {
+    let mut tries = 1;
+    loop {
+        match rustix::fs::openat2(&dir, path, flags, mode, resolve) {
+            Err(rustix::io::Errno::AGAIN) if tries < SETTLE_TRIES => tries += 1,
+            done => return done,
+        }
+    }
+}
+
 /// Whether symlinks beneath the root may be followed (always staying beneath).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Symlinks {
@@ -130,12 +159,12 @@ mod imp {
         }
         #[cfg(any(target_os = "linux", target_os = "android"))]
         {
-            use rustix::fs::{openat2, ResolveFlags};
+            use rustix::fs::ResolveFlags;
             let mut how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
             if symlinks == Symlinks::Refuse {
                 how |= ResolveFlags::NO_SYMLINKS;
             }
-            match openat2(&root.fd, rel, final_flags(dir), Mode::empty(), how) {
+            match super::openat2(&root.fd, rel, final_flags(dir), Mode::empty(), how) {
                 Ok(fd) => return Ok(File::from(fd)),
                 Err(Errno::NOSYS) => {} // old kernel: walk in user space
                 Err(Errno::XDEV) => return Err(BeneathError::Escape),
@@ -399,5 +428,59 @@ mod tests {
             }
             imp::walk(root.fd.as_fd(), p, false, s).map(File::from)
         });
+    }
+
+    /// A `..` walked while renames run elsewhere: the kernel's own
+    /// `openat2` fails with EAGAIN now and then (the control), hull's
+    /// never does.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_walk_through_dotdot_beside_renames_settles() {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::{Duration, Instant};
+        let fx = fixture();
+        let dir = Root::open(&fx.root).unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let renamer = {
+            let (stop, at) = (stop.clone(), fx.root.join("sub/deeper"));
+            std::thread::spawn(move || {
+                let (a, b) = (at.join("a"), at.join("b"));
+                std::fs::write(&a, b"").unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::fs::rename(&a, &b).unwrap();
+                    std::fs::rename(&b, &a).unwrap();
+                }
+            })
+        };
+        let (flags, how) = (
+            OFlags::PATH | OFlags::CLOEXEC,
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+        );
+        let rel = Path::new("sub/deeper/../deeper/../file");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut raw_again = 0;
+        while raw_again == 0 && Instant::now() < deadline {
+            for _ in 0..1000 {
+                if let Err(rustix::io::Errno::AGAIN) =
+                    rustix::fs::openat2(&dir.fd, rel, flags, Mode::empty(), how)
+                {
+                    raw_again += 1;
+                }
+            }
+        }
+        let mut settled_failures = Vec::new();
+        for _ in 0..20_000 {
+            if let Err(e) = openat2(&dir.fd, rel, flags, Mode::empty(), how) {
+                settled_failures.push(e);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        renamer.join().unwrap();
+        assert!(
+            raw_again > 0,
+            "control: the kernel's openat2 never said EAGAIN beside renames in 20 s"
+        );
+        assert!(settled_failures.is_empty(), "{settled_failures:?}");
     }
 }

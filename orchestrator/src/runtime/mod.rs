@@ -38,7 +38,7 @@ pub mod read;
 pub mod setid;
 pub mod spill;
 
-mod beneath;
+pub(crate) mod beneath;
 mod cursor;
 pub(crate) mod fsx;
 mod lock;

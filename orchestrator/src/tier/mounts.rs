@@ -186,20 +186,31 @@ pub(super) fn open_beneath(root: &OwnedFd, rel: &CStr) -> std::io::Result<OwnedF
         mode: 0,
         resolve: RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
     };
-    // SAFETY: `how` is a valid, correctly sized open_how; `rel` is
-    // NUL-terminated.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            rel.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
+    // EAGAIN: a rename or mount elsewhere while a `..` was walked; the
+    // walk is made again, as `runtime::beneath::openat2` does (a raw call
+    // here: the child between fork and exec allocates nothing).
+    let mut tries = 1;
+    let fd = loop {
+        // SAFETY: `how` is a valid, correctly sized open_how; `rel` is
+        // NUL-terminated.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                root.as_raw_fd(),
+                rel.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if fd >= 0 {
+            break fd;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EAGAIN) || tries >= 64 {
+            return Err(e);
+        }
+        tries += 1;
     };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
     // SAFETY: openat2 returned a new descriptor owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }

@@ -141,7 +141,7 @@ impl Opener {
                 };
                 open_beneath(fd, rel)
             }
-            None => rustix::fs::openat2(
+            None => crate::runtime::beneath::openat2(
                 rustix::fs::CWD,
                 path,
                 OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
@@ -320,7 +320,7 @@ fn check_type(fd: &OwnedFd, dir: bool) -> Result<(), String> {
 /// `rel` beneath `dir`, as an `O_PATH` descriptor: no link followed, not
 /// left through `..`.
 fn open_beneath(dir: impl std::os::fd::AsFd, rel: &Path) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat2(
+    crate::runtime::beneath::openat2(
         dir,
         rel,
         OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,

@@ -945,7 +945,7 @@ fn make_pool(
         })?;
     let meta = rustix::fs::fstat(&hull_fd).map_err(|e| format!("{}: {e}", hull.display()))?;
     let rel = split.strip_prefix(root).unwrap_or(Path::new(""));
-    let split_dev = rustix::fs::openat2(
+    let split_dev = crate::runtime::beneath::openat2(
         &root_fd,
         if rel.as_os_str().is_empty() {
             Path::new(".")

@@ -151,7 +151,8 @@ impl Task<'_> {
     /// the thread's own mount namespace); however the cwd moves meanwhile,
     /// the result resolves inside the thread's root, and its mount decides.
     fn open_in_view(&self, path: &[u8]) -> std::io::Result<OwnedFd> {
-        use rustix::fs::{openat, openat2, Mode, OFlags, ResolveFlags};
+        use crate::runtime::beneath::openat2;
+        use rustix::fs::{openat, Mode, OFlags, ResolveFlags};
         let root = openat(
             rustix::fs::CWD,
             format!("/proc/{}/root", self.pid),

@@ -191,7 +191,8 @@ impl Task<'_> {
     /// process's own `/proc/self/fd/N`, which names its descriptor N. A
     /// file off the process's mounts is refused: EACCES.
     pub(super) fn resolve(&self, target: &Target) -> std::io::Result<OwnedFd> {
-        use rustix::fs::{openat, openat2, Mode, OFlags, ResolveFlags};
+        use crate::runtime::beneath::openat2;
+        use rustix::fs::{openat, Mode, OFlags, ResolveFlags};
         let (dirfd, path, follow, empty_path) = match target {
             Target::Fd(n) => return self.fd(*n),
             Target::At {
