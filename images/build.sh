@@ -106,6 +106,39 @@ if ! mmdebstrap --variant=minbase --mode=root --simulate \
 fi
 cat "$resolve_log" >&2
 
+# The container's userland depends on nothing of the guest's: it is made while
+# steps 2 to 4 run (two mmdebstraps at once, each mostly on one core or waiting
+# on the mirror), in a process group of its own (killed with the build when a
+# step fails), its output kept apart and shown at step 5.
+IMPORT="$WORK/import"
+mkdir -p "$IMPORT"
+container_image() {
+  if [ -f "$OUT/container-rootfs.tar" ]; then
+    # A policy's `[vm] rootfs`: hull checked the tarball entry by entry and wrote
+    # this one from it (the hull user, /opt/hull); nothing of it runs on the host.
+    zstd -q -T0 --rm -o "$IMPORT/rootfs.tar.zst" "$OUT/container-rootfs.tar"
+  else
+    mmdebstrap --variant=minbase --mode=root \
+      --include="$(read_list "$RECIPE/packages/container.list")" \
+      "${dpkg_slim[@]}" \
+      --customize-hook="$RECIPE/hooks/container-customize" \
+      --customize-hook='chroot "$1" apt-get clean' \
+      --customize-hook='rm -rf "$1"/var/lib/apt/lists/*' \
+      "$SUITE" "$IMPORT/rootfs.tar.zst" "${sources[@]}"
+  fi
+}
+container_log="$WORK/container.log"
+set -m
+(trap - ERR && container_image) >"$container_log" 2>&1 &
+container_pid=$!
+set +m
+stop_container_image() {
+  [ -n "${container_pid:-}" ] || return 0
+  kill -TERM -- "-$container_pid" 2>/dev/null || true
+  wait "$container_pid" 2>/dev/null || true
+}
+trap stop_container_image EXIT
+
 # ---------------------------------------------------------------------------------------
 step "guest rootfs (mmdebstrap)"
 ROOT="$WORK/guest"
@@ -171,22 +204,12 @@ install -m 0755 "$RECIPE/initrd/init" "$IRD/init"
 
 # ---------------------------------------------------------------------------------------
 step "container image (mmdebstrap)"
-IMPORT="$WORK/import"
-mkdir -p "$IMPORT"
-if [ -f "$OUT/container-rootfs.tar" ]; then
-  # A policy's `[vm] rootfs`: hull checked the tarball entry by entry and wrote
-  # this one from it (the hull user, /opt/hull); nothing of it runs on the host.
-  info container_source "[vm] rootfs"
-  zstd -q -T0 --rm -o "$IMPORT/rootfs.tar.zst" "$OUT/container-rootfs.tar" >&2
-else
-  mmdebstrap --variant=minbase --mode=root \
-    --include="$(read_list "$RECIPE/packages/container.list")" \
-    "${dpkg_slim[@]}" \
-    --customize-hook="$RECIPE/hooks/container-customize" \
-    --customize-hook='chroot "$1" apt-get clean' \
-    --customize-hook='rm -rf "$1"/var/lib/apt/lists/*' \
-    "$SUITE" "$IMPORT/rootfs.tar.zst" "${sources[@]}" >&2
-fi
+[ -f "$OUT/container-rootfs.tar" ] && info container_source "[vm] rootfs"
+container_rc=0
+wait "$container_pid" || container_rc=$?
+container_pid=
+cat "$container_log" >&2
+[ "$container_rc" -eq 0 ] || die "the container image failed (exit $container_rc): $(grep -a '^E: ' "$container_log" | head -n 3 | tr '\n' ' ')"
 now=$(date +%s)
 mkdir -p "$WORK/meta"
 sed "s/@CREATION_DATE@/$now/" "$RECIPE/guest/metadata.yaml" >"$WORK/meta/metadata.yaml"
