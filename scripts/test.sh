@@ -184,7 +184,7 @@ images_pid=$!
 # Clippy while the images build too (it needs no image).
 step "clippy (Linux)" cargo clippy --workspace --all-targets --locked --features "$FEATURES" -- -D warnings
 for target in aarch64-apple-darwin x86_64-pc-windows-gnu; do
-  step "clippy ($target)" cargo clippy -p hull -p hull-protocol --all-targets --locked --target "$target" -- -D warnings
+  step "clippy ($target)" cargo clippy -p hull-policy -p hull -p hull-protocol --all-targets --locked --target "$target" -- -D warnings
 done
 
 # The VM tests are the `vm` test group of .config/nextest.toml.

@@ -22,7 +22,6 @@ pub mod net;
 pub mod os;
 #[cfg(unix)]
 pub mod out_dir;
-pub mod policy;
 pub mod result_file;
 pub mod run;
 pub mod runtime;
@@ -35,6 +34,9 @@ pub mod tier;
 pub mod vm;
 #[cfg(windows)]
 pub mod winsec;
+
+/// The policy, its resolution and its lowering: the `hull-policy` crate.
+pub use hull_policy as policy;
 
 /// Exit code when hull itself failed (the command did not run, or its
 /// result is unknown). Distinct from any exit code `sh` gives a command.

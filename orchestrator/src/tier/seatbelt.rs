@@ -18,12 +18,13 @@
 //! on a Mac (the probe and the escape suite there).
 
 use std::ffi::OsString;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use crate::exec::CommandSpec;
+pub use crate::policy::lower::seatbelt::{canonical_path, canonicalize, CanonicalError};
 use crate::policy::lower::seatbelt::{lower, SeatbeltProfile};
-use crate::policy::{HostFs, NodeKind, Policy, Protect};
+use crate::policy::{HostFs, Policy};
 #[cfg(target_os = "macos")]
 use crate::tier::probe::Helper;
 use crate::tier::probe::Probe;
@@ -31,9 +32,6 @@ use crate::tier::Tier;
 
 /// The only `sandbox-exec` hull runs.
 pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
-
-/// Symlinks followed before giving up (the kernel's `MAXSYMLINKS` is 32).
-const MAX_SYMLINKS: usize = 32;
 
 /// Errors of the seatbelt tier. Each names the tier and the missing piece.
 #[derive(Debug, thiserror::Error)]
@@ -47,10 +45,8 @@ pub enum SeatbeltError {
     },
     #[error("tier seatbelt: the profile for policy {policy:?} did not load; the command was not run: {stderr}")]
     ProfileRejected { policy: String, stderr: String },
-    #[error("tier seatbelt: cannot canonicalize {path}: too many levels of symlinks")]
-    SymlinkLoop { path: PathBuf },
-    #[error("tier seatbelt: path {path} is not absolute")]
-    NotAbsolute { path: PathBuf },
+    #[error(transparent)]
+    Canonical(#[from] CanonicalError),
     #[error("tier seatbelt: empty command")]
     EmptyCommand,
 }
@@ -122,156 +118,6 @@ pub fn sandbox_exec_args(profile: &SeatbeltProfile, argv: &[OsString]) -> Vec<Os
     a
 }
 
-/// The policy with every path resolved as macOS resolves it: each grant to
-/// its real path (and, when the granted path is itself a symlink, the link
-/// read-only, for `lstat` and `readlink`); each protection at its real parent with
-/// its own name kept (so a symlink there cannot be replaced), plus its real
-/// target when it is a symlink. Pure over `fs`.
-pub fn canonicalize(policy: &Policy, fs: &dyn HostFs) -> Result<Policy, SeatbeltError> {
-    let mut out = policy.clone();
-    out.grants.clear();
-    for g in &policy.grants {
-        let real = canonical_path(&g.path, fs)?;
-        let mut push = |path: PathBuf, access| {
-            if !out.grants.iter().any(|x| x.path == path) {
-                let mut n = g.clone();
-                n.path = path;
-                n.access = access;
-                out.grants.push(n);
-            }
-        };
-        push(real.clone(), g.access);
-        // A granted path that is itself a symlink: the link is readable (lstat,
-        // readlink) but never writable, or the command could replace the link
-        // and plant a directory (with a `.hull/`) where hull looks next time.
-        let written = canonical_parent(&g.path, fs)?;
-        if written != real {
-            push(written, crate::policy::Access::Read);
-        }
-    }
-    out.protects.clear();
-    for p in &policy.protects {
-        let named = canonical_parent(&p.path, fs)?;
-        let real = canonical_path(&p.path, fs)?;
-        let mut add = |path: PathBuf| {
-            if !out.protects.iter().any(|x| x.path == path) {
-                out.protects.push(Protect {
-                    path,
-                    protection: p.protection,
-                    reason: p.reason.clone(),
-                });
-            }
-        };
-        add(named.clone());
-        if real != named {
-            add(real);
-        }
-    }
-    out.protects.sort_by(|a, b| a.path.cmp(&b.path));
-    let v = &policy.vars;
-    out.vars.project = canonical_path(&v.project, fs)?;
-    out.vars.tmp = canonical_path(&v.tmp, fs)?;
-    out.vars.spill = canonical_path(&v.spill, fs)?;
-    out.vars.home = canonical_path(&v.home, fs)?;
-    out.vars.runs = canonical_path(&v.runs, fs)?;
-    Ok(out)
-}
-
-/// The parent resolved, the final name kept as written.
-fn canonical_parent(path: &Path, fs: &dyn HostFs) -> Result<PathBuf, SeatbeltError> {
-    match (path.parent(), path.file_name()) {
-        (Some(parent), Some(name)) => Ok(canonical_path(parent, fs)?.join(name)),
-        _ => canonical_path(path, fs),
-    }
-}
-
-/// `realpath` over [`HostFs`]: symlinks in every component are followed;
-/// the part of the path that does not exist yet is appended as written.
-pub fn canonical_path(path: &Path, fs: &dyn HostFs) -> Result<PathBuf, SeatbeltError> {
-    if !path.is_absolute() {
-        return Err(SeatbeltError::NotAbsolute {
-            path: path.to_path_buf(),
-        });
-    }
-    let mut pending: Vec<OsString> = path
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(n) => Some(n.to_os_string()),
-            Component::ParentDir => Some("..".into()),
-            _ => None,
-        })
-        .rev()
-        .collect();
-    let mut out = PathBuf::from("/");
-    let mut links = 0;
-    let mut missing = false;
-    while let Some(c) = pending.pop() {
-        if c == ".." {
-            out.pop();
-            continue;
-        }
-        let next = out.join(&c);
-        if missing {
-            out = next;
-            continue;
-        }
-        match fs.kind(&next) {
-            NodeKind::Symlink(target) => {
-                links += 1;
-                if links > MAX_SYMLINKS {
-                    return Err(SeatbeltError::SymlinkLoop {
-                        path: path.to_path_buf(),
-                    });
-                }
-                if target.is_absolute() {
-                    out = PathBuf::from("/");
-                }
-                for t in target.components().rev() {
-                    match t {
-                        Component::Normal(n) => pending.push(n.to_os_string()),
-                        Component::ParentDir => pending.push("..".into()),
-                        _ => {}
-                    }
-                }
-            }
-            NodeKind::Missing => {
-                missing = true;
-                out = next;
-            }
-            NodeKind::Dir | NodeKind::File => out = next,
-        }
-    }
-    Ok(out)
-}
-
-/// A fake filesystem with macOS's root symlinks and the directories the
-/// golden tests use (`/tmp`, `/var`, `/etc` point into `/private`).
-#[cfg(test)]
-pub(crate) fn mac_test_fs() -> crate::policy::hostfs::FakeFs {
-    crate::policy::hostfs::FakeFs::new()
-        .symlink("/tmp", "private/tmp")
-        .symlink("/var", "private/var")
-        .symlink("/etc", "private/etc")
-        .dir("/private/tmp")
-        .dir("/private/etc/ssh")
-        .dir("/private/var/folders/xy/T/hull-runs/ID/tmp")
-        .dir("/private/var/folders/xy/T/hull-runs/ID/spill")
-        .dir("/Users/u/proj")
-        .dir("/usr/bin")
-}
-
-/// The variables hull resolves with on a Mac (`TMPDIR` under `/var/folders`).
-#[cfg(test)]
-pub(crate) fn mac_test_vars() -> crate::policy::Vars {
-    crate::policy::Vars {
-        project: "/Users/u/proj".into(),
-        tmp: "/var/folders/xy/T/hull-runs/ID/tmp".into(),
-        spill: "/var/folders/xy/T/hull-runs/ID/spill".into(),
-        home: "/Users/u".into(),
-        runs: "/var/folders/xy/T/hull-runs".into(),
-    }
-}
-
 #[cfg(target_os = "macos")]
 mod imp {
     use std::process::{Command, Stdio};
@@ -340,6 +186,8 @@ mod imp {
 mod tests {
     use super::*;
     use crate::policy::hostfs::FakeFs;
+    use crate::policy::lower::testing::{mac_test_fs, mac_test_vars};
+    use std::path::PathBuf;
 
     #[test]
     fn root_symlinks_resolve_to_private() {
@@ -364,7 +212,7 @@ mod tests {
         let fs = FakeFs::new().symlink("/a", "/b").symlink("/b", "/a");
         assert!(matches!(
             canonical_path(Path::new("/a/x"), &fs),
-            Err(SeatbeltError::SymlinkLoop { .. })
+            Err(CanonicalError::SymlinkLoop { .. })
         ));
     }
 

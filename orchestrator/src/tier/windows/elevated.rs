@@ -304,7 +304,8 @@ pub fn setup_main(path: &Path) -> Result<i32, ElevatedError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::lower::appcontainer::{self, tests::windows_policy};
+    use crate::policy::lower::appcontainer;
+    use crate::policy::lower::testing::windows_policy;
     use crate::policy::{Access, Grant, GrantOrigin};
 
     fn plan_with_git() -> ElevatedPlan {

@@ -377,7 +377,7 @@ pub fn desktop_name(nonce: u128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::lower::appcontainer::tests::windows_policy;
+    use crate::policy::lower::testing::windows_policy;
 
     /// `CommandLineToArgvW`'s splitting rules, for checking `quote_arg`.
     fn split(cmd: &str) -> Vec<String> {

@@ -389,7 +389,11 @@ mod tests {
     #[test]
     fn golden_compute_system_document() {
         let doc = serde_json::to_string_pretty(&document(&spec()).unwrap()).unwrap() + "\n";
-        crate::policy::lower::testing::golden("hyperv-compute-system.json", &doc);
+        crate::policy::lower::testing::golden_in(
+            std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden")),
+            "hyperv-compute-system.json",
+            &doc,
+        );
     }
 
     #[test]

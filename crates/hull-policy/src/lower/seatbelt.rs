@@ -24,18 +24,31 @@
 //!
 //! What it does not: Seatbelt matches resolved (real) paths, so the policy
 //! must be canonicalized first (`/tmp` is `/private/tmp` on macOS). That is the
-//! launcher's job ([`crate::tier::seatbelt`]); this lowering is pure. A hidden
+//! launcher's job (hull's `tier::seatbelt`); this lowering is pure. A hidden
 //! name still appears in its parent's listing (only opening, stat and every
 //! write are refused). Hard links: whether Seatbelt checks a hard link's
 //! source path is not verified here (see `docs/tiers.md`).
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::policy::{Access, Grant, GrantOrigin, Policy, Protection};
+use crate::{Access, Grant, GrantOrigin, HostFs, NodeKind, Policy, Protect, Protection};
+
+/// Symlinks followed before giving up (the kernel's `MAXSYMLINKS` is 32).
+const MAX_SYMLINKS: usize = 32;
+
+/// Why a policy's paths could not be resolved as macOS resolves them.
+#[derive(Debug, thiserror::Error)]
+pub enum CanonicalError {
+    #[error("tier seatbelt: cannot canonicalize {path}: too many levels of symlinks")]
+    SymlinkLoop { path: PathBuf },
+    #[error("tier seatbelt: path {path} is not absolute")]
+    NotAbsolute { path: PathBuf },
+}
 
 /// The lowered form: profile text plus the `-D NAME=PATH` parameters it uses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -409,7 +422,7 @@ pub fn lower(policy: &Policy, proxy: Option<u16>) -> SeatbeltProfile {
         );
     }
     match (policy.net.mode, proxy) {
-        (crate::policy::NetMode::Allowlist, Some(port)) => {
+        (crate::NetMode::Allowlist, Some(port)) => {
             // (deny default) refuses every other network operation (DNS
             // through mDNSResponder's socket included): the proxy resolves.
             let _ = writeln!(
@@ -421,11 +434,11 @@ pub fn lower(policy: &Policy, proxy: Option<u16>) -> SeatbeltProfile {
                 "(allow network-outbound (remote ip \"localhost:{port}\"))"
             );
         }
-        (crate::policy::NetMode::Allowlist, None) => {
+        (crate::NetMode::Allowlist, None) => {
             t.push_str("\n; network: allowlist, but no proxy port: nothing is allowed\n");
             t.push_str("(deny network*)\n");
         }
-        (crate::policy::NetMode::None, _) => {
+        (crate::NetMode::None, _) => {
             t.push_str("\n; network: none (the policy's net.mode); no rule above allows any\n");
             t.push_str("(deny network*)\n");
         }
@@ -490,18 +503,140 @@ fn sanitize_comment(s: &str) -> String {
         .collect()
 }
 
+/// The policy with every path resolved as macOS resolves it: each grant to
+/// its real path (and, when the granted path is itself a symlink, the link
+/// read-only, for `lstat` and `readlink`); each protection at its real parent with
+/// its own name kept (so a symlink there cannot be replaced), plus its real
+/// target when it is a symlink. Pure over `fs`.
+pub fn canonicalize(policy: &Policy, fs: &dyn HostFs) -> Result<Policy, CanonicalError> {
+    let mut out = policy.clone();
+    out.grants.clear();
+    for g in &policy.grants {
+        let real = canonical_path(&g.path, fs)?;
+        let mut push = |path: PathBuf, access| {
+            if !out.grants.iter().any(|x| x.path == path) {
+                let mut n = g.clone();
+                n.path = path;
+                n.access = access;
+                out.grants.push(n);
+            }
+        };
+        push(real.clone(), g.access);
+        // A granted path that is itself a symlink: the link is readable (lstat,
+        // readlink) but never writable, or the command could replace the link
+        // and plant a directory (with a `.hull/`) where hull looks next time.
+        let written = canonical_parent(&g.path, fs)?;
+        if written != real {
+            push(written, Access::Read);
+        }
+    }
+    out.protects.clear();
+    for p in &policy.protects {
+        let named = canonical_parent(&p.path, fs)?;
+        let real = canonical_path(&p.path, fs)?;
+        let mut add = |path: PathBuf| {
+            if !out.protects.iter().any(|x| x.path == path) {
+                out.protects.push(Protect {
+                    path,
+                    protection: p.protection,
+                    reason: p.reason.clone(),
+                });
+            }
+        };
+        add(named.clone());
+        if real != named {
+            add(real);
+        }
+    }
+    out.protects.sort_by(|a, b| a.path.cmp(&b.path));
+    let v = &policy.vars;
+    out.vars.project = canonical_path(&v.project, fs)?;
+    out.vars.tmp = canonical_path(&v.tmp, fs)?;
+    out.vars.spill = canonical_path(&v.spill, fs)?;
+    out.vars.home = canonical_path(&v.home, fs)?;
+    out.vars.runs = canonical_path(&v.runs, fs)?;
+    Ok(out)
+}
+
+/// The parent resolved, the final name kept as written.
+fn canonical_parent(path: &Path, fs: &dyn HostFs) -> Result<PathBuf, CanonicalError> {
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => Ok(canonical_path(parent, fs)?.join(name)),
+        _ => canonical_path(path, fs),
+    }
+}
+
+/// `realpath` over [`HostFs`]: symlinks in every component are followed;
+/// the part of the path that does not exist yet is appended as written.
+pub fn canonical_path(path: &Path, fs: &dyn HostFs) -> Result<PathBuf, CanonicalError> {
+    if !path.is_absolute() {
+        return Err(CanonicalError::NotAbsolute {
+            path: path.to_path_buf(),
+        });
+    }
+    let mut pending: Vec<OsString> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+        .rev()
+        .collect();
+    let mut out = PathBuf::from("/");
+    let mut links = 0;
+    let mut missing = false;
+    while let Some(c) = pending.pop() {
+        if c == ".." {
+            out.pop();
+            continue;
+        }
+        let next = out.join(&c);
+        if missing {
+            out = next;
+            continue;
+        }
+        match fs.kind(&next) {
+            NodeKind::Symlink(target) => {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return Err(CanonicalError::SymlinkLoop {
+                        path: path.to_path_buf(),
+                    });
+                }
+                if target.is_absolute() {
+                    out = PathBuf::from("/");
+                }
+                for t in target.components().rev() {
+                    match t {
+                        Component::Normal(n) => pending.push(n.to_os_string()),
+                        Component::ParentDir => pending.push("..".into()),
+                        _ => {}
+                    }
+                }
+            }
+            NodeKind::Missing => {
+                missing = true;
+                out = next;
+            }
+            NodeKind::Dir | NodeKind::File => out = next,
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{profiles, resolve};
+    use crate::{profiles, resolve};
 
     /// A shipped policy resolved with fixed macOS variables and canonicalized
     /// over a fake filesystem with macOS's root symlinks, as the launcher
     /// does on a Mac: what the golden files are made from.
     fn policy(name: &str) -> Policy {
         let pf = profiles::load(name).unwrap();
-        let p = resolve(&pf, &crate::tier::seatbelt::mac_test_vars()).unwrap();
-        crate::tier::seatbelt::canonicalize(&p, &crate::tier::seatbelt::mac_test_fs()).unwrap()
+        let p = resolve(&pf, &crate::lower::testing::mac_test_vars()).unwrap();
+        canonicalize(&p, &crate::lower::testing::mac_test_fs()).unwrap()
     }
 
     fn param<'a>(p: &'a SeatbeltProfile, path: &str) -> Vec<&'a str> {
@@ -513,13 +648,13 @@ mod tests {
     }
 
     /// Golden files: a change to the generated text shows up as a diff.
-    /// `HULL_BLESS=1 cargo test -p hull seatbelt` rewrites them.
+    /// `HULL_BLESS=1 cargo test -p hull-policy seatbelt` rewrites them.
     #[test]
     fn golden_profiles_for_shipped_policies() {
         for (name, _) in profiles::PROFILES {
             let p = lower(&policy(name), None);
             let got = p.explain();
-            crate::policy::lower::testing::golden(&format!("seatbelt-{name}.sb"), &got);
+            crate::lower::testing::golden(&format!("seatbelt-{name}.sb"), &got);
         }
     }
 
@@ -585,7 +720,7 @@ mod tests {
         );
         assert!(!writes(&p, "/Users/u/proj"), "{}", p.explain());
         assert!(writes(&p, upper.to_str().unwrap()), "{}", p.explain());
-        crate::policy::lower::testing::golden("seatbelt-default-cow.sb", &p.explain());
+        crate::lower::testing::golden("seatbelt-default-cow.sb", &p.explain());
     }
 
     /// `net.mode = "allowlist"`: one outbound rule, to the proxy's loopback
@@ -594,7 +729,7 @@ mod tests {
     #[test]
     fn an_allow_list_allows_only_the_proxy_on_loopback() {
         let mut pol = policy("default");
-        pol.net.mode = crate::policy::NetMode::Allowlist;
+        pol.net.mode = crate::NetMode::Allowlist;
         let p = lower(&pol, Some(40123));
         let rules: Vec<&str> = p
             .text
@@ -605,7 +740,7 @@ mod tests {
             rules,
             vec!["(allow network-outbound (remote ip \"localhost:40123\"))"]
         );
-        crate::policy::lower::testing::golden("seatbelt-default-allowlist.sb", &p.explain());
+        crate::lower::testing::golden("seatbelt-default-allowlist.sb", &p.explain());
         let none = lower(&pol, None);
         assert!(none.text.contains("(deny network*)"));
         assert!(!none.text.contains("(allow network"));

@@ -30,7 +30,7 @@ use super::appcontainer::{
     check_id, instance_id, render_common, render_job, AclEntry, Deny, DenyEntry, Ignored, Inherit,
     JobPlan, Rights, StripEntry, SystemDirs, Trustee, WinLowerError, WinPath, WinView,
 };
-use crate::policy::{Access, GrantOrigin, Policy, Protection};
+use crate::{Access, GrantOrigin, Policy, Protection};
 
 /// A SID the restricted token names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -378,17 +378,14 @@ impl RestrictedPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::lower::appcontainer::tests::windows_policy;
-    use crate::policy::profiles;
+    use crate::lower::testing::windows_policy;
+    use crate::profiles;
 
     #[test]
     fn golden_plans_for_shipped_policies() {
         for (name, _) in profiles::PROFILES {
             let plan = lower(&windows_policy(name), "ws1").unwrap();
-            crate::policy::lower::testing::golden(
-                &format!("restricted-{name}.txt"),
-                &plan.render(),
-            );
+            crate::lower::testing::golden(&format!("restricted-{name}.txt"), &plan.render());
         }
     }
 

@@ -35,7 +35,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Access, GrantOrigin, Policy, Protection};
+use crate::{Access, GrantOrigin, Policy, Protection};
 
 /// Errors of Windows plan lowering.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -340,7 +340,7 @@ pub struct AclPlan {
     /// Well-known capabilities requested: none (never `internetClient`).
     pub capabilities: Vec<String>,
     /// The policy's network mode, and what this tier needs for it.
-    pub network: crate::policy::NetMode,
+    pub network: crate::NetMode,
     pub entries: Vec<AclEntry>,
     pub denies: Vec<DenyEntry>,
     pub strip: Vec<StripEntry>,
@@ -369,7 +369,7 @@ pub fn workspace_id(project: &str) -> String {
     h.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-pub(crate) fn check_id(id: &str) -> Result<(), WinLowerError> {
+pub fn check_id(id: &str) -> Result<(), WinLowerError> {
     let ok = !id.is_empty()
         && id.len() <= 32
         && id
@@ -383,7 +383,7 @@ pub(crate) fn check_id(id: &str) -> Result<(), WinLowerError> {
 }
 
 /// The instance id: the name of the run dir holding `tmp`.
-pub(crate) fn instance_id(policy: &Policy) -> Result<String, WinLowerError> {
+pub fn instance_id(policy: &Policy) -> Result<String, WinLowerError> {
     let bad = || WinLowerError::BadInstanceDir(policy.vars.tmp.to_string_lossy().into_owned());
     let tmp = WinPath::parse(&policy.vars.tmp).ok_or_else(bad)?;
     let id = tmp
@@ -396,12 +396,12 @@ pub(crate) fn instance_id(policy: &Policy) -> Result<String, WinLowerError> {
 }
 
 /// A protected Windows path, how, and why.
-pub(crate) type Protected = (WinPath, Protection, String);
+pub type Protected = (WinPath, Protection, String);
 
 /// The grants and protections of a policy as Windows paths, with the
 /// non-Windows ones set aside. Shared by both Windows tiers.
 #[derive(Debug, Clone)]
-pub(crate) struct WinView {
+pub struct WinView {
     pub grants: Vec<(WinPath, Access, GrantOrigin)>,
     pub protects: Vec<Protected>,
     pub ignored: Vec<Ignored>,
@@ -646,8 +646,8 @@ impl AclPlan {
             o,
             "network: {}",
             match self.network {
-                crate::policy::NetMode::None => "none (no capability, no loopback exemption)",
-                crate::policy::NetMode::Allowlist => NETWORK_ALLOWLIST,
+                crate::NetMode::None => "none (no capability, no loopback exemption)",
+                crate::NetMode::Allowlist => NETWORK_ALLOWLIST,
             }
         );
         render_common(
@@ -664,7 +664,7 @@ impl AclPlan {
     }
 }
 
-pub(crate) fn render_common(
+pub fn render_common(
     o: &mut String,
     entries: &[AclEntry],
     denies: &[DenyEntry],
@@ -715,7 +715,7 @@ pub(crate) fn render_common(
     }
 }
 
-pub(crate) fn render_job(o: &mut String, j: &JobPlan, desktop: bool) {
+pub fn render_job(o: &mut String, j: &JobPlan, desktop: bool) {
     let opt = |v: Option<u64>| v.map_or("none".to_string(), |n| n.to_string());
     let _ = writeln!(
         o,
@@ -729,35 +729,35 @@ pub(crate) fn render_job(o: &mut String, j: &JobPlan, desktop: bool) {
 }
 
 // winnt.h access masks, spelled here so the plan is the same on every host.
-pub(crate) const DELETE: u32 = 0x0001_0000;
-pub(crate) const READ_CONTROL: u32 = 0x0002_0000;
-pub(crate) const WRITE_DAC: u32 = 0x0004_0000;
-pub(crate) const WRITE_OWNER: u32 = 0x0008_0000;
-pub(crate) const SYNCHRONIZE: u32 = 0x0010_0000;
-pub(crate) const FILE_READ_DATA: u32 = 0x0001;
-pub(crate) const FILE_WRITE_DATA: u32 = 0x0002;
-pub(crate) const FILE_APPEND_DATA: u32 = 0x0004;
-pub(crate) const FILE_READ_EA: u32 = 0x0008;
-pub(crate) const FILE_WRITE_EA: u32 = 0x0010;
-pub(crate) const FILE_EXECUTE: u32 = 0x0020;
-pub(crate) const FILE_DELETE_CHILD: u32 = 0x0040;
-pub(crate) const FILE_READ_ATTRIBUTES: u32 = 0x0080;
-pub(crate) const FILE_WRITE_ATTRIBUTES: u32 = 0x0100;
-pub(crate) const FILE_GENERIC_READ: u32 =
+pub const DELETE: u32 = 0x0001_0000;
+pub const READ_CONTROL: u32 = 0x0002_0000;
+pub const WRITE_DAC: u32 = 0x0004_0000;
+pub const WRITE_OWNER: u32 = 0x0008_0000;
+pub const SYNCHRONIZE: u32 = 0x0010_0000;
+pub const FILE_READ_DATA: u32 = 0x0001;
+pub const FILE_WRITE_DATA: u32 = 0x0002;
+pub const FILE_APPEND_DATA: u32 = 0x0004;
+pub const FILE_READ_EA: u32 = 0x0008;
+pub const FILE_WRITE_EA: u32 = 0x0010;
+pub const FILE_EXECUTE: u32 = 0x0020;
+pub const FILE_DELETE_CHILD: u32 = 0x0040;
+pub const FILE_READ_ATTRIBUTES: u32 = 0x0080;
+pub const FILE_WRITE_ATTRIBUTES: u32 = 0x0100;
+pub const FILE_GENERIC_READ: u32 =
     READ_CONTROL | FILE_READ_DATA | FILE_READ_ATTRIBUTES | FILE_READ_EA | SYNCHRONIZE;
-pub(crate) const FILE_GENERIC_WRITE: u32 = READ_CONTROL
+pub const FILE_GENERIC_WRITE: u32 = READ_CONTROL
     | FILE_WRITE_DATA
     | FILE_WRITE_ATTRIBUTES
     | FILE_WRITE_EA
     | FILE_APPEND_DATA
     | SYNCHRONIZE;
-pub(crate) const FILE_GENERIC_EXECUTE: u32 =
+pub const FILE_GENERIC_EXECUTE: u32 =
     READ_CONTROL | FILE_READ_ATTRIBUTES | FILE_EXECUTE | SYNCHRONIZE;
-pub(crate) const FILE_ALL_ACCESS: u32 = 0x001F_01FF;
+pub const FILE_ALL_ACCESS: u32 = 0x001F_01FF;
 /// Everything that changes an object (its data, names below it, attributes,
 /// ACL or owner), for read-only protections. Not `SYNCHRONIZE` or
 /// `READ_CONTROL`, so reading stays allowed.
-pub(crate) const WRITE_MASK: u32 = FILE_WRITE_DATA
+pub const WRITE_MASK: u32 = FILE_WRITE_DATA
     | FILE_APPEND_DATA
     | FILE_WRITE_EA
     | FILE_WRITE_ATTRIBUTES
@@ -767,57 +767,22 @@ pub(crate) const WRITE_MASK: u32 = FILE_WRITE_DATA
     | WRITE_OWNER;
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::policy::{profiles, resolve, Grant, Policy};
-
-    /// Resolves a shipped profile for a Windows host, on any host: resolved
-    /// with POSIX stand-ins for `C:\Users\u` (the resolver's path rules are
-    /// the host's), then every stand-in path rewritten to its Windows form.
-    /// Linux-shaped entries (`/usr`, `/etc/shadow`) stay as they are, which is
-    /// what they are on Windows: no Windows path.
-    pub fn windows_policy(name: &str) -> Policy {
-        let vars = crate::policy::Vars {
-            project: "/Users/u/proj".into(),
-            tmp: "/Users/u/AppData/Local/Temp/hull-runs/id1/tmp".into(),
-            spill: "/Users/u/AppData/Local/Temp/hull-runs/id1/spill".into(),
-            home: "/Users/u".into(),
-            runs: "/Users/u/AppData/Local/Temp/hull-runs".into(),
-        };
-        let mut p = resolve(&profiles::load(name).unwrap(), &vars).unwrap();
-        let win = |path: &Path| -> std::path::PathBuf {
-            let s = path.to_str().unwrap();
-            if s.starts_with("/Users/") {
-                format!("C:{}", s.replace('/', "\\")).into()
-            } else {
-                path.to_path_buf()
-            }
-        };
-        for g in &mut p.grants {
-            g.path = win(&g.path);
-        }
-        for pr in &mut p.protects {
-            pr.path = win(&pr.path);
-        }
-        p.vars.project = win(&p.vars.project);
-        p.vars.tmp = win(&p.vars.tmp);
-        p.vars.spill = win(&p.vars.spill);
-        p.vars.home = win(&p.vars.home);
-        p.vars.runs = win(&p.vars.runs);
-        p
-    }
+    use crate::lower::testing::windows_policy;
+    use crate::{profiles, Grant};
 
     /// `net.mode = "allowlist"` requests no capability and says what the
     /// elevated helper must set up. Golden: `appcontainer-default-allowlist.txt`.
     #[test]
     fn an_allow_list_requests_no_capability_and_names_the_helper() {
         let mut pol = windows_policy("default");
-        pol.net.mode = crate::policy::NetMode::Allowlist;
+        pol.net.mode = crate::NetMode::Allowlist;
         let plan = lower(&pol, "ws1").unwrap();
         assert!(plan.capabilities.is_empty());
         let text = plan.render();
         assert!(text.contains("WFP filters keyed on it"), "{text}");
-        crate::policy::lower::testing::golden("appcontainer-default-allowlist.txt", &text);
+        crate::lower::testing::golden("appcontainer-default-allowlist.txt", &text);
     }
 
     /// `--cow` as the seeds design it: the workspace's ACE read-only (and
@@ -849,17 +814,14 @@ pub(crate) mod tests {
             .entries
             .iter()
             .any(|e| e.path == up && e.trustee != Trustee::Package("hull.ws.ws1".into())));
-        crate::policy::lower::testing::golden("appcontainer-default-cow.txt", &plan.render());
+        crate::lower::testing::golden("appcontainer-default-cow.txt", &plan.render());
     }
 
     #[test]
     fn golden_plans_for_shipped_policies() {
         for (name, _) in profiles::PROFILES {
             let plan = lower(&windows_policy(name), "ws1").unwrap();
-            crate::policy::lower::testing::golden(
-                &format!("appcontainer-{name}.txt"),
-                &plan.render(),
-            );
+            crate::lower::testing::golden(&format!("appcontainer-{name}.txt"), &plan.render());
         }
     }
 

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::plan::{self, PlanError, Step};
-use crate::policy::{Access, HostFs, NodeKind, Policy};
+use crate::{Access, HostFs, NodeKind, Policy};
 
 /// A Landlock filesystem right (the kernel's `LANDLOCK_ACCESS_FS_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -331,8 +331,8 @@ impl LandlockPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::lower::testing::{golden, host, vars};
-    use crate::policy::{profiles, resolve};
+    use crate::lower::testing::{golden, host, vars};
+    use crate::{profiles, resolve};
 
     fn lowered(profile: &str) -> LandlockPlan {
         let pf = profiles::load(profile).unwrap();

@@ -339,7 +339,7 @@ pub fn expand_path(s: &str, vars: &Vars) -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::PolicyFile;
+    use crate::PolicyFile;
 
     pub fn vars() -> Vars {
         Vars {

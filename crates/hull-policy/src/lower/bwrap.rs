@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::plan::{self, FsPlan, Placeholder, PlanError, Step};
-use crate::policy::{Access, HostFs, Policy};
+use crate::{Access, HostFs, Policy};
 
 /// The empty nodes protections are masked with (made by the runtime, in the
 /// instance dir, mode 0: reading one is "Permission denied").
@@ -176,9 +176,9 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::hostfs::FakeFs;
-    use crate::policy::lower::testing::{golden, host, vars};
-    use crate::policy::{profiles, resolve};
+    use crate::hostfs::FakeFs;
+    use crate::lower::testing::{golden, host, vars};
+    use crate::{profiles, resolve};
 
     fn masks() -> Masks {
         Masks {
@@ -264,7 +264,7 @@ mod tests {
         let fs = host()
             .symlink("/work/proj/sub", "/elsewhere")
             .dir("/elsewhere/cache");
-        let pf = crate::policy::PolicyFile::parse(
+        let pf = crate::PolicyFile::parse(
             "p.toml",
             "version = 1\n[fs]\nread_write = [\"${PROJECT}\", \"sub/cache\"]\n",
         )
@@ -276,7 +276,7 @@ mod tests {
             "{e}"
         );
         // The same grant outside any writable root is the host's business.
-        let pf = crate::policy::PolicyFile::parse(
+        let pf = crate::PolicyFile::parse(
             "p.toml",
             "version = 1\n[fs]\nread = [\"/work/proj/sub/cache\"]\n",
         )

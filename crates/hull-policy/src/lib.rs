@@ -7,10 +7,19 @@
 //! ([`lower`]). Lowering is a pure function of the resolved policy and a view
 //! of the host filesystem ([`HostFs`]), so every lowered form is golden-tested.
 //!
-//! What this module protects against: a policy file that says something other
+//! What this crate protects against: a policy file that says something other
 //! than what the reader thinks (unknown keys, wrong types, relative paths that
 //! escape the project are errors, never ignored). What it does not: a policy
 //! that grants too much. `hull policy explain` shows the boundary for review.
+//!
+//! The crate is the lowest floor of hull's workspace: it depends on no other
+//! crate of hull's, starts no process and opens no socket. It reads the host
+//! in two places only, both named: [`RealFs`] (`lstat`, `readlink` and
+//! directory listings of the paths a policy names, for the lowerings) and
+//! [`git`] (the walk of the writable roots for repositories, before a run).
+//! Launching a tier, the runtime's directories and everything a command can
+//! change live in the crates above, which may use this one and never the
+//! other way round.
 
 pub mod file;
 #[cfg(unix)]

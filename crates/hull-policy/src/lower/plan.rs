@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::policy::{Access, Grant, HostFs, NodeKind, Policy, Protect, ProtectReason, Protection};
+use crate::{Access, Grant, HostFs, NodeKind, Policy, Protect, ProtectReason, Protection};
 
 /// A node hull creates on the host before launch so a protection of a path
 /// that does not exist yet has something to cover: an empty directory
@@ -166,7 +166,7 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
 
     for g in &policy.grants {
         let mut access = g.access;
-        if g.origin == crate::policy::GrantOrigin::Policy {
+        if g.origin == crate::GrantOrigin::Policy {
             if let Some(p) = covering(&policy.protects, &g.path, Protection::Hidden) {
                 out.notes.push(format!(
                     "{} ({}) is inside {} ({}): hidden",
@@ -190,7 +190,7 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
             }
         }
         // The instance's own dirs exist whenever a command runs.
-        let kind = if g.origin == crate::policy::GrantOrigin::Policy {
+        let kind = if g.origin == crate::GrantOrigin::Policy {
             fs.kind(&g.path)
         } else {
             NodeKind::Dir

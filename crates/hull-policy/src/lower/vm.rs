@@ -5,7 +5,7 @@
 //! virtiofsd, mounted in the guest at `/mnt/hull/<tag>` and passed into the
 //! container at the same path as on the host. (A restore with more shares
 //! than the snapshot's slots packs the read-only grants without masks into
-//! one virtiofsd: `crate::vm::snapshot::slotted`.) Read-only grants and the
+//! one virtiofsd: hull's `vm::snapshot::slotted`.) Read-only grants and the
 //! instance spill are read-only *on the host* (`virtiofsd --readonly`), not
 //! only in the guest.
 //!
@@ -13,7 +13,7 @@
 //! are enforced on the host too: the share's virtiofsd runs in a private
 //! mount namespace where each protected path is bind-mounted read-only onto
 //! itself, or covered by an empty read-only directory or file (see
-//! [`crate::vm::virtiofsd`]). A read-only grant nested in a writable one is a
+//! hull's `vm::virtiofsd`). A read-only grant nested in a writable one is a
 //! read-only mask of the outer share; a writable grant nested in a read-only
 //! one is its own writable share, mounted over the outer one in the container.
 //!
@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::policy::{Access, GrantOrigin, HostFs, NodeKind, Policy, ProtectReason, Protection};
+use crate::{Access, GrantOrigin, HostFs, NodeKind, Policy, ProtectReason, Protection};
 
 /// The guest uid (and, inside the container via `raw.idmap`, the container
 /// uid) commands run as. Host files appear owned by it.
@@ -103,7 +103,7 @@ pub struct Share {
     /// Protected paths inside, masked on the host.
     pub masks: Vec<Mask>,
     /// Set when the share is packed with other read-only shares into one
-    /// virtiofs device (see [`crate::vm::snapshot::slotted`]): its
+    /// virtiofs device (see hull's `vm::snapshot::slotted`): its
     /// directory in that device's view. Never set by the lowering.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subdir: Option<String>,
@@ -600,8 +600,8 @@ impl VmPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::hostfs::FakeFs;
-    use crate::policy::{resolve, PolicyFile, Vars};
+    use crate::hostfs::FakeFs;
+    use crate::{resolve, PolicyFile, Vars};
 
     fn vars() -> Vars {
         Vars {
@@ -632,7 +632,7 @@ mod tests {
     }
 
     fn profile(name: &str, fs: &FakeFs) -> VmPlan {
-        let pf = crate::policy::profiles::load(name).unwrap();
+        let pf = crate::profiles::load(name).unwrap();
         lower(&resolve(&pf, &vars()).unwrap(), fs).unwrap()
     }
 

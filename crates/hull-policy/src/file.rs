@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::policy::net::{HostPattern, NetMode, NetPolicy, Registry, DEFAULT_PORTS};
-use crate::policy::VmPolicy;
+use crate::net::{HostPattern, NetMode, NetPolicy, Registry, DEFAULT_PORTS};
+use crate::VmPolicy;
 use toml::Spanned;
 
 /// A parse or validation error, located in its file.
@@ -359,7 +359,7 @@ impl PolicyFile {
         let mut hosts = BTreeMap::new();
         for (name, addr) in &n.hosts {
             let key = format!("net.hosts.{name}");
-            let normal = crate::policy::net::normalise_name(name)
+            let normal = crate::net::normalise_name(name)
                 .map_err(|why| self.error_at(addr.span(), &key, format!("{name:?} {why}")))?;
             let ip = addr.get_ref().parse::<std::net::IpAddr>().map_err(|_| {
                 self.error_at(
