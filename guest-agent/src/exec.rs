@@ -206,17 +206,8 @@ impl Supervisor {
             rustix::fs::ResolveFlags::NO_MAGICLINKS,
         )
         .ok()?;
-        let mut f = File::from(fd);
-        if !f.metadata().ok()?.is_file() {
-            return None;
-        }
-        let mut head = Vec::with_capacity(hull_protocol::shebang::HEAD_BYTES);
-        (&mut f)
-            .take(hull_protocol::shebang::HEAD_BYTES as u64)
-            .read_to_end(&mut head)
-            .ok()?;
-        let interp = hull_protocol::shebang::interpreter(&head)?;
-        let interp = cwd.join(std::ffi::OsStr::from_bytes(interp));
+        let interp = hull_protocol::shebang::interpreter_of(&File::from(fd))?;
+        let interp = cwd.join(std::ffi::OsStr::from_bytes(&interp));
         let missing = std::fs::metadata(&interp).is_err();
         let why = if missing {
             "is not there"

@@ -22,6 +22,21 @@ pub fn interpreter(head: &[u8]) -> Option<&[u8]> {
     Some(&line[..end]).filter(|i| !i.is_empty())
 }
 
+/// The interpreter named by the `#!` line of `file`, an opened regular
+/// file (anything else names none): its first [`HEAD_BYTES`] read, as the
+/// kernel reads them. The caller opens it (how, without following a link
+/// or blocking on a FIFO, is the caller's concern: both sides do it their
+/// own way).
+pub fn interpreter_of(file: &std::fs::File) -> Option<Vec<u8>> {
+    use std::io::Read;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut head = Vec::with_capacity(HEAD_BYTES);
+    file.take(HEAD_BYTES as u64).read_to_end(&mut head).ok()?;
+    interpreter(&head).map(<[u8]>::to_vec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,5 +56,19 @@ mod tests {
         ] {
             assert_eq!(interpreter(head), want, "{head:?}");
         }
+    }
+
+    #[test]
+    fn a_file_s_interpreter_is_read_from_its_head_and_a_directory_has_none() {
+        let d = std::env::temp_dir().join(format!("hull-shebang-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let script = d.join("s");
+        let mut text = b"#!/opt/py -u\n".to_vec();
+        text.resize(HEAD_BYTES * 4, b'x');
+        std::fs::write(&script, &text).unwrap();
+        let f = std::fs::File::open(&script).unwrap();
+        assert_eq!(interpreter_of(&f).as_deref(), Some(&b"/opt/py"[..]));
+        assert_eq!(interpreter_of(&std::fs::File::open(&d).unwrap()), None);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

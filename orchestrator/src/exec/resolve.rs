@@ -175,7 +175,6 @@ fn probe(sb: &Sandbox<'_>, at: &Path, cwd: &Path) -> Found {
 /// and only a regular file is read).
 fn script_interpreter(at: &Path) -> Option<PathBuf> {
     use rustix::fs::{Mode, OFlags};
-    use std::io::Read;
     let real = std::fs::canonicalize(at).ok()?;
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
     #[cfg(target_os = "linux")]
@@ -189,17 +188,8 @@ fn script_interpreter(at: &Path) -> Option<PathBuf> {
     .ok()?;
     #[cfg(not(target_os = "linux"))]
     let fd = rustix::fs::open(&real, flags | OFlags::NOFOLLOW, Mode::empty()).ok()?;
-    let mut f = std::fs::File::from(fd);
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut head = Vec::with_capacity(hull_protocol::shebang::HEAD_BYTES);
-    (&mut f)
-        .take(hull_protocol::shebang::HEAD_BYTES as u64)
-        .read_to_end(&mut head)
-        .ok()?;
-    let interp = hull_protocol::shebang::interpreter(&head)?;
-    Some(PathBuf::from(OsStr::from_bytes(interp)))
+    let interp = hull_protocol::shebang::interpreter_of(&std::fs::File::from(fd))?;
+    Some(PathBuf::from(OsStr::from_bytes(&interp)))
 }
 
 fn probe_file(sb: &Sandbox<'_>, at: &Path, links: u32) -> Found {
