@@ -882,7 +882,8 @@ pub fn execute(
         None => Ok(crate::runtime::Instance::create(&runs)?),
     }?;
     // Opportunistic cleanup of dead instances (at most every few minutes).
-    if let Err(e) = crate::runtime::gc_if_due(instance.runs_root()) {
+    if let Err(e) = crate::runtime::gc_if_due(instance.runs_root(), &crate::tier::reclaim_stale_run)
+    {
         tracing::warn!("cleaning old instances: {e}");
     }
     // Until the command starts, an error finishes the instance first (its

@@ -63,7 +63,7 @@ pub fn runs(c: RunsCommand) -> anyhow::Result<i32> {
             Ok(0)
         }
         RunsCommand::Gc { json } => {
-            let r = runtime::gc(&root)?;
+            let r = runtime::gc(&root, &crate::tier::reclaim_stale_run)?;
             // Kept VMs whose supervisor is gone: their runs' tmp and spill.
             #[cfg(target_os = "linux")]
             for name in crate::vm::supervisor::sweep_leftovers() {

@@ -16,6 +16,11 @@
 //! from `hull run` at most every [`GC_INTERVAL`]: no manual `hull runs gc`
 //! is needed.
 //!
+//! What a crashed run left outside its directory (a tier-3 run's QEMU and
+//! virtiofsd, the placeholders they hold) is not the runtime's to know: the
+//! caller passes a [`Reclaim`] that a pass calls, under the run dir's
+//! exclusive lock, before the scratch that names those goes.
+//!
 //! Staging dirs (`.new-<uuid>`, an instance being created) are left alone for
 //! [`STAGING_GRACE`], then treated the same way (a crashed creator). A run
 //! dir without `.active` is only removed when it is empty. Names that are not
@@ -28,6 +33,10 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::{fsx, lock, InstanceId, LOCK_FILE, LOGS_DIR, SPILL_DIR, TMP_DIR};
+
+/// What a pass calls on an idle run dir before cleaning it (its exclusive
+/// lock held): the tiers end what a crashed run of theirs left running.
+pub type Reclaim<'a> = &'a dyn Fn(&Path);
 
 /// How long spill files are kept, unless `HULL_RUNS_MAX_AGE` says.
 pub const SPILL_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
@@ -167,10 +176,11 @@ fn read_root(root: &Path) -> Result<Vec<(String, PathBuf)>, GcError> {
 
 /// One cleanup pass over every run dir under `root` (see the module docs for
 /// the rules). A missing root is an empty pass.
-pub fn gc(root: &Path) -> Result<GcReport, GcError> {
+pub fn gc(root: &Path, reclaim: Reclaim<'_>) -> Result<GcReport, GcError> {
     let settings = crate::settings::get();
     gc_with(
         root,
+        reclaim,
         settings.runs_max_age.unwrap_or(SPILL_MAX_AGE),
         settings.runs_keep.unwrap_or(RUNS_KEEP),
     )
@@ -178,7 +188,12 @@ pub fn gc(root: &Path) -> Result<GcReport, GcError> {
 
 /// [`gc`] with its bounds: spill and logs older than `max_age` go, and
 /// idle run dirs beyond `keep` go whole, oldest first.
-pub(crate) fn gc_with(root: &Path, max_age: Duration, keep: usize) -> Result<GcReport, GcError> {
+pub(crate) fn gc_with(
+    root: &Path,
+    reclaim: Reclaim<'_>,
+    max_age: Duration,
+    keep: usize,
+) -> Result<GcReport, GcError> {
     let now = SystemTime::now();
     let mut entries = Vec::new();
     // Idle run dirs a pass kept, with when each was made.
@@ -188,7 +203,7 @@ pub(crate) fn gc_with(root: &Path, max_age: Duration, keep: usize) -> Result<GcR
             continue;
         };
         let is_run = matches!(kind, Kind::Run);
-        let outcome = match clean_one(&path, kind, now, Some(max_age)) {
+        let outcome = match clean_one(&path, kind, now, Some(max_age), reclaim) {
             Ok(o) => o,
             Err(e) => GcOutcome::Failed {
                 error: format!("{}: {e}", path.display()),
@@ -215,7 +230,7 @@ pub(crate) fn gc_with(root: &Path, max_age: Duration, keep: usize) -> Result<GcR
     kept.sort();
     let over = kept.len().saturating_sub(keep);
     for (_, i, path) in kept.into_iter().take(over) {
-        let outcome = match clean_one(&path, Kind::Run, now, None) {
+        let outcome = match clean_one(&path, Kind::Run, now, None, reclaim) {
             Ok(GcOutcome::Cleaned {
                 tmp_removed,
                 spill_removed,
@@ -257,7 +272,7 @@ pub(crate) fn gc_with(root: &Path, max_age: Duration, keep: usize) -> Result<GcR
 /// (recorded in `<root>/.gc-stamp`) is older than [`GC_INTERVAL`] or
 /// unknown, so starting many hulls does not rescan the root each time.
 /// `Ok(None)` when no pass was due or the root does not exist.
-pub fn gc_if_due(root: &Path) -> Result<Option<GcReport>, GcError> {
+pub fn gc_if_due(root: &Path, reclaim: Reclaim<'_>) -> Result<Option<GcReport>, GcError> {
     if !root.is_dir() {
         return Ok(None);
     }
@@ -278,7 +293,7 @@ pub fn gc_if_due(root: &Path) -> Result<Option<GcReport>, GcError> {
         .write(true)
         .create_new(true)
         .open(&stamp);
-    gc(root).map(Some)
+    gc(root, reclaim).map(Some)
 }
 
 fn older_than(md: &std::fs::Metadata, now: SystemTime, age: Duration) -> bool {
@@ -294,6 +309,7 @@ fn clean_one(
     kind: Kind,
     now: SystemTime,
     max_age: Option<Duration>,
+    reclaim: Reclaim<'_>,
 ) -> io::Result<GcOutcome> {
     let md = std::fs::symlink_metadata(dir)?;
     if !md.is_dir() {
@@ -333,8 +349,7 @@ fn clean_one(
             // A crashed tier-3 run's QEMU and virtiofsd (and the
             // placeholders they keep in shared dirs) go before the scratch
             // that names them.
-            #[cfg(target_os = "linux")]
-            let _ = crate::vm::assemble::cleanup_stale_instance(dir);
+            reclaim(dir);
             clean_locked(dir, &lock_path, excl, now, max_age)
         }
         Kind::Staging => {
@@ -566,7 +581,20 @@ mod tests {
         // Not ours: never touched.
         std::fs::create_dir(root.join("not-a-run")).unwrap();
 
-        let r = gc(&root).unwrap();
+        // The tiers' reclaim runs on each idle run dir, under its lock,
+        // while the scratch is still there; never on a busy one.
+        let reclaimed = std::cell::RefCell::new(Vec::new());
+        let r = gc(&root, &|dir: &Path| {
+            reclaimed
+                .borrow_mut()
+                .push((dir.to_path_buf(), dir.join(TMP_DIR).exists()))
+        })
+        .unwrap();
+        let mut reclaimed = reclaimed.into_inner();
+        reclaimed.sort();
+        let mut want = vec![(idle_dir.clone(), true), (empty_dir.clone(), true)];
+        want.sort();
+        assert_eq!(reclaimed, want);
         let by = |dir: &Path| {
             let n = dir.file_name().unwrap().to_str().unwrap();
             r.entries
@@ -631,12 +659,12 @@ mod tests {
         std::fs::create_dir_all(&logs).unwrap();
         std::fs::write(logs.join("console.log"), b"boot\n").unwrap();
         drop(i);
-        gc(&root).unwrap();
+        gc(&root, &|_| {}).unwrap();
         assert!(logs.join("console.log").is_file(), "young logs are kept");
         assert!(!dir.join(TMP_DIR).exists());
         let t = SystemTime::now() - SPILL_MAX_AGE * 2;
         std::fs::File::open(&logs).unwrap().set_modified(t).unwrap();
-        gc(&root).unwrap();
+        gc(&root, &|_| {}).unwrap();
         assert!(
             !dir.exists(),
             "old logs go, and the empty run dir with them"
@@ -652,16 +680,21 @@ mod tests {
         let st = root.join(format!(".new-{}", InstanceId::new()));
         std::fs::create_dir(&st).unwrap();
         std::fs::write(st.join(LOCK_FILE), b"").unwrap();
-        let r = gc_if_due(&root).unwrap().expect("first pass is due");
+        let r = gc_if_due(&root, &|_| {})
+            .unwrap()
+            .expect("first pass is due");
         assert!(matches!(r.entries[0].outcome, GcOutcome::Skipped { .. }));
         assert!(st.is_dir());
-        assert!(gc_if_due(&root).unwrap().is_none(), "stamp is fresh");
+        assert!(
+            gc_if_due(&root, &|_| {}).unwrap().is_none(),
+            "stamp is fresh"
+        );
         // An old staging dir of a crashed creator goes.
         let f = std::fs::File::open(&st).unwrap();
         f.set_modified(SystemTime::now() - 2 * STAGING_GRACE)
             .unwrap();
         drop(f);
-        let r = gc(&root).unwrap();
+        let r = gc(&root, &|_| {}).unwrap();
         assert!(matches!(
             r.entries[0].outcome,
             GcOutcome::Cleaned {

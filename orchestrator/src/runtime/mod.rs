@@ -57,7 +57,9 @@ use std::str::FromStr;
 use serde::{Serialize, Serializer};
 use uuid::Uuid;
 
-pub use gc::{gc, gc_if_due, list, GcEntry, GcError, GcOutcome, GcReport, RunInfo, RunState};
+pub use gc::{
+    gc, gc_if_due, list, GcEntry, GcError, GcOutcome, GcReport, Reclaim, RunInfo, RunState,
+};
 pub use instance::{FinishOutcome, Instance, InstanceError};
 pub use read::{ReadAnswer, ReadError, ReadRequest, ReadScope, READ_MAX_BYTES};
 pub use spill::{PassThrough, SpillError, SpillSink, DEFAULT_SPILL_BYTES};

@@ -112,7 +112,7 @@ fn age(p: &Path, by: Duration) {
 }
 
 fn outcome_for(root: &Path, id: InstanceId) -> GcOutcome {
-    let r = gc(root).unwrap();
+    let r = gc(root, &|_| {}).unwrap();
     r.entries
         .into_iter()
         .find(|e| e.name == id.to_string())
@@ -410,7 +410,7 @@ fn idle_run_dirs_beyond_the_bound_go_oldest_first() {
         made.push((id, dir));
     }
     let held = Instance::join(&root, made[0].0).unwrap();
-    let report = super::gc::gc_with(&root, SPILL_MAX_AGE, 2).unwrap();
+    let report = super::gc::gc_with(&root, &|_| {}, SPILL_MAX_AGE, 2).unwrap();
     let removed: Vec<bool> = made.iter().map(|(_, dir)| !dir.exists()).collect();
     assert_eq!(removed, [false, true, true, false, false], "{report:?}");
     assert!(made[0].1.join("spill/out.txt").is_file());

@@ -165,6 +165,17 @@ impl std::fmt::Display for Tier {
     }
 }
 
+/// Ends what a crashed run left outside its run dir: a tier-3 run's QEMU
+/// and virtiofsd (and the placeholders they hold). The runtime's cleanup
+/// calls it ([`crate::runtime::Reclaim`]) on an idle run dir, under its
+/// lock; the process tiers leave nothing outside.
+pub fn reclaim_stale_run(dir: &std::path::Path) {
+    #[cfg(target_os = "linux")]
+    let _ = vm::cleanup_stale_instance(dir);
+    #[cfg(not(target_os = "linux"))]
+    let _ = dir;
+}
+
 /// Probes one tier on this host.
 pub fn probe(tier: Tier) -> probe::Probe {
     if !probe::built_for_this_os(tier) {
