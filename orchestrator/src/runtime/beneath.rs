@@ -18,7 +18,7 @@ use std::path::Path;
 /// How often [`openat2`] resolves again after the kernel could not vouch
 /// for a `..` step.
 #[cfg(any(target_os = "linux", target_os = "android"))]
-const SETTLE_TRIES: usize = 64;
+pub(crate) const SETTLE_TRIES: usize = 64;
 
 /// `openat2(2)`, resolved again when the kernel answers EAGAIN: with
 /// `RESOLVE_BENEATH` or `RESOLVE_IN_ROOT`, a `..` step is refused that way
@@ -26,7 +26,8 @@ const SETTLE_TRIES: usize = 64;
 /// (the kernel cannot then tell that `..` stayed inside), and the man page
 /// asks the caller to retry. On a busy machine that is routine, not an
 /// attack; after [`SETTLE_TRIES`] walks in a row the EAGAIN stands. Every
-/// scoped `openat2` of hull's goes through here.
+/// scoped `openat2` of hull's goes through here, but the raw one a forked
+/// child makes (`tier::mounts`), which retries the same way.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) fn openat2<Fd: std::os::fd::AsFd, P: rustix::path::Arg + Copy>(
     dir: Fd,

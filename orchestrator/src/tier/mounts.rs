@@ -206,7 +206,8 @@ pub(super) fn open_beneath(root: &OwnedFd, rel: &CStr) -> std::io::Result<OwnedF
             break fd;
         }
         let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EAGAIN) || tries >= 64 {
+        if e.raw_os_error() != Some(libc::EAGAIN) || tries >= crate::runtime::beneath::SETTLE_TRIES
+        {
             return Err(e);
         }
         tries += 1;
