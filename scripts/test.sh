@@ -86,7 +86,7 @@ summary() {
 
   # Ignored tests and why: every #[ignore = "reason"] in the sources.
   local ignored
-  ignored=$(grep -rn --include='*.rs' -A4 '#\[ignore' orchestrator guest-agent protocol tests 2>/dev/null |
+  ignored=$(grep -rn --include='*.rs' -A4 '#\[ignore' crates orchestrator guest-agent protocol tests 2>/dev/null |
     awk '
       /#\[ignore/ { reason = $0; sub(/.*#\[ignore *=? *"?/, "", reason); sub(/"?\]$/, "", reason); want = 1; next }
       want && /fn [a-z_0-9]+/ { f = $0; sub(/.*fn /, "", f); sub(/\(.*/, "", f); printf "    %s: %s\n", f, reason; want = 0 }')
@@ -184,7 +184,7 @@ images_pid=$!
 # Clippy while the images build too (it needs no image).
 step "clippy (Linux)" cargo clippy --workspace --all-targets --locked --features "$FEATURES" -- -D warnings
 for target in aarch64-apple-darwin x86_64-pc-windows-gnu; do
-  step "clippy ($target)" cargo clippy -p hull-policy -p hull -p hull-protocol --all-targets --locked --target "$target" -- -D warnings
+  step "clippy ($target)" cargo clippy -p hull-policy -p hull-exec -p hull -p hull-protocol --all-targets --locked --target "$target" -- -D warnings
 done
 
 # The VM tests are the `vm` test group of .config/nextest.toml.

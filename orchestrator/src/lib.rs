@@ -15,20 +15,17 @@ pub mod canary;
 pub mod changes;
 pub mod cli;
 pub mod compare;
-pub mod exec;
-pub mod mountinfo;
 #[cfg(unix)]
 pub mod net;
 pub mod os;
 #[cfg(unix)]
 pub mod out_dir;
+pub mod prepare;
 pub mod result_file;
 pub mod run;
-pub mod runtime;
 pub mod sandbox_user;
 #[cfg(target_os = "linux")]
 pub mod serve;
-pub mod settings;
 pub mod text;
 pub mod tier;
 pub mod vm;
@@ -38,8 +35,6 @@ pub mod winsec;
 /// The policy, its resolution and its lowering: the `hull-policy` crate.
 pub use hull_policy as policy;
 
-/// Exit code when hull itself failed (the command did not run, or its
-/// result is unknown). Distinct from any exit code `sh` gives a command.
-pub const EXIT_HULL_FAILED: i32 = 125;
-/// Exit code when the command was killed because it exceeded its wall time.
-pub const EXIT_TIMEOUT: i32 = 124;
+/// Starting a command, the runtime's directories, the settings, the mount
+/// table, and hull's own exit codes: the `hull-exec` crate.
+pub use hull_exec::{exec, mountinfo, runtime, settings, state, EXIT_HULL_FAILED, EXIT_TIMEOUT};

@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
-use crate::policy::{self, Policy, Vars};
+use crate::policy::{self, Policy};
+use crate::prepare::{
+    command_env, home_dir, project_path, resolve_policy, PrepareError, ProjectError, Repos,
+};
 use crate::tier::{probe::Probe, Tier};
 
 /// Which tier the caller asked for.
@@ -75,14 +78,8 @@ pub enum RunError {
     AutoUnavailable { tier: Tier, reason: String },
     #[error("tier {tier} is unavailable on this host: {reason}. Nothing was run")]
     Unavailable { tier: Tier, reason: String },
-    #[error("project {path}: {source}")]
-    Project {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("project {path} is inside hull's run directory {runs}; refusing (it would expose other instances)")]
-    ProjectInRuns { path: PathBuf, runs: PathBuf },
+    #[error(transparent)]
+    Project(#[from] ProjectError),
     #[error(transparent)]
     Policy(#[from] policy::PolicyError),
     #[error(transparent)]
@@ -239,116 +236,6 @@ pub fn select_tier(choice: TierChoice) -> Result<(Tier, Probe), RunError> {
             }
         }
     }
-}
-
-/// The user's home directory, for `${HOME}`.
-pub fn home_dir() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .unwrap_or_else(|| PathBuf::from("/nonexistent"))
-}
-
-/// Canonical project path, refused when inside the runs dir.
-pub fn project_path(p: &Path, runs: &Path) -> Result<PathBuf, RunError> {
-    let path = std::fs::canonicalize(p).map_err(|source| RunError::Project {
-        path: p.to_path_buf(),
-        source,
-    })?;
-    let runs_c = std::fs::canonicalize(runs).unwrap_or_else(|_| runs.to_path_buf());
-    if path.starts_with(&runs_c) {
-        return Err(RunError::ProjectInRuns { path, runs: runs_c });
-    }
-    Ok(path)
-}
-
-/// Why a policy could not be prepared for a run.
-#[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
-    #[error(transparent)]
-    Policy(#[from] policy::PolicyError),
-    #[cfg(unix)]
-    #[error("net.allow: {0}")]
-    Registry(#[from] crate::net::registry::RegistryError),
-    #[cfg(unix)]
-    #[error(transparent)]
-    Git(#[from] policy::git::GitScanError),
-}
-
-/// The git repositories in a run's writable roots, as found before it.
-#[cfg(unix)]
-pub type Repos = policy::git::Repos;
-/// Nothing to find where git repositories are not scanned.
-#[cfg(not(unix))]
-pub type Repos = ();
-
-/// Resolves `pf` for an instance, hiding hull's own state from every grant
-/// that would expose it (the runs root, in the policy already; the tier-3
-/// image cache; the VMs of `hull vm up`) and protecting what git would run
-/// from every repository in the writable roots ([`policy::git`]).
-pub fn resolve_policy(
-    pf: &policy::PolicyFile,
-    vars: &Vars,
-) -> Result<(Policy, Repos), PrepareError> {
-    let mut pol = policy::resolve(pf, vars)?;
-    // `registry:NAME`: the hosts the host's clients use, asked now.
-    #[cfg(unix)]
-    if pol.net.mode == policy::NetMode::Allowlist {
-        crate::net::registry::apply(&mut pol.net)?;
-    }
-    let mut state = vec![crate::vm::supervisor_root()];
-    if let Ok(cache) = crate::vm::image::Cache::default_location() {
-        state.push(cache.root().to_path_buf());
-    }
-    for path in state {
-        if !pol.protects.iter().any(|p| p.path == path) {
-            pol.protects.push(policy::Protect {
-                path,
-                protection: policy::Protection::Hidden,
-                reason: policy::ProtectReason::HullState,
-            });
-        }
-    }
-    pol.protects
-        .sort_by(|a, b| a.path.cmp(&b.path).then(a.protection.cmp(&b.protection)));
-    #[cfg(unix)]
-    let repos = {
-        let roots: Vec<&Path> = pol.writable_roots().map(|g| g.path.as_path()).collect();
-        let repos = policy::git::find_repositories(&roots)?;
-        policy::git::protect(&mut pol, &repos)?;
-        repos
-    };
-    #[cfg(not(unix))]
-    let repos = ();
-    Ok((pol, repos))
-}
-
-/// The variables for resolving a policy in an instance.
-pub fn vars_for(project: PathBuf, tmp: PathBuf, spill: PathBuf, runs: PathBuf) -> Vars {
-    Vars {
-        project,
-        tmp,
-        spill,
-        home: home_dir(),
-        runs,
-    }
-}
-
-/// The command's environment: the policy's, the caller's `--env`, and hull's
-/// own variables for the instance (which the caller cannot override).
-pub fn command_env(
-    policy: &Policy,
-    overrides: &[(String, String)],
-    own: Vec<(String, String)>,
-) -> Vec<(String, String)> {
-    let host: Vec<(String, String)> = std::env::vars().collect();
-    let mut env = policy.command_env(&host);
-    for (k, v) in overrides.iter().cloned().chain(own) {
-        env.retain(|(x, _)| *x != k);
-        env.push((k, v));
-    }
-    env.sort();
-    env
 }
 
 /// With network, the host's certificate authorities for the command's
@@ -1357,6 +1244,7 @@ fn sweep_setid(
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+    use crate::prepare::vars_for;
 
     #[test]
     fn a_cow_run_sweeps_its_upper_layer_instead_of_the_project() {

@@ -2,7 +2,7 @@
 //! of hull's may use which. It is generated here from `cargo metadata`, so
 //! it cannot go stale (`HULL_BLESS=1` rewrites it; review the diff), and
 //! the floors it shows are checked: the policy crate uses no other crate of
-//! hull's.
+//! hull's, and the exec crate only the policy and the protocol.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -95,6 +95,12 @@ fn the_architecture_document_opens_with_the_crate_graph() {
         g.get("hull-policy").map(BTreeSet::len),
         Some(0),
         "hull-policy is the lowest floor and uses no crate of hull's: {g:?}"
+    );
+    let exec: Vec<&str> = g["hull-exec"].iter().map(String::as_str).collect();
+    assert_eq!(
+        exec,
+        ["hull-policy", "hull-protocol"],
+        "hull-exec knows no tier, VM or network: it uses the policy and the protocol only"
     );
     let block = format!("{BEGIN}\n{}{END}", render(&g));
     let path = root.join("docs/architecture.md");

@@ -47,7 +47,7 @@ pub fn check(spec: &str) -> anyhow::Result<i32> {
 pub fn example_vars(project: PathBuf) -> Vars {
     let runs = crate::runtime::runs_root();
     let inst = runs.join("INSTANCE");
-    crate::run::vars_for(project, inst.join("tmp"), inst.join("spill"), runs)
+    crate::prepare::vars_for(project, inst.join("tmp"), inst.join("spill"), runs)
 }
 
 pub fn explain(a: ExplainArgs) -> anyhow::Result<i32> {

@@ -41,7 +41,7 @@ pub fn default_dir() -> PathBuf {
     let base = std::env::var_os("XDG_STATE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
-        .unwrap_or_else(|| crate::run::home_dir().join(".local/state"));
+        .unwrap_or_else(|| crate::prepare::home_dir().join(".local/state"));
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -60,19 +60,6 @@ pub mod virtiofsd;
 
 pub use crate::policy::lower::vm::{GUEST_GID, GUEST_UID};
 
-/// Where the VMs of `hull vm up` keep their state: `$HULL_VMS_DIR`, else
-/// `hull-vms` beside the runs root.
-pub fn supervisor_root() -> std::path::PathBuf {
-    if let Some(d) = &crate::settings::get().vms_dir {
-        return d.clone();
-    }
-    let runs = crate::runtime::runs_root();
-    runs.parent()
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_else(std::env::temp_dir)
-        .join("hull-vms")
-}
-
 // The VM tests: built with the `tier3` feature only (Cargo.toml).
 #[cfg(test)]
 #[cfg(feature = "tier3")]

@@ -98,7 +98,7 @@ impl JobReport {
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
     #[error("hull batch: the project: {0}")]
-    Project(#[source] Box<crate::run::RunError>),
+    Project(#[source] crate::prepare::ProjectError),
     #[error("hull batch: the policy: {0}")]
     Policy(#[from] crate::policy::PolicyError),
     #[error("hull batch: cannot start a pool worker: {0}")]
@@ -199,7 +199,7 @@ enum JobError {
     #[error("instance: {0}")]
     Instance(#[from] crate::runtime::InstanceError),
     #[error(transparent)]
-    Policy(#[from] crate::run::PrepareError),
+    Policy(#[from] crate::prepare::PrepareError),
     #[error(transparent)]
     Lower(#[from] lower_vm::VmLowerError),
     #[error("{path}: cannot {what}")]
@@ -224,9 +224,9 @@ struct Warm {
 fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, JobError> {
     let t0 = Instant::now();
     let instance = crate::runtime::Instance::create(&ctx.runs)?;
-    let vars = instance.vars(&ctx.project, &crate::run::home_dir());
-    let (pol, _) = crate::run::resolve_policy(&ctx.policy_file, &vars)?;
-    let env = crate::run::command_env(&pol, &[], instance.child_env());
+    let vars = instance.vars(&ctx.project, &crate::prepare::home_dir());
+    let (pol, _) = crate::prepare::resolve_policy(&ctx.policy_file, &vars)?;
+    let env = crate::prepare::command_env(&pol, &[], instance.child_env());
     let plan = lower_vm::lower(&pol, &crate::policy::RealFs)?;
     let run_name = format!("vm-{}-{worker}", std::process::id());
     let dir = instance.dir().join(&run_name);
@@ -408,13 +408,12 @@ pub fn run_batch(
 ) -> Result<Vec<JobReport>, BatchError> {
     let started = std::time::SystemTime::now();
     let runs = crate::runtime::runs_root();
-    let project = crate::run::project_path(&o.project, &runs)
-        .map_err(|e| BatchError::Project(Box::new(e)))?;
+    let project = crate::prepare::project_path(&o.project, &runs).map_err(BatchError::Project)?;
     let policy_file = crate::policy::profiles::load(&o.policy)?;
     // The writable roots every job shares (each job's own tmp goes with it).
     let shared_roots: Vec<PathBuf> = {
         let none = runs.join("-");
-        let vars = crate::run::vars_for(project.clone(), none.clone(), none, runs.clone());
+        let vars = crate::prepare::vars_for(project.clone(), none.clone(), none, runs.clone());
         crate::policy::resolve(&policy_file, &vars)?
             .writable_roots()
             .map(|g| g.path.clone())

@@ -58,25 +58,9 @@ impl Cache {
     /// `$HULL_IMAGE_CACHE`, else `$XDG_CACHE_HOME/hull/images`, else
     /// `~/.cache/hull/images` (`%LOCALAPPDATA%\hull\images` on Windows).
     pub fn default_location() -> Result<Cache, ImageError> {
-        let env = |k: &str| {
-            std::env::var_os(k)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        if let Some(p) = &crate::settings::get().image_cache {
-            return Ok(Cache::at(p.clone()));
-        }
-        if let Some(p) = env("XDG_CACHE_HOME") {
-            return Ok(Cache::at(p.join("hull").join("images")));
-        }
-        #[cfg(windows)]
-        if let Some(p) = env("LOCALAPPDATA") {
-            return Ok(Cache::at(p.join("hull").join("images")));
-        }
-        match env("HOME") {
-            Some(h) => Ok(Cache::at(h.join(".cache").join("hull").join("images"))),
-            None => Err(ImageError::NoCacheDir),
-        }
+        crate::state::image_cache_root()
+            .map(Cache::at)
+            .ok_or(ImageError::NoCacheDir)
     }
 
     /// Creates the root if missing (0700) and refuses one that is a

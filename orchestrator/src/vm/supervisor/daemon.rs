@@ -201,8 +201,8 @@ fn boot(
     SupervisorError,
 > {
     let runs = crate::runtime::runs_root();
-    let project = crate::run::project_path(&o.project, &runs)
-        .map_err(|e| SupervisorError::Project(Box::new(e)))?;
+    let project =
+        crate::prepare::project_path(&o.project, &runs).map_err(SupervisorError::Project)?;
     state.project = project.clone();
     // Empty, whatever an earlier VM of this name (maybe for another
     // project) left: nothing of one VM's runs reaches the next's.
@@ -211,8 +211,8 @@ fn boot(
         fs::create_dir_all(d).map_err(io_err("create", d))?;
     }
     let pf = crate::policy::profiles::load(&o.policy)?;
-    let vars = crate::run::vars_for(project, state.tmp.clone(), state.spill.clone(), runs);
-    let (policy, _) = crate::run::resolve_policy(&pf, &vars)?;
+    let vars = crate::prepare::vars_for(project, state.tmp.clone(), state.spill.clone(), runs);
+    let (policy, _) = crate::prepare::resolve_policy(&pf, &vars)?;
     let plan = lower_vm::lower(&policy, &crate::policy::RealFs)?;
     state.shares = fingerprint(&plan);
     state.shares.push(super::net_fingerprint(&policy.net));

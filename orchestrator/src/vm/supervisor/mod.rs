@@ -142,9 +142,9 @@ pub enum SupervisorError {
         source: AgentError,
     },
     #[error("hull vm: the project: {0}")]
-    Project(#[source] Box<crate::run::RunError>),
+    Project(#[source] crate::prepare::ProjectError),
     #[error(transparent)]
-    Prepare(#[from] crate::run::PrepareError),
+    Prepare(#[from] crate::prepare::PrepareError),
     #[error(transparent)]
     Image(#[from] crate::vm::assemble::AssembleError),
     #[error("hull vm: cannot encode the VM's state file")]
@@ -230,7 +230,7 @@ pub struct VmStatus {
 
 /// Where persistent VMs live: next to the runs dir (`/tmp/hull-vms`).
 pub fn vms_root() -> PathBuf {
-    crate::vm::supervisor_root()
+    crate::state::vms_root()
 }
 
 pub fn validate_name(name: &str) -> Result<(), SupervisorError> {

@@ -8,7 +8,7 @@ use std::io;
 use std::path::Path;
 
 /// Creates one directory, private to the user (0700 on unix).
-pub(crate) fn make_private_dir(path: &Path) -> io::Result<()> {
+pub fn make_private_dir(path: &Path) -> io::Result<()> {
     private_builder().create(path)
 }
 
@@ -24,13 +24,13 @@ fn private_builder() -> fs::DirBuilder {
 }
 
 /// Creates a directory and its missing parents, each private to the user.
-pub(crate) fn make_private_dir_all(path: &Path) -> io::Result<()> {
+pub fn make_private_dir_all(path: &Path) -> io::Result<()> {
     private_builder().recursive(true).create(path)
 }
 
 /// Creates `path` as a private directory unless a directory (not a symlink)
 /// is already there.
-pub(crate) fn ensure_private_dir(path: &Path) -> io::Result<()> {
+pub fn ensure_private_dir(path: &Path) -> io::Result<()> {
     match make_private_dir(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -49,7 +49,7 @@ pub(crate) fn ensure_private_dir(path: &Path) -> io::Result<()> {
 }
 
 /// Renames `from` to `to`, failing with `AlreadyExists` when `to` exists.
-pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     #[cfg(any(target_os = "linux", target_os = "android", target_vendor = "apple"))]
     {
         use rustix::fs::{renameat_with, RenameFlags, CWD};
@@ -83,7 +83,7 @@ pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
 /// removal is refused for lack of permission (a command left read-only
 /// directories, as Go's module cache does), gives the user rwx back on every
 /// directory in the tree and tries once more.
-pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
+pub fn remove_tree(path: &Path) -> io::Result<()> {
     match fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -102,7 +102,7 @@ pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
 /// Gives the user rwx back on every directory in the tree (no link
 /// followed), for a tree hull must read or remove: a command's read-only
 /// directories, bwrap's masks (mode 0).
-pub(crate) fn open_up(path: &Path) -> io::Result<()> {
+pub fn open_up(path: &Path) -> io::Result<()> {
     #[cfg(unix)]
     return perms::open_up_tree(path);
     #[cfg(not(unix))]
@@ -114,7 +114,7 @@ pub(crate) fn open_up(path: &Path) -> io::Result<()> {
 
 /// Bytes and regular files under `path` (not following symlinks; symlinks
 /// count their own size). A missing path is empty.
-pub(crate) fn tree_usage(path: &Path) -> io::Result<(u64, u64)> {
+pub fn tree_usage(path: &Path) -> io::Result<(u64, u64)> {
     let mut bytes = 0u64;
     let mut files = 0u64;
     let mut stack = vec![path.to_path_buf()];

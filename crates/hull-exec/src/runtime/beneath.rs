@@ -18,7 +18,7 @@ use std::path::Path;
 /// How often [`openat2`] resolves again after the kernel could not vouch
 /// for a `..` step.
 #[cfg(any(target_os = "linux", target_os = "android"))]
-pub(crate) const SETTLE_TRIES: usize = 64;
+pub const SETTLE_TRIES: usize = 64;
 
 /// `openat2(2)`, resolved again when the kernel answers EAGAIN: with
 /// `RESOLVE_BENEATH` or `RESOLVE_IN_ROOT`, a `..` step is refused that way
@@ -29,7 +29,7 @@ pub(crate) const SETTLE_TRIES: usize = 64;
 /// scoped `openat2` of hull's goes through here, but the raw one a forked
 /// child makes (`tier::mounts`), which retries the same way.
 #[cfg(any(target_os = "linux", target_os = "android"))]
-pub(crate) fn openat2<Fd: std::os::fd::AsFd, P: rustix::path::Arg + Copy>(
+pub fn openat2<Fd: std::os::fd::AsFd, P: rustix::path::Arg + Copy>(
     dir: Fd,
     path: P,
     flags: rustix::fs::OFlags,
@@ -47,7 +47,7 @@ pub(crate) fn openat2<Fd: std::os::fd::AsFd, P: rustix::path::Arg + Copy>(
 
 /// Whether symlinks beneath the root may be followed (always staying beneath).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Symlinks {
+pub enum Symlinks {
     /// Followed while they stay beneath the root.
     Follow,
     /// Any symlink is refused.
@@ -55,7 +55,7 @@ pub(crate) enum Symlinks {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum BeneathError {
+pub enum BeneathError {
     #[error("leaves the allowed directory (through `..` or a symlink)")]
     Escape,
     #[error("passes through a symlink, which is not allowed here")]
@@ -68,7 +68,7 @@ pub(crate) enum BeneathError {
 
 /// An opened root directory.
 #[derive(Debug)]
-pub(crate) struct Root {
+pub struct Root {
     #[cfg(unix)]
     fd: std::os::fd::OwnedFd,
     #[cfg(windows)]
@@ -77,14 +77,14 @@ pub(crate) struct Root {
 
 impl Root {
     /// Opens a trusted directory (symlinks in its own path are followed).
-    pub(crate) fn open(path: &Path) -> io::Result<Root> {
+    pub fn open(path: &Path) -> io::Result<Root> {
         imp::open_root(path)
     }
 
     /// Opens `rel` beneath this root: a directory when `dir`, else any
     /// non-directory (the caller checks it is a regular file; FIFOs do not
     /// block the open).
-    pub(crate) fn open_beneath(
+    pub fn open_beneath(
         &self,
         rel: &Path,
         dir: bool,
@@ -94,7 +94,7 @@ impl Root {
     }
 
     /// A root at a directory opened beneath this one.
-    pub(crate) fn sub(&self, rel: &Path, symlinks: Symlinks) -> Result<Root, BeneathError> {
+    pub fn sub(&self, rel: &Path, symlinks: Symlinks) -> Result<Root, BeneathError> {
         let f = self.open_beneath(rel, true, symlinks)?;
         #[cfg(unix)]
         {
@@ -181,7 +181,7 @@ mod imp {
 
     /// The user-space resolution: exactly one directory descriptor per level
     /// beneath the root, `O_NOFOLLOW` on every open, symlinks resolved by us.
-    pub(crate) fn walk(
+    pub fn walk(
         root: BorrowedFd<'_>,
         rel: &Path,
         dir: bool,

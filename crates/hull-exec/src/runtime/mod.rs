@@ -38,13 +38,13 @@ pub mod read;
 pub mod setid;
 pub mod spill;
 
-pub(crate) mod beneath;
+pub mod beneath;
 mod cursor;
-pub(crate) mod fsx;
+pub mod fsx;
 mod lock;
 
 #[cfg(unix)]
-pub(crate) use fsx::remove_tree;
+pub use fsx::remove_tree;
 
 #[cfg(test)]
 #[cfg(target_os = "linux")]
