@@ -66,7 +66,7 @@ info mirror "$MIRROR"
 info security_mirror "$SECURITY"
 [ "$(id -u)" -eq 0 ] || die "the image build needs root: mmdebstrap's root mode and mkfs.ext4 -d keep file ownership only as root"
 [ -f "$AGENT_DISK" ] || die "agent disk $AGENT_DISK is missing"
-for t in mmdebstrap qemu-system-x86_64 mkfs.ext4 e2fsck zstd cpio dpkg-deb chroot xz timeout; do
+for t in mmdebstrap qemu-system-x86_64 mkfs.ext4 e2fsck zstd cpio dpkg-deb chroot xz timeout flock tar; do
   command -v "$t" >/dev/null || die "missing tool: $t"
 done
 mkdir -p "$OUT"
@@ -139,68 +139,133 @@ stop_container_image() {
 }
 trap stop_container_image EXIT
 
-# ---------------------------------------------------------------------------------------
-step "guest rootfs (mmdebstrap)"
+# Steps 2 to 4 make the guest's own system (rootfs, kernel, initrd): the same for
+# every image of this recipe, whatever its container's userland. Where hull names
+# a directory for it (HULL_GUEST_BASES, the cache's bases/), it is made once, kept
+# under the key of everything it is made from (this script, the guest's list, its
+# hook, the initrd's init, the apt sources), and copied by the next build of
+# another userland (a policy's `[vm] packages` or `[vm] rootfs`): about 80 s less.
+# Readers hold the base's lock shared; only a base no build holds is removed.
+BASE_KEY=$({
+  cat "$RECIPE/build.sh" "$RECIPE/packages/guest.list" "$RECIPE/hooks/guest-download" "$RECIPE/initrd/init"
+  printf '%s\n' "${sources[@]}"
+} | sha256sum | cut -c1-16)
+info guest_base "$BASE_KEY"
+BASE=
+if [ -n "${HULL_GUEST_BASES:-}" ]; then
+  BASE="$HULL_GUEST_BASES/$BASE_KEY"
+  mkdir -p -m 0700 "$HULL_GUEST_BASES"
+  # One build makes a base; another that wants it at the same time waits for it
+  # (its container is made meanwhile) instead of making it twice.
+  exec {make_fd}>"$HULL_GUEST_BASES/$BASE_KEY.lock"
+  flock -x "$make_fd"
+fi
 ROOT="$WORK/guest"
-mmdebstrap --variant=minbase --mode=root --format=directory \
-  --include="$(read_list "$RECIPE/packages/guest.list")" \
-  "${dpkg_slim[@]}" \
-  --customize-hook="$RECIPE/hooks/guest-download" \
-  --customize-hook="copy-out /tmp/hull-debs $WORK" \
-  --customize-hook='rm -rf "$1/tmp/hull-debs"' \
-  --customize-hook='chroot "$1" apt-get clean' \
-  --customize-hook='rm -rf "$1"/var/lib/apt/lists/*' \
-  "$SUITE" "$ROOT" "${sources[@]}" >&2
-info incus_version "$(chroot "$ROOT" dpkg-query -W -f='${Version}' incus-base)"
+# A base whose lock was taken after its removal began is gone: made again.
+if [ -n "$BASE" ] && [ -f "$BASE/complete" ] && exec {base_fd}<"$BASE/complete" &&
+  flock -s "$base_fd" && [ -f "$BASE/guest.tar.zst" ] && [ -f "$BASE/info" ]; then
+  step "guest rootfs (kept from an earlier build: $BASE_KEY)"
+  mkdir -p "$ROOT"
+  zstd -dcq "$BASE/guest.tar.zst" | tar -C "$ROOT" --numeric-owner --xattrs --xattrs-include='*' -xpf -
+  while IFS='=' read -r k v; do info "$k" "$v"; done <"$BASE/info"
+  info guest_base_reused 1
+  step "kernel (kept: vmlinux)"
+  cp "$BASE/vmlinux" "$BASE/kernel.config" "$OUT/"
+  step "initrd (kept)"
+  cp "$BASE/initrd.cpio" "$OUT/"
+else
+  # ---------------------------------------------------------------------------------------
+  step "guest rootfs (mmdebstrap)"
+  ROOT="$WORK/guest"
+  mmdebstrap --variant=minbase --mode=root --format=directory \
+    --include="$(read_list "$RECIPE/packages/guest.list")" \
+    "${dpkg_slim[@]}" \
+    --customize-hook="$RECIPE/hooks/guest-download" \
+    --customize-hook="copy-out /tmp/hull-debs $WORK" \
+    --customize-hook='rm -rf "$1/tmp/hull-debs"' \
+    --customize-hook='chroot "$1" apt-get clean' \
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/*' \
+    "$SUITE" "$ROOT" "${sources[@]}" >&2
+  info incus_version "$(chroot "$ROOT" dpkg-query -W -f='${Version}' incus-base)"
 
-# ---------------------------------------------------------------------------------------
-step "kernel (vmlinux, modules)"
-kdeb=$(ls "$WORK"/hull-debs/linux-image-*.deb)
-mkdir -p "$WORK/kernel"
-dpkg-deb -x "$kdeb" "$WORK/kernel"
-KVER=$(ls "$WORK/kernel/lib/modules")
-info kernel_version "$KVER"
-info kernel_package "$(basename "$kdeb")"
-# The bzImage carries a zstd-compressed ELF; QEMU boots the ELF through its PVH note,
-# which skips the in-guest decompression (about twice as fast under TCG).
-vmlinuz="$WORK/kernel/boot/vmlinuz-$KVER"
-found=0
-for off in $(grep -obUaP '\x28\xb5\x2f\xfd' "$vmlinuz" | cut -d: -f1); do
-  tail -c +"$((off + 1))" "$vmlinuz" | zstd -dcq 2>/dev/null >"$OUT/vmlinux" || true
-  if [ "$(head -c 4 "$OUT/vmlinux" | od -An -tx1 | tr -d ' ')" = 7f454c46 ]; then
-    found=1
-    break
-  fi
-done
-[ "$found" -eq 1 ] || die "no zstd-compressed ELF found in $vmlinuz"
-cp "$WORK/kernel/boot/config-$KVER" "$OUT/kernel.config"
-# Modules go into the guest, decompressed (busybox insmod and a fast modprobe under TCG).
-rm -rf "$ROOT/lib/modules/$KVER"
-mkdir -p "$ROOT/lib/modules"
-cp -a "$WORK/kernel/lib/modules/$KVER" "$ROOT/lib/modules/"
-find "$ROOT/lib/modules/$KVER" -name '*.ko.xz' -exec xz -d {} +
-chroot "$ROOT" depmod -a "$KVER"
-
-# ---------------------------------------------------------------------------------------
-step "initrd (busybox, virtio_blk, virtio_rng)"
-# The 6.12 cloud kernel has virtio-pci, virtiofs and ext4 built in but virtio_blk is a
-# module; NVMe is built in but QEMU's nvme device blocks migration (snapshots), so the
-# root disk is virtio-blk and this tiny initrd loads the driver and switches root.
-# virtio_rng seeds the kernel's CRNG from the host at once: without it, incusd (Go reads
-# getrandom at start) waits about 6 s for the CRNG under TCG.
-IRD="$WORK/initrd"
-mkdir -p "$IRD"/{bin,dev,proc,sys,newroot,modules}
-dpkg-deb -x "$(ls "$WORK"/hull-debs/busybox-static_*.deb)" "$WORK/busybox"
-cp "$WORK/busybox/bin/busybox" "$IRD/bin/busybox"
-for mod in virtio_blk virtio_rng; do
-  for m in $(chroot "$ROOT" modprobe -S "$KVER" --show-depends "$mod" | awk '$1 == "insmod" { print $2 }'); do
-    [ -e "$IRD/modules/$(basename "$m")" ] && continue
-    cp "$ROOT$m" "$IRD/modules/"
-    basename "$m" >>"$IRD/modules/order"
+  # ---------------------------------------------------------------------------------------
+  step "kernel (vmlinux, modules)"
+  kdeb=$(ls "$WORK"/hull-debs/linux-image-*.deb)
+  mkdir -p "$WORK/kernel"
+  dpkg-deb -x "$kdeb" "$WORK/kernel"
+  KVER=$(ls "$WORK/kernel/lib/modules")
+  info kernel_version "$KVER"
+  info kernel_package "$(basename "$kdeb")"
+  # The bzImage carries a zstd-compressed ELF; QEMU boots the ELF through its PVH note,
+  # which skips the in-guest decompression (about twice as fast under TCG).
+  vmlinuz="$WORK/kernel/boot/vmlinuz-$KVER"
+  found=0
+  for off in $(grep -obUaP '\x28\xb5\x2f\xfd' "$vmlinuz" | cut -d: -f1); do
+    tail -c +"$((off + 1))" "$vmlinuz" | zstd -dcq 2>/dev/null >"$OUT/vmlinux" || true
+    if [ "$(head -c 4 "$OUT/vmlinux" | od -An -tx1 | tr -d ' ')" = 7f454c46 ]; then
+      found=1
+      break
+    fi
   done
-done
-install -m 0755 "$RECIPE/initrd/init" "$IRD/init"
-(cd "$IRD" && find . -print0 | sort -z | cpio --null -o -H newc --quiet --owner=0:0) >"$OUT/initrd.cpio"
+  [ "$found" -eq 1 ] || die "no zstd-compressed ELF found in $vmlinuz"
+  cp "$WORK/kernel/boot/config-$KVER" "$OUT/kernel.config"
+  # Modules go into the guest, decompressed (busybox insmod and a fast modprobe under TCG).
+  rm -rf "$ROOT/lib/modules/$KVER"
+  mkdir -p "$ROOT/lib/modules"
+  cp -a "$WORK/kernel/lib/modules/$KVER" "$ROOT/lib/modules/"
+  find "$ROOT/lib/modules/$KVER" -name '*.ko.xz' -exec xz -d {} +
+  chroot "$ROOT" depmod -a "$KVER"
+
+  # ---------------------------------------------------------------------------------------
+  step "initrd (busybox, virtio_blk, virtio_rng)"
+  # The 6.12 cloud kernel has virtio-pci, virtiofs and ext4 built in but virtio_blk is a
+  # module; NVMe is built in but QEMU's nvme device blocks migration (snapshots), so the
+  # root disk is virtio-blk and this tiny initrd loads the driver and switches root.
+  # virtio_rng seeds the kernel's CRNG from the host at once: without it, incusd (Go reads
+  # getrandom at start) waits about 6 s for the CRNG under TCG.
+  IRD="$WORK/initrd"
+  mkdir -p "$IRD"/{bin,dev,proc,sys,newroot,modules}
+  dpkg-deb -x "$(ls "$WORK"/hull-debs/busybox-static_*.deb)" "$WORK/busybox"
+  cp "$WORK/busybox/bin/busybox" "$IRD/bin/busybox"
+  for mod in virtio_blk virtio_rng; do
+    for m in $(chroot "$ROOT" modprobe -S "$KVER" --show-depends "$mod" | awk '$1 == "insmod" { print $2 }'); do
+      [ -e "$IRD/modules/$(basename "$m")" ] && continue
+      cp "$ROOT$m" "$IRD/modules/"
+      basename "$m" >>"$IRD/modules/order"
+    done
+  done
+  install -m 0755 "$RECIPE/initrd/init" "$IRD/init"
+  (cd "$IRD" && find . -print0 | sort -z | cpio --null -o -H newc --quiet --owner=0:0) >"$OUT/initrd.cpio"
+  if [ -n "$BASE" ]; then
+    # Kept for the next build: written aside, then renamed whole (a build that
+    # finished first keeps its own).
+    keep="$BASE.partial-$$"
+    rm -rf "$keep" && mkdir -p "$keep"
+    tar -C "$ROOT" --numeric-owner --xattrs --xattrs-include='*' -cf - . | zstd -q -1 -T0 -o "$keep/guest.tar.zst"
+    cp "$OUT/vmlinux" "$OUT/kernel.config" "$OUT/initrd.cpio" "$keep/"
+    {
+      printf 'incus_version=%s\n' "$(chroot "$ROOT" dpkg-query -W -f='${Version}' incus-base)"
+      printf 'kernel_version=%s\n' "$KVER"
+      printf 'kernel_package=%s\n' "$(basename "$kdeb")"
+    } >"$keep/info"
+    : >"$keep/complete"
+    mv -T "$keep" "$BASE" 2>/dev/null || rm -rf "$keep"
+  fi
+  info guest_base_reused 0
+fi
+[ -z "${make_fd:-}" ] || exec {make_fd}>&-
+if [ -n "$BASE" ]; then
+  # One base is kept: another recipe's (an older hull's) goes once no build
+  # reads it, and so do the remains of a build that died while keeping one.
+  for other in "$HULL_GUEST_BASES"/*; do
+    [ "$other" = "$BASE" ] && continue
+    case "$other" in
+      *.partial-*) kill -0 "${other##*.partial-}" 2>/dev/null || rm -rf "$other" ;;
+      *.lock) [ "$other" = "$BASE.lock" ] || flock -n -x "$other" rm -f "$other" || true ;;
+      *) [ -f "$other/complete" ] && flock -n -x "$other/complete" rm -rf "$other" || true ;;
+    esac
+  done
+fi
 
 # ---------------------------------------------------------------------------------------
 step "container image (mmdebstrap)"

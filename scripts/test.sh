@@ -98,10 +98,60 @@ summary() {
 }
 trap summary EXIT
 
-step "setup" bash scripts/setup.sh --tier3 --test || true
+# record_steps FILE: the steps of a background job, for the summary.
+record_steps() {
+  local i
+  for i in "${!names[@]}"; do
+    printf '%s\t%s\t%s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
+  done >"$1"
+}
+# merge_steps FILE NAME LOG: the steps FILE recorded join the summary; a
+# job that recorded nothing failed as NAME (its output is in LOG).
+merge_steps() {
+  if [ -f "$1" ]; then
+    while IFS=$'\t' read -r name s r; do
+      names+=("$name")
+      secs+=("$s")
+      results+=("$r")
+      [ "$r" = ok ] || failed=1
+    done <"$1"
+  else
+    names+=("$2")
+    secs+=(0)
+    results+=("FAILED (no record: see $3)")
+    failed=1
+  fi
+}
+
+# The setup mostly waits on the network (apt, the adapters' venv), and the
+# build needs only the Rust toolchain and a linker: where both are there
+# (asking cargo installs the pinned toolchain first), the setup runs in the
+# background beside fmt and the build, and what needs it waits for it.
+mkdir -p target
+rm -f target/setup-steps.tsv
+setup_pid=
+if command -v cc >/dev/null 2>&1 && cargo --version >/dev/null 2>&1; then
+  printf '\n==> setup (in the background beside the build: target/setup.log)\n' >&2
+  (
+    names=() secs=() results=()
+    step "setup" bash scripts/setup.sh --tier3 --test
+    record_steps target/setup-steps.tsv
+  ) >target/setup.log 2>&1 </dev/null &
+  setup_pid=$!
+else
+  step "setup" bash scripts/setup.sh --tier3 --test
+fi
 
 step "fmt" cargo fmt --all -- --check
 step "build" cargo build --workspace --locked --features "$FEATURES"
+
+if [ -n "$setup_pid" ]; then
+  t0=$(date +%s)
+  wait "$setup_pid"
+  printf '\n==> setup (waited %ss after the build)\n' $(($(date +%s) - t0)) >&2
+  cat target/setup.log >&2
+  merge_steps target/setup-steps.tsv setup target/setup.log
+fi
 
 # The landlock tier needs Landlock ABI 6 (Linux 6.12): on an older kernel
 # (Debian 12's 6.1 has ABI 2) say so once, with hull probe's reason, and
@@ -147,14 +197,9 @@ printf 'version = 1\n[vm]\nrootfs = "%s"\n' "$rootfs_tar" >target/vm-rootfs.toml
 # tests rebuild nothing, but a copy cannot change under the builds). The
 # guest image first; then the tests' userland beside the rootfs tarball's
 # (each prepare boot keeps one core busy, and the second core is free once
-# the native tests are done). Their output is shown after the native
+# the native tests are done), which copy the guest's own system the first
+# build kept (the cache's bases/) instead of making it again. Their output is shown after the native
 # tests, their steps are in the summary.
-record_steps() {
-  local i
-  for i in "${!names[@]}"; do
-    printf '%s\t%s\t%s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
-  done >"$1"
-}
 build_images() {
   local hull=target/images-hull
   cp target/debug/hull "$hull" || return 1
@@ -203,19 +248,7 @@ wait "$images_pid"
 printf '\n==> tier-3 images (waited %ss after the native tests)\n' $(($(date +%s) - t0)) >&2
 cat "$images_log" >&2
 for n in 1 2 3; do
-  if [ -f "target/images-steps-$n.tsv" ]; then
-    while IFS=$'\t' read -r name s r; do
-      names+=("$name")
-      secs+=("$s")
-      results+=("$r")
-      [ "$r" = ok ] || failed=1
-    done <"target/images-steps-$n.tsv"
-  else
-    names+=("tier-3 images ($n/3)")
-    secs+=(0)
-    results+=("FAILED (no record: see $images_log)")
-    failed=1
-  fi
+  merge_steps "target/images-steps-$n.tsv" "tier-3 images ($n/3)" "$images_log"
 done
 
 export HULL_AGENT="$PWD/target/debug/hull-agent"

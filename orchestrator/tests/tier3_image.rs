@@ -577,3 +577,72 @@ fn a_package_the_mirror_lacks_is_named_before_anything_is_built() {
     }
     assert!(dir.join("build.log").is_file());
 }
+
+/// The images of one recipe share the guest's own system (rootfs, kernel,
+/// initrd): the first build keeps it under the cache's `bases/`, and a
+/// build of another userland copies it instead of making it again. Read
+/// from the images `scripts/test.sh` built (the default first, then the
+/// tests' userland and the rootfs tarball's): they name one base, at least
+/// one says it reused it, and their initrd (a cpio with the build's times
+/// in it) is the very same file, byte for byte.
+#[test]
+fn the_images_of_one_recipe_share_the_guests_own_system() {
+    let cache = Cache::default_location().unwrap();
+    let base =
+        image::find(&cache, &image::recipe::Recipe::base()).unwrap_or_else(|e| panic!("{e}"));
+    let key = base
+        .manifest
+        .info
+        .get("guest_base")
+        .unwrap_or_else(|| panic!("{}: no guest_base in the manifest", base.dir.display()))
+        .clone();
+    let initrd = |img: &image::BuiltImage| img.manifest.files.get(&img.manifest.initrd).cloned();
+    let mut sharing = Vec::new();
+    for e in cache.entries().unwrap() {
+        if let image::cache::Entry::Built(img) = e {
+            if img.manifest.info.get("guest_base") == Some(&key) {
+                sharing.push(img);
+            }
+        }
+    }
+    let ids: Vec<String> = sharing
+        .iter()
+        .map(|i| {
+            format!(
+                "{} (reused: {:?})",
+                i.id,
+                i.manifest.info.get("guest_base_reused")
+            )
+        })
+        .collect();
+    assert!(
+        sharing.len() >= 2,
+        "only {ids:?} of the cache {} have the guest base {key}: build the tests' userland (scripts/test.sh)",
+        cache.root().display()
+    );
+    assert!(
+        sharing
+            .iter()
+            .any(|i| i.manifest.info.get("guest_base_reused").map(String::as_str) == Some("1")),
+        "no image reused the guest base {key}: {ids:?}"
+    );
+    for img in &sharing {
+        assert_eq!(
+            initrd(img),
+            initrd(&base),
+            "{} and {} have the guest base {key} but not the same initrd",
+            img.id,
+            base.id
+        );
+    }
+    assert!(
+        cache
+            .root()
+            .join("bases")
+            .join(&key)
+            .join("complete")
+            .is_file(),
+        "the base {key} is not kept under {}",
+        cache.root().join("bases").display()
+    );
+}

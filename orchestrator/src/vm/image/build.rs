@@ -228,7 +228,8 @@ pub fn build(
         super::rootfs::convert(&r.path, &r.sha256, &dir.join(CONTAINER_ROOTFS))?;
     }
     let agent = super::agent_disk::ensure(&dir, &opts.agent)?;
-    let run = run_script(&dir, &recipe_dir, &agent.path, &lock, log, on)?;
+    let bases = cache.root().join(super::cache::GUEST_BASES);
+    let run = run_script(&dir, &recipe_dir, &agent.path, &bases, &lock, log, on)?;
     if !run.success {
         return Err(ImageError::BuildFailed {
             step: run.last_step.unwrap_or_else(|| "start".into()),
@@ -359,6 +360,7 @@ fn run_script(
     dir: &Path,
     recipe_dir: &Path,
     agent_disk: &Path,
+    bases: &Path,
     lock: &File,
     mut log: File,
     on: &mut dyn FnMut(BuildEvent),
@@ -377,6 +379,7 @@ fn run_script(
         .arg(dir)
         .arg(agent_disk)
         .env("PATH", sbin_path())
+        .env("HULL_GUEST_BASES", bases)
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::piped())
         .stderr(Stdio::from(stderr))

@@ -7,7 +7,11 @@
 //!   or was interrupted (never used as an image);
 //! - `<id>.lock`: an OS file lock. A build holds it exclusively (and so does every
 //!   process the build started: the lock file is the build script's stdin); a VM
-//!   using the image holds it shared, so the image is not removed or rebuilt under it.
+//!   using the image holds it shared, so the image is not removed or rebuilt under it;
+//! - `bases/<key>/`: the guest's own system (rootfs, kernel, initrd), the same for
+//!   every image of one recipe whatever its container's userland: `build.sh` keeps it
+//!   and copies it into the next build of another userland, and keeps only the
+//!   current recipe's (not an image: never listed, never booted).
 //!
 //! Guards against: an interrupted build counting as built (only the final rename
 //! publishes a directory under the bare id), removing a partial that a live build
@@ -22,6 +26,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::recipe::ID_LEN;
+
+/// The directory of the kept guest systems under the cache root (`build.sh`
+/// owns what is inside).
+pub const GUEST_BASES: &str = "bases";
 use super::ImageError;
 
 /// The cache root and the names inside it.
