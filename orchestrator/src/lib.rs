@@ -15,15 +15,12 @@ pub mod canary;
 pub mod changes;
 pub mod cli;
 pub mod compare;
-#[cfg(unix)]
-pub mod net;
 pub mod os;
 #[cfg(unix)]
 pub mod out_dir;
 pub mod prepare;
 pub mod result_file;
 pub mod run;
-pub mod sandbox_user;
 #[cfg(target_os = "linux")]
 pub mod serve;
 pub mod text;
@@ -37,4 +34,11 @@ pub use hull_policy as policy;
 
 /// Starting a command, the runtime's directories, the settings, the mount
 /// table, and hull's own exit codes: the `hull-exec` crate.
-pub use hull_exec::{exec, mountinfo, runtime, settings, state, EXIT_HULL_FAILED, EXIT_TIMEOUT};
+pub use hull_exec::{
+    exec, mountinfo, runtime, sandbox_user, settings, state, EXIT_HULL_FAILED, EXIT_TIMEOUT,
+};
+
+/// The egress proxy and everything of the network a policy allows: the
+/// `hull-net` crate.
+#[cfg(unix)]
+pub use hull_net as net;

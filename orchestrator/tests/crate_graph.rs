@@ -2,7 +2,8 @@
 //! of hull's may use which. It is generated here from `cargo metadata`, so
 //! it cannot go stale (`HULL_BLESS=1` rewrites it; review the diff), and
 //! the floors it shows are checked: the policy crate uses no other crate of
-//! hull's, and the exec crate only the policy and the protocol.
+//! hull's, the exec crate only the policy and the protocol, and the
+//! network crate only those and exec.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -101,6 +102,12 @@ fn the_architecture_document_opens_with_the_crate_graph() {
         exec,
         ["hull-policy", "hull-protocol"],
         "hull-exec knows no tier, VM or network: it uses the policy and the protocol only"
+    );
+    let net: Vec<&str> = g["hull-net"].iter().map(String::as_str).collect();
+    assert_eq!(
+        net,
+        ["hull-exec", "hull-policy", "hull-protocol"],
+        "hull-net knows no tier or VM: it uses exec, the policy and the protocol only"
     );
     let block = format!("{BEGIN}\n{}{END}", render(&g));
     let path = root.join("docs/architecture.md");

@@ -11,18 +11,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Each room's floor, lowest first. `hull-policy` and `hull-exec` are
-/// crates below all of them (re-exported as `policy`, `exec`, `runtime`,
-/// `settings`, `state` and `mountinfo`).
+/// Each room's floor, lowest first. `hull-policy`, `hull-exec` and
+/// `hull-net` are crates below all of them (re-exported as `policy`, `exec`,
+/// `runtime`, `settings`, `state`, `mountinfo`, `sandbox_user` and `net`).
 const FLOORS: &[(&str, u8)] = &[
     // Leaves: each names only the crates below.
     ("os", 0),
     ("text", 0),
     ("out_dir", 0),
-    ("sandbox_user", 0),
     ("winsec", 0),
-    // The network proxy and the change sets.
-    ("net", 1),
+    // The change sets.
     ("changes", 1),
     // What a run is prepared from (project, variables, policy, environment).
     ("prepare", 2),
@@ -53,6 +51,8 @@ const BELOW: &[&str] = &[
     "settings",
     "state",
     "mountinfo",
+    "sandbox_user",
+    "net",
     "EXIT_HULL_FAILED",
     "EXIT_TIMEOUT",
 ];

@@ -7,8 +7,9 @@
 //! lock, spill, bounded reads, cleanup) and the descriptor-relative walks
 //! ([`runtime::beneath`], [`runtime::fsx`]) every tree a command can write
 //! is worked on with; [`settings`] reads hull's `HULL_*` variables once,
-//! and [`state`] says where hull keeps its own state; [`mountinfo`] reads
-//! the mount table.
+//! and [`state`] says where hull keeps its own state; [`sandbox_user`] is
+//! the unprivileged user hull's helpers and commands run as when hull is
+//! root; [`mountinfo`] reads the mount table.
 //!
 //! What it may not do: know a tier. It uses only `hull-policy` and
 //! `hull-protocol` below it; the tiers, the VM, the network proxy and the
@@ -19,6 +20,7 @@
 pub mod exec;
 pub mod mountinfo;
 pub mod runtime;
+pub mod sandbox_user;
 pub mod settings;
 pub mod state;
 

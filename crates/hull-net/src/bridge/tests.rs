@@ -245,7 +245,7 @@ struct Proxied {
     port: u16,
     seen: std::sync::mpsc::Receiver<String>,
     proxy: std::process::Child,
-    feed: std::sync::Arc<crate::net::helper::Feed>,
+    feed: std::sync::Arc<crate::helper::Feed>,
     _dir: tempfile::TempDir,
 }
 
@@ -280,8 +280,8 @@ impl Proxied {
             ),
         )
         .unwrap();
-        let (feed, input) = crate::net::helper::Feed::pair().unwrap();
-        let crate::net::helper::Input::Connections(theirs) = input else {
+        let (feed, input) = crate::helper::Feed::pair().unwrap();
+        let crate::helper::Input::Connections(theirs) = input else {
             unreachable!()
         };
         // Passed to the proxy: not close-on-exec in this (test) process.
@@ -333,7 +333,7 @@ impl Proxied {
 
 /// The host's whole side, with the real proxy process: a guest stream to
 /// an allowed name arrives at a loopback origin through `hull __net-proxy
-/// --connections-fd` (fed by [`crate::net::helper::Feed`]); a stream to a
+/// --connections-fd` (fed by [`crate::helper::Feed`]); a stream to a
 /// name not allowed gets the proxy's 403 and the origin sees nothing.
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

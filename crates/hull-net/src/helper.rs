@@ -44,7 +44,7 @@ pub fn start_for_run(
     input: Input,
 ) -> Result<ProxyProcess, StartError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let path = spill.join(crate::net::audit::FILE);
+    let path = spill.join(crate::audit::FILE);
     let audit = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -4,7 +4,7 @@
 //! before anything else (as root: before it takes the sandbox user; not
 //! root: inside a user namespace of its own that maps only the caller's
 //! uid and gid), brings its loopback up, listens on
-//! [`crate::net::LISTEN`] there and sends that listener to hull's
+//! [`crate::LISTEN`] there and sends that listener to hull's
 //! proxy, which accepts on it directly. The namespace has no other
 //! interface: a direct connection or a DNS query fails at once, and the
 //! only thing listening is hull's proxy. No process relays in between.
@@ -157,7 +157,7 @@ fn listen() -> io::Result<OwnedFd> {
     }
 }
 
-/// The port the listener takes (the one in [`crate::net::LISTEN`]).
+/// The port the listener takes (the one in [`crate::LISTEN`]).
 pub const PORT: u16 = 3128;
 
 #[cfg(test)]
@@ -166,6 +166,6 @@ mod tests {
 
     #[test]
     fn the_port_is_the_one_the_variables_name() {
-        assert!(crate::net::LISTEN.ends_with(&format!(":{PORT}")));
+        assert!(crate::LISTEN.ends_with(&format!(":{PORT}")));
     }
 }

@@ -6,9 +6,9 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::net::sni::tests::client_hello;
-use crate::net::{Audit, Listener, Proxy, Shared};
 use crate::policy::net::{HostPattern, NetMode, NetPolicy};
+use crate::sni::tests::client_hello;
+use crate::{Audit, Listener, Proxy, Shared};
 
 /// A loopback server that answers every connection with `reply` after
 /// reading what the client sent first, and reports what it read.

@@ -1,5 +1,23 @@
 //! The network the policy allows: hull's egress proxy, run on the host for
 //! the length of a run, and its audit.
+//!
+//! The floor above `hull-exec`: the proxy ([`proxy`], [`socks`], [`sni`])
+//! serves only the names and addresses the policy allows and records every
+//! answer ([`audit`]); [`helper`] starts it as a confined helper process
+//! (its own environment, the sandbox user when hull is root; Landlock on
+//! itself, [`confine`], and the seccomp filter `hull __net-proxy` applies);
+//! [`netns`] gives a process tier's
+//! command a network namespace whose only way out is the proxy; [`bridge`]
+//! carries tier 3's streams to it; [`registry`] asks the host's package
+//! clients which registries they use; [`trust`] hands the host's certificate
+//! authorities to the command's clients.
+//!
+//! What it may not do: know a tier, a VM or a run. It uses `hull-policy`,
+//! `hull-exec` and `hull-protocol` below it; the crates above start it and
+//! give it the policy's `[net]`. Unix only (no tier off unix has the allow
+//! list yet).
+
+#![cfg(unix)]
 
 pub mod audit;
 pub mod bridge;
@@ -16,6 +34,10 @@ pub mod socks;
 pub mod trust;
 
 use std::sync::Arc;
+
+#[cfg(target_os = "linux")]
+use hull_exec::{exec, sandbox_user};
+use hull_policy as policy;
 
 pub use audit::Audit;
 pub use proxy::Shared;
