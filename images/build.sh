@@ -151,6 +151,7 @@ BASE_KEY=$({
   printf '%s\n' "${sources[@]}"
 } | sha256sum | cut -c1-16)
 info guest_base "$BASE_KEY"
+step "guest rootfs (mmdebstrap, or the one an earlier build kept)"
 BASE=
 if [ -n "${HULL_GUEST_BASES:-}" ]; then
   BASE="$HULL_GUEST_BASES/$BASE_KEY"
@@ -158,13 +159,16 @@ if [ -n "${HULL_GUEST_BASES:-}" ]; then
   # One build makes a base; another that wants it at the same time waits for it
   # (its container is made meanwhile) instead of making it twice.
   exec {make_fd}>"$HULL_GUEST_BASES/$BASE_KEY.lock"
-  flock -x "$make_fd"
+  if ! flock -n -x "$make_fd"; then
+    printf 'build.sh: waiting for another build making the guest system %s\n' "$BASE_KEY" >&2
+    flock -x "$make_fd"
+  fi
 fi
 ROOT="$WORK/guest"
 # A base whose lock was taken after its removal began is gone: made again.
 if [ -n "$BASE" ] && [ -f "$BASE/complete" ] && exec {base_fd}<"$BASE/complete" &&
   flock -s "$base_fd" && [ -f "$BASE/guest.tar.zst" ] && [ -f "$BASE/info" ]; then
-  step "guest rootfs (kept from an earlier build: $BASE_KEY)"
+  printf 'build.sh: the guest system %s an earlier build kept\n' "$BASE_KEY" >&2
   mkdir -p "$ROOT"
   zstd -dcq "$BASE/guest.tar.zst" | tar -C "$ROOT" --numeric-owner --xattrs --xattrs-include='*' -xpf -
   while IFS='=' read -r k v; do info "$k" "$v"; done <"$BASE/info"
@@ -174,8 +178,6 @@ if [ -n "$BASE" ] && [ -f "$BASE/complete" ] && exec {base_fd}<"$BASE/complete" 
   step "initrd (kept)"
   cp "$BASE/initrd.cpio" "$OUT/"
 else
-  # ---------------------------------------------------------------------------------------
-  step "guest rootfs (mmdebstrap)"
   ROOT="$WORK/guest"
   mmdebstrap --variant=minbase --mode=root --format=directory \
     --include="$(read_list "$RECIPE/packages/guest.list")" \
