@@ -4,6 +4,7 @@
 //! stands in for Incus. The Incus and mount steps are tested by booting the image
 //! (images/README.md); here the frame handling is.
 
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // test-only crate
 
 use std::os::unix::net::UnixStream;
