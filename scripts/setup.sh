@@ -99,46 +99,6 @@ if [ "$want_tier3" -eq 1 ]; then
 fi
 [ "${#need_pkgs[@]}" -eq 0 ] || apt_install "${need_pkgs[@]}"
 
-# The adapters' tests (tests/tests/adapters.rs): inspect_ai and
-# mini-swe-agent at the versions adapters/python/requirements.lock pins, and
-# hull's adapter package, in a venv of Debian's python3 under target/; made
-# again when the lock or the package's metadata change.
-make_venv() {
-  repo=$(cd "$(dirname "$0")/.." && pwd)
-  venv="$repo/target/adapters-venv"
-  want=$(cat "$repo/adapters/python/requirements.lock" "$repo/adapters/python/pyproject.toml" | sha256sum | cut -d' ' -f1)
-  if [ "$(cat "$venv/.made-from" 2>/dev/null)" != "$want" ]; then
-    say "python venv for the adapters' tests: inspect_ai, mini-swe-agent (a minute)"
-    rm -rf "$venv"
-    mkdir -p "$repo/target"
-    /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet -r "$repo/adapters/python/requirements.lock"
-    "$venv/bin/pip" install --quiet --no-deps -e "$repo/adapters/python"
-    echo "$want" >"$venv/.made-from"
-  fi
-}
-
-# Foreign targets: the macOS and Windows code type-checks from Linux.
-add_targets() {
-  command -v rustup >/dev/null || return 0
-  installed=$(rustup target list --installed)
-  for t in x86_64-pc-windows-gnu aarch64-apple-darwin; do
-    grep -qx "$t" <<<"$installed" || { say "rustup target add $t"; rustup target add "$t" >/dev/null; }
-  done
-}
-
-# The venv (pip, mostly waiting on the index) and the rustup targets need
-# none of what follows: they are made while QEMU is installed and
-# virtiofsd compiles, and waited for at the end.
-jobs_bg=()
-trap '[ "${#jobs_bg[@]}" -eq 0 ] || kill "${jobs_bg[@]}" 2>/dev/null || true' EXIT
-if [ "$want_test" -eq 1 ]; then
-  make_venv &
-  jobs_bg+=($!)
-fi
-add_targets &
-jobs_bg+=($!)
-
 if [ "$want_tier3" -eq 1 ]; then
   # QEMU 10 from bookworm-backports (bookworm's 7.2 lacks mapped-ram migration).
   . /etc/os-release
@@ -189,13 +149,36 @@ if [ "$want_test" -eq 1 ] && ! cargo nextest --version >/dev/null 2>&1; then
   (cd / && cargo install --locked cargo-nextest --quiet)
 fi
 
+# The adapters' tests (tests/tests/adapters.rs): inspect_ai and
+# mini-swe-agent at the versions adapters/python/requirements.lock pins, and
+# hull's adapter package, in a venv of Debian's python3 under target/; made
+# again when the lock or the package's metadata change.
+if [ "$want_test" -eq 1 ]; then
+  repo=$(cd "$(dirname "$0")/.." && pwd)
+  venv="$repo/target/adapters-venv"
+  want=$(cat "$repo/adapters/python/requirements.lock" "$repo/adapters/python/pyproject.toml" | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$venv/.made-from" 2>/dev/null)" != "$want" ]; then
+    say "python venv for the adapters' tests: inspect_ai, mini-swe-agent (a minute)"
+    rm -rf "$venv"
+    mkdir -p "$repo/target"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet -r "$repo/adapters/python/requirements.lock"
+    "$venv/bin/pip" install --quiet --no-deps -e "$repo/adapters/python"
+    echo "$want" >"$venv/.made-from"
+  fi
+fi
+
+# Foreign targets: the macOS and Windows code type-checks from Linux.
+if command -v rustup >/dev/null; then
+  installed=$(rustup target list --installed)
+  for t in x86_64-pc-windows-gnu aarch64-apple-darwin; do
+    grep -qx "$t" <<<"$installed" || { say "rustup target add $t"; rustup target add "$t" >/dev/null; }
+  done
+fi
 if [ "$want_fuzz" -eq 1 ]; then
   # cargo-fuzz needs nightly (-Z sanitizer) and a C++ compiler for libFuzzer.
   command -v g++ >/dev/null || apt_install g++
   rustup toolchain list | grep -q '^nightly' || { say "rustup toolchain install nightly"; rustup toolchain install nightly --profile minimal >/dev/null; }
   command -v cargo-fuzz >/dev/null || { say "cargo install cargo-fuzz"; (cd / && cargo install cargo-fuzz --locked --quiet); }
 fi
-for j in "${jobs_bg[@]}"; do
-  wait "$j" || { echo "setup.sh: a step made beside the others failed (its output is above)" >&2; exit 1; }
-done
 say "setup done"
