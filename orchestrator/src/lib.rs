@@ -11,11 +11,8 @@
 pub mod batch;
 #[cfg(unix)]
 pub mod canary;
-#[cfg(target_os = "linux")]
-pub mod changes;
 pub mod cli;
 pub mod compare;
-pub mod os;
 #[cfg(unix)]
 pub mod out_dir;
 pub mod prepare;
@@ -23,7 +20,6 @@ pub mod result_file;
 pub mod run;
 #[cfg(target_os = "linux")]
 pub mod serve;
-pub mod text;
 pub mod tier;
 pub mod vm;
 #[cfg(windows)]
@@ -35,8 +31,14 @@ pub use hull_policy as policy;
 /// Starting a command, the runtime's directories, the settings, the mount
 /// table, and hull's own exit codes: the `hull-exec` crate.
 pub use hull_exec::{
-    exec, mountinfo, runtime, sandbox_user, settings, state, EXIT_HULL_FAILED, EXIT_TIMEOUT,
+    exec, mountinfo, os, runtime, sandbox_user, settings, state, text, EXIT_HULL_FAILED,
+    EXIT_TIMEOUT,
 };
+
+/// Change sets: what a copy-on-write run wrote, reviewed and applied: the
+/// `hull-changes` crate.
+#[cfg(target_os = "linux")]
+pub use hull_changes as changes;
 
 /// The egress proxy and everything of the network a policy allows: the
 /// `hull-net` crate.

@@ -109,6 +109,12 @@ fn the_architecture_document_opens_with_the_crate_graph() {
         ["hull-exec", "hull-policy", "hull-protocol"],
         "hull-net knows no tier or VM: it uses exec, the policy and the protocol only"
     );
+    let changes: Vec<&str> = g["hull-changes"].iter().map(String::as_str).collect();
+    assert_eq!(
+        changes,
+        ["hull-exec"],
+        "hull-changes knows no tier, VM or run: it uses exec's walks and settings only"
+    );
     let block = format!("{BEGIN}\n{}{END}", render(&g));
     let path = root.join("docs/architecture.md");
     let doc = std::fs::read_to_string(&path).unwrap();

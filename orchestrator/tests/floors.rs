@@ -11,17 +11,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Each room's floor, lowest first. `hull-policy`, `hull-exec` and
-/// `hull-net` are crates below all of them (re-exported as `policy`, `exec`,
-/// `runtime`, `settings`, `state`, `mountinfo`, `sandbox_user` and `net`).
+/// Each room's floor, lowest first. `hull-policy`, `hull-exec`, `hull-net`
+/// and `hull-changes` are crates below all of them (re-exported as
+/// `policy`, `exec`, `runtime`, `settings`, `state`, `mountinfo`,
+/// `sandbox_user`, `os`, `text`, `net` and `changes`).
 const FLOORS: &[(&str, u8)] = &[
     // Leaves: each names only the crates below.
-    ("os", 0),
-    ("text", 0),
     ("out_dir", 0),
     ("winsec", 0),
-    // The change sets.
-    ("changes", 1),
     // What a run is prepared from (project, variables, policy, environment).
     ("prepare", 2),
     // Tier 3's machinery: images, snapshots, machines, the supervisor, the pool.
@@ -52,7 +49,10 @@ const BELOW: &[&str] = &[
     "state",
     "mountinfo",
     "sandbox_user",
+    "os",
+    "text",
     "net",
+    "changes",
     "EXIT_HULL_FAILED",
     "EXIT_TIMEOUT",
 ];

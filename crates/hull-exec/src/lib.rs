@@ -9,7 +9,9 @@
 //! is worked on with; [`settings`] reads hull's `HULL_*` variables once,
 //! and [`state`] says where hull keeps its own state; [`sandbox_user`] is
 //! the unprivileged user hull's helpers and commands run as when hull is
-//! root; [`mountinfo`] reads the mount table.
+//! root; [`mountinfo`] reads the mount table; [`os`] names the host's
+//! operating system and [`text`] makes text from outside hull safe to
+//! print.
 //!
 //! What it may not do: know a tier. It uses only `hull-policy` and
 //! `hull-protocol` below it; the tiers, the VM, the network proxy and the
@@ -19,10 +21,12 @@
 
 pub mod exec;
 pub mod mountinfo;
+pub mod os;
 pub mod runtime;
 pub mod sandbox_user;
 pub mod settings;
 pub mod state;
+pub mod text;
 
 use hull_policy as policy;
 

@@ -20,7 +20,18 @@
 //!
 //! One change set is a directory `<store>/<ID>/` ([`Store`]): `meta.json`
 //! (what ran, where, when, and the baseline of the changed paths),
-//! `changes.json` (the scan), `layers/upper/` and `layers/work/` (the overlay's, alone in `layers/`: tier 3 serves that directory to the guest).
+//! `changes.json` (the scan), `layers/upper/` and `layers/work/` (the
+//! overlay's, alone in `layers/`: tier 3 serves that directory to the
+//! guest).
+//!
+//! The floor above `hull-exec`, whose descriptor-relative walks
+//! ([`hull_exec::runtime::fsx`]) and settings it uses. What it may not do:
+//! know a tier, a VM or a run. The tiers above mount the overlay (the
+//! process tiers) or serve `layers/` to the guest (tier 3) and hand the
+//! upper layer back to [`scan`]; the commands above review and apply.
+//! Linux only (the overlay is Linux's).
+
+#![cfg(target_os = "linux")]
 
 mod apply;
 mod at;

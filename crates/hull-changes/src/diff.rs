@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use super::store::ChangeSet;
 use super::{at, ChangesError, Node, Op, MAX_DIFF_BYTES};
-use crate::text::{one_line, printable, quote_path};
+use hull_exec::text::{one_line, printable, quote_path};
 
 /// The diff of the changes at or below each path of `only` (all when
 /// empty).

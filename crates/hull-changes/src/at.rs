@@ -149,5 +149,5 @@ pub fn digest(mut f: &std::fs::File) -> io::Result<(String, u64, bool)> {
         h.update(&buf[..n]);
         size += n as u64;
     }
-    Ok((crate::text::hex(&h.finalize()), size, binary))
+    Ok((hull_exec::text::hex(&h.finalize()), size, binary))
 }

@@ -219,7 +219,7 @@ pub struct Store {
 impl Store {
     /// The store of this user (see the module's doc).
     pub fn default_root() -> PathBuf {
-        if let Some(d) = &crate::settings::get().changes_dir {
+        if let Some(d) = &hull_exec::settings::get().changes_dir {
             return d.clone();
         }
         let state = std::env::var_os("XDG_STATE_HOME")
@@ -250,7 +250,7 @@ impl Store {
             let path = path.to_path_buf();
             move |source| ChangesError::Io { what, path, source }
         };
-        crate::runtime::fsx::make_private_dir_all(&self.root)
+        hull_exec::runtime::fsx::make_private_dir_all(&self.root)
             .map_err(io("cannot create the change-set store", &self.root))?;
         let project_id = {
             use std::os::unix::fs::MetadataExt;
@@ -259,7 +259,7 @@ impl Store {
         };
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let dir = self.root.join(&id);
-        crate::runtime::fsx::make_private_dir(&dir).map_err(io("cannot create", &dir))?;
+        hull_exec::runtime::fsx::make_private_dir(&dir).map_err(io("cannot create", &dir))?;
         let set = ChangeSet {
             dir,
             meta: Meta {

@@ -361,7 +361,7 @@ fn write(
                     h.update(&buf[..n]);
                     out.write_all(&buf[..n])?;
                 }
-                if crate::text::hex(&h.finalize()) != *sha256 {
+                if hull_exec::text::hex(&h.finalize()) != *sha256 {
                     return Err(std::io::Error::other(
                         "its bytes in the change set differ from what the scan recorded",
                     ));

@@ -115,7 +115,7 @@ impl Scan {
                          (path_hex has its bytes)"
                             .into(),
                     ),
-                    path_hex: Some(crate::text::hex(&exact)),
+                    path_hex: Some(hull_exec::text::hex(&exact)),
                     ..refused(&path, "")
                 })?;
                 continue;
