@@ -22,8 +22,6 @@ pub mod run;
 pub mod serve;
 pub mod tier;
 pub mod vm;
-#[cfg(windows)]
-pub mod winsec;
 
 /// The policy, its resolution and its lowering: the `hull-policy` crate.
 pub use hull_policy as policy;
@@ -34,6 +32,11 @@ pub use hull_exec::{
     exec, mountinfo, os, runtime, sandbox_user, settings, state, text, EXIT_HULL_FAILED,
     EXIT_TIMEOUT,
 };
+
+/// Windows SIDs and ACLs, which the Windows tiers and the Hyper-V backend
+/// both use: `hull-exec`'s `winsec`.
+#[cfg(windows)]
+pub use hull_exec::winsec;
 
 /// Change sets: what a copy-on-write run wrote, reviewed and applied: the
 /// `hull-changes` crate.

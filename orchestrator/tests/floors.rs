@@ -14,11 +14,10 @@ use std::path::Path;
 /// Each room's floor, lowest first. `hull-policy`, `hull-exec`, `hull-net`
 /// and `hull-changes` are crates below all of them (re-exported as
 /// `policy`, `exec`, `runtime`, `settings`, `state`, `mountinfo`,
-/// `sandbox_user`, `os`, `text`, `net` and `changes`).
+/// `sandbox_user`, `os`, `text`, `winsec`, `net` and `changes`).
 const FLOORS: &[(&str, u8)] = &[
     // Leaves: each names only the crates below.
     ("out_dir", 0),
-    ("winsec", 0),
     // What a run is prepared from (project, variables, policy, environment).
     ("prepare", 2),
     // Tier 3's machinery: images, snapshots, machines, the supervisor, the pool.
@@ -51,6 +50,7 @@ const BELOW: &[&str] = &[
     "sandbox_user",
     "os",
     "text",
+    "winsec",
     "net",
     "changes",
     "EXIT_HULL_FAILED",
@@ -127,7 +127,7 @@ fn no_room_names_a_room_of_its_floor_or_above() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     sources(&src, &mut files);
-    assert!(files.len() > 100, "too few sources under {}", src.display());
+    assert!(files.len() > 50, "too few sources under {}", src.display());
     let mut wrong = Vec::new();
     for f in &files {
         let rel = f.strip_prefix(&src).unwrap();

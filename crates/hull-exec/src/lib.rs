@@ -11,7 +11,8 @@
 //! the unprivileged user hull's helpers and commands run as when hull is
 //! root; [`mountinfo`] reads the mount table; [`os`] names the host's
 //! operating system and [`text`] makes text from outside hull safe to
-//! print.
+//! print; `winsec` (Windows) holds the SIDs and ACLs the Windows tiers and
+//! the Hyper-V backend both use.
 //!
 //! What it may not do: know a tier. It uses only `hull-policy` and
 //! `hull-protocol` below it; the tiers, the VM, the network proxy and the
@@ -27,6 +28,8 @@ pub mod sandbox_user;
 pub mod settings;
 pub mod state;
 pub mod text;
+#[cfg(windows)]
+pub mod winsec;
 
 use hull_policy as policy;
 
