@@ -115,6 +115,12 @@ fn the_architecture_document_opens_with_the_crate_graph() {
         ["hull-exec"],
         "hull-changes knows no tier, VM or run: it uses exec's walks and settings only"
     );
+    let native: Vec<&str> = g["hull-native"].iter().map(String::as_str).collect();
+    assert_eq!(
+        native,
+        ["hull-changes", "hull-exec", "hull-policy", "hull-seccomp"],
+        "hull-native knows no VM, network proxy or run"
+    );
     let block = format!("{BEGIN}\n{}{END}", render(&g));
     let path = root.join("docs/architecture.md");
     let doc = std::fs::read_to_string(&path).unwrap();

@@ -6,8 +6,8 @@ use std::ffi::OsString;
 
 use crate::policy::lower::appcontainer::{AclPlan, Deny, SystemDirs, Trustee, WinPath};
 use crate::policy::lower::restricted::RestrictedPlan;
-use crate::tier::probe::{Helper, Probe};
-use crate::tier::Tier;
+use crate::probe::{Helper, Probe};
+use crate::Tier;
 
 use super::elevated::{AceKind, ElevatedError, ElevatedPlan};
 use super::{command_line, desktop_name, TrampolineSpec, WinError, WinTier};

@@ -44,7 +44,7 @@ pub enum LandlockError {
     #[error("tier landlock: the ruleset was not fully enforced ({0}); refusing to run")]
     NotEnforced(String),
     #[error("tier landlock: {0}")]
-    Seccomp(#[from] crate::tier::seccomp::SeccompError),
+    Seccomp(#[from] crate::seccomp::SeccompError),
     #[error("tier landlock: cannot hand the metadata broker its listener: {0}")]
     Broker(#[source] std::io::Error),
     #[error("tier landlock: dropping capabilities failed: {0}")]
@@ -83,7 +83,7 @@ pub struct ExecPlan {
     /// `--cow`: the rules on the overlay, added by the helper after its
     /// mounts, beneath its working directory.
     #[serde(default)]
-    pub deferred: Vec<crate::tier::rules::Deferred>,
+    pub deferred: Vec<crate::rules::Deferred>,
     pub allow_unix_sockets: bool,
     pub memory: Option<u64>,
     pub pids: Option<u64>,
@@ -114,7 +114,7 @@ pub struct Request<'a> {
     pub env: &'a [(String, String)],
     pub broker_fd: Option<i32>,
     /// The spare pools whose entries carry writable rules.
-    pub pools: &'a [std::sync::Arc<crate::tier::spares::Pool>],
+    pub pools: &'a [std::sync::Arc<crate::spares::Pool>],
     pub proxy_port: Option<u16>,
     /// `--cow`: the project, an overlay only the child's mount namespace
     /// has: its rules are the helper's to open (its working directory).
@@ -122,8 +122,8 @@ pub struct Request<'a> {
 }
 
 /// Probes the tier.
-pub fn probe() -> crate::tier::probe::Probe {
-    use crate::tier::{probe::Probe, Tier};
+pub fn probe() -> crate::probe::Probe {
+    use crate::{probe::Probe, Tier};
     match verdict(kernel_abi()) {
         Ok(detail) => Probe::available(Tier::Landlock, detail, Vec::new()),
         Err(e) => Probe::unavailable(Tier::Landlock, e.to_string()),
@@ -184,7 +184,7 @@ pub fn command(req: &Request<'_>) -> Result<Prepared, LandlockError> {
     let abi = kernel_abi();
     verdict(abi)?;
     let allow_unix_sockets = abi >= UNIX_SOCKET_ABI;
-    let bound = crate::tier::rules::bind(
+    let bound = crate::rules::bind(
         req.plan,
         req.pools,
         allow_unix_sockets,
@@ -253,7 +253,7 @@ pub fn exec_main(plan_fd: i32, error_fd: Option<i32>, argv: Vec<OsString>) -> an
         let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         if std::io::Write::write_all(&mut &f, e.to_string().as_bytes()).is_ok() {
             // hull reports it; printing here too would say it twice.
-            return Ok(crate::EXIT_HULL_FAILED);
+            return Ok(hull_exec::EXIT_HULL_FAILED);
         }
     }
     Err(e.into())
@@ -317,22 +317,22 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
     // closes it once the restriction holds (before the command runs).
     let ruleset =
         unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(plan.ruleset_fd) };
-    crate::tier::rules::add_deferred(&ruleset, &plan.deferred)?;
-    crate::tier::rules::restrict_self(ruleset)?;
-    let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Landlock {
+    crate::rules::add_deferred(&ruleset, &plan.deferred)?;
+    crate::rules::restrict_self(ruleset)?;
+    let prog = crate::seccomp::build(crate::seccomp::Profile::Landlock {
         allow_unix_sockets: plan.allow_unix_sockets,
         inet: plan.inet,
         // Metadata calls go to the broker: Landlock does not mediate them.
         broker: true,
     })?;
-    crate::tier::seccomp::apply(&prog)?;
+    crate::seccomp::apply(&prog)?;
     if let Some(fd) = plan.broker_fd {
         // SAFETY: hull passed this socket by number; we own it from here,
         // and it closes before the command runs.
         let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let broker = crate::tier::seccomp::build_broker(true, plan.spares)?;
-        let listener = crate::tier::seccomp::apply_with_listener(&broker)?;
-        crate::tier::broker::send_listener(
+        let broker = crate::seccomp::build_broker(true, plan.spares)?;
+        let listener = crate::seccomp::apply_with_listener(&broker)?;
+        crate::broker::send_listener(
             std::os::fd::AsFd::as_fd(&sock),
             std::os::fd::AsFd::as_fd(&listener),
         )
@@ -367,12 +367,12 @@ fn set_rlimits(plan: &ExecPlan) {
     }
 }
 
-/// Drops every capability for good ([`crate::tier::launch::drop_all_caps_raw`]:
+/// Drops every capability for good ([`crate::launch::drop_all_caps_raw`]:
 /// bounding set, ambient set, the securebits that stop uid 0 from regaining
 /// them at exec, the current sets), then checks nothing effective or
 /// permitted is left.
 pub fn drop_capabilities() -> std::io::Result<()> {
-    crate::tier::launch::drop_all_caps_raw()?;
+    crate::launch::drop_all_caps_raw()?;
     let now = rustix::thread::capabilities(None).map_err(std::io::Error::from)?;
     if !now.effective.is_empty() || !now.permitted.is_empty() {
         return Err(std::io::Error::other(

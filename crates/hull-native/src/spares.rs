@@ -864,7 +864,7 @@ pub fn serve(policy: &Policy, closed: &[Closed], run_dir: &Path) -> Served {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         runs_root: run_dir.parent().unwrap_or(run_dir).to_path_buf(),
-        root_user: crate::tier::identity::hull_is_root(),
+        root_user: crate::identity::hull_is_root(),
     };
     let mut pools: Vec<(PathBuf, Arc<Pool>)> = Vec::new();
     for c in closed {

@@ -35,8 +35,8 @@ use crate::exec::CommandSpec;
 use crate::policy::lower::appcontainer::{self, AclPlan, WinLowerError};
 use crate::policy::lower::restricted::{self, RestrictedPlan};
 use crate::policy::Policy;
-use crate::tier::probe::Probe;
-use crate::tier::Tier;
+use crate::probe::Probe;
+use crate::Tier;
 
 /// The largest `--spec` the trampoline accepts.
 pub const MAX_SPEC_BYTES: usize = 64 * 1024;

@@ -13,8 +13,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use crate::policy::lower::bwrap::BwrapPlan;
-use crate::tier::probe::{Helper, Probe};
-use crate::tier::Tier;
+use crate::probe::{Helper, Probe};
+use crate::Tier;
 
 const FIXED: &[&str] = &["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"];
 
@@ -25,7 +25,7 @@ pub enum BwrapError {
     #[error("tier bwrap: {path} cannot create namespaces: {detail}")]
     Unusable { path: PathBuf, detail: String },
     #[error("tier bwrap: {0}")]
-    Seccomp(#[from] crate::tier::seccomp::SeccompError),
+    Seccomp(#[from] crate::seccomp::SeccompError),
     #[error("tier bwrap: cannot pass the seccomp filter: {0}")]
     SeccompFd(std::io::Error),
     #[error("tier bwrap: cannot pass the command's environment: {0}")]
@@ -43,7 +43,7 @@ pub enum BwrapError {
 /// The bwrap binary, found once.
 pub fn binary() -> Option<&'static PathBuf> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BIN.get_or_init(|| crate::tier::launch::find_binary("bwrap", FIXED))
+    BIN.get_or_init(|| crate::launch::find_binary("bwrap", FIXED))
         .as_ref()
 }
 
@@ -180,10 +180,9 @@ pub fn command(
     share_net: bool,
 ) -> Result<Prepared, BwrapError> {
     let bin = binary().ok_or(BwrapError::Missing)?;
-    let prog = crate::tier::seccomp::build(crate::tier::seccomp::Profile::Bwrap)?;
-    let fd =
-        crate::tier::launch::memfd_with("hull-seccomp", &crate::tier::seccomp::to_bytes(&prog))
-            .map_err(BwrapError::SeccompFd)?;
+    let prog = crate::seccomp::build(crate::seccomp::Profile::Bwrap)?;
+    let fd = crate::launch::memfd_with("hull-seccomp", &crate::seccomp::to_bytes(&prog))
+        .map_err(BwrapError::SeccompFd)?;
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| BwrapError::SeccompFd(e.into()))?;
     let env_fd =

@@ -26,9 +26,9 @@ pub use crate::policy::lower::seatbelt::{canonical_path, canonicalize, Canonical
 use crate::policy::lower::seatbelt::{lower, SeatbeltProfile};
 use crate::policy::{HostFs, Policy};
 #[cfg(target_os = "macos")]
-use crate::tier::probe::Helper;
-use crate::tier::probe::Probe;
-use crate::tier::Tier;
+use crate::probe::Helper;
+use crate::probe::Probe;
+use crate::Tier;
 
 /// The only `sandbox-exec` hull runs.
 pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
@@ -72,7 +72,7 @@ pub fn launch(policy: &Policy, spec: &CommandSpec) -> Result<Command, SeatbeltEr
     {
         let _ = (policy, spec);
         Err(SeatbeltError::WrongOs {
-            os: crate::tier::Os::current().map_or("unknown", |o| o.as_str()),
+            os: crate::Os::current().map_or("unknown", |o| o.as_str()),
         })
     }
     #[cfg(target_os = "macos")]

@@ -67,7 +67,7 @@ pub enum IdentityError {
     #[error("tier {tier}: path {path} contains a NUL byte")]
     Nul { tier: &'static str, path: PathBuf },
     #[error(transparent)]
-    Cow(#[from] crate::tier::cow::CowError),
+    Cow(#[from] crate::cow::CowError),
     #[error("tier {tier}: --cow: cannot mount an overlay of {project} with its upper layer in {upper} (the upper layer's filesystem must support overlayfs upper layers: ext4, xfs, btrfs, tmpfs; set HULL_CHANGES_DIR to a directory on one): {source}; the command did not run")]
     Overlay {
         tier: &'static str,
@@ -116,11 +116,11 @@ pub struct Switch {
     /// path after the re-mounts: its lower layer the project (as re-mounted
     /// for the sandbox user), its upper layer a change set's `upper/`. The
     /// host's mounts never see it.
-    overlay: Option<crate::tier::cow::Overlay>,
+    overlay: Option<crate::cow::Overlay>,
     /// `--cow` on landlock: what covers the project's protected paths in
     /// the overlay (Landlock cannot hide an entry of a directory it lets
     /// the command write without splitting it), attached after the overlay.
-    cow_masks: Option<crate::tier::cow::Covers>,
+    cow_masks: Option<crate::cow::Covers>,
 }
 
 /// A path the command is given, whether it must be writable, and whether
@@ -338,7 +338,7 @@ impl Switch {
     pub fn with_overlay(mut self, project: &Path, set_dir: &Path) -> Result<Switch, IdentityError> {
         let tier = self.tier;
         let upper = crate::changes::Layers::of(set_dir).upper;
-        let overlay = crate::tier::cow::Overlay::prepare(tier, project, set_dir, false)?;
+        let overlay = crate::cow::Overlay::prepare(tier, project, set_dir, false)?;
         overlay
             .try_here()
             .map_err(|source| IdentityError::Overlay {
@@ -365,23 +365,23 @@ impl Switch {
     }
 
     /// `--cow` on landlock: covers each of `protected` (paths inside
-    /// `project`, with how) in the overlay ([`crate::tier::cow::Covers`]);
+    /// `project`, with how) in the overlay ([`crate::cow::Covers`]);
     /// the empty trees that hide paths are detached now, from the host's
     /// mounts.
     pub fn with_cow_masks(
         mut self,
         project: &Path,
-        protected: &[(PathBuf, crate::tier::cow::Cover)],
+        protected: &[(PathBuf, crate::cow::Cover)],
         empty_dir: &Path,
         empty_file: &Path,
     ) -> Result<Switch, IdentityError> {
-        self.cow_masks = Some(crate::tier::cow::Covers::prepare(
+        self.cow_masks = Some(crate::cow::Covers::prepare(
             self.tier,
             project,
             protected,
             empty_dir,
             empty_file,
-            crate::tier::cow::Detach::Now,
+            crate::cow::Detach::Now,
         )?);
         Ok(self)
     }

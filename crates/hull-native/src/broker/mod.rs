@@ -202,7 +202,7 @@ impl Broker {
 #[derive(Debug)]
 pub struct Handoff {
     sock: OwnedFd,
-    filter: crate::tier::seccomp::Raw,
+    filter: crate::seccomp::Raw,
 }
 
 impl Broker {
@@ -212,7 +212,7 @@ impl Broker {
     /// everything it starts).
     pub fn with_handoff(
         handler: Handler,
-        filter: crate::tier::seccomp::Raw,
+        filter: crate::seccomp::Raw,
     ) -> std::io::Result<(Broker, Handoff)> {
         let (ours, theirs) = crate::exec::fds::descriptor_pair()?;
         let broker = Broker::start(ours, handler)?;

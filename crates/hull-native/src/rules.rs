@@ -179,7 +179,7 @@ impl Opener {
 /// to the helper, relative to that directory.
 pub fn bind(
     plan: &LandlockPlan,
-    pools: &[std::sync::Arc<crate::tier::spares::Pool>],
+    pools: &[std::sync::Arc<crate::spares::Pool>],
     allow_unix_sockets: bool,
     proxy_port: Option<u16>,
     in_child: Option<&Path>,

@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::process::Command;
 
-use crate::tier::{probe::Probe, Tier};
+use crate::{probe::Probe, Tier};
 
 /// The warning printed on every tier-0 run.
 pub const WARNING: &str = "hull: WARNING: --tier none: the command runs UNSANDBOXED; it can read, write and reach everything you can. Only the environment is scrubbed.";

@@ -11,7 +11,7 @@
 //! directory and with the one name it read:
 //!
 //! - a new file or directory is a spare from the run's pool
-//!   ([`crate::tier::spares`]) renamed into place with `RENAME_NOREPLACE`
+//!   ([`crate::spares`]) renamed into place with `RENAME_NOREPLACE`
 //!   and given the mode the call asked for (less the command's umask); an
 //!   open returns a descriptor of it, added to the command's table
 //!   (`SECCOMP_IOCTL_NOTIF_ADDFD`);
@@ -39,7 +39,7 @@ use std::sync::Arc;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 
 use super::{err, Task, MAX_PATH};
-use crate::tier::spares::Pool;
+use crate::spares::Pool;
 
 /// A split writable directory the broker creates in.
 #[derive(Debug)]
@@ -292,10 +292,7 @@ pub(super) fn is_create_call(nr: i64) -> bool {
     if nr == libc::SYS_open {
         return true;
     }
-    nr == libc::SYS_openat
-        || crate::tier::seccomp::create_calls()
-            .iter()
-            .any(|(_, n)| *n == nr)
+    nr == libc::SYS_openat || crate::seccomp::create_calls().iter().any(|(_, n)| *n == nr)
 }
 
 /// A path split into the directory part and its last component. `dir_ok`:
