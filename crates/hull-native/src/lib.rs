@@ -68,9 +68,9 @@ pub mod bwrap {
 
 #[cfg(target_os = "linux")]
 use hull_changes as changes;
+use hull_exec::exec;
 #[cfg(windows)]
 use hull_exec::winsec;
-use hull_exec::exec;
 #[cfg(target_os = "linux")]
 use hull_exec::{mountinfo, runtime, sandbox_user};
 use hull_policy as policy;
