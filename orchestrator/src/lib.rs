@@ -13,15 +13,16 @@ pub mod batch;
 pub mod canary;
 pub mod cli;
 pub mod compare;
-#[cfg(unix)]
-pub mod out_dir;
-pub mod prepare;
 pub mod result_file;
 pub mod run;
 #[cfg(target_os = "linux")]
 pub mod serve;
 pub mod tier;
-pub mod vm;
+
+/// Tier 3, the outer VM, and what every run is prepared from: the `hull-vm`
+/// crate.
+pub use hull_vm as vm;
+pub use hull_vm::prepare;
 
 /// The policy, its resolution and its lowering: the `hull-policy` crate.
 pub use hull_policy as policy;
@@ -32,6 +33,12 @@ pub use hull_exec::{
     exec, mountinfo, os, runtime, sandbox_user, settings, state, text, EXIT_HULL_FAILED,
     EXIT_TIMEOUT,
 };
+
+/// Directories hull writes its outputs into (batch results, compare and
+/// canary pages), opened once and written relative to the held descriptor:
+/// `hull-exec`'s `out_dir`.
+#[cfg(unix)]
+pub use hull_exec::out_dir;
 
 /// Windows SIDs and ACLs, which the Windows tiers and the Hyper-V backend
 /// both use: `hull-exec`'s `winsec`.

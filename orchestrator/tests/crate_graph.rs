@@ -121,6 +121,12 @@ fn the_architecture_document_opens_with_the_crate_graph() {
         ["hull-changes", "hull-exec", "hull-policy", "hull-seccomp"],
         "hull-native knows no VM, network proxy or run"
     );
+    let vm: Vec<&str> = g["hull-vm"].iter().map(String::as_str).collect();
+    assert_eq!(
+        vm,
+        ["hull-exec", "hull-net", "hull-policy", "hull-protocol"],
+        "hull-vm knows no other tier, run or CLI: it uses exec, the network, the policy and the protocol only"
+    );
     let block = format!("{BEGIN}\n{}{END}", render(&g));
     let path = root.join("docs/architecture.md");
     let doc = std::fs::read_to_string(&path).unwrap();

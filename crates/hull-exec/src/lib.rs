@@ -23,6 +23,8 @@
 pub mod exec;
 pub mod mountinfo;
 pub mod os;
+#[cfg(unix)]
+pub mod out_dir;
 pub mod runtime;
 pub mod sandbox_user;
 pub mod settings;

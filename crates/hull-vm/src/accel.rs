@@ -255,7 +255,7 @@ mod imp {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let qv = crate::vm::qemu::version(qemu).unwrap_or_default();
+        let qv = crate::qemu::version(qemu).unwrap_or_default();
         let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let mut h = Sha256::new();
         for part in [
@@ -315,8 +315,8 @@ mod imp {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-        crate::vm::proc::tie_to_parent(&mut cmd);
-        let mut p = match crate::vm::proc::Supervised::spawn(cmd, "kvm-probe", dir.path()) {
+        crate::proc::tie_to_parent(&mut cmd);
+        let mut p = match crate::proc::Supervised::spawn(cmd, "kvm-probe", dir.path()) {
             Ok(p) => p,
             Err(e) => return (false, e.to_string()),
         };
@@ -328,7 +328,7 @@ mod imp {
             use std::io::Read;
             let _ = (&mut s).take(4096).read_to_string(&mut err);
         }
-        let log = crate::vm::proc::log_tail(&console, 64 * 1024);
+        let log = crate::proc::log_tail(&console, 64 * 1024);
         let panicked = log.contains("Kernel panic");
         match status {
             Some(s) if s.success() && panicked => (
@@ -436,12 +436,12 @@ mod tests {
     /// reason that says so; on a host with working KVM, KVM.
     #[test]
     fn probe_on_this_host_boots_for_real_and_caches() {
-        let Some(qemu) = crate::vm::qemu::find_qemu(crate::vm::qemu::Arch::host()) else {
+        let Some(qemu) = crate::qemu::find_qemu(crate::qemu::Arch::host()) else {
             panic!(
                 "qemu-system-x86_64 not found: tier 3 tests need QEMU (scripts/setup.sh --tier3)"
             );
         };
-        let kernel = crate::vm::testkit::kernel();
+        let kernel = crate::testkit::kernel();
         let cache = tempfile::tempdir().unwrap();
         let first = probe_accel_with(Some(&qemu), Some(&kernel), Some(cache.path()));
         let entries: Vec<_> = std::fs::read_dir(cache.path().join("accel"))
@@ -463,7 +463,7 @@ mod tests {
 
     #[test]
     fn no_kernel_means_kvm_unverified() {
-        let Some(qemu) = crate::vm::qemu::find_qemu(crate::vm::qemu::Arch::host()) else {
+        let Some(qemu) = crate::qemu::find_qemu(crate::qemu::Arch::host()) else {
             panic!(
                 "qemu-system-x86_64 not found: tier 3 tests need QEMU (scripts/setup.sh --tier3)"
             );

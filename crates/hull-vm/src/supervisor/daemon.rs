@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::machine::{Machine, Tools};
 use crate::policy::lower::vm::{self as lower_vm};
-use crate::vm::machine::{Machine, Tools};
 
 use super::relay::{relay, End};
 use super::{
@@ -38,7 +38,7 @@ pub fn up(
         });
     }
     // Whatever a crashed supervisor left behind.
-    let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
+    let _ = crate::machine::cleanup_stale(&dir.join("m"));
     let _ = fs::remove_file(dir.join("vm.json"));
     let log = dir.join("supervisor.log");
     let logf = fs::File::create(&log).map_err(io_err("create", &log))?;
@@ -67,8 +67,8 @@ pub fn up(
     }
     let mut child = cmd.spawn().map_err(io_err("start the supervisor", exe))?;
     let deadline = ready_within.unwrap_or_else(|| {
-        let accel = crate::vm::accel::probe_accel().accel;
-        let (boot, setup) = crate::vm::assemble::deadlines(accel);
+        let accel = crate::accel::probe_accel().accel;
+        let (boot, setup) = crate::shape::deadlines(accel);
         boot + setup + Duration::from_secs(60)
     });
     let end = Instant::now() + deadline;
@@ -91,7 +91,7 @@ pub fn up(
             return Err(SupervisorError::StartFailed {
                 name: o.name.clone(),
                 status: st.to_string(),
-                tail: crate::vm::proc::log_tail(&log, 3000),
+                tail: crate::proc::log_tail(&log, 3000),
                 log,
             });
         }
@@ -101,7 +101,7 @@ pub fn up(
             return Err(SupervisorError::Timeout {
                 name: o.name.clone(),
                 secs: deadline.as_secs(),
-                tail: crate::vm::proc::log_tail(&log, 3000),
+                tail: crate::proc::log_tail(&log, 3000),
                 log,
             });
         }
@@ -136,7 +136,7 @@ pub fn serve(o: &UpOptions) -> Result<(), SupervisorError> {
     let mut state = VmState {
         name: o.name.clone(),
         pid: me,
-        start_time: crate::vm::proc::own_start_time(),
+        start_time: crate::proc::own_start_time(),
         program: std::env::current_exe().unwrap_or_default(),
         project: o.project.clone(),
         policy: o.policy.clone(),
@@ -195,8 +195,8 @@ fn boot(
 ) -> Result<
     (
         Machine,
-        crate::vm::agent::RawSession,
-        Option<crate::vm::net_channel::NetChannel>,
+        crate::agent::RawSession,
+        Option<crate::net_channel::NetChannel>,
     ),
     SupervisorError,
 > {
@@ -216,16 +216,16 @@ fn boot(
     let plan = lower_vm::lower(&policy, &crate::policy::RealFs)?;
     state.shares = fingerprint(&plan);
     state.shares.push(super::net_fingerprint(&policy.net));
-    let recipe = crate::vm::assemble::recipe_for(&policy.vm)?;
+    let recipe = crate::assemble::recipe_for(&policy.vm)?;
     state.shares.push(super::userland_fingerprint(&recipe));
     let tools = Tools::find()?;
-    let image = crate::vm::assemble::find_image(&recipe)?;
-    let accel = crate::vm::accel::probe_accel().accel;
+    let image = crate::assemble::find_image(&recipe)?;
+    let accel = crate::accel::probe_accel().accel;
     state.accel = accel.name().into();
     let mdir = dir.join("m");
     fs::create_dir_all(&mdir).map_err(io_err("create", &mdir))?;
     let stopped = || term.load(Ordering::SeqCst);
-    let start = crate::vm::session::StartOptions {
+    let start = crate::session::StartOptions {
         plan: &plan,
         tools: &tools,
         image: &image,
@@ -234,7 +234,7 @@ fn boot(
         dir: &mdir,
         log_dir: &mdir,
     };
-    let mut session = crate::vm::session::VmSession::start(start, &stopped)?;
+    let mut session = crate::session::VmSession::start(start, &stopped)?;
     // The snapshot is only read while QEMU starts; the VM keeps its overlay.
     session.release_snapshot();
     // The allow list: the VM's proxy, for its policy, auditing into its

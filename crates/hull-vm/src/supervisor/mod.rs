@@ -51,11 +51,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::agent::AgentError;
+use crate::machine::MachineError;
 use crate::policy::lower::vm::{ShareOrigin, VmLowerError, VmPlan};
 use crate::policy::PolicyError;
-use crate::vm::agent::AgentError;
-use crate::vm::machine::MachineError;
-use crate::vm::proc::PidRecord;
+use crate::proc::PidRecord;
 
 mod client;
 mod daemon;
@@ -134,7 +134,7 @@ pub enum SupervisorError {
     #[error(transparent)]
     Machine(#[from] MachineError),
     #[error(transparent)]
-    Session(#[from] crate::vm::session::SessionError),
+    Session(#[from] crate::session::SessionError),
     #[error("{source}\n  console log: {console}")]
     Agent {
         console: PathBuf,
@@ -146,7 +146,7 @@ pub enum SupervisorError {
     #[error(transparent)]
     Prepare(#[from] crate::prepare::PrepareError),
     #[error(transparent)]
-    Image(#[from] crate::vm::assemble::AssembleError),
+    Image(#[from] crate::assemble::AssembleError),
     #[error("hull vm: cannot encode the VM's state file")]
     EncodeState(#[source] serde_json::Error),
     #[error("hull vm: cannot install the signal handlers")]
@@ -301,7 +301,7 @@ pub fn fingerprint(plan: &VmPlan) -> Vec<String> {
 /// The container userland of a kept VM's policy (its `[vm] packages`), as
 /// a line of its fingerprint: a run needing other programs must not get
 /// the VM's.
-pub fn userland_fingerprint(recipe: &crate::vm::image::recipe::Recipe) -> String {
+pub fn userland_fingerprint(recipe: &crate::image::recipe::Recipe) -> String {
     format!("userland {} ({})", recipe.id(), recipe.userland())
 }
 
@@ -388,7 +388,7 @@ pub fn status() -> Result<Vec<VmStatus>, SupervisorError> {
         let dir = e.path();
         let up = lock_held(&dir);
         if !up {
-            let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
+            let _ = crate::machine::cleanup_stale(&dir.join("m"));
         }
         out.push(VmStatus {
             name,
@@ -406,7 +406,7 @@ pub fn status() -> Result<Vec<VmStatus>, SupervisorError> {
 pub fn down(name: &str, grace: Duration) -> Result<bool, SupervisorError> {
     let dir = vm_dir(name)?;
     if !lock_held(&dir) {
-        let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
+        let _ = crate::machine::cleanup_stale(&dir.join("m"));
         remove_leftovers(&dir);
         return Ok(false);
     }
@@ -450,7 +450,7 @@ pub fn down(name: &str, grace: Duration) -> Result<bool, SupervisorError> {
     while rec.is_alive() && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = crate::vm::machine::cleanup_stale(&dir.join("m"));
+    let _ = crate::machine::cleanup_stale(&dir.join("m"));
     if !lock_held(&dir) {
         remove_leftovers(&dir);
     }

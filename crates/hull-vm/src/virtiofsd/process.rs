@@ -11,8 +11,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::{SandboxMode, VirtiofsdSpec};
+use crate::proc::{self, Supervised};
 use crate::runtime::placeholder::Held;
-use crate::vm::proc::{self, Supervised};
 
 use super::mask::{hold_placeholders, prepare_view, MountPlan};
 

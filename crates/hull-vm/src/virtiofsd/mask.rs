@@ -393,7 +393,7 @@ impl MountPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vm::virtiofsd::SandboxMode;
+    use crate::virtiofsd::SandboxMode;
     use std::process::Command;
 
     /// A view packs read-only grants: inside the namespace each is readable

@@ -26,6 +26,15 @@
 //! - [`supervisor`]: VMs kept up by `hull vm up`, relaying agent sessions;
 //! - [`image`]: the guest image: recipe, cache, build;
 //! - [`hyperv`]: the Hyper-V backend (Windows).
+//!
+//! And [`prepare`], what every run is prepared from (the project's path,
+//! the resolved policy, the command's environment): here because the
+//! lowest of its users are the supervisor and the pool; `hull run` uses it
+//! from above.
+//!
+//! The floor above `hull-net` and `hull-exec`: what it may not do is know
+//! a run, the other tiers or the CLI. `hull run --tier3` (`hull::tier`'s vm
+//! adapter), `hull batch` and `hull vm` are in the application crate above.
 
 pub mod accel;
 #[cfg(unix)]
@@ -46,19 +55,32 @@ pub mod qemu;
 
 #[cfg(target_os = "linux")]
 pub mod pool;
+pub mod prepare;
 #[cfg(unix)]
 pub mod proc;
 #[cfg(unix)]
 pub mod qmp;
 #[cfg(target_os = "linux")]
 pub mod session;
+pub mod shape;
 #[cfg(target_os = "linux")]
 pub mod snapshot;
 #[cfg(target_os = "linux")]
 pub mod supervisor;
 pub mod virtiofsd;
 
-pub use crate::policy::lower::vm::{GUEST_GID, GUEST_UID};
+#[cfg(unix)]
+use hull_exec::exec;
+#[cfg(target_os = "linux")]
+use hull_exec::out_dir;
+#[cfg(windows)]
+use hull_exec::winsec;
+use hull_exec::{os, runtime, sandbox_user, settings, state, text};
+#[cfg(unix)]
+use hull_net as net;
+use hull_policy as policy;
+
+pub use hull_policy::lower::vm::{GUEST_GID, GUEST_UID};
 
 // The VM tests: built with the `tier3` feature only (Cargo.toml).
 #[cfg(test)]

@@ -181,7 +181,7 @@ pub fn geometry(image: &GuestImage, boot: &BootImage, tools: &Tools, accel: Acce
 /// snapshot's when its limit fits there, else the VM the limit needs rounded
 /// up to a whole GiB (so nearby limits share one snapshot).
 pub fn memory_for(plan: &VmPlan) -> u32 {
-    let need = crate::vm::assemble::vm_memory_mib(plan);
+    let need = crate::shape::vm_memory_mib(plan);
     if need <= SNAPSHOT_MEMORY_MIB {
         SNAPSHOT_MEMORY_MIB
     } else {
@@ -201,7 +201,7 @@ pub fn fits(plan: &VmPlan, g: &Geometry) -> Result<(), String> {
             g.slots
         ));
     }
-    let need = crate::vm::assemble::vm_memory_mib(plan);
+    let need = crate::shape::vm_memory_mib(plan);
     if need > g.memory_mib {
         return Err(format!(
             "the policy's memory limit needs a {need} MiB VM, the snapshot has {} MiB",
@@ -261,10 +261,10 @@ fn devices(plan: &VmPlan) -> usize {
 }
 
 /// The virtiofsd of every slot: the plan's shares first (as
-/// [`crate::vm::assemble::share_specs`] makes them), then the unused slots,
+/// [`crate::shape::share_specs`] makes them), then the unused slots,
 /// each serving `empty` read-only.
 pub fn slot_specs(slotted: &VmPlan, dir: &Path, empty: &Path, slots: usize) -> Vec<VirtiofsdSpec> {
-    let mut specs = crate::vm::assemble::share_specs(slotted, dir);
+    let mut specs = crate::shape::share_specs(slotted, dir);
     for i in specs.len()..slots {
         let tag = slot_tag(i);
         specs.push(VirtiofsdSpec {
@@ -663,7 +663,7 @@ fn boot_and_save(
         tmp,
         shares,
     );
-    let (boot_deadline, setup_deadline) = crate::vm::assemble::deadlines(parse_accel(&g.accel));
+    let (boot_deadline, setup_deadline) = crate::shape::deadlines(parse_accel(&g.accel));
     let t0 = Instant::now();
     progress("booting the guest");
     let mut m = Machine::start(&spec, tools).map_err(|source| SnapshotError::Machine {
@@ -690,7 +690,7 @@ fn boot_and_save(
             cpus: None,
             processes: None,
         },
-        clock_unix_ns: crate::vm::assemble::now_ns(),
+        clock_unix_ns: crate::shape::now_ns(),
         prepare: true,
         network: None,
         overlay: None,
@@ -735,7 +735,7 @@ fn boot_and_save(
     }
     let manifest = SnapshotManifest {
         geometry: g.clone(),
-        created_unix: crate::vm::assemble::now_ns() / 1_000_000_000,
+        created_unix: crate::shape::now_ns() / 1_000_000_000,
         boot_s,
         prepare_s,
         save_s,
@@ -844,7 +844,28 @@ mod tests {
     use super::*;
 
     fn plan() -> VmPlan {
-        crate::vm::assemble::tests::default_plan()
+        crate::shape::tests::default_plan()
+    }
+
+    #[test]
+    fn slotted_for_a_restore_a_cow_plan_s_lower_is_never_packed_away() {
+        let cow = crate::policy::lower::vm::with_cow(
+            plan(),
+            Path::new("/work/proj"),
+            Path::new("/state/changes/ID/layers"),
+        )
+        .unwrap();
+        let slotted = slotted(&cow, 2);
+        let (u, l) = slotted.overlay().unwrap();
+        assert!(l.subdir.is_none() && u.subdir.is_none());
+        let c = crate::shape::configure_spec(
+            &slotted,
+            crate::policy::lower::vm::RUN_CONTAINER,
+            42,
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.overlay.as_ref().unwrap().lower, l.tag);
     }
 
     fn geo() -> Geometry {
@@ -1014,7 +1035,7 @@ mod tests {
         );
         assert!(specs[4].views.is_empty());
         // What the guest is told is valid: one tag, a directory each.
-        let c = crate::vm::assemble::configure_spec(&s, "hull-run", 1, None).unwrap();
+        let c = crate::shape::configure_spec(&s, "hull-run", 1, None).unwrap();
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(c.shares[9].source(), "/mnt/hull/hull3/6");
         assert_eq!(c.shares[9].container_path, "/home/u/tool6");

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::agent::{AgentError, AgentSession, ExecOptions};
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
 use crate::policy::lower::vm::VmPlan;
 use crate::policy::Policy;
-use crate::vm::agent::{AgentError, AgentSession, ExecOptions};
 
 use super::turn::{RunTmp, Taken, Turn};
 use super::{fingerprint, lock_held, read_state, vm_dir, Phase, SupervisorError, VmState};
@@ -44,9 +44,9 @@ pub fn run_in(
     };
     let mut want = fingerprint(plan);
     want.push(super::net_fingerprint(&policy.net));
-    want.push(super::userland_fingerprint(
-        &crate::vm::assemble::recipe_for(&policy.vm)?,
-    ));
+    want.push(super::userland_fingerprint(&crate::assemble::recipe_for(
+        &policy.vm,
+    )?));
     if want != st.shares {
         return Err(SupervisorError::Mismatch {
             name: name.into(),
@@ -191,7 +191,7 @@ fn scrub_container(
     name: &str,
     ids: (u32, u32),
 ) -> Result<(), SupervisorError> {
-    use crate::vm::image::agent_disk;
+    use crate::image::agent_disk;
     struct Kept(Vec<u8>);
     impl OutputSink for Kept {
         fn stdout(&mut self, d: &[u8]) -> io::Result<()> {
@@ -230,7 +230,7 @@ fn scrub_container(
                 Ok(st) => format!("{st:?}"),
                 Err(e) => e.to_string(),
             },
-            crate::vm::proc::guest_text(&String::from_utf8_lossy(&out.0))
+            crate::proc::guest_text(&String::from_utf8_lossy(&out.0))
         ))),
     }
 }

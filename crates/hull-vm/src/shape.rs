@@ -1,8 +1,10 @@
-//! Assembling a tier-3 VM from a lowered plan: the deadlines, sizes and
-//! shares of the machine, the guest image, the container request, and
-//! starting it (restored from the image's snapshot, or booted). Shared by
-//! `hull run --tier3` (the tier adapter, `tier::vm`), `hull vm up`
-//! ([`crate::vm::supervisor`]) and the batch pool ([`crate::vm::pool`]).
+//! The shape of a tier-3 VM from a lowered plan: its deadlines, memory and
+//! vCPUs, its virtiofsd shares, and the container's `Configure` request.
+//!
+//! Pure but for the settings and the clock, and below both of its users:
+//! [`crate::snapshot`] sizes and fills the snapshot's slots with it, and
+//! [`crate::assemble`] starts machines (restored from a snapshot, or
+//! booted) of this shape.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,94 +13,16 @@ use hull_protocol::{ConfigureSpec, ContainerSpec, OverlaySpec, Share as ProtoSha
 
 use crate::policy::lower::vm::{self as lower_vm, VmPlan};
 use crate::policy::Protection;
-use crate::vm::image::recipe::Recipe;
-use crate::vm::image::GuestImage;
-use crate::vm::qemu::Accel;
-use crate::vm::virtiofsd::{HostMask, MaskKind, OverlayRole, SandboxMode, ViewBind, VirtiofsdSpec};
-#[cfg(target_os = "linux")]
-use crate::vm::{
-    machine::{BootImage, Machine, MachineSpec, Tools},
-    snapshot,
-};
+use crate::qemu::Accel;
+use crate::virtiofsd::{HostMask, MaskKind, OverlayRole, SandboxMode, ViewBind, VirtiofsdSpec};
 
+/// Why a plan makes no container request.
 #[derive(Debug, thiserror::Error)]
-pub enum AssembleError {
-    #[error(
-        "tier vm: no guest image found (looked in {looked}); build it with `hull image build`"
-    )]
-    NoImage { looked: String },
-    /// The agent binary or its disk (the message names the path).
-    #[error(transparent)]
-    Agent(crate::vm::image::ImageError),
+pub enum ShapeError {
     #[error("tier vm: path {0} is not UTF-8; the guest agent needs UTF-8 paths")]
     NotUtf8(PathBuf),
     #[error("tier vm: the container request is invalid: {0}")]
     Configure(String),
-    #[cfg(target_os = "linux")]
-    #[error(transparent)]
-    Machine(#[from] crate::vm::machine::MachineError),
-    #[cfg(target_os = "linux")]
-    #[error(transparent)]
-    Snapshot(#[from] crate::vm::snapshot::SnapshotError),
-    #[error(transparent)]
-    SandboxUser(#[from] crate::sandbox_user::SandboxUserError),
-    #[error("tier vm: the container userland of {userland}: {source}")]
-    Userland {
-        /// What the policy asks for ([`Recipe::userland`]).
-        userland: String,
-        #[source]
-        source: Box<crate::vm::image::ImageError>,
-    },
-    #[error(
-        "tier vm: HULL_VM_IMAGE={dir} holds another container userland ({has}) than the policy's \
-         ({wants}); unset HULL_VM_IMAGE to use the image cache"
-    )]
-    OtherUserland {
-        dir: Box<Path>,
-        has: String,
-        wants: String,
-    },
-}
-
-/// The recipe of `vm`'s container userland ([`crate::vm::image::recipe_for`]:
-/// a rootfs tarball is checked here, before any VM starts).
-pub fn recipe_for(vm: &crate::policy::VmPolicy) -> Result<Recipe, AssembleError> {
-    crate::vm::image::recipe_for(vm).map_err(|source| AssembleError::Userland {
-        userland: match &vm.rootfs {
-            Some(p) => format!("the [vm] rootfs {}", p.display()),
-            None => format!("the [vm] packages {}", vm.packages.join(", ")),
-        },
-        source: Box::new(source),
-    })
-}
-
-/// Builds the image of a policy's container userland (its `[vm] packages`)
-/// when it is not cached yet, reporting the build's progress to `on`; the
-/// default userland is `hull image build`'s (or setup's) to make, and
-/// `HULL_VM_IMAGE` names its image itself ([`find_image`] checks it).
-pub fn ensure_userland(
-    recipe: &Recipe,
-    on: &mut dyn FnMut(crate::vm::image::build::BuildEvent),
-) -> Result<(), AssembleError> {
-    let default = recipe.packages().is_empty() && recipe.rootfs().is_none();
-    if default || crate::settings::get().vm_image.is_some() {
-        return Ok(());
-    }
-    let failed = |source| AssembleError::Userland {
-        userland: recipe.userland(),
-        source: Box::new(source),
-    };
-    let cache = crate::vm::image::Cache::default_location().map_err(failed)?;
-    if crate::vm::image::find(&cache, recipe).is_ok() {
-        return Ok(());
-    }
-    let opts = crate::vm::image::build::BuildOptions {
-        agent: crate::vm::image::default_agent_path().map_err(failed)?,
-        force: false,
-        recipe: recipe.clone(),
-    };
-    crate::vm::image::build::build(&cache, &opts, on).map_err(failed)?;
-    Ok(())
 }
 
 /// Hello and setup deadlines for a VM restored from a snapshot: it answers
@@ -232,7 +156,7 @@ pub fn configure_spec(
     name: &str,
     clock_unix_ns: u64,
     network: Option<hull_protocol::NetworkSpec>,
-) -> Result<ConfigureSpec, AssembleError> {
+) -> Result<ConfigureSpec, ShapeError> {
     let mut shares = Vec::new();
     for s in &plan.shares {
         if s.origin == lower_vm::ShareOrigin::ChangeSet {
@@ -242,7 +166,7 @@ pub fn configure_spec(
         let container_path = s
             .container_path
             .to_str()
-            .ok_or_else(|| AssembleError::NotUtf8(s.container_path.clone()))?
+            .ok_or_else(|| ShapeError::NotUtf8(s.container_path.clone()))?
             .to_string();
         shares.push(ProtoShare {
             tag: s.tag.clone(),
@@ -272,14 +196,14 @@ pub fn configure_spec(
         network,
         overlay: overlay_spec(plan)?,
     };
-    spec.validate().map_err(AssembleError::Configure)?;
+    spec.validate().map_err(ShapeError::Configure)?;
     Ok(spec)
 }
 
 /// The `Configure`'s overlay of a `--cow` plan: the change set's share
 /// over the project's, with every protected path of the project (its
 /// masks, at their container paths) to be bound read-only over it.
-fn overlay_spec(plan: &VmPlan) -> Result<Option<OverlaySpec>, AssembleError> {
+fn overlay_spec(plan: &VmPlan) -> Result<Option<OverlaySpec>, ShapeError> {
     let Some((upper, lower)) = plan.overlay() else {
         return Ok(None);
     };
@@ -289,7 +213,7 @@ fn overlay_spec(plan: &VmPlan) -> Result<Option<OverlaySpec>, AssembleError> {
         let at = lower.container_path.join(rel);
         protect.push(
             at.to_str()
-                .ok_or_else(|| AssembleError::NotUtf8(at.clone()))?
+                .ok_or_else(|| ShapeError::NotUtf8(at.clone()))?
                 .to_string(),
         );
     }
@@ -301,214 +225,12 @@ fn overlay_spec(plan: &VmPlan) -> Result<Option<OverlaySpec>, AssembleError> {
     }))
 }
 
-/// The guest image to boot: `HULL_VM_IMAGE` (one image dir), else the image
-/// `hull image build` made for this recipe with the userland `recipe` names
-/// (an image of another recipe is never used: rebuild it), with the disk of
-/// this hull's agent (made in the image directory when missing: under a
-/// second).
-pub fn find_image(recipe: &Recipe) -> Result<GuestImage, AssembleError> {
-    find_image_with(recipe, true)
-}
-
-/// [`find_image`]; `make_agent_disk: false` only looks (`hull probe`).
-pub fn find_image_with(
-    recipe: &Recipe,
-    make_agent_disk: bool,
-) -> Result<GuestImage, AssembleError> {
-    let complete = |d: &Path| {
-        ["vmlinux", "initrd.cpio", "disk.raw"]
-            .iter()
-            .all(|f| d.join(f).is_file())
-    };
-    let dir = match crate::settings::get().vm_image.clone() {
-        Some(d) if complete(&d) && recipe != &Recipe::base() => {
-            let has = crate::vm::image::BuiltImage::open(&d).map(|i| i.manifest);
-            let same = match &has {
-                Ok(m) if recipe.rootfs().is_some() => m.hash == recipe.hash(),
-                Ok(m) => m.packages == recipe.packages(),
-                Err(_) => false,
-            };
-            if !same {
-                return Err(AssembleError::OtherUserland {
-                    dir: d.into(),
-                    has: has
-                        .map(|m| format!("[vm] packages {}", m.packages.join(", ")))
-                        .unwrap_or_else(|e| e.to_string()),
-                    wants: recipe.userland(),
-                });
-            }
-            d
-        }
-        Some(d) if complete(&d) => d,
-        Some(d) => {
-            return Err(AssembleError::NoImage {
-                looked: format!("HULL_VM_IMAGE={}", d.display()),
-            })
-        }
-        None => {
-            let cache = crate::vm::image::Cache::default_location().map_err(|e| {
-                AssembleError::NoImage {
-                    looked: format!("the image cache ({e})"),
-                }
-            })?;
-            crate::vm::image::find(&cache, recipe)
-                .map_err(|e| AssembleError::NoImage {
-                    looked: format!("{} ({e})", cache.root().display()),
-                })?
-                .dir
-        }
-    };
-    let agent = crate::vm::image::default_agent_path().map_err(AssembleError::Agent)?;
-    match make_agent_disk {
-        true => GuestImage::with_agent(&dir, &agent),
-        false => GuestImage::looking_at(&dir, &agent),
-    }
-    .map_err(AssembleError::Agent)
-}
-
 /// Nanoseconds since the Unix epoch (the guest sets its clock from it).
 pub fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos().min(u128::from(u64::MAX)) as u64)
         .unwrap_or(0)
-}
-
-/// Stale-instance cleanup for tier 3 (call from runtime GC for an instance
-/// dir whose `.active` lock is free): kills the QEMU and virtiofsd a crashed
-/// hull left in `<instance>/vm-<pid>/` and removes its sockets.
-#[cfg(target_os = "linux")]
-pub fn cleanup_stale_instance(
-    instance_dir: &Path,
-) -> std::io::Result<crate::vm::machine::StaleCleanup> {
-    let mut all = crate::vm::machine::StaleCleanup::default();
-    let rd = match std::fs::read_dir(instance_dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(all),
-        Err(e) => return Err(e),
-    };
-    for e in rd.filter_map(|e| e.ok()) {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("vm-") && e.path().is_dir() {
-            let c = crate::vm::machine::cleanup_stale(&e.path())?;
-            all.killed.extend(c.killed);
-        }
-    }
-    Ok(all)
-}
-
-/// `HULL_VM_SNAPSHOT=off` boots every run (benchmarks of the boot path).
-#[cfg(target_os = "linux")]
-fn snapshot_wanted() -> bool {
-    !crate::settings::get().vm_snapshot_off
-}
-
-/// A VM that runs, and the plan its shares were started for (the
-/// policy's, with slot tags when restored from a snapshot).
-#[cfg(target_os = "linux")]
-#[derive(Debug)]
-pub struct Started {
-    pub machine: Machine,
-    pub plan: VmPlan,
-    /// Keeps the snapshot from being replaced while the VM uses it.
-    pub hold: Option<snapshot::SnapshotUse>,
-    /// Hello and setup deadlines: a restored VM gets shorter ones.
-    pub deadlines: (Duration, Duration),
-}
-
-/// Starts the VM for `plan`: restores the image's prepared snapshot
-/// (built once when missing), or boots when `HULL_VM_SNAPSHOT=off` or
-/// the plan does not fit a snapshot. Both give the same boundary:
-/// nothing here changes what is enforced, only how long it takes.
-#[cfg(target_os = "linux")]
-pub fn start_vm(
-    plan: &VmPlan,
-    tools: &Tools,
-    guest: &GuestImage,
-    accel: Accel,
-    vm_name: String,
-    dir: &Path,
-    log_dir: &Path,
-) -> Result<Started, AssembleError> {
-    let image = BootImage::from_image(guest)?;
-    let run_as = qemu_user()?;
-    let geometry = snapshot::Geometry {
-        memory_mib: snapshot::memory_for(plan),
-        ..snapshot::geometry(guest, &image, tools, accel)
-    };
-    let use_snapshot = match snapshot_wanted() {
-        false => None,
-        true => match snapshot::fits(plan, &geometry) {
-            Ok(()) => Some(geometry),
-            Err(why) => {
-                eprintln!(
-                    "hull: tier vm: booting the guest instead of restoring its snapshot: {why}"
-                );
-                None
-            }
-        },
-    };
-    match use_snapshot {
-        Some(g) => {
-            let size = match g.memory_mib {
-                snapshot::SNAPSHOT_MEMORY_MIB => String::new(),
-                m => format!(" for {m} MiB VMs (the policy's memory limit)"),
-            };
-            let hold = snapshot::ensure(&guest.dir, &image, &g, tools, &mut |step| {
-                eprintln!("hull: tier vm: preparing the image's snapshot{size} (once): {step}")
-            })?;
-            let slotted = snapshot::slotted(plan, g.slots);
-            let machine = snapshot::restore(
-                &hold.snapshot,
-                &image,
-                tools,
-                &snapshot::RestoreSpec {
-                    name: vm_name,
-                    dir,
-                    log_dir,
-                    slotted: &slotted,
-                    run_as: run_as.as_deref(),
-                },
-            )?;
-            Ok(Started {
-                machine,
-                plan: slotted,
-                hold: Some(hold),
-                deadlines: restore_deadlines(accel),
-            })
-        }
-        None => {
-            let mspec = MachineSpec {
-                name: vm_name,
-                dir: dir.to_path_buf(),
-                log_dir: log_dir.to_path_buf(),
-                image,
-                accel,
-                memory_mib: vm_memory_mib(plan),
-                cpus: vm_cpus(plan),
-                shares: share_specs(plan, dir),
-                incoming: None,
-                run_as,
-            };
-            Ok(Started {
-                machine: Machine::start(&mspec, tools)?,
-                plan: plan.clone(),
-                hold: None,
-                deadlines: deadlines(accel),
-            })
-        }
-    }
-}
-
-/// The user QEMU runs the guest as: the sandbox user when hull runs as
-/// root (QEMU is then never root while untrusted code runs in it).
-#[cfg(target_os = "linux")]
-fn qemu_user() -> Result<Option<String>, AssembleError> {
-    if !crate::sandbox_user::hull_is_root() {
-        return Ok(None);
-    }
-    crate::sandbox_user::lookup("tier vm: QEMU")?;
-    Ok(Some(crate::sandbox_user::NAME.to_string()))
 }
 
 #[cfg(test)]
@@ -608,15 +330,6 @@ pub(crate) mod tests {
                 protect: vec!["/work/proj/.git".into(), "/work/proj/.hull".into()],
             })
         );
-        // Slotted for a restore, the lower is never packed away.
-        #[cfg(target_os = "linux")]
-        {
-            let slotted = crate::vm::snapshot::slotted(&cow, 2);
-            let (u, l) = slotted.overlay().unwrap();
-            assert!(l.subdir.is_none() && u.subdir.is_none());
-            let c = configure_spec(&slotted, lower_vm::RUN_CONTAINER, 42, None).unwrap();
-            assert_eq!(c.overlay.as_ref().unwrap().lower, l.tag);
-        }
         // A read-only project has nothing to keep.
         let mut ro = plan();
         ro.shares.iter_mut().for_each(|s| s.readonly = true);

@@ -2,8 +2,8 @@
 //! start the VM (restored from the image's snapshot, or booted), wait for
 //! the agent's hello, set up the container (`Configure`), run commands in
 //! it, and end it. `hull run --tier3` ([`crate::tier`]'s vm adapter),
-//! `hull vm up` ([`crate::vm::supervisor`]) and the batch pool
-//! ([`crate::vm::pool`]) all go through it.
+//! `hull vm up` ([`crate::supervisor`]) and the batch pool
+//! ([`crate::pool`]) all go through it.
 //!
 //! The rules:
 //! - a VM that fails to start, to say hello or to set up its container is
@@ -15,8 +15,8 @@
 //!   timed out or interrupted, whatever the guest does (an interrupt gives it
 //!   1 s, so Ctrl-C ends a run within 2 s);
 //! - a command runs watched: a helper (QEMU, a virtiofsd) that dies or stays
-//!   stopped ([`crate::vm::machine::STALL_LIMIT`]), or a guest that answers
-//!   nothing, not even a ping ([`crate::vm::heartbeat`]), ends it with an
+//!   stopped ([`crate::machine::STALL_LIMIT`]), or a guest that answers
+//!   nothing, not even a ping ([`crate::heartbeat`]), ends it with an
 //!   error naming the fault, and the VM is killed;
 //! - nothing is retried, and nothing runs anywhere else.
 
@@ -26,22 +26,25 @@ use std::time::Duration;
 
 use hull_protocol::NetworkSpec;
 
+use crate::agent::{AgentError, AgentSession, ExecOptions, RawSession};
+use crate::assemble::{start_vm, AssembleError, Started};
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
+use crate::image::GuestImage;
+use crate::machine::{Fault, Machine, MachineError, Tools};
 use crate::net::helper::Feed;
+use crate::net_channel::NetChannel;
 use crate::policy::lower::vm::VmPlan;
 use crate::policy::NetPolicy;
-use crate::vm::agent::{AgentError, AgentSession, ExecOptions, RawSession};
-use crate::vm::assemble::{configure_spec, now_ns, start_vm, AssembleError, Started};
-use crate::vm::image::GuestImage;
-use crate::vm::machine::{Fault, Machine, MachineError, Tools};
-use crate::vm::net_channel::NetChannel;
-use crate::vm::qemu::Accel;
-use crate::vm::snapshot::SnapshotUse;
+use crate::qemu::Accel;
+use crate::shape::{configure_spec, now_ns};
+use crate::snapshot::SnapshotUse;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error(transparent)]
     Assemble(#[from] AssembleError),
+    #[error(transparent)]
+    Shape(#[from] crate::shape::ShapeError),
     #[error(transparent)]
     Machine(#[from] MachineError),
     #[error("{source}\n  console log: {console}")]

@@ -231,7 +231,7 @@ mod tests {
 
     #[test]
     fn every_recipe_file_is_embedded_and_sorted() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images");
         let mut on_disk = Vec::new();
         fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
             for e in std::fs::read_dir(dir).unwrap() {

@@ -13,7 +13,7 @@ const HOW: &str =
 
 /// The guest kernel to boot.
 pub fn kernel() -> PathBuf {
-    match crate::vm::accel::default_probe_kernel() {
+    match crate::accel::default_probe_kernel() {
         Some(k) if k.is_file() => k,
         Some(k) => panic!(
             "guest kernel {} does not exist; build the image (hull image build) or point HULL_VM_KERNEL at a vmlinux; {HOW}",
@@ -27,8 +27,8 @@ pub fn kernel() -> PathBuf {
 
 /// The tools, or a failure naming what is missing.
 #[cfg(target_os = "linux")]
-pub fn tools() -> crate::vm::machine::Tools {
-    let t = crate::vm::machine::Tools::find().unwrap_or_else(|e| panic!("{e}; {HOW}"));
+pub fn tools() -> crate::machine::Tools {
+    let t = crate::machine::Tools::find().unwrap_or_else(|e| panic!("{e}; {HOW}"));
     if t.virtiofsd.is_none() {
         panic!("virtiofsd not found (PATH, /usr/libexec, ~/.cargo/bin); scripts/setup.sh --tier3 installs it; {HOW}");
     }
@@ -203,7 +203,7 @@ pub fn agent_binary() -> PathBuf {
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/hull-agent")
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/hull-agent")
         });
     let help = std::process::Command::new(&p)
         .arg("--help")

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use hull_protocol::client::{check_peer_hello, hello_message};
 use hull_protocol::{ErrorCode, FrameReader, FrameWriter, Message, Role};
 
-use crate::vm::heartbeat::{Beat, Heartbeat, SILENCE_LIMIT};
-use crate::vm::machine::Machine;
+use crate::heartbeat::{Beat, Heartbeat, SILENCE_LIMIT};
+use crate::machine::Machine;
 
 use super::{io_err, SupervisorError, UpOptions, MAX_CLIENTS, MAX_EXECS};
 
@@ -74,7 +74,7 @@ struct Hub {
     why: Mutex<Option<String>>,
     /// The stop is a fault (the VM is killed, clients told why).
     fault: AtomicBool,
-    /// Whether the guest still answers ([`crate::vm::heartbeat`]).
+    /// Whether the guest still answers ([`crate::heartbeat`]).
     beat: Mutex<Heartbeat>,
 }
 
@@ -159,8 +159,8 @@ pub(super) fn relay(
     o: &UpOptions,
     dir: &Path,
     mut machine: Machine,
-    raw: crate::vm::agent::RawSession,
-    net: Option<crate::vm::net_channel::NetChannel>,
+    raw: crate::agent::RawSession,
+    net: Option<crate::net_channel::NetChannel>,
     term: &AtomicBool,
 ) -> Result<End, SupervisorError> {
     let ctl = dir.join("ctl.sock");
@@ -297,7 +297,7 @@ fn agent_reader(
             Message::Error {
                 code: ErrorCode::TreeSurvived,
                 message,
-            } => Some(crate::vm::proc::guest_text(message)),
+            } => Some(crate::proc::guest_text(message)),
             _ => None,
         };
         let relayable = matches!(
@@ -478,8 +478,8 @@ fn client(hub: &Hub, s: UnixStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::{AgentSession, ExecOptions};
     use crate::exec::{CommandSpec, ExitStatus, OutputSink};
-    use crate::vm::agent::{AgentSession, ExecOptions};
 
     /// The relay against a scripted guest and two real clients over real
     /// sockets: ids are remapped per client, each sees only its own frames,
@@ -594,7 +594,7 @@ mod tests {
         }
         let mut conn = Connection::new(c);
         conn.hello(Role::Host, "test").unwrap();
-        let e = crate::vm::agent::build_exec(&spec("hang"), &ExecOptions::default()).unwrap();
+        let e = crate::agent::build_exec(&spec("hang"), &ExecOptions::default()).unwrap();
         conn.send(&Message::Exec(e), 7).unwrap();
         assert_eq!(conn.recv().unwrap(), (7, Message::Started { pid: 5 }));
         drop(conn);

@@ -32,7 +32,7 @@ use hull_protocol::{
 };
 
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
-use crate::vm::heartbeat::{Beat, Heartbeat};
+use crate::heartbeat::{Beat, Heartbeat};
 
 /// Frames buffered between the socket reader and the session (each at most
 /// 1 MiB): the guest is slowed down, not buffered without bound.
@@ -115,7 +115,7 @@ pub struct ExecOptions {
     /// How long the guest gets to answer `Kill`.
     pub kill_grace: Duration,
     /// How long the guest may answer nothing, not even a `Ping`
-    /// ([`crate::vm::heartbeat`]).
+    /// ([`crate::heartbeat`]).
     pub silence_limit: Duration,
 }
 
@@ -147,7 +147,7 @@ impl Default for ExecOptions {
             uid_gid: None,
             interrupt: None,
             kill_grace: KILL_GRACE,
-            silence_limit: crate::vm::heartbeat::SILENCE_LIMIT,
+            silence_limit: crate::heartbeat::SILENCE_LIMIT,
         }
     }
 }
@@ -356,7 +356,7 @@ impl AgentSession {
                 (0, Message::Error { code, message }) => {
                     return Err(AgentError::ConfigureFailed {
                         code: *code,
-                        message: crate::vm::proc::guest_text(message),
+                        message: crate::proc::guest_text(message),
                     })
                 }
                 (0, Message::Pong { .. }) => {}
@@ -551,7 +551,7 @@ impl AgentSession {
                         self.broken = true;
                         return Err(AgentError::Peer {
                             code: *code,
-                            message: crate::vm::proc::guest_text(message),
+                            message: crate::proc::guest_text(message),
                         });
                     }
                     (other, Message::Error { .. }) if self.finished.contains(&other) => continue,
@@ -618,13 +618,13 @@ impl AgentSession {
                         } else {
                             126
                         },
-                        message: crate::vm::proc::guest_text(&message),
+                        message: crate::proc::guest_text(&message),
                     });
                 }
                 Message::Error { code, message } => {
                     return Err(AgentError::ExecFailed {
                         code,
-                        message: crate::vm::proc::guest_text(&message),
+                        message: crate::proc::guest_text(&message),
                     });
                 }
                 other => {

@@ -27,12 +27,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::agent::ExecOptions;
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
+use crate::image::GuestImage;
+use crate::machine::Tools;
 use crate::policy::lower::vm as lower_vm;
-use crate::vm::agent::ExecOptions;
-use crate::vm::image::GuestImage;
-use crate::vm::machine::Tools;
-use crate::vm::session::{StartOptions, VmSession};
+use crate::session::{StartOptions, VmSession};
 
 /// One line of the jobs file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,11 +104,11 @@ pub enum BatchError {
     #[error("hull batch: cannot start a pool worker: {0}")]
     Worker(#[source] io::Error),
     #[error("hull batch: {0}")]
-    Machine(#[from] crate::vm::machine::MachineError),
+    Machine(#[from] crate::machine::MachineError),
     #[error("hull batch: {0}")]
-    Image(#[from] crate::vm::assemble::AssembleError),
+    Image(#[from] crate::assemble::AssembleError),
     #[error("hull batch: {0}")]
-    Snapshot(#[from] crate::vm::snapshot::SnapshotError),
+    Snapshot(#[from] crate::snapshot::SnapshotError),
     #[error("hull batch: {path}: cannot {what}: {source}")]
     Io {
         path: PathBuf,
@@ -119,7 +119,7 @@ pub enum BatchError {
     #[error("hull batch: after the jobs: {0}")]
     SetId(#[from] crate::runtime::setid::SweepError),
     #[error(transparent)]
-    Out(#[from] crate::vm::batch_out::OutError),
+    Out(#[from] crate::batch_out::OutError),
 }
 
 /// How many restored VMs fit in memory: what the host has available (80%)
@@ -186,11 +186,11 @@ struct Ctx {
     policy_file: crate::policy::PolicyFile,
     tools: Tools,
     image: GuestImage,
-    accel: crate::vm::qemu::Accel,
+    accel: crate::qemu::Accel,
     queue: Mutex<VecDeque<Job>>,
     irq: Arc<AtomicI32>,
     /// The output directory, held open.
-    out: crate::vm::batch_out::OutDir,
+    out: crate::batch_out::OutDir,
 }
 
 /// Why one job did not run (it is reported; the batch goes on).
@@ -210,7 +210,7 @@ enum JobError {
         source: io::Error,
     },
     #[error(transparent)]
-    Session(#[from] crate::vm::session::SessionError),
+    Session(#[from] crate::session::SessionError),
 }
 
 /// A restored VM waiting for a job, with its own instance.
@@ -419,7 +419,7 @@ pub fn run_batch(
             .map(|g| g.path.clone())
             .collect()
     };
-    let out = crate::vm::batch_out::OutDir::open(&o.out, &shared_roots)?;
+    let out = crate::batch_out::OutDir::open(&o.out, &shared_roots)?;
     let total = jobs.len();
     let ctx = Arc::new(Ctx {
         o: o.clone(),
@@ -474,22 +474,22 @@ pub fn run_batch(
 pub struct Host {
     tools: Tools,
     image: GuestImage,
-    accel: crate::vm::qemu::Accel,
+    accel: crate::qemu::Accel,
     /// Bytes of the snapshot's saved guest memory (what one idle VM holds).
     pub state_bytes: u64,
 }
 
 impl Host {
     /// `recipe`: the userland of the batch's policy, built by then
-    /// ([`crate::vm::assemble::ensure_userland`]).
+    /// ([`crate::assemble::ensure_userland`]).
     pub fn prepare(
-        recipe: &crate::vm::image::recipe::Recipe,
+        recipe: &crate::image::recipe::Recipe,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Host, BatchError> {
         let tools = Tools::find()?;
-        let image = crate::vm::assemble::find_image(recipe)?;
-        let accel = crate::vm::accel::probe_accel().accel;
-        let hold = crate::vm::snapshot::ensure_for(&image, &tools, accel, progress)?;
+        let image = crate::assemble::find_image(recipe)?;
+        let accel = crate::accel::probe_accel().accel;
+        let hold = crate::snapshot::ensure_for(&image, &tools, accel, progress)?;
         Ok(Host {
             state_bytes: hold.snapshot.manifest.state_bytes,
             tools,

@@ -304,7 +304,7 @@ pub fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
     mountinfo
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(|field| PathBuf::from(crate::mountinfo::unescape(field)))
+        .map(|field| PathBuf::from(hull_exec::mountinfo::unescape(field)))
         .collect()
 }
 
