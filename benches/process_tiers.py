@@ -57,7 +57,9 @@ def main():
     bare = [shutil.which("bwrap")]
     for l in lines[1:]:
         l = l.strip().rstrip("\\").strip()
-        if l.startswith("#") or l.startswith("--seccomp"):
+        # Only bwrap's options: not comments, not hull's seccomp fd, not the
+        # line that says what the network part is.
+        if not l.startswith("--") or l.startswith("--seccomp"):
             continue
         bare += l.split()
     # The masks and instance dirs hull creates per run: make them once here.
