@@ -151,9 +151,9 @@ fn sources(dir: &Path, into: &mut Vec<std::path::PathBuf>) {
 }
 
 /// Every `PREFIX::NAME` the code (not a comment line) names, with its
-/// line, for each prefix that means the crate's root; a group,
+/// line, `prefix` being a path that means the crate's root; a group,
 /// `PREFIX::{a, b::c}` over one line or several, names each of its heads.
-fn named_rooms(text: &str, prefixes: &[&str]) -> Vec<(usize, String)> {
+fn named_rooms(text: &str, prefix: &str) -> Vec<(usize, String)> {
     let code: String = text
         .lines()
         .map(|l| match l.trim_start().starts_with("//") {
@@ -162,34 +162,31 @@ fn named_rooms(text: &str, prefixes: &[&str]) -> Vec<(usize, String)> {
         })
         .collect();
     let mut out = Vec::new();
-    for prefix in prefixes {
-        let mut from = 0;
-        while let Some(found) = code[from..].find(prefix) {
-            let at = from + found;
-            from = at + prefix.len();
-            let before = &code[..at];
-            // `hull_crate::x` or `$crate::x` are not this crate's paths, and
-            // `super::super::x` is not `super::` followed by `super`.
-            if matches!(before.chars().last(), Some(c) if c.is_ascii_alphanumeric() || c == '_' || c == '$')
-                || before.ends_with("super::")
-            {
-                continue;
-            }
-            let line = before.matches('\n').count() + 1;
-            let tail = &code[from..];
-            let heads = match tail.strip_prefix('{') {
-                Some(group) => group_heads(group),
-                None => vec![ident(tail)],
-            };
-            out.extend(
-                heads
-                    .into_iter()
-                    .filter(|h| !h.is_empty() && h != "super" && h != "self")
-                    .map(|h| (line, h)),
-            );
+    let mut from = 0;
+    while let Some(found) = code[from..].find(prefix) {
+        let at = from + found;
+        from = at + prefix.len();
+        let before = &code[..at];
+        // `hull_crate::x` or `$crate::x` are not this crate's paths, and
+        // `super::super::x` is not `super::` followed by `super`.
+        if matches!(before.chars().last(), Some(c) if c.is_ascii_alphanumeric() || c == '_' || c == '$')
+            || before.ends_with("super::")
+        {
+            continue;
         }
+        let line = before.matches('\n').count() + 1;
+        let tail = &code[from..];
+        let heads = match tail.strip_prefix('{') {
+            Some(group) => group_heads(group),
+            None => vec![ident(tail)],
+        };
+        out.extend(
+            heads
+                .into_iter()
+                .filter(|h| !h.is_empty() && h != "super" && h != "self")
+                .map(|h| (line, h)),
+        );
     }
-    out.sort();
     out
 }
 
@@ -230,11 +227,11 @@ fn arrows_up(house: &House, room: &str, depth: usize, text: &str) -> Vec<String>
     };
     let up = "super::".repeat(depth + 1);
     let mut wrong = Vec::new();
-    for (line, name, strict) in named_rooms(text, &["crate::"])
+    for (line, name, strict) in named_rooms(text, "crate::")
         .into_iter()
         .map(|(l, n)| (l, n, true))
         .chain(
-            named_rooms(text, &[up.as_str()])
+            named_rooms(text, &up)
                 .into_iter()
                 .map(|(l, n)| (l, n, false)),
         )

@@ -191,11 +191,8 @@ impl OutputSink for StdioSink {
 }
 
 #[cfg(target_os = "linux")]
-pub use crate::vm::assemble::{cleanup_stale_instance, start_vm, Started};
+pub use crate::vm::assemble::cleanup_stale_instance;
 pub use crate::vm::assemble::{find_image, find_image_with};
-pub use crate::vm::shape::{
-    configure_spec, deadlines, now_ns, restore_deadlines, share_specs, vm_cpus, vm_memory_mib,
-};
 
 #[cfg(target_os = "linux")]
 mod imp {
