@@ -501,6 +501,13 @@ fn too_many_execs_is_busy() {
     let mut req = exec(&[b"cat"]);
     req.stdin = true;
     a.conn.send(&Message::Exec(req), 1).unwrap();
+    // The first exec's `Started` comes first: until it has, its frames
+    // could interleave with the second's answer.
+    let mut o1 = Outcome::default();
+    let (fid, m) = a.conn.recv().unwrap();
+    assert_eq!(fid, 1, "unexpected frame {m:?}");
+    take(&mut o1, m);
+    assert!(o1.started.is_some(), "{o1:?}");
     let o = run(&mut a, 2, sh("echo no"));
     assert!(
         matches!(
@@ -513,7 +520,6 @@ fn too_many_execs_is_busy() {
         "{o:?}"
     );
     a.conn.send(&Message::StdinEof, 1).unwrap();
-    let mut o1 = Outcome::default();
     finish(&mut a.conn, 1, &mut o1);
     assert_eq!(o1.end, Some(Message::Exit(ExitStatus::Code(0))));
 }
