@@ -6,8 +6,13 @@ round) N times; the script prints medians, the difference and the ratio.
 
   bwrap:    `hull run --tier bwrap -- true`  vs  `bwrap <same argv> -- true`
             (the argv hull would use, from `hull policy explain --json`,
-            minus hull's seccomp fd)
-  landlock: `hull run --tier landlock -- true`  vs  `true` run directly
+            minus hull's seccomp fd), in a project with `.hull` and `.git`
+            (so neither side needs a placeholder); "fresh": hull in a new
+            empty project each time, as harnesses make them
+  landlock: `hull run --tier landlock -- true`  vs  `true` run directly:
+            in that project (its own `.hull` keeps the spare pool), in a
+            project used before with no `.hull` ("used"), and in a new
+            empty project each time ("fresh")
 
 Usage: benches/process_tiers.py [--rounds N] [--hull PATH]
 """
@@ -32,7 +37,7 @@ def paired(name, a, b, rounds):
         else:
             tb.append(b()); ta.append(a())
     ma, mb = statistics.median(ta) * 1000, statistics.median(tb) * 1000
-    print(f"{name:9} hull median {ma:7.2f} ms | bare median {mb:7.2f} ms | "
+    print(f"{name:14} hull median {ma:7.2f} ms | bare median {mb:7.2f} ms | "
           f"hull adds {ma - mb:+6.2f} ms | ratio {ma / mb:5.2f}x  (n={rounds} pairs)")
     return ma, mb
 
@@ -73,12 +78,36 @@ def main():
         os.makedirs(os.path.join(project, name), exist_ok=True)
     bare += ["--", true]
 
+    def fresh():
+        # As harnesses make them: a new directory in the default TMPDIR
+        # for each sample, nothing in it.
+        return tempfile.mkdtemp(prefix="hull-bench-fresh-")
+
+    def hull_run(tier, proj):
+        return run([hull, "run", "--tier", tier, "--project", proj, "--", true], env=env)
+
+    # A project used before, with no .hull of its own (a git checkout).
+    used = tempfile.mkdtemp(prefix="hull-bench-used-")
+    os.makedirs(os.path.join(used, ".git"))
+
     paired("bwrap",
-           lambda: run([hull, "run", "--tier", "bwrap", "--project", project, "--", true], env=env),
+           lambda: hull_run("bwrap", project),
+           lambda: run(bare, env=env),
+           args.rounds)
+    paired("bwrap fresh",
+           lambda: hull_run("bwrap", fresh()),
            lambda: run(bare, env=env),
            args.rounds)
     paired("landlock",
-           lambda: run([hull, "run", "--tier", "landlock", "--project", project, "--", true], env=env),
+           lambda: hull_run("landlock", project),
+           lambda: run([true], env=env, cwd=project),
+           args.rounds)
+    paired("landlock used",
+           lambda: hull_run("landlock", used),
+           lambda: run([true], env=env, cwd=used),
+           args.rounds)
+    paired("landlock fresh",
+           lambda: hull_run("landlock", fresh()),
            lambda: run([true], env=env, cwd=project),
            args.rounds)
 

@@ -1171,8 +1171,7 @@ fn report_new_repositories(tier: Tier, pol: &Policy, before: &Repos) {
     if tier == Tier::None {
         return;
     }
-    let roots: Vec<&Path> = pol.writable_roots().map(|g| g.path.as_path()).collect();
-    let Ok(after) = policy::git::find_repositories(&roots) else {
+    let Ok(after) = policy::git::find_in(pol) else {
         return;
     };
     for git in policy::git::new_repositories(before, &after) {

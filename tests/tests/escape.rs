@@ -851,10 +851,130 @@ fn a_planted_spare_and_a_touched_seal_reach_no_later_run() {
     }
 }
 
-/// Runs on a project without `.hull` at the same time: each makes its
-/// pool in the `.hull` the first one made (a placeholder of hull's, held by
-/// every run that uses it), and none is left when they are all over; a
-/// `.hull` the project has keeps its pool (above).
+/// The spare pools hull keeps in its runs root (`spares/`), by name.
+fn shared_pools(w: &World) -> Vec<String> {
+    std::fs::read_dir(w.runs.join("spares"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("spares-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A project with no `.hull` of its own (as harnesses make them) gets its
+/// new top-level entries from a pool hull keeps in its runs root: they
+/// land, nothing is made in the project (no `.hull`), and the next run
+/// adopts the same pool instead of making one.
+#[cfg(feature = "landlock")]
+#[test]
+fn a_project_without_hull_takes_a_pool_kept_in_the_runs_root() {
+    require_tier("landlock");
+    let w = World::new();
+    w.git_init();
+    let mut first = None;
+    for round in 0..2 {
+        let o = w.run(
+            "landlock",
+            &[],
+            &format!("echo {round} > new{round}.txt && mkdir dir{round} && cat new{round}.txt"),
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{round}\n"));
+        assert_eq!(
+            w.read(&w.project.join(format!("new{round}.txt"))),
+            format!("{round}\n")
+        );
+        assert!(w.project.join(format!("dir{round}")).is_dir());
+        assert!(
+            !w.project.join(".hull").exists(),
+            "the run made a .hull in the project"
+        );
+        let pools = shared_pools(&w);
+        assert_eq!(pools.len(), 1, "{pools:?}");
+        match &first {
+            None => first = Some(pools[0].clone()),
+            Some(f) => assert_eq!(&pools[0], f, "the next run adopted the pool"),
+        }
+    }
+}
+
+/// The pool in hull's runs root trusts nothing a command could do to it:
+/// every spare is written to by path (the control, under tier none, shows
+/// they are there and writable); a landlock command that tries the same
+/// reaches none of them when hull is root (its sandbox user cannot enter
+/// the runs root) and, as an ordinary user, writes only spares that the
+/// next run then makes anew; that run's new files and directories, spares
+/// of the same pool, come to it empty.
+#[cfg(feature = "landlock")]
+#[test]
+fn a_planted_spare_of_the_runs_root_pool_reaches_no_later_run() {
+    require_tier("landlock");
+    let w = World::new();
+    w.git_init();
+    let o = w.run("landlock", &[], "true");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(shared_pools(&w).len(), 1);
+    let plant = format!(
+        "n=0; for f in {}/spares/spares-*/c*/*; do \
+         if [ -d \"$f\" ]; then echo planted > \"$f/inside\" && n=$((n+1)); \
+         else echo planted >> \"$f\" && n=$((n+1)); fi; done 2>/dev/null; echo $n",
+        w.runs.display()
+    );
+    let planted = |o: &std::process::Output| -> u32 {
+        assert_eq!(o.status.code(), Some(0), "{}", show(o));
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .expect("a count")
+    };
+    let control = planted(&w.run("none", &[], &plant));
+    assert!(
+        control >= 300,
+        "control: only {control} spares were written"
+    );
+    let o = w.run("landlock", &[], &plant);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(
+            planted(&o),
+            0,
+            "the sandbox user wrote a spare of the runs root"
+        );
+    } else {
+        assert!(planted(&o) >= 300, "{}", show(&o));
+    }
+    let o = w.run(
+        "landlock",
+        &[],
+        "for i in 1 2 3 4 5 6 7 8; do mkdir d$i && ls -A d$i; touch f$i && cat f$i; done; echo end",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "end\n", "{}", show(&o));
+    for i in 1..=8 {
+        let d = w.project.join(format!("d{i}"));
+        assert_eq!(
+            std::fs::read_dir(&d).expect("dir").count(),
+            0,
+            "{}",
+            d.display()
+        );
+        let f = w.project.join(format!("f{i}"));
+        assert_eq!(
+            std::fs::metadata(&f).expect("file").len(),
+            0,
+            "{}",
+            f.display()
+        );
+    }
+    assert_eq!(shared_pools(&w).len(), 1, "the pool was adopted");
+}
+
+/// Runs on a project without `.hull` at the same time: each takes a pool
+/// of its own from hull's runs root (a pool serves one run at a time), and
+/// nothing is made in the project; a `.hull` the project has keeps its
+/// pool (above).
 #[cfg(feature = "landlock")]
 #[test]
 fn concurrent_runs_leave_no_hull_directory_of_theirs() {
@@ -891,6 +1011,8 @@ fn concurrent_runs_leave_no_hull_directory_of_theirs() {
     for mut r in runs {
         assert!(r.wait().expect("wait").success());
     }
+    let pools = shared_pools(&w);
+    assert!(pools.len() >= 2, "one pool each at once: {pools:?}");
     assert!(
         !w.project.join(".hull").exists(),
         "left: {:?}",

@@ -125,11 +125,11 @@ impl Opener {
             return Err(fail("not an absolute path".into()));
         }
         // The deepest directory opened so far that holds `path`.
-        let base = self
-            .dirs
-            .range(..=path.to_path_buf())
-            .rev()
-            .find(|(d, _)| path.starts_with(d))
+        // (A lookup per ancestor: a scan of the map's earlier entries made
+        // binding /etc's hundred-odd entries quadratic.)
+        let base = path
+            .ancestors()
+            .find_map(|a| self.dirs.get_key_value(a))
             .map(|(d, fd)| (d.clone(), fd));
         let opened = match &base {
             Some((d, fd)) => {

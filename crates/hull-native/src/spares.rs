@@ -23,20 +23,38 @@
 //! contents only ever land at a name the broker allowed. It cannot move,
 //! link or remove a spare (the pool directory has no rule).
 //!
-//! In a project that has a `.hull` directory (hull makes none it leaves
-//! behind: when it makes one for the pool, both go after the run), a pool
-//! outlives its run and the next run on that project adopts it
-//! (making 320 inodes and removing them again cost 5-200 ms a run on ext4,
-//! whose inode allocator slows down as recently freed inodes pile up). On
-//! adoption every spare is checked against the pool's seal: the coarse
+//! Where the pool lives: a project with no `.hull` of its own (as agent
+//! harnesses make them, one per sample) takes a pool from hull's runs root
+//! (`<runs>/spares/spares-<run>`), when the runs root is on the split
+//! directory's mount (a rename does not cross mounts) and hidden by the
+//! policy: pools there serve every project on that mount, one run at a
+//! time, and nothing is made in the project. The runs root is hull's
+//! user's and nobody else's to write (`runtime`), `spares/` is 0700: when
+//! hull is root the command's sandbox user cannot even reach a spare
+//! there by path. A project that has a `.hull` keeps its pool there, as
+//! does one on another mount than the runs root (hull then makes a
+//! `.hull` for the run and removes it with the pool afterwards).
+//!
+//! A kept pool outlives its run and the next run adopts it (making 320
+//! inodes and removing them again cost 5-200 ms a run on ext4, whose
+//! inode allocator slows down as recently freed inodes pile up; adopting
+//! costs a `stat` a spare). On adoption every spare is checked against
+//! the pool's seal: the coarse
 //! clock time hull wrote once it had made the spares, before any command
 //! ran. A spare whose ctime is not before the seal was changed since
 //! (written, chmod, an xattr or ACL set, an entry made inside it: each
 //! moves the ctime, which no process can set back) and is replaced, as is
 //! one of the wrong type, owner, mode, size or link count; recycled
-//! spares are removed. A pool with no valid seal, or sealed for another
-//! owner, is removed whole. Pools are locked (`flock`) while a run holds
-//! them, so concurrent runs each take their own.
+//! spares are removed. A pool with no valid seal is removed whole; one
+//! sealed for another owner is left to that owner's runs. When every
+//! spare was intact the seal stands; when some were made, the pool is
+//! sealed anew and the spares kept are checked once more. Pools are
+//! locked (`flock`) while a run holds them, so concurrent runs each take
+//! their own.
+//!
+//! The pool cannot grow while the command runs: a Landlock ruleset is
+//! fixed once the command's process restricts itself, and a rule belongs
+//! to an inode that existed then, so every spare is made before.
 
 // A command can write the trees this module works on: no path-based
 // filesystem call (clippy.toml).
@@ -349,6 +367,11 @@ impl Pool {
         })?;
         if self.remove.is_some() {
             return Ok(()); // goes with the run: never adopted, no seal
+        }
+        if old.is_some() && newest == (0, 0) {
+            // Nothing made: every spare is one the old seal covers, and
+            // still before it (pass 1): the seal stands as it is.
+            return Ok(());
         }
         // The seal must be newer than every spare made (same clock tick:
         // they would count as changed next time): a tick is a few ms.
@@ -709,24 +732,16 @@ fn spare_intact(
         false => (rustix::fs::FileType::RegularFile, 0o600, 1),
         true => (rustix::fs::FileType::Directory, 0o700, 2),
     };
+    // A directory's ctime moves with every entry made in, moved into or
+    // linked into it, so one before the seal is as empty as it was made
+    // (and `take_dir` reads it once more before handing it out).
     let before_seal = ctime_of(&st) < seal.time;
-    // A directory's ctime moves with every entry made in it, but check its
-    // entries too: nothing of an earlier run may come along.
-    let empty = !is_dir
-        || openat(
-            dir,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .is_ok_and(|fd| dir_is_empty(&fd, dev));
     let pristine = rustix::fs::FileType::from_raw_mode(st.st_mode) == ty
         && st.st_mode & 0o7777 == mode
         && (st.st_uid, st.st_gid) == want.owner
         && st.st_nlink == links
         && (is_dir || st.st_size == 0)
         && st.st_dev == dev
-        && empty
         && before_seal;
     if pristine {
         Presence::Intact
@@ -815,10 +830,15 @@ fn adopt(hull_dir: &OwnedFd, want: &Seal) -> Option<(OwnedFd, String)> {
         if rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             continue; // a run holds it
         }
-        let usable = !making && read_seal(&dir).is_some_and(|s| s.fits(want));
+        let seal = (!making).then(|| read_seal(&dir)).flatten();
+        let usable = seal.as_ref().is_some_and(|s| s.fits(want));
+        // Sealed for another owner (the shared pools serve every project
+        // on their filesystem, whoever owns it): kept for its runs.
+        let foreign = seal.as_ref().is_some_and(|s| s.owner != want.owner);
         match (usable, &found) {
             (true, None) => found = Some((dir, name.to_string_lossy().into_owned())),
             (true, Some(_)) => {} // idle, kept for another run
+            (false, _) if foreign => {}
             (false, _) => {
                 let _ = crate::runtime::remove_tree(&beneath(hull_dir, &name));
             }
@@ -904,13 +924,6 @@ fn make_pool(
     out: &mut Served,
 ) -> Result<Arc<Pool>, String> {
     let hull = root.join(".hull");
-    let hidden = policy
-        .protects
-        .iter()
-        .any(|p| p.path == hull && p.protection == Protection::Hidden);
-    if !hidden {
-        return Err(format!("{} is not hidden by the policy", hull.display()));
-    }
     // The writable root opened once, no link on the way; `.hull` and the
     // split directory looked at through it, never by path again.
     let root_fd = rustix::fs::openat2(
@@ -922,6 +935,41 @@ fn make_pool(
     )
     .map_err(|e| format!("{}: {e}", root.display()))?;
     let root_meta = rustix::fs::fstat(&root_fd).map_err(|e| format!("{}: {e}", root.display()))?;
+    let owner = run
+        .root_user
+        .then_some((root_meta.st_uid, root_meta.st_gid));
+    let rel = split.strip_prefix(root).unwrap_or(Path::new(""));
+    let split_fd = crate::runtime::beneath::openat2(
+        &root_fd,
+        if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        },
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
+    )
+    .map_err(|e| format!("{}: {e}", split.display()))?;
+    // A project with no `.hull` of its own takes a pool hull keeps in its
+    // runs root, when that is on the split directory's mount: nothing is
+    // made in the project, nothing removed after (see the module comment).
+    let has_hull =
+        rustix::fs::statat(&root_fd, ".hull", rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok();
+    if !has_hull {
+        match shared_pool(policy, &split_fd, run, owner) {
+            Ok(Some(pool)) => return Ok(pool),
+            Ok(None) => {}
+            Err(why) => tracing::debug!("spares: no shared pool ({why}); the project's .hull"),
+        }
+    }
+    let hidden = policy
+        .protects
+        .iter()
+        .any(|p| p.path == hull && p.protection == Protection::Hidden);
+    if !hidden {
+        return Err(format!("{} is not hidden by the policy", hull.display()));
+    }
     // A pool stays for the next run only in a `.hull` the project has: one
     // hull makes goes after the run, with the pool; so does one another
     // run made and still holds (a placeholder of hull's, held by this run
@@ -944,27 +992,12 @@ fn make_pool(
             _ => format!("{}: {e}", hull.display()),
         })?;
     let meta = rustix::fs::fstat(&hull_fd).map_err(|e| format!("{}: {e}", hull.display()))?;
-    let rel = split.strip_prefix(root).unwrap_or(Path::new(""));
-    let split_dev = crate::runtime::beneath::openat2(
-        &root_fd,
-        if rel.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            rel
-        },
-        OFlags::PATH | OFlags::CLOEXEC,
-        Mode::empty(),
-        rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
-    )
-    .and_then(|fd| rustix::fs::fstat(&fd))
-    .map_err(|e| format!("{}: {e}", split.display()))?
-    .st_dev;
+    let split_dev = rustix::fs::fstat(&split_fd)
+        .map_err(|e| format!("{}: {e}", split.display()))?
+        .st_dev;
     if meta.st_dev != split_dev {
         return Err(format!("{} is on another filesystem", hull.display()));
     }
-    let owner = run
-        .root_user
-        .then_some((root_meta.st_uid, root_meta.st_gid));
     if run.root_user && meta.st_uid != root_meta.st_uid && meta.st_mode & 0o001 == 0 {
         return Err(format!(
             "{} belongs to uid {} (not {}'s owner) and others cannot search it, so the \
@@ -976,6 +1009,84 @@ fn make_pool(
     }
     Pool::create_in(hull_fd, &hull, &run.id, owner, FILES, DIRS, keep)
         .map(Arc::new)
+        .map_err(|e| e.to_string())
+}
+
+/// The directory in the runs root that holds the shared pools.
+const SHARED: &str = "spares";
+
+/// A pool of the runs root's `spares/` for a split directory (`split` is
+/// open on it), when the policy hides the runs root from the command and
+/// both are on one mount (a spare is renamed into place): None otherwise.
+/// The runs root is hull's (its user's, mode 0700: `runtime`), and so is
+/// `spares/` (made 0700, checked): nobody else plants a pool there. When
+/// hull is root, the command's sandbox user cannot even reach it.
+fn shared_pool(
+    policy: &Policy,
+    split: &OwnedFd,
+    run: &ThisRun,
+    owner: Option<(u32, u32)>,
+) -> Result<Option<Arc<Pool>>, String> {
+    let hidden = policy
+        .protects
+        .iter()
+        .any(|p| run.runs_root.starts_with(&p.path) && p.protection == Protection::Hidden);
+    if !hidden {
+        return Ok(None);
+    }
+    let shown = |e: &dyn std::fmt::Display| format!("{}: {e}", run.runs_root.display());
+    let runs = rustix::fs::openat2(
+        rustix::fs::CWD,
+        &run.runs_root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        rustix::fs::ResolveFlags::NO_SYMLINKS | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| shown(&e))?;
+    let me = rustix::process::geteuid().as_raw();
+    // Ours, and nobody else can write in it (others may search it: the
+    // runtime's rule for the runs root); `spares/` is ours alone.
+    let ours = |st: &rustix::fs::Stat, others: u32| {
+        st.st_uid == me
+            && st.st_mode & others == 0
+            && rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
+    };
+    if !ours(&rustix::fs::fstat(&runs).map_err(|e| shown(&e))?, 0o022) {
+        return Ok(None);
+    }
+    match mkdirat(&runs, SHARED, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(shown(&e)),
+    }
+    let path = run.runs_root.join(SHARED);
+    let dir = open_dir_nofollow(&runs, Path::new(SHARED))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let st = rustix::fs::fstat(&dir).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !ours(&st, 0o077) {
+        return Err(format!(
+            "{} is not a directory of uid {me} only (mode {:o}, uid {})",
+            path.display(),
+            st.st_mode & 0o7777,
+            st.st_uid
+        ));
+    }
+    let mount = |fd: &OwnedFd| {
+        rustix::fs::statx(
+            fd,
+            "",
+            rustix::fs::AtFlags::EMPTY_PATH,
+            rustix::fs::StatxFlags::MNT_ID,
+        )
+        .ok()
+        .filter(|st| st.stx_mask & rustix::fs::StatxFlags::MNT_ID.bits() != 0)
+        .map(|st| st.stx_mnt_id)
+    };
+    match (mount(&dir), mount(split)) {
+        (Some(a), Some(b)) if a == b => {}
+        _ => return Ok(None),
+    }
+    Pool::create_in(dir, &path, &run.id, owner, FILES, DIRS, true)
+        .map(|p| Some(Arc::new(p)))
         .map_err(|e| e.to_string())
 }
 

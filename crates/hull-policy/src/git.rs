@@ -56,8 +56,24 @@ pub struct Repos {
     pub git_entries: BTreeSet<PathBuf>,
 }
 
-/// Walks `roots` for `.git` entries (not following symlinks).
-pub fn find_repositories(roots: &[&Path]) -> Result<Repos, GitScanError> {
+/// Walks the writable roots of `policy` for `.git` entries (not following
+/// symlinks), but not the paths it hides (a project's `.hull`, hull's
+/// spare entries there): the command cannot make a repository there that
+/// anybody runs git in.
+pub fn find_in(policy: &Policy) -> Result<Repos, GitScanError> {
+    let roots: Vec<&Path> = policy.writable_roots().map(|g| g.path.as_path()).collect();
+    let hidden: Vec<&Path> = policy
+        .protects
+        .iter()
+        .filter(|p| p.protection == Protection::Hidden)
+        .map(|p| p.path.as_path())
+        .collect();
+    find_repositories(&roots, &hidden)
+}
+
+/// Walks `roots` for `.git` entries (not following symlinks), leaving out
+/// the directories `skip` names.
+pub fn find_repositories(roots: &[&Path], skip: &[&Path]) -> Result<Repos, GitScanError> {
     let mut out = Repos::default();
     let mut seen = 0usize;
     for root in roots {
@@ -79,7 +95,7 @@ pub fn find_repositories(roots: &[&Path]) -> Result<Repos, GitScanError> {
                     out.git_entries.insert(path);
                     continue;
                 }
-                if ft.is_dir() && depth < MAX_DEPTH {
+                if ft.is_dir() && depth < MAX_DEPTH && !skip.contains(&path.as_path()) {
                     stack.push((path, depth + 1));
                 }
             }
@@ -268,7 +284,7 @@ mod tests {
         std::fs::write(p.join("sub/.git"), "gitdir: ../.git/modules/sub\n").unwrap();
         std::fs::write(p.join(".gitmodules"), "").unwrap();
         std::os::unix::fs::symlink("/", p.join("link")).unwrap();
-        let repos = find_repositories(&[p]).unwrap();
+        let repos = find_repositories(&[p], &[]).unwrap();
         let want: BTreeSet<PathBuf> = [
             p.join(".git"),
             p.join("vendor/lib/.git"),
@@ -276,6 +292,16 @@ mod tests {
         ]
         .into_iter()
         .collect();
+        assert_eq!(repos.git_entries, want);
+        // What the policy hides is not walked (hull's spare entries in
+        // `.hull`): a repository there is not found, and the rest are.
+        std::fs::create_dir_all(p.join(".hull/spares-r/c0/d1/.git")).unwrap();
+        let all = find_repositories(&[p], &[]).unwrap();
+        assert!(all
+            .git_entries
+            .contains(&p.join(".hull/spares-r/c0/d1/.git")));
+        let hull = p.join(".hull");
+        let repos = find_repositories(&[p], &[hull.as_path()]).unwrap();
         assert_eq!(repos.git_entries, want);
         assert_eq!(
             config_of(&p.join("sub/.git")),

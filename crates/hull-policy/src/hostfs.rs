@@ -20,6 +20,16 @@ pub trait HostFs {
     fn kind(&self, path: &Path) -> NodeKind;
     /// Names of the entries of a directory, sorted; empty when not a dir.
     fn children(&self, path: &Path) -> Vec<String>;
+    /// The entries of a directory with their kinds, sorted by name.
+    fn entries(&self, path: &Path) -> Vec<(String, NodeKind)> {
+        self.children(path)
+            .into_iter()
+            .map(|name| {
+                let kind = self.kind(&path.join(&name));
+                (name, kind)
+            })
+            .collect()
+    }
 }
 
 /// The real filesystem.
@@ -48,6 +58,33 @@ impl HostFs for RealFs {
             Err(_) => Vec::new(),
         };
         v.sort();
+        v
+    }
+
+    /// The kinds from the directory's own listing (`d_type`: no `lstat`
+    /// per entry where the filesystem fills it in, as ext4, xfs, btrfs and
+    /// tmpfs do).
+    fn entries(&self, path: &Path) -> Vec<(String, NodeKind)> {
+        let Ok(rd) = std::fs::read_dir(path) else {
+            return Vec::new();
+        };
+        let mut v: Vec<(String, NodeKind)> = rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let kind = match e.file_type() {
+                    Err(_) => NodeKind::Missing,
+                    Ok(t) if t.is_symlink() => match std::fs::read_link(e.path()) {
+                        Ok(target) => NodeKind::Symlink(target),
+                        Err(_) => NodeKind::Missing,
+                    },
+                    Ok(t) if t.is_dir() => NodeKind::Dir,
+                    Ok(_) => NodeKind::File,
+                };
+                Some((name, kind))
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
 }

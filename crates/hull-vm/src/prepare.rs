@@ -94,8 +94,7 @@ pub fn resolve_policy(
         .sort_by(|a, b| a.path.cmp(&b.path).then(a.protection.cmp(&b.protection)));
     #[cfg(unix)]
     let repos = {
-        let roots: Vec<&Path> = pol.writable_roots().map(|g| g.path.as_path()).collect();
-        let repos = policy::git::find_repositories(&roots)?;
+        let repos = policy::git::find_in(&pol)?;
         policy::git::protect(&mut pol, &repos)?;
         repos
     };

@@ -566,10 +566,9 @@ fn reap_orphans() {}
 #[cfg(target_os = "linux")]
 fn reap_tree(spared: &[i32], limit: Duration) {
     let deadline = Instant::now() + limit;
-    let me = std::process::id() as i32;
     loop {
         reap_orphans();
-        let mut left = children_of(me);
+        let mut left = own_children();
         left.retain(|p| !spared.contains(p));
         if left.is_empty() || Instant::now() >= deadline {
             return;
@@ -583,14 +582,44 @@ fn reap_tree(_spared: &[i32], _limit: Duration) {
     reap_orphans();
 }
 
-/// The children of `parent`, zombies included, from /proc.
+/// This process's children, zombies included: each thread's
+/// `/proc/self/task/TID/children` (a few small reads), else, where the
+/// kernel has no such file (`CONFIG_PROC_CHILDREN`), every process of
+/// /proc whose parent it is (a read per process on the machine: a
+/// millisecond and more at every run's end).
 #[cfg(target_os = "linux")]
-fn children_of(parent: i32) -> Vec<i32> {
+fn own_children() -> Vec<i32> {
+    if let Some(pids) = children_by_task() {
+        return pids;
+    }
+    let me = std::process::id() as i32;
     proc_table()
         .into_iter()
-        .filter(|(_, _, ppid)| *ppid == parent)
+        .filter(|(_, _, ppid)| *ppid == me)
         .map(|(pid, _, _)| pid)
         .collect()
+}
+
+/// The children of every thread of this process, from their `children`
+/// files; None when the kernel does not have them.
+#[cfg(target_os = "linux")]
+fn children_by_task() -> Option<Vec<i32>> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let path = task.path().join("children");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => out.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            ),
+            // The thread ended since the listing: it has no children.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && task.path().exists() => {
+                return None
+            }
+            Err(_) => {}
+        }
+    }
+    Some(out)
 }
 
 /// The largest resident set, in bytes, any process this one has waited
@@ -605,4 +634,58 @@ pub fn peak_rss_of_children() -> Option<u64> {
     }?;
     // Linux counts it in KiB.
     u64::try_from(ru.ru_maxrss).ok().map(|k| k * 1024)
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The children files list what /proc's parent links say: a live
+    /// child and an exited (zombie) one, both until reaped, and neither
+    /// after.
+    #[test]
+    fn own_children_are_what_proc_says_zombies_included() {
+        let by_proc = || -> Vec<i32> {
+            let me = std::process::id() as i32;
+            let mut v: Vec<i32> = proc_table()
+                .into_iter()
+                .filter(|(_, _, ppid)| *ppid == me)
+                .map(|(pid, _, _)| pid)
+                .collect();
+            v.sort();
+            v
+        };
+        let by_task = || {
+            let mut v = children_by_task().expect("this kernel has the children files");
+            v.sort();
+            v
+        };
+        let mut live = Command::new("sleep").arg("30").spawn().unwrap();
+        let mut gone = Command::new("true").spawn().unwrap();
+        // `true` a zombie now: exited, not reaped.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !proc_table()
+            .iter()
+            .any(|(p, st, _)| *p == gone.id() as i32 && st == "Z")
+        {
+            assert!(Instant::now() < deadline, "true did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (l, g) = (live.id() as i32, gone.id() as i32);
+        // Other tests of this binary start children too: compare the two
+        // listings for ours.
+        let ours = |v: Vec<i32>| {
+            v.into_iter()
+                .filter(|p| *p == l || *p == g)
+                .collect::<Vec<_>>()
+        };
+        let mut want = vec![l, g];
+        want.sort();
+        assert_eq!(ours(by_task()), want);
+        assert_eq!(ours(by_proc()), want);
+        live.kill().unwrap();
+        live.wait().unwrap();
+        gone.wait().unwrap();
+        assert_eq!(ours(by_task()), Vec::<i32>::new());
+    }
 }

@@ -265,11 +265,8 @@ fn split(
         path: dir.to_path_buf(),
         rights: vec![Right::ReadDir],
     });
-    let mut names = fs.children(dir);
-    names.sort();
-    for name in names {
+    for (name, kind) in fs.entries(dir) {
         let child = dir.join(&name);
-        let kind = fs.kind(&child);
         if let Some((_, guard)) = inside.iter().find(|(p, _)| *p == child) {
             // A hidden path gets nothing; a narrower grant has a rule of
             // its own.
