@@ -297,6 +297,9 @@ pub fn run_process_tier(
     let mut broker: Option<crate::tier::broker::Broker> = None;
     // The broker's filter, installed after every other step of the child.
     let mut last_step: Option<crate::tier::broker::Handoff> = None;
+    // Landlock applied by the command's own process (no helper), installed
+    // after the child setup and before the broker's filter.
+    let mut direct: Option<crate::tier::landlock::Direct> = None;
     // What the tier's helper says of the run once it ended: the sandbox
     // never came up, or the helper itself was killed.
     type Check = Box<dyn FnOnce(&crate::exec::ExitStatus) -> Result<(), RunError>>;
@@ -475,30 +478,16 @@ pub fn run_process_tier(
             // owns the caller's files everywhere when hull is not root, and
             // everything in the idmapped writable roots when it is).
             let as_command = crate::tier::identity::hull_is_root();
-            let broker_fd = {
-                let (ours, theirs) =
-                    crate::exec::fds::descriptor_pair().map_err(|source| RunError::Setup {
-                        tier,
-                        what: "the broker's socket".into(),
-                        source,
-                    })?;
-                let handler = crate::tier::broker::Handler::Landlock {
-                    watch: crate::tier::broker::Scope::visible(policy),
-                    metadata: crate::tier::broker::Scope::of(policy),
-                    workers: crate::tier::broker::Workers::new(as_command),
-                    creates,
-                };
-                broker = Some(crate::tier::broker::Broker::start(ours, handler).map_err(
-                    |source| RunError::Setup {
-                        tier,
-                        what: "starting the broker".into(),
-                        source,
-                    },
-                )?);
-                let raw = std::os::fd::AsRawFd::as_raw_fd(&theirs);
-                setup.keep_fds.push(raw);
-                keep_alive.push(theirs);
-                raw
+            let handler = crate::tier::broker::Handler::Landlock {
+                watch: crate::tier::broker::Scope::visible(policy),
+                metadata: crate::tier::broker::Scope::of(policy),
+                workers: crate::tier::broker::Workers::new(as_command),
+                creates,
+            };
+            let broker_err = |source| RunError::Setup {
+                tier,
+                what: "starting the broker".into(),
+                source,
             };
             // The allow list: a network namespace of the command's own,
             // where the proxy's listener is the only thing listening.
@@ -511,45 +500,87 @@ pub fn run_process_tier(
             } else {
                 None
             };
-            let prepared = crate::tier::landlock::command(&crate::tier::landlock::Request {
+            let mut request = crate::tier::landlock::Request {
                 plan: &plan,
                 limits: &policy.limits,
                 argv: &spec.argv,
                 env: &command_env,
-                broker_fd: Some(broker_fd),
+                broker_fd: None,
                 pools: &spare_pools,
                 proxy_port,
                 in_child: cow.map(|_| spec.cwd.as_path()),
-            })?;
-            setup
-                .keep_fds
-                .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
-            keep_alive.push(prepared.error_w);
-            keep_alive.push(prepared.exe);
-            for fd in prepared.inherit {
-                setup.keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(&fd));
-                keep_alive.push(fd);
-            }
-            let err_r = prepared.error_r;
-            started_check = Some(Box::new(move |_| {
-                crate::tier::landlock::check_started(err_r).map_err(RunError::from)
-            }));
+            };
+            // Restricted in the command's own process (no helper executed)
+            // where no rule waits for the helper's mounts (`--cow`).
+            let (program, args, search) = match crate::tier::landlock::Direct::prepare(&request)? {
+                Some(d) => {
+                    let filter = crate::tier::seccomp::build_broker(true, !spare_pools.is_empty())
+                        .map(|p| crate::tier::seccomp::Raw::new(&p))
+                        .map_err(crate::tier::landlock::LandlockError::from)?;
+                    let (b, handoff) = crate::tier::broker::Broker::with_handoff(handler, filter)
+                        .map_err(broker_err)?;
+                    broker = Some(b);
+                    last_step = Some(handoff);
+                    direct = Some(d);
+                    setup.setsid = true;
+                    setup.drop_caps = true;
+                    let search = crate::exec::spawn::search_paths(&spec.argv[0], &command_env);
+                    (spec.argv[0].clone(), spec.argv[1..].to_vec(), Some(search))
+                }
+                None => {
+                    let (ours, theirs) =
+                        crate::exec::fds::descriptor_pair().map_err(|source| RunError::Setup {
+                            tier,
+                            what: "the broker's socket".into(),
+                            source,
+                        })?;
+                    broker = Some(
+                        crate::tier::broker::Broker::start(ours, handler).map_err(broker_err)?,
+                    );
+                    let raw = std::os::fd::AsRawFd::as_raw_fd(&theirs);
+                    setup.keep_fds.push(raw);
+                    keep_alive.push(theirs);
+                    request.broker_fd = Some(raw);
+                    let prepared = crate::tier::landlock::command(&request)?;
+                    setup
+                        .keep_fds
+                        .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
+                    keep_alive.push(prepared.error_w);
+                    keep_alive.push(prepared.exe);
+                    for fd in prepared.inherit {
+                        setup.keep_fds.push(std::os::fd::AsRawFd::as_raw_fd(&fd));
+                        keep_alive.push(fd);
+                    }
+                    let err_r = prepared.error_r;
+                    started_check = Some(Box::new(move |_| {
+                        crate::tier::landlock::check_started(err_r).map_err(RunError::from)
+                    }));
+                    let mut argv = prepared.argv;
+                    let args = argv.split_off(1);
+                    (argv.remove(0), args, None)
+                }
+            };
             // The tree in a cgroup of its own: ended by cgroup.kill, which
             // a process changing its pid in a loop cannot outrun. The
-            // helper is born inside it (see exec::spawn).
+            // command (or its helper) is born inside it (see exec::spawn).
             let id = run_dir
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let cgroup = crate::exec::cgroup::RunCgroup::create(&id)
                 .map_err(|source| RunError::Cgroup { source })?;
-            let mut c = crate::exec::spawn::CgroupCommand::new(&prepared.argv[0], &cgroup)
-                .map_err(|source| RunError::Setup {
-                    tier,
-                    what: format!("opening the run's cgroup {}", cgroup.dir().display()),
-                    source,
+            let mut c =
+                crate::exec::spawn::CgroupCommand::new(program, &cgroup).map_err(|source| {
+                    RunError::Setup {
+                        tier,
+                        what: format!("opening the run's cgroup {}", cgroup.dir().display()),
+                        source,
+                    }
                 })?;
-            c.args(&prepared.argv[1..]);
+            c.args(args);
+            if let Some(paths) = search {
+                c.search(paths);
+            }
             if let Some(h) = net_handoff {
                 // First: as root it needs CAP_SYS_ADMIN, before the switch.
                 h.install(&mut c);
@@ -617,9 +648,11 @@ pub fn run_process_tier(
     // command's own execve and start from hull's.
     match tier {
         Tier::None => cmd.set_env(&command_env),
+        Tier::Landlock if direct.is_some() => cmd.set_env(&command_env),
         _ => cmd.set_env(&crate::exec::helper_env()),
     }
     setup.install(&mut cmd);
+    let direct_failure = direct.map(|d| d.install(&mut cmd));
     if let Some(step) = last_step {
         step.install(&mut cmd);
     }
@@ -641,6 +674,12 @@ pub fn run_process_tier(
     }
     let status = status.map_err(|e| match e {
         e @ crate::exec::ExecError::HelperEnded { .. } => RunError::HelperEnded(e),
+        crate::exec::ExecError::Spawn { program, source } => {
+            match direct_failure.and_then(|f| f.of(&source)) {
+                Some(e) => RunError::Landlock(e),
+                None => RunError::Exec(crate::exec::ExecError::Spawn { program, source }),
+            }
+        }
         e => RunError::Exec(e),
     })?;
     drop(broker);

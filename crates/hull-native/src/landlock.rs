@@ -1,8 +1,16 @@
 //! Tier 1 on Linux: Landlock path rules, a seccomp filter that refuses IP
 //! sockets and escape syscalls, no_new_privs, and no capabilities.
 //!
-//! hull re-executes itself as `hull __landlock-exec --plan-fd N -- CMD`:
-//! that single-threaded process reads its plan from a sealed memfd (never
+//! The command's own process restricts itself between its clone and its
+//! `execve` ([`Direct`]): hull binds the rules and builds the filters
+//! before the clone, and the child applies them with raw system calls,
+//! then executes the command with the command's environment, so nothing
+//! runs between the restrictions and the command and nothing of the
+//! command's environment is loaded before them.
+//!
+//! A `--cow` run, whose rules on the overlay can only be opened after the
+//! child's mounts, re-executes hull as `hull __landlock-exec --plan-fd N --
+//! CMD`: that single-threaded process reads its plan from a sealed memfd (never
 //! the command line, which every local user can read: the plan holds the
 //! command's environment), drops every capability, applies the plan and the
 //! filter, and then executes the command with the plan's environment, so
@@ -163,6 +171,131 @@ pub struct Prepared {
     /// Descriptors the helper inherits and closes itself before the
     /// command runs: the sealed plan (`--plan-fd`) and the ruleset.
     pub inherit: Vec<std::os::fd::OwnedFd>,
+}
+
+/// What the command's own process applies to itself between its clone and
+/// the command's `execve`, where no helper is executed (every run but a
+/// `--cow` one, whose rules on the overlay are the helper's to open after
+/// its mounts): the ruleset hull bound and the filter hull built, applied
+/// by raw system calls on memory prepared before the clone. The process
+/// is the one [`crate::exec::spawn::CgroupCommand`] starts: it set no
+/// new privileges, dropped every capability and left hull's session
+/// (`launch::ChildSetup`), and installs the broker's filter last.
+/// Executing hull again for this cost a process start (a millisecond
+/// and more: the dynamic loader, the C library's start, hull's own) and
+/// the plan's parse on every run.
+#[derive(Debug)]
+pub struct Direct {
+    ruleset: std::os::fd::OwnedFd,
+    filter: crate::seccomp::Raw,
+    /// Where the step names its failure (a byte: [`Direct::failure`]),
+    /// close-on-exec.
+    failed_r: std::os::fd::OwnedFd,
+    failed_w: std::os::fd::OwnedFd,
+}
+
+/// The step's failures, as the byte it writes.
+const FAILED_RESTRICT: u8 = 1;
+const FAILED_FILTER: u8 = 2;
+
+impl Direct {
+    /// Binds the plan's rules and builds the filter, or None for a run
+    /// whose rules are the helper's to add ([`Request::in_child`]).
+    pub fn prepare(req: &Request<'_>) -> Result<Option<Direct>, LandlockError> {
+        if req.in_child.is_some() {
+            return Ok(None);
+        }
+        let abi = kernel_abi();
+        verdict(abi)?;
+        let allow_unix_sockets = abi >= UNIX_SOCKET_ABI;
+        let bound = crate::rules::bind(
+            req.plan,
+            req.pools,
+            allow_unix_sockets,
+            req.proxy_port,
+            None,
+        )?;
+        if !bound.deferred.is_empty() {
+            return Err(LandlockError::Plan(
+                "rules left to a helper where none runs".into(),
+            ));
+        }
+        let prog = crate::seccomp::build(crate::seccomp::Profile::Landlock {
+            allow_unix_sockets,
+            inet: req.proxy_port.is_some(),
+            broker: true,
+        })?;
+        // Read without waiting (hull holds the write end too, in the step).
+        let (failed_r, failed_w) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )
+        .map_err(|e| LandlockError::PlanFd(e.into()))?;
+        Ok(Some(Direct {
+            ruleset: bound.ruleset,
+            filter: crate::seccomp::Raw::new(&prog),
+            failed_r,
+            failed_w,
+        }))
+    }
+
+    /// Registers the step on `cmd`: after hull's child setup (no new
+    /// privileges, capabilities dropped), before the broker's handoff.
+    /// Returns what reads its failure after a failed spawn.
+    pub fn install(self, cmd: &mut impl crate::exec::spawn::PreExec) -> Failure {
+        use std::os::fd::AsRawFd;
+        let Direct {
+            ruleset,
+            filter,
+            failed_r,
+            failed_w,
+        } = self;
+        // SAFETY: landlock_restrict_self, prctl and write: raw,
+        // async-signal-safe system calls on descriptors and memory prepared
+        // before the clone; nothing is allocated. The descriptors are
+        // close-on-exec: the command holds neither.
+        unsafe {
+            cmd.pre_exec_step(Box::new(move || {
+                let failed = |code: u8| {
+                    let e = std::io::Error::last_os_error();
+                    libc::write(failed_w.as_raw_fd(), [code].as_ptr().cast(), 1);
+                    Err(e)
+                };
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32)
+                        != 0
+                {
+                    return failed(FAILED_RESTRICT);
+                }
+                if !filter.apply_in_child() {
+                    return failed(FAILED_FILTER);
+                }
+                Ok(())
+            }));
+        }
+        Failure(failed_r)
+    }
+}
+
+/// Reads which part of [`Direct`]'s step failed.
+#[derive(Debug)]
+pub struct Failure(std::os::fd::OwnedFd);
+
+impl Failure {
+    /// The error a failed spawn stands for, when the step failed (else
+    /// None: the spawn's own error, the exec's, says it).
+    pub fn of(self, spawn: &std::io::Error) -> Option<LandlockError> {
+        // The child is gone (reaped by the spawn): what it wrote is there.
+        let mut b = [0u8; 1];
+        match rustix::io::read(&self.0, &mut b) {
+            Ok(1) if b[0] == FAILED_RESTRICT => Some(LandlockError::NotEnforced(format!(
+                "the kernel refused the ruleset: {spawn}"
+            ))),
+            Ok(1) if b[0] == FAILED_FILTER => Some(LandlockError::SetupFailed(format!(
+                "the kernel refused the seccomp filter: {spawn}"
+            ))),
+            _ => None,
+        }
+    }
 }
 
 /// Reads the helper's error pipe after it is done.

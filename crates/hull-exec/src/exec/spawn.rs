@@ -57,6 +57,9 @@ pub struct CgroupCommand {
     env: Vec<(String, String)>,
     cwd: Option<PathBuf>,
     steps: Vec<Step>,
+    /// Where the program is looked for, in order, as `execvp` does; None:
+    /// `argv[0]` is the program's path.
+    search: Option<Vec<OsString>>,
     /// The cgroup's directory (for clone3) and its `cgroup.procs` (for the
     /// fallback), duplicated so they outlive the spawn whoever owns the
     /// cgroup.
@@ -107,6 +110,7 @@ impl CgroupCommand {
             env: Vec::new(),
             cwd: None,
             steps: Vec::new(),
+            search: None,
             dir: cgroup.dir_fd().try_clone_to_owned()?,
             procs: cgroup.procs_fd().try_clone_to_owned()?,
         })
@@ -135,6 +139,16 @@ impl CgroupCommand {
 
     pub fn program(&self) -> &OsString {
         &self.argv[0]
+    }
+
+    /// The program is looked for at `paths`, in order, with `execvp`'s
+    /// rules (made by [`search_paths`]): the first that executes is it; a
+    /// path refused (EACCES) or missing is passed over, and a file that
+    /// is no executable format is run by `/bin/sh`. `argv[0]` stays the
+    /// name the command was given.
+    pub fn search(&mut self, paths: Vec<OsString>) -> &mut Self {
+        self.search = Some(paths);
+        self
     }
 
     /// Starts the command inside the cgroup. Returns once it was executed
@@ -181,9 +195,27 @@ impl CgroupCommand {
             stderr.as_ref().map(|(_, c)| c.as_raw_fd()),
         ];
         let (err_r, err_w) = pipe()?;
+        let candidates: Vec<CString> = match &self.search {
+            Some(paths) => paths
+                .iter()
+                .map(|p| cstr(p.as_bytes()))
+                .collect::<Result<_, _>>()?,
+            None => vec![argv[0].clone()],
+        };
+        let candidate_ptrs: Vec<*const libc::c_char> =
+            candidates.iter().map(|c| c.as_ptr()).collect();
+        // `/bin/sh PATH ARGS...` for a file no format executes (slot 1 is
+        // set to the path in the child, as glibc's execvp does).
+        let mut sh_ptrs: Vec<*const libc::c_char> = Vec::with_capacity(argv.len() + 2);
+        sh_ptrs.push(c"/bin/sh".as_ptr());
+        sh_ptrs.push(std::ptr::null());
+        sh_ptrs.extend(argv[1..].iter().map(|a| a.as_ptr()));
+        sh_ptrs.push(std::ptr::null());
 
         let child = Child {
-            program: argv[0].as_ptr(),
+            candidates: &candidate_ptrs,
+            sh_argv: sh_ptrs.as_mut_ptr(),
+            search: self.search.is_some(),
             argv: argv_ptrs.as_ptr(),
             envp: env_ptrs.as_ptr(),
             cwd: cwd.as_ref().map(|c| c.as_ptr()),
@@ -253,6 +285,29 @@ enum How {
     // What a refused clone3 falls back to; chosen directly only by tests.
     #[cfg_attr(not(test), allow(dead_code))]
     Fork,
+}
+
+/// Where `execvp` looks for `program` with the environment `env`: the
+/// name itself when it holds a `/`, else each entry of its `PATH` (glibc's
+/// `/bin:/usr/bin` when it has none; an empty entry is the working
+/// directory), joined with the name.
+pub fn search_paths(program: &std::ffi::OsStr, env: &[(String, String)]) -> Vec<OsString> {
+    if program.as_bytes().contains(&b'/') || program.is_empty() {
+        return vec![program.to_os_string()];
+    }
+    // The first, as getenv finds it.
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or("/bin:/usr/bin", |(_, v)| v.as_str());
+    path.split(':')
+        .map(|dir| {
+            let mut p = OsString::from(if dir.is_empty() { "." } else { dir });
+            p.push("/");
+            p.push(program);
+            p
+        })
+        .collect()
 }
 
 /// In a child that has just unshared a user namespace: refuses setgroups
@@ -352,8 +407,14 @@ fn clone_into(dir: &OwnedFd) -> io::Result<i32> {
 
 /// What the child needs, as raw pointers and descriptors made before the
 /// clone.
-struct Child {
-    program: *const libc::c_char,
+struct Child<'a> {
+    /// The program's paths, tried in order (one unless searched).
+    candidates: &'a [*const libc::c_char],
+    /// `/bin/sh`, a free slot, the arguments: for a file without a format.
+    sh_argv: *mut *const libc::c_char,
+    /// Whether the candidates came from a search (then ENOEXEC runs sh,
+    /// and a refused or missing candidate passes to the next).
+    search: bool,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     cwd: Option<*const libc::c_char>,
@@ -361,18 +422,12 @@ struct Child {
     err_w: RawFd,
 }
 
-impl Child {
+impl Child<'_> {
     /// Runs in the child: never returns. `procs`, when given, is the
     /// cgroup's `cgroup.procs` to move into first (the fork fallback).
     fn run(&self, steps: &mut [Step], procs: Option<RawFd>) -> ! {
         let e = match self.prepare(steps, procs) {
-            Ok(()) => {
-                // SAFETY: pointers to NUL-terminated strings and
-                // NULL-terminated arrays that live in this (copied) address
-                // space until exec replaces it.
-                unsafe { libc::execve(self.program, self.argv, self.envp) };
-                io::Error::last_os_error()
-            }
+            Ok(()) => self.exec(),
             Err(e) => e,
         };
         let errno = e.raw_os_error().unwrap_or(libc::EINVAL).to_ne_bytes();
@@ -382,6 +437,39 @@ impl Child {
             libc::write(self.err_w, errno.as_ptr().cast(), errno.len());
             libc::_exit(127)
         }
+    }
+
+    /// Executes the first candidate that can be, with glibc `execvp`'s
+    /// rules when searching; returns why none could.
+    fn exec(&self) -> io::Error {
+        let mut refused = false;
+        for &path in self.candidates {
+            // SAFETY: pointers to NUL-terminated strings and NULL-terminated
+            // arrays that live in this (copied) address space until exec
+            // replaces it; `sh_argv` has the slot 1 this child may set.
+            unsafe {
+                libc::execve(path, self.argv, self.envp);
+                let e = io::Error::last_os_error();
+                if !self.search {
+                    return e;
+                }
+                match e.raw_os_error().unwrap_or(0) {
+                    libc::ENOEXEC => {
+                        *self.sh_argv.add(1) = path;
+                        libc::execve(c"/bin/sh".as_ptr(), self.sh_argv.cast_const(), self.envp);
+                        return io::Error::last_os_error();
+                    }
+                    libc::EACCES => refused = true,
+                    libc::ENOENT
+                    | libc::ESTALE
+                    | libc::ENOTDIR
+                    | libc::ENODEV
+                    | libc::ETIMEDOUT => {}
+                    _ => return e,
+                }
+            }
+        }
+        io::Error::from_raw_os_error(if refused { libc::EACCES } else { libc::ENOENT })
     }
 
     fn prepare(&self, steps: &mut [Step], procs: Option<RawFd>) -> io::Result<()> {
@@ -485,6 +573,68 @@ mod tests {
             assert_eq!(st.code(), Some(7), "{how:?}");
             assert!(cg.is_empty());
         }
+    }
+
+    /// A searched program is the first candidate that executes, with
+    /// execvp's rules: a file without an execute bit (EACCES) and a
+    /// missing one are passed over, a file of no executable format runs
+    /// under /bin/sh with its path as `$0`, and `argv[0]` stays the name
+    /// given; none that executes is EACCES when one was refused, else
+    /// ENOENT.
+    #[test]
+    fn a_searched_program_is_found_as_execvp_finds_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let cg = cgroup("search");
+        let t = tempfile::tempdir().unwrap();
+        let (refused, missing, script) =
+            (t.path().join("a"), t.path().join("b"), t.path().join("c"));
+        for d in [&refused, &script] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(refused.join("prog"), "echo refused\n").unwrap();
+        std::fs::set_permissions(refused.join("prog"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        std::fs::write(script.join("prog"), "echo \"sh $0 $1\"\n").unwrap();
+        std::fs::set_permissions(script.join("prog"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        let env = vec![(
+            "PATH".to_string(),
+            format!(
+                "{}:{}:{}",
+                refused.display(),
+                missing.display(),
+                script.display()
+            ),
+        )];
+        let paths = search_paths(std::ffi::OsStr::new("prog"), &env);
+        assert_eq!(
+            paths,
+            [&refused, &missing, &script].map(|d| d.join("prog").into_os_string())
+        );
+        let mut c = CgroupCommand::new("prog", &cg).unwrap();
+        c.arg("one").env(&env).search(paths.clone());
+        let (out, st) = output(
+            c.spawn(Piped {
+                stdout: true,
+                ..Piped::default()
+            })
+            .unwrap(),
+        );
+        assert_eq!(out, format!("sh {} one\n", script.join("prog").display()));
+        assert_eq!(st.code(), Some(0));
+        let fails = |paths: Vec<OsString>| {
+            let mut c = CgroupCommand::new("prog", &cg).unwrap();
+            c.search(paths);
+            c.spawn(Piped::default()).unwrap_err().raw_os_error()
+        };
+        assert_eq!(fails(paths[..2].to_vec()), Some(libc::EACCES));
+        assert_eq!(fails(paths[1..2].to_vec()), Some(libc::ENOENT));
+        // A name with a slash is that path; no PATH is glibc's default.
+        assert_eq!(search_paths(std::ffi::OsStr::new("./x"), &env), ["./x"]);
+        assert_eq!(
+            search_paths(std::ffi::OsStr::new("x"), &[]),
+            ["/bin/x", "/usr/bin/x"]
+        );
     }
 
     /// A step that fails stops the exec: spawn returns the step's error,
