@@ -446,7 +446,9 @@ pub fn run_process_tier(
             // can be made, the user is told before the run (never a silent
             // "Permission denied" in the middle of a build; `-q` leaves the
             // command's stderr to itself).
+            tracing::debug!("landlock planned");
             let served = crate::tier::spares::serve(policy, &plan.closed, run_dir);
+            tracing::debug!("spares ready");
             for (c, why) in &served.unserved {
                 tracing::warn!("{} (no spare entries: {why})", c.warning());
             }
@@ -512,7 +514,9 @@ pub fn run_process_tier(
             };
             // Restricted in the command's own process (no helper executed)
             // where no rule waits for the helper's mounts (`--cow`).
-            let (program, args, search) = match crate::tier::landlock::Direct::prepare(&request)? {
+            let direct_prepared = crate::tier::landlock::Direct::prepare(&request)?;
+            tracing::debug!("rules bound");
+            let (program, args, search) = match direct_prepared {
                 Some(d) => {
                     let filter = crate::tier::seccomp::build_broker(true, !spare_pools.is_empty())
                         .map(|p| crate::tier::seccomp::Raw::new(&p))
@@ -569,6 +573,7 @@ pub fn run_process_tier(
                 .unwrap_or_default();
             let cgroup = crate::exec::cgroup::RunCgroup::create(&id)
                 .map_err(|source| RunError::Cgroup { source })?;
+            tracing::debug!("cgroup made");
             let mut c =
                 crate::exec::spawn::CgroupCommand::new(program, &cgroup).map_err(|source| {
                     RunError::Setup {

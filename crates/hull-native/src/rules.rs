@@ -241,16 +241,42 @@ pub fn bind(
         crate::policy::lower::landlock::writable_rights(false),
         crate::policy::lower::landlock::writable_rights(true),
     );
+    let (file_access, dir_access) = (
+        access_of(&file_rights, allow_unix_sockets),
+        access_of(&dir_rights, allow_unix_sockets),
+    );
     for pool in pools {
+        // Each spare is `c<k>/<leaf>`: its chunk opened once beneath the
+        // pool, the leaf (one component, no link followed) beneath that.
+        let mut chunks: Vec<(String, OwnedFd)> = Vec::new();
         for (name, is_dir) in pool.set().names() {
-            let path = pool.set().dir.join(&name);
-            let fd =
-                open_beneath(pool.dir(), Path::new(&name)).map_err(|e| LandlockError::Rule {
-                    path: path.display().to_string(),
+            let fail = |e: rustix::io::Errno| LandlockError::Rule {
+                path: pool.set().dir.join(&name).display().to_string(),
+                reason: e.to_string(),
+            };
+            let (chunk, leaf) = name.split_once('/').unwrap_or((".", name.as_str()));
+            let at = match chunks.iter().position(|(c, _)| c == chunk) {
+                Some(i) => i,
+                None => {
+                    let fd = open_beneath(pool.dir(), Path::new(chunk)).map_err(fail)?;
+                    chunks.push((chunk.to_string(), fd));
+                    chunks.len() - 1
+                }
+            };
+            let fd = rustix::fs::openat(
+                &chunks[at].1,
+                leaf,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(fail)?;
+            let access = if is_dir { dir_access } else { file_access };
+            created = created
+                .add_rule(PathBeneath::new(fd, access))
+                .map_err(|e| LandlockError::Rule {
+                    path: pool.set().dir.join(&name).display().to_string(),
                     reason: e.to_string(),
                 })?;
-            let rights = if is_dir { &dir_rights } else { &file_rights };
-            created = add(created, fd, &path, access_of(rights, allow_unix_sockets))?;
         }
     }
     if let Some(port) = proxy_port {
