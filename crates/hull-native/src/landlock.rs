@@ -205,16 +205,7 @@ impl Direct {
         if req.in_child.is_some() {
             return Ok(None);
         }
-        let abi = kernel_abi();
-        verdict(abi)?;
-        let allow_unix_sockets = abi >= UNIX_SOCKET_ABI;
-        let bound = crate::rules::bind(
-            req.plan,
-            req.pools,
-            allow_unix_sockets,
-            req.proxy_port,
-            None,
-        )?;
+        let (bound, allow_unix_sockets) = bind(req)?;
         if !bound.deferred.is_empty() {
             return Err(LandlockError::Plan(
                 "rules left to a helper where none runs".into(),
@@ -298,6 +289,22 @@ impl Failure {
     }
 }
 
+/// The request's rules bound (`tier::rules`) on a kernel that runs this
+/// tier, and whether its Landlock mediates unix sockets.
+fn bind(req: &Request<'_>) -> Result<(crate::rules::Bound, bool), LandlockError> {
+    let abi = kernel_abi();
+    verdict(abi)?;
+    let allow_unix_sockets = abi >= UNIX_SOCKET_ABI;
+    let bound = crate::rules::bind(
+        req.plan,
+        req.pools,
+        allow_unix_sockets,
+        req.proxy_port,
+        req.in_child,
+    )?;
+    Ok((bound, allow_unix_sockets))
+}
+
 /// Reads the helper's error pipe after it is done.
 pub fn check_started(error_r: std::os::fd::OwnedFd) -> Result<(), LandlockError> {
     let mut text = String::new();
@@ -314,16 +321,7 @@ pub fn check_started(error_r: std::os::fd::OwnedFd) -> Result<(), LandlockError>
 /// restricts itself with them and then runs the command. Start it with
 /// [`crate::exec::helper_env`], never the command's environment.
 pub fn command(req: &Request<'_>) -> Result<Prepared, LandlockError> {
-    let abi = kernel_abi();
-    verdict(abi)?;
-    let allow_unix_sockets = abi >= UNIX_SOCKET_ABI;
-    let bound = crate::rules::bind(
-        req.plan,
-        req.pools,
-        allow_unix_sockets,
-        req.proxy_port,
-        req.in_child,
-    )?;
+    let (bound, allow_unix_sockets) = bind(req)?;
     let exec = ExecPlan {
         env: req.env.to_vec(),
         ruleset_fd: std::os::fd::AsRawFd::as_raw_fd(&bound.ruleset),

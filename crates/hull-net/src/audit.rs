@@ -82,7 +82,15 @@ impl Entry {
 pub struct Audit {
     file: Option<Mutex<std::fs::File>>,
     refused: Mutex<BTreeMap<Refused, u64>>,
+    /// Tunnels carried now, by number: recorded when they close, or, when
+    /// the proxy ends first, by [`Audit::end_open`].
+    open: Mutex<BTreeMap<u64, Entry>>,
+    next_open: std::sync::atomic::AtomicU64,
 }
+
+/// A tunnel [`Audit::opened`] counts as open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenTunnel(u64);
 
 /// A kind of refusal, as the line after the run counts them: where to,
 /// why, and what would allow it.
@@ -106,6 +114,8 @@ impl Audit {
         Ok(Audit {
             file: Some(Mutex::new(f)),
             refused: Mutex::default(),
+            open: Mutex::default(),
+            next_open: Default::default(),
         })
     }
 
@@ -115,6 +125,8 @@ impl Audit {
         Audit {
             file: Some(Mutex::new(file)),
             refused: Mutex::default(),
+            open: Mutex::default(),
+            next_open: Default::default(),
         }
     }
 
@@ -123,6 +135,46 @@ impl Audit {
         Audit {
             file: None,
             refused: Mutex::default(),
+            open: Mutex::default(),
+            next_open: Default::default(),
+        }
+    }
+
+    /// Counts the tunnel `e` describes as open until [`Audit::closed`].
+    pub fn opened(&self, e: &Entry) -> OpenTunnel {
+        let n = self
+            .next_open
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut open) = self.open.lock() {
+            open.insert(n, e.clone());
+        }
+        OpenTunnel(n)
+    }
+
+    /// Records the tunnel's end, once: not when [`Audit::end_open`]
+    /// recorded it already.
+    pub fn closed(&self, t: OpenTunnel, e: &Entry) {
+        let was_open = self
+            .open
+            .lock()
+            .map(|mut open| open.remove(&t.0).is_some())
+            .unwrap_or(true);
+        if was_open {
+            self.record(e);
+        }
+    }
+
+    /// Records every tunnel still open, as the proxy ends (its owner's run
+    /// is over): a tunnel whose far end has not closed yet, after the
+    /// command's end closed the near one, is in the audit too.
+    pub fn end_open(&self) {
+        let open = match self.open.lock() {
+            Ok(mut open) => std::mem::take(&mut *open),
+            Err(_) => return,
+        };
+        for (_, mut e) in open {
+            e.reason = "open when the proxy ended".into();
+            self.record(&e);
         }
     }
 
@@ -222,6 +274,39 @@ impl Audit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tunnel still open when the proxy ends (its far end had not closed
+    /// after the command's end closed the near one) is in the audit, once;
+    /// one that closed is recorded by its close only.
+    #[test]
+    fn tunnels_open_at_the_end_are_recorded_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let audit = Audit::to_file(&path).unwrap();
+        let mut e = Entry::new("connect", "index.example", 443);
+        e.allowed = true;
+        let closed = audit.opened(&e);
+        let left = audit.opened(&Entry {
+            host: "static.example".into(),
+            ..e.clone()
+        });
+        let mut done = e.clone();
+        done.reason = "tunnel closed".into();
+        audit.closed(closed, &done);
+        let lines = || std::fs::read_to_string(&path).unwrap();
+        assert_eq!(lines().lines().count(), 1);
+        audit.end_open();
+        let text = lines();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(last["host"], "static.example");
+        assert_eq!(last["allowed"], true);
+        assert_eq!(last["reason"], "open when the proxy ended");
+        // Its late close records nothing more.
+        audit.closed(left, &done);
+        audit.end_open();
+        assert_eq!(lines().lines().count(), 2);
+    }
 
     /// What a kept VM's run reports: the refusals appended after its
     /// offset, counted by host and port; allowed entries, earlier entries

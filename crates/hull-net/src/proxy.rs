@@ -266,13 +266,17 @@ fn connect(req: Request<Incoming>, shared: Arc<Shared>, started: Instant) -> Res
     };
     tokio::spawn(async move {
         let mut entry = entry;
+        // Counted open as the policy allowed it; its end says how it went.
+        let mut opened = entry.clone();
+        opened.allowed = true;
+        let open = shared.audit.opened(&opened);
         let r = match hyper::upgrade::on(req).await {
             Ok(up) => tunnel(TokioIo::new(up), &host, port, &shared, &mut entry).await,
             Err(e) => Err(ProxyError::Upstream(e)),
         };
         shared
             .audit
-            .record(&tunnel_ended(entry, r).took(started.elapsed()));
+            .closed(open, &tunnel_ended(entry, r).took(started.elapsed()));
     });
     Response::new(full(Bytes::new()))
 }

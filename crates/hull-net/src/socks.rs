@@ -93,10 +93,13 @@ where
     if reply(&mut client, REP_OK).await.is_err() {
         return;
     }
+    let mut opened = entry.clone();
+    opened.allowed = true;
+    let open = shared.audit.opened(&opened);
     let r = carry(&mut client, &host, req.port, &shared, &mut entry).await;
     shared
         .audit
-        .record(&tunnel_ended(entry, r).took(started.elapsed()));
+        .closed(open, &tunnel_ended(entry, r).took(started.elapsed()));
 }
 
 /// The client's first bytes checked (a ClientHello must name `host`), then

@@ -138,6 +138,7 @@ pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
         }
     });
     let _ = ended.recv();
+    proxy.audit().end_open();
     let refused = proxy.audit().refused_lines();
     drop(proxy);
     let prefix = a.label.map(|l| format!("{l}: ")).unwrap_or_default();
