@@ -2556,7 +2556,16 @@ fn a_killed_proxy_ends_the_run_naming_it(t: &str) {
     }
     let proxy = children_with("__net-proxy", c.id());
     assert_eq!(proxy.len(), 1, "hull's proxy: {proxy:?}");
-    let status = std::fs::read_to_string(format!("/proc/{}/status", proxy[0])).expect("status");
+    // The proxy confines itself before it accepts a connection (the
+    // command's wait in the listener's backlog until then), which can be
+    // after the command started: its state is read once it has.
+    let read = || std::fs::read_to_string(format!("/proc/{}/status", proxy[0])).expect("status");
+    eventually(|| {
+        read()
+            .lines()
+            .any(|l| l.split_whitespace().eq(["Seccomp:", "2"]))
+    });
+    let status = read();
     let field = |name: &str| {
         status
             .lines()
