@@ -802,11 +802,19 @@ fn entry_names(dir: &OwnedFd) -> Vec<std::ffi::OsString> {
         .collect()
 }
 
+/// How many idle pools of one owner a directory keeps besides the one a
+/// run adopts: one a run at a time was made for (a batch's jobs side by
+/// side), the rest removed as a run finds them (320 inodes each).
+const IDLE_KEPT: usize = 8;
+
 /// An idle pool in `hull_dir` sealed for what `want` needs, locked: its
-/// directory and name. Idle pools that cannot serve (no seal, another
-/// owner or size) are removed; those being made are left their grace.
+/// directory and name. Idle pools that cannot serve (no seal, or another
+/// size) are removed, and so are those of `want`'s owner beyond
+/// [`IDLE_KEPT`]; those of another owner are left to its runs, and those
+/// being made their grace.
 fn adopt(hull_dir: &OwnedFd, want: &Seal) -> Option<(OwnedFd, String)> {
     let mut found = None;
+    let mut idle = 0usize;
     for name in entry_names(hull_dir) {
         let making = name.as_bytes().starts_with(MAKING.as_bytes());
         if !making && !name.as_bytes().starts_with(PREFIX.as_bytes()) {
@@ -837,7 +845,10 @@ fn adopt(hull_dir: &OwnedFd, want: &Seal) -> Option<(OwnedFd, String)> {
         let foreign = seal.as_ref().is_some_and(|s| s.owner != want.owner);
         match (usable, &found) {
             (true, None) => found = Some((dir, name.to_string_lossy().into_owned())),
-            (true, Some(_)) => {} // idle, kept for another run
+            (true, Some(_)) if idle < IDLE_KEPT => idle += 1, // kept for another run
+            (true, Some(_)) => {
+                let _ = crate::runtime::remove_tree(&beneath(hull_dir, &name));
+            }
             (false, _) if foreign => {}
             (false, _) => {
                 let _ = crate::runtime::remove_tree(&beneath(hull_dir, &name));
@@ -1223,6 +1234,37 @@ mod tests {
             assert_eq!(m.is_dir(), is_dir);
             assert_eq!(m.mode() & 0o7777, if is_dir { 0o700 } else { 0o600 });
         }
+    }
+
+    /// Idle pools beyond [`IDLE_KEPT`] go as a run finds them; one a run
+    /// holds stays.
+    #[test]
+    fn idle_pools_are_kept_up_to_a_bound() {
+        let d = tempfile::tempdir().unwrap();
+        let hull = d.path().join(".hull");
+        std::fs::create_dir(&hull).unwrap();
+        let pools: Vec<Pool> = (0..IDLE_KEPT + 4)
+            .map(|i| Pool::create(&hull, &format!("r{i}"), None, 1, 1, true).unwrap())
+            .collect();
+        let count = || {
+            std::fs::read_dir(&hull)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(PREFIX))
+                .count()
+        };
+        assert_eq!(count(), IDLE_KEPT + 4, "each run held its own");
+        let held = Pool::create(&hull, "held", None, 1, 1, true).unwrap();
+        assert_eq!(count(), IDLE_KEPT + 5, "all were held: none adopted");
+        drop(pools);
+        let adopted = Pool::create(&hull, "next", None, 1, 1, true).unwrap();
+        assert_eq!(
+            count(),
+            IDLE_KEPT + 2,
+            "adopted one, kept {IDLE_KEPT} idle, and the held one"
+        );
+        assert!(held.set().dir.exists());
+        drop(adopted);
     }
 
     #[test]
