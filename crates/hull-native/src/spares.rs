@@ -846,11 +846,9 @@ fn adopt(hull_dir: &OwnedFd, want: &Seal) -> Option<(OwnedFd, String)> {
         match (usable, &found) {
             (true, None) => found = Some((dir, name.to_string_lossy().into_owned())),
             (true, Some(_)) if idle < IDLE_KEPT => idle += 1, // kept for another run
-            (true, Some(_)) => {
-                let _ = crate::runtime::remove_tree(&beneath(hull_dir, &name));
-            }
             (false, _) if foreign => {}
-            (false, _) => {
+            // Unusable, or idle beyond the bound.
+            _ => {
                 let _ = crate::runtime::remove_tree(&beneath(hull_dir, &name));
             }
         }
