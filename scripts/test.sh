@@ -195,32 +195,42 @@ printf 'version = 1\n[vm]\nrootfs = "%s"\n' "$rootfs_tar" >target/vm-rootfs.toml
 # use no image: the images are built (or found cached) in the background
 # while the native tests run, from a copy of this build's hull (the native
 # tests rebuild nothing, but a copy cannot change under the builds). The
-# guest image first; then the tests' userland beside the rootfs tarball's,
-# which copy the guest's own system the first build kept (the cache's
-# bases/) instead of making it again. The machine is busy with clippy and
-# the native tests meanwhile: the userland built beside the guest image
-# ended no sooner and slowed those by 2 minutes (measured on a 2-core
-# machine), so the guest image comes first, alone. Their output is shown after the native
-# tests, their steps are in the summary.
+# tests' userland first, beside the rootfs tarball (an mmdebstrap on the
+# host): the userland's container (npm's few hundred packages, two minutes
+# of mmdebstrap on the host) is made while the guest's own system is (the
+# cache's bases/). Then the guest image beside the rootfs tarball's image,
+# which copy that system instead of making it again and whose containers
+# take seconds. The machine is busy with clippy and the native tests
+# meanwhile: two builds' boots under TCG beside them is the most it takes
+# (the userland built beside the guest image, each making its own
+# container, ended no sooner and slowed those by 2 minutes on a 2-core
+# machine; the guest image first made the userland's container wait for
+# it: 1.7 to 1.9 minutes waited after the native tests). Their output is
+# shown after the native tests, their steps are in the summary.
 build_images() {
   local hull=target/images-hull
   cp target/debug/hull "$hull" || return 1
-  step "tier-3 guest image" timeout 1800 "$hull" image build
-  record_steps target/images-steps-1.tsv
-  (
-    names=() secs=() results=()
-    step "tier-3 userland image" timeout 1800 "$hull" image build \
-      --policy tests/fixtures/vm-userland.toml
-    record_steps target/images-steps-2.tsv
-  ) >target/images-userland.log 2>&1 &
   (
     names=() secs=() results=()
     step "tier-3 rootfs tarball" make_rootfs_tar
-    step "tier-3 rootfs image" timeout 1800 "$hull" image build --policy target/vm-rootfs.toml
+    record_steps target/images-steps-1.tsv
+  ) >target/images-tarball.log 2>&1 &
+  local tarball_pid=$!
+  step "tier-3 userland image" timeout 1800 "$hull" image build \
+    --policy tests/fixtures/vm-userland.toml
+  record_steps target/images-steps-2.tsv
+  (
+    names=() secs=() results=()
+    step "tier-3 guest image" timeout 1800 "$hull" image build
     record_steps target/images-steps-3.tsv
-  ) >target/images-rootfs.log 2>&1 &
+  ) >target/images-guest.log 2>&1 &
+  wait "$tarball_pid"
+  cat target/images-tarball.log
+  names=() secs=() results=()
+  step "tier-3 rootfs image" timeout 1800 "$hull" image build --policy target/vm-rootfs.toml
+  record_steps target/images-steps-4.tsv
   wait
-  cat target/images-userland.log target/images-rootfs.log
+  cat target/images-guest.log
 }
 images_log=target/images.log
 rm -f target/images-steps-*.tsv
@@ -249,8 +259,8 @@ t0=$(date +%s)
 wait "$images_pid"
 printf '\n==> tier-3 images (waited %ss after the native tests)\n' $(($(date +%s) - t0)) >&2
 cat "$images_log" >&2
-for n in 1 2 3; do
-  merge_steps "target/images-steps-$n.tsv" "tier-3 images ($n/3)" "$images_log"
+for n in 1 2 3 4; do
+  merge_steps "target/images-steps-$n.tsv" "tier-3 images ($n/4)" "$images_log"
 done
 
 export HULL_AGENT="$PWD/target/debug/hull-agent"
