@@ -235,16 +235,7 @@ mod imp {
     }
 
     fn qemu_has_kvm(qemu: &Path) -> bool {
-        Command::new(qemu)
-            .args(["-accel", "help"])
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-            .is_ok_and(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .any(|l| l.trim() == "kvm")
-            })
+        crate::qemu_facts::of(qemu).kvm
     }
 
     fn cache_key(qemu: &Path, kernel: &Path) -> Option<String> {

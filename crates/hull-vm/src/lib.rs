@@ -15,6 +15,7 @@
 //! - [`accel`]: which accelerator really works here (KVM is probed by booting);
 //! - [`virtiofsd`]: one supervised file server per share;
 //! - [`qemu`]: the QEMU argv from typed values;
+//! - [`qemu_facts`]: what a QEMU binary says of itself, asked once per binary;
 //! - [`proc`]: helper processes tied to the instance, stale ones cleaned;
 //! - [`qmp`]: the control socket;
 //! - [`machine`]: start/stop of one VM, waiting for the agent;
@@ -52,6 +53,8 @@ pub mod machine;
 #[cfg(target_os = "linux")]
 pub mod net_channel;
 pub mod qemu;
+#[cfg(unix)]
+pub mod qemu_facts;
 
 #[cfg(target_os = "linux")]
 pub mod pool;

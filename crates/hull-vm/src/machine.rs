@@ -99,8 +99,9 @@ impl Tools {
             tool: arch.qemu_binary(),
             hint: "install QEMU 9 or later (Debian: apt-get install -t bookworm-backports qemu-system-x86; scripts/setup.sh --tier3)",
         })?;
-        let qemu_version = super::qemu::version(&qemu).unwrap_or_else(|| "unknown".into());
-        let sandbox = super::qemu::probe_sandbox(&qemu);
+        let facts = crate::qemu_facts::of(&qemu);
+        let qemu_version = facts.version.unwrap_or_else(|| "unknown".into());
+        let sandbox = facts.sandbox;
         Ok(Tools {
             qemu,
             qemu_version,

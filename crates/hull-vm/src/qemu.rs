@@ -475,25 +475,34 @@ pub fn probe_sandbox(qemu: &Path) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// `QEMU emulator version 10.0.2 (...)` -> the whole first line. Asked once
-/// per binary and process (a run needs it for the tools and the
-/// accelerator's cached verdict; each ask starts QEMU).
+/// `QEMU emulator version 10.0.2 (...)` -> the whole first line: asked
+/// once per binary ([`crate::qemu_facts`]).
 pub fn version(qemu: &Path) -> Option<String> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static SEEN: OnceLock<Mutex<HashMap<PathBuf, Option<String>>>> = OnceLock::new();
-    let seen = SEEN.get_or_init(Default::default);
-    if let Some(v) = seen.lock().ok().and_then(|m| m.get(qemu).cloned()) {
-        return v;
+    #[cfg(unix)]
+    {
+        crate::qemu_facts::of(qemu).version
     }
-    let v = ask_version(qemu);
-    if let Ok(mut m) = seen.lock() {
-        m.insert(qemu.to_path_buf(), v.clone());
+    #[cfg(not(unix))]
+    {
+        ask_version(qemu)
     }
-    v
 }
 
-fn ask_version(qemu: &Path) -> Option<String> {
+/// Whether `qemu -accel help` lists `kvm`.
+pub fn probe_kvm(qemu: &Path) -> bool {
+    std::process::Command::new(qemu)
+        .args(["-accel", "help"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.trim() == "kvm")
+        })
+}
+
+pub(crate) fn ask_version(qemu: &Path) -> Option<String> {
     let out = std::process::Command::new(qemu)
         .arg("-version")
         .stdin(std::process::Stdio::null())

@@ -810,10 +810,17 @@ pub fn restore(
         shares,
     );
     spec.run_as = r.run_as.map(str::to_string);
+    let t0 = std::time::Instant::now();
+    let at = || t0.elapsed().as_secs_f64();
     let mut m = Machine::start(&spec, tools).map_err(|source| SnapshotError::Machine {
         step: "starting the VM to restore the snapshot",
         source,
     })?;
+    tracing::debug!(
+        "restore: {} virtiofsd and QEMU started, QMP ready at {:.3} s",
+        spec.shares.len(),
+        at()
+    );
     let console = m.console_log().to_path_buf();
     let fail = |why: String| SnapshotError::Restore {
         dir: snap.dir.clone(),
@@ -835,7 +842,9 @@ pub fn restore(
         .map_err(|e| fail(format!("migrate-incoming: {e}")))?;
     q.wait_migration(Duration::from_secs(120))
         .map_err(|e| fail(format!("loading {}: {e}", snap.state.display())))?;
+    tracing::debug!("restore: state loaded at {:.3} s", at());
     q.cont().map_err(|e| fail(format!("cont: {e}")))?;
+    tracing::debug!("restore: guest resumed at {:.3} s", at());
     Ok(m)
 }
 
