@@ -17,6 +17,7 @@
 //! wrong `kvm` at worst chooses TCG or a KVM probe boot that fails.
 
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -56,16 +57,16 @@ pub fn of(qemu: &Path) -> Facts {
     if let Some(f) = seen.lock().ok().and_then(|m| m.get(qemu).cloned()) {
         return f;
     }
-    let dir = crate::accel::cache_dir().map(|d| d.join(DIR));
-    let f = of_in(qemu, dir.as_deref(), &ask);
+    let f = of_in(qemu, crate::accel::cache_dir().as_deref(), &ask);
     if let Ok(mut m) = seen.lock() {
         m.insert(qemu.to_path_buf(), f.clone());
     }
     f
 }
 
-/// [`of`] with the cache in `dir` (none: no cache) and QEMU asked by
-/// `ask(qemu, cached)`, which asks only what `cached` does not settle.
+/// [`of`] with hull's cache directory `dir` (none: no cache) and QEMU
+/// asked by `ask(qemu, cached)`, which asks only what `cached` does not
+/// settle.
 fn of_in(qemu: &Path, dir: Option<&Path>, ask: &dyn Fn(&Path, Option<&Facts>) -> Facts) -> Facts {
     let Some(key) = key(qemu) else {
         return ask(qemu, None);
@@ -89,7 +90,7 @@ fn of_in(qemu: &Path, dir: Option<&Path>, ask: &dyn Fn(&Path, Option<&Facts>) ->
                 facts: f.clone(),
             },
         ) {
-            tracing::debug!("cannot keep QEMU's facts in {}: {e}", d.display());
+            tracing::debug!("cannot keep QEMU's facts in {}: {e}", d.join(DIR).display());
         }
     }
     f
@@ -130,31 +131,44 @@ fn key(qemu: &Path) -> Option<String> {
     Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// `dir`, opened without following a link, when it is the user's own and
-/// no one else may write in it.
-fn open_dir(dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
-    let fd = rustix::fs::open(
-        dir,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-        Mode::empty(),
-    )?;
-    let st = rustix::fs::fstat(&fd)?;
+/// Whether an open directory is the user's own and writable by no one else.
+fn check_private(fd: &OwnedFd, what: &dyn Fn() -> String) -> std::io::Result<()> {
+    let st = rustix::fs::fstat(fd)?;
     if st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o022 != 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             format!(
                 "{} is not private to this user (owner {}, mode {:o})",
-                dir.display(),
+                what(),
                 st.st_uid,
                 st.st_mode & 0o7777
             ),
         ));
     }
-    Ok(fd)
+    Ok(())
 }
 
-fn read<T: for<'de> Deserialize<'de>>(dir: &Path, name: &str) -> Option<T> {
-    let d = open_dir(dir).ok()?;
+/// hull's cache directory `root` and its [`DIR`] in it, each opened
+/// without following a link and checked private; [`DIR`] is made (0700,
+/// relative to `root`'s descriptor) when `make` says so. `root` itself is
+/// never made here: without it nothing is kept.
+fn open_dir(root: &Path, make: bool) -> std::io::Result<OwnedFd> {
+    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
+    let r = rustix::fs::open(root, flags, Mode::empty())?;
+    check_private(&r, &|| root.display().to_string())?;
+    if make {
+        match rustix::fs::mkdirat(&r, DIR, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let d = rustix::fs::openat(&r, DIR, flags, Mode::empty())?;
+    check_private(&d, &|| root.join(DIR).display().to_string())?;
+    Ok(d)
+}
+
+fn read<T: for<'de> Deserialize<'de>>(root: &Path, name: &str) -> Option<T> {
+    let d = open_dir(root, false).ok()?;
     let fd = rustix::fs::openat(
         &d,
         name,
@@ -177,14 +191,10 @@ fn read<T: for<'de> Deserialize<'de>>(dir: &Path, name: &str) -> Option<T> {
     serde_json::from_slice(&text).ok()
 }
 
-/// Writes `value` as `dir/name` (a new file renamed over it), making `dir`
-/// private first if it is missing.
-fn write<T: Serialize>(dir: &Path, name: &str, value: &T) -> std::io::Result<()> {
-    if let Some(parent) = dir.parent() {
-        hull_exec::runtime::fsx::make_private_dir_all(parent)?;
-    }
-    hull_exec::runtime::fsx::ensure_private_dir(dir)?;
-    let d = open_dir(dir)?;
+/// Writes `value` as `name` in [`DIR`] below `root` (a new file renamed
+/// over it).
+fn write<T: Serialize>(root: &Path, name: &str, value: &T) -> std::io::Result<()> {
+    let d = open_dir(root, true)?;
     let tmp = format!(".{name}.{}", std::process::id());
     let fd = rustix::fs::openat(
         &d,
@@ -206,6 +216,17 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
+    /// hull's cache directory, as the user's own 0700 one.
+    fn private_root(dir: &Path) -> PathBuf {
+        use std::os::unix::fs::DirBuilderExt;
+        let root = dir.join("hull");
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&root)
+            .unwrap();
+        root
+    }
+
     fn fake_qemu(dir: &Path) -> PathBuf {
         let q = dir.join("qemu-system-x86_64");
         std::fs::write(&q, "#!/bin/sh\n").unwrap();
@@ -216,7 +237,8 @@ mod tests {
     fn facts_are_asked_once_per_binary_and_again_when_it_changes() {
         let t = tempfile::tempdir().unwrap();
         let q = fake_qemu(t.path());
-        let cache = t.path().join("cache/qemu");
+        let root = private_root(t.path());
+        let cache = root.join(DIR);
         let asked = Cell::new(0);
         let ask = |_: &Path, _: Option<&Facts>| {
             asked.set(asked.get() + 1);
@@ -226,9 +248,9 @@ mod tests {
                 kvm: false,
             }
         };
-        let first = of_in(&q, Some(&cache), &ask);
+        let first = of_in(&q, Some(&root), &ask);
         assert_eq!(first.version.as_deref(), Some("QEMU 1"));
-        assert_eq!(of_in(&q, Some(&cache), &ask), first);
+        assert_eq!(of_in(&q, Some(&root), &ask), first);
         assert_eq!(asked.get(), 1, "the second answer came from the cache");
         let mode = std::fs::metadata(&cache).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o700);
@@ -236,7 +258,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&q, "#!/bin/sh\n# upgraded\n").unwrap();
         assert_eq!(
-            of_in(&q, Some(&cache), &ask).version.as_deref(),
+            of_in(&q, Some(&root), &ask).version.as_deref(),
             Some("QEMU 2")
         );
         assert_eq!(asked.get(), 2);
@@ -246,7 +268,7 @@ mod tests {
     fn a_cached_missing_sandbox_is_asked_again() {
         let t = tempfile::tempdir().unwrap();
         let q = fake_qemu(t.path());
-        let cache = t.path().join("qemu");
+        let root = private_root(t.path());
         let sandbox = Cell::new(false);
         let asked = Cell::new(0);
         let ask = |_: &Path, _: Option<&Facts>| {
@@ -257,10 +279,10 @@ mod tests {
                 kvm: false,
             }
         };
-        assert!(!of_in(&q, Some(&cache), &ask).sandbox);
+        assert!(!of_in(&q, Some(&root), &ask).sandbox);
         sandbox.set(true);
         assert!(
-            of_in(&q, Some(&cache), &ask).sandbox,
+            of_in(&q, Some(&root), &ask).sandbox,
             "a false is never taken from the cache"
         );
         assert_eq!(asked.get(), 2);
@@ -271,7 +293,8 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
         let q = fake_qemu(t.path());
-        let cache = t.path().join("qemu");
+        let root = private_root(t.path());
+        let cache = root.join(DIR);
         let asked = Cell::new(0);
         let ask = |_: &Path, _: Option<&Facts>| {
             asked.set(asked.get() + 1);
@@ -281,11 +304,11 @@ mod tests {
                 kvm: false,
             }
         };
-        of_in(&q, Some(&cache), &ask);
+        of_in(&q, Some(&root), &ask);
         assert_eq!(asked.get(), 1);
         // Writable by the group: not read (and not written).
         std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o770)).unwrap();
-        of_in(&q, Some(&cache), &ask);
+        of_in(&q, Some(&root), &ask);
         assert_eq!(asked.get(), 2);
         std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
         // The facts file replaced by a link to a file of the same text: not followed.
@@ -297,15 +320,27 @@ mod tests {
         let elsewhere = t.path().join("elsewhere.json");
         std::fs::rename(&file, &elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, &file).unwrap();
-        assert!(of_in(&q, Some(&cache), &ask).sandbox);
+        assert!(of_in(&q, Some(&root), &ask).sandbox);
         assert_eq!(asked.get(), 3, "a link is not read");
         // The rename over the link replaced the link, not its target.
         assert!(std::fs::symlink_metadata(&file).unwrap().is_file());
-        // A directory link in place of the cache: not read.
+        // A directory link in place of the cache: not read, nothing
+        // written through it.
         let real = t.path().join("real");
         std::fs::rename(&cache, &real).unwrap();
         std::os::unix::fs::symlink(&real, &cache).unwrap();
-        of_in(&q, Some(&cache), &ask);
+        let before: Vec<_> = std::fs::read_dir(&real).unwrap().collect();
+        of_in(&q, Some(&root), &ask);
         assert_eq!(asked.get(), 4, "a linked cache directory is not read");
+        assert_eq!(std::fs::read_dir(&real).unwrap().count(), before.len());
+        // hull's cache directory itself a link: nothing is made below it.
+        let other = t.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let linked = t.path().join("linked");
+        std::os::unix::fs::symlink(&other, &linked).unwrap();
+        of_in(&q, Some(&linked), &ask);
+        assert_eq!(asked.get(), 5);
+        assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0);
     }
 }
