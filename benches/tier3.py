@@ -17,7 +17,7 @@
            in the project share and 500 small-file creates, against the host.
 
 Figures are TCG emulation on a host without usable KVM unless `hull probe`
-says otherwise. Usage: benches/tier3.py [--rounds N] [--boot-rounds N] [--hull PATH]
+says otherwise. Usage: benches/tier3.py [--rounds N] [--boot-rounds N] [--hull PATH] [--against PATH]
 """
 import argparse, glob, json, os, re, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -59,7 +59,18 @@ def bare_argv(img, accel, serial, cmdline_extra=""):
             "-kernel", os.path.join(img, "vmlinux"), "-initrd", os.path.join(img, "initrd.cpio"),
             "-append", ("console=ttyS0 quiet panic=-1 root=/dev/vda " + cmdline_extra).strip(),
             "-drive", f"file={os.path.join(img, 'disk.raw')},if=none,id=d0,format=raw,snapshot=on",
-            "-device", "virtio-blk-pci,drive=d0", "-serial", serial]
+            "-device", "virtio-blk-pci,drive=d0",
+            # The guest's init mounts hull's agent disk (/dev/vdb) before it goes on.
+            "-drive", f"file={agent_disk(img)},if=none,id=d1,format=raw,readonly=on",
+            "-device", "virtio-blk-pci,drive=d1", "-serial", serial]
+
+
+def agent_disk(img):
+    """The image's newest agent disk (`agent-<hash>.ext4`, made by its first run)."""
+    disks = glob.glob(os.path.join(img, "agent-*.ext4"))
+    if not disks:
+        sys.exit(f"no agent disk in {img}: run `hull run --tier3 -- true` once first")
+    return max(disks, key=os.path.getmtime)
 
 
 def bare_until(img, accel, workdir, milestone):
@@ -220,6 +231,9 @@ def main():
     ap.add_argument("--incus-rounds", type=int, default=5)
     ap.add_argument("--warm-rounds", type=int, default=20)
     ap.add_argument("--hull", default=shutil.which("hull") or "target/release/hull")
+    ap.add_argument("--against", metavar="HULL",
+                    help="only restore to first byte, paired: each round runs this other hull build "
+                         "and then --hull (same image, agent and snapshot)")
     ap.add_argument("--policies-only", action="store_true",
                     help="only the restore of the default profile, `build` and a policy beyond the slots, paired")
     a = ap.parse_args()
@@ -238,6 +252,20 @@ def main():
 
     # Prepare the snapshot first (a no-op when `hull image build` made it).
     must(hull_cmd(hull, ["run", "--tier3", "--", "true"], proj, env), "hull run --tier3 (prepare)")
+    if a.against:
+        other = os.path.abspath(a.against)
+        must(hull_cmd(other, ["run", "--tier3", "--", "true"], proj, env), "the other hull (prepare)")
+        got = {other: [], hull: []}
+        for _ in range(a.rounds):
+            for h in (other, hull):
+                got[h].append(first_byte(h, ["run", "--tier3", "--", "echo", "x"], proj, env))
+        fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
+        for h, what in ((other, "against"), (hull, "hull")):
+            fb, ex = [x[0] for x in got[h]], [x[1] for x in got[h]]
+            print(f"{what:8} {h}: first byte p50 {med(fb):5.2f} s ({fmt(fb)}); exit p50 {med(ex):5.2f} s")
+        print(f"ratio    hull / against, first byte {med([x[0] for x in got[hull]]) / med([x[0] for x in got[other]]):.2f}")
+        shutil.rmtree(work, ignore_errors=True)
+        return
     policies(hull, proj, env, work, a.rounds)
     if a.policies_only:
         shutil.rmtree(work, ignore_errors=True)

@@ -172,11 +172,36 @@ impl Supervised {
             if let Some(s) = self.try_wait() {
                 return Some(s);
             }
-            if Instant::now() >= end {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return None;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            self.sleep_while_alive(left.min(Duration::from_millis(20)));
         }
+    }
+
+    /// Sleeps up to `d`, waking as soon as the (unreaped) process ends: a
+    /// guest's power-off is seen when it happens, not at the next tick.
+    pub fn sleep_while_alive(&self, d: Duration) {
+        #[cfg(target_os = "linux")]
+        if let (Some(c), None) = (&self.child, self.status) {
+            use rustix::event::{poll, PollFd, PollFlags, Timespec};
+            // The child is not reaped yet (no status): its pid is its own.
+            let pidfd = rustix::process::Pid::from_raw(c.id() as i32).and_then(|pid| {
+                rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+            });
+            if let Some(fd) = pidfd {
+                let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+                let t = Timespec {
+                    tv_sec: d.as_secs() as i64,
+                    tv_nsec: i64::from(d.subsec_nanos()),
+                };
+                if poll(&mut fds, Some(&t)).is_ok() {
+                    return;
+                }
+            }
+        }
+        std::thread::sleep(d);
     }
 
     /// SIGKILL and reap; removes the pid file; ends the watcher. Idempotent.
