@@ -29,6 +29,8 @@ pub fn run_in(
     irq: Arc<AtomicI32>,
 ) -> Result<ExitStatus, SupervisorError> {
     let dir = vm_dir(name)?;
+    let t0 = std::time::Instant::now();
+    let at = || t0.elapsed().as_secs_f64();
     // The turn first: whoever holds it alone may start a fresh VM after a
     // fault, or use the VM.
     let _turn = match turn_fd {
@@ -82,11 +84,20 @@ pub fn run_in(
         console: st.console.clone(),
         source,
     };
+    tracing::debug!("tier vm (VM {name}): turn taken, tmp made at {:.3} s", at());
     let mut s = AgentSession::connect(&ctl, Duration::from_secs(5)).map_err(agent_err)?;
     s.hello(Duration::from_secs(10), &mut || true)
         .map_err(agent_err)?;
+    tracing::debug!(
+        "tier vm (VM {name}): supervisor said hello at {:.3} s",
+        at()
+    );
     if run_tmp.is_some() {
         scrub_container(&mut s, name, (plan.uid, plan.gid))?;
+        tracing::debug!(
+            "tier vm (VM {name}): container scratch emptied at {:.3} s",
+            at()
+        );
     }
     let opts = ExecOptions {
         stdin: Some(Box::new(io::stdin())),
