@@ -73,13 +73,15 @@ const VM: &[(&str, u8)] = &[
     ("net_channel", 0),
     ("hyperv", 0),
     ("prepare", 0),
-    // The accelerator probe, the agent session, the file servers, and a
-    // batch's output directory.
-    ("accel", 1),
+    // What a QEMU binary says of itself, the agent session, the file
+    // servers, and a batch's output directory.
+    ("qemu_facts", 1),
     ("agent", 1),
     ("virtiofsd", 1),
     ("batch_out", 1),
-    // One machine, and the shape of a machine for a plan.
+    // The accelerator probe, one machine, and the shape of a machine for
+    // a plan.
+    ("accel", 2),
     ("machine", 2),
     ("shape", 2),
     // The prepared snapshot, restored instead of a boot.

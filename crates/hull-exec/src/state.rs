@@ -21,6 +21,25 @@ pub fn vms_root() -> PathBuf {
         .join("hull-vms")
 }
 
+/// The user's cache directory for hull: `$XDG_CACHE_HOME/hull`, else
+/// `~/.cache/hull` (`~/Library/Caches/hull` on macOS,
+/// `%LOCALAPPDATA%\hull` on Windows); `None` when none of these variables
+/// is set.
+pub fn cache_root() -> Option<PathBuf> {
+    if cfg!(windows) {
+        return std::env::var_os("LOCALAPPDATA").map(|d| PathBuf::from(d).join("hull"));
+    }
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        return Some(PathBuf::from(x).join("hull"));
+    }
+    let home = PathBuf::from(std::env::var_os("HOME")?);
+    if cfg!(target_os = "macos") {
+        Some(home.join("Library/Caches/hull"))
+    } else {
+        Some(home.join(".cache/hull"))
+    }
+}
+
 /// The tier-3 image cache: `$HULL_IMAGE_CACHE`, else
 /// `$XDG_CACHE_HOME/hull/images`, else `~/.cache/hull/images`
 /// (`%LOCALAPPDATA%\hull\images` on Windows); `None` when none of these

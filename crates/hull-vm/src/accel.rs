@@ -82,21 +82,9 @@ fn forced() -> Option<AccelChoice> {
     })
 }
 
-/// The user's cache dir for hull (`$XDG_CACHE_HOME/hull`, `~/.cache/hull`,
-/// `~/Library/Caches/hull`, `%LOCALAPPDATA%\hull`).
+/// The user's cache dir for hull ([`crate::state::cache_root`]).
 pub fn cache_dir() -> Option<PathBuf> {
-    if cfg!(windows) {
-        return std::env::var_os("LOCALAPPDATA").map(|d| PathBuf::from(d).join("hull"));
-    }
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
-        return Some(PathBuf::from(x).join("hull"));
-    }
-    let home = PathBuf::from(std::env::var_os("HOME")?);
-    if cfg!(target_os = "macos") {
-        Some(home.join("Library/Caches/hull"))
-    } else {
-        Some(home.join(".cache/hull"))
-    }
+    crate::state::cache_root()
 }
 
 /// The kernel to probe KVM with: `HULL_VM_KERNEL`, else the newest built
@@ -246,7 +234,7 @@ mod imp {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let qv = crate::qemu::version(qemu).unwrap_or_default();
+        let qv = crate::qemu_facts::of(qemu).version.unwrap_or_default();
         let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let mut h = Sha256::new();
         for part in [

@@ -475,17 +475,22 @@ pub fn probe_sandbox(qemu: &Path) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// `QEMU emulator version 10.0.2 (...)` -> the whole first line: asked
-/// once per binary ([`crate::qemu_facts`]).
+/// `QEMU emulator version 10.0.2 (...)` -> the whole first line. Asked
+/// once per binary and process (each ask starts QEMU); `qemu_facts`
+/// keeps it across runs.
 pub fn version(qemu: &Path) -> Option<String> {
-    #[cfg(unix)]
-    {
-        crate::qemu_facts::of(qemu).version
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<PathBuf, Option<String>>>> = OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    if let Some(v) = seen.lock().ok().and_then(|m| m.get(qemu).cloned()) {
+        return v;
     }
-    #[cfg(not(unix))]
-    {
-        ask_version(qemu)
+    let v = ask_version(qemu);
+    if let Ok(mut m) = seen.lock() {
+        m.insert(qemu.to_path_buf(), v.clone());
     }
+    v
 }
 
 /// Whether `qemu -accel help` lists `kvm`.

@@ -57,7 +57,7 @@ pub fn of(qemu: &Path) -> Facts {
     if let Some(f) = seen.lock().ok().and_then(|m| m.get(qemu).cloned()) {
         return f;
     }
-    let f = of_in(qemu, crate::accel::cache_dir().as_deref(), &ask);
+    let f = of_in(qemu, crate::state::cache_root().as_deref(), &ask);
     if let Ok(mut m) = seen.lock() {
         m.insert(qemu.to_path_buf(), f.clone());
     }
