@@ -588,7 +588,9 @@ fn build(
     fs::create_dir_all(&tmp).map_err(io_err(&tmp, "create"))?;
     let r = build_in(&tmp, image_dir, image, g, tools, progress);
     if let Err(e) = r {
-        let _ = fs::remove_dir_all(&tmp);
+        // The error names the console log: the logs stay (the next
+        // preparation of this size removes them), the rest goes now.
+        keep_logs_only(&tmp);
         return Err(e);
     }
     // Replace an old snapshot (another geometry) only now.
@@ -597,6 +599,28 @@ fn build(
     }
     fs::rename(&tmp, &final_dir).map_err(io_err(&final_dir, "move the snapshot into place"))?;
     Ok(())
+}
+
+/// Removes everything in a failed preparation's directory but its logs
+/// (the console's, QEMU's, the file servers'): the disk overlay and a
+/// partial state are hundreds of MiB.
+fn keep_logs_only(tmp: &Path) {
+    let Ok(rd) = fs::read_dir(tmp) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let is_log = p.extension().is_some_and(|x| x == "log");
+        match e.file_type() {
+            Ok(t) if t.is_file() && is_log => {}
+            Ok(t) if t.is_dir() => {
+                let _ = fs::remove_dir_all(&p);
+            }
+            _ => {
+                let _ = fs::remove_file(&p);
+            }
+        }
+    }
 }
 
 fn build_in(

@@ -15,11 +15,15 @@ use hull_protocol::ConfigureSpec;
 use crate::incus::{self, Config, ContainerRoot, Devices, Incus, IncusError};
 use crate::mounts;
 
-use super::kernel::{drop_caches, reseed_crng, set_cgroup_limits, set_clock};
+use super::kernel::{drop_caches, reseed_crng, set_cgroup_limits, set_clock, stop_incusd};
 use super::{
     lock, Backend, SetupError, AGENT_DEVICE, AGENT_DIR, CONNECT_TIMEOUT, CREATE_TIMEOUT_S,
     CTL_DEVICE, CTL_IN_CONTAINER, INNER_SOCKET, SHARE_DEVICE_PREFIX, START_TIMEOUT_S,
 };
+
+/// How long incusd has to exit before a snapshot, then it is killed (under
+/// emulation it took over 20 s to end its operations).
+const INCUSD_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The disk devices: one per share at its host path (read-only shares with
 /// `readonly=true`), the control directory, and the agent's directory
@@ -436,7 +440,8 @@ impl<T: incus::Transport> Backend for IncusBackend<T> {
         let stream = connect_retry(&self.socket_of(&name), CONNECT_TIMEOUT)?;
         if spec.prepare {
             // Less guest memory in the snapshot: every page the page cache
-            // holds would be saved and restored.
+            // and incusd hold would be saved and restored.
+            stop_incusd(INCUSD_GRACE);
             drop_caches();
             *lock(&self.configured) = Some(Use::Prepared {
                 name: name.clone(),

@@ -1,10 +1,10 @@
 //! What the outer agent asks of the guest kernel: the clock, power off, the
 //! container's cgroup limits (one way after a boot and after a restore),
-//! fresh entropy, dropped caches.
+//! fresh entropy, dropped caches, the Incus daemon ended before a snapshot.
 
 use std::io;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hull_protocol::ConfigureSpec;
 
@@ -146,6 +146,71 @@ pub(super) fn reseed_crng() {
         Err(e) => tracing::warn!("cannot read /dev/hwrng for a reseed: {e}"),
     }
 }
+
+/// Ends the Incus daemon before a snapshot is saved (best effort, said
+/// in the log): a restored run makes no Incus call (the prepared
+/// container is configured directly, [`super::container`]), and incusd's
+/// 60-odd MiB would otherwise be saved and loaded with every restore. On
+/// SIGTERM incusd exits and leaves its running containers alone (their
+/// `lxc monitor` is a process of its own), and one that does not exit
+/// within `grace` is killed: its database is not read again in the
+/// snapshot's life (each restore's disk is a throwaway overlay). The boot
+/// path keeps incusd: it never snapshots.
+pub(super) fn stop_incusd(grace: Duration) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+    let t0 = Instant::now();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let mut stopped = 0;
+    for e in procs.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Some(pid) = Pid::from_raw(pid) else {
+            continue;
+        };
+        // Pinned first, then named: a pid reused in between is not signalled.
+        let Ok(fd) = pidfd_open(pid, PidfdFlags::empty()) else {
+            continue;
+        };
+        // The daemon only: a container's `lxc monitor` is incusd's binary
+        // too (`forkstart`, its argv rewritten), and keeps the container.
+        let cmdline =
+            std::fs::read(format!("/proc/{}/cmdline", pid.as_raw_nonzero())).unwrap_or_default();
+        let mut argv = cmdline.split(|b| *b == 0);
+        let daemon = argv.next() == Some(INCUSD.as_bytes())
+            && argv
+                .next()
+                .is_none_or(|a| a.is_empty() || a.starts_with(b"--"));
+        let exe = std::fs::read_link(format!("/proc/{}/exe", pid.as_raw_nonzero()));
+        if !daemon || !exe.is_ok_and(|p| p == Path::new(INCUSD)) {
+            continue;
+        }
+        if let Err(e) = pidfd_send_signal(&fd, Signal::TERM) {
+            tracing::warn!("cannot stop incusd (pid {pid:?}) before the snapshot: {e}");
+            continue;
+        }
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        let t = Timespec {
+            tv_sec: grace.as_secs() as i64,
+            tv_nsec: i64::from(grace.subsec_nanos()),
+        };
+        if !matches!(poll(&mut fds, Some(&t)), Ok(n) if n > 0) {
+            tracing::warn!("incusd did not exit within {grace:?} of SIGTERM; killing it");
+            let _ = pidfd_send_signal(&fd, Signal::KILL);
+        }
+        stopped += 1;
+    }
+    tracing::info!(
+        "incusd stopped before the snapshot ({stopped} daemon) in {:.3} s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// Where Debian's incus package puts the daemon.
+const INCUSD: &str = "/usr/libexec/incus/incusd";
 
 /// `sync; echo 3 > /proc/sys/vm/drop_caches` (best effort).
 pub(super) fn drop_caches() {
