@@ -17,7 +17,8 @@
            in the project share and 500 small-file creates, against the host.
 
 Figures are TCG emulation on a host without usable KVM unless `hull probe`
-says otherwise. Usage: benches/tier3.py [--rounds N] [--boot-rounds N] [--hull PATH] [--against PATH]
+says otherwise. Usage: benches/tier3.py [--rounds N] [--boot-rounds N] [--hull PATH]
+[--against PATH [--against-agent PATH]]
 """
 import argparse, glob, json, os, re, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -234,6 +235,9 @@ def main():
     ap.add_argument("--against", metavar="HULL",
                     help="only restore to first byte, paired: each round runs this other hull build "
                          "and then --hull (same image, agent and snapshot)")
+    ap.add_argument("--against-agent", metavar="AGENT",
+                    help="the hull-agent the --against build runs with (its own snapshot); "
+                         "default: the same as --hull's (HULL_AGENT)")
     ap.add_argument("--policies-only", action="store_true",
                     help="only the restore of the default profile, `build` and a policy beyond the slots, paired")
     a = ap.parse_args()
@@ -254,11 +258,13 @@ def main():
     must(hull_cmd(hull, ["run", "--tier3", "--", "true"], proj, env), "hull run --tier3 (prepare)")
     if a.against:
         other = os.path.abspath(a.against)
-        must(hull_cmd(other, ["run", "--tier3", "--", "true"], proj, env), "the other hull (prepare)")
+        other_env = dict(env, HULL_AGENT=os.path.abspath(a.against_agent)) if a.against_agent else env
+        envs = {other: other_env, hull: env}
+        must(hull_cmd(other, ["run", "--tier3", "--", "true"], proj, other_env), "the other hull (prepare)")
         got = {other: [], hull: []}
         for _ in range(a.rounds):
             for h in (other, hull):
-                got[h].append(first_byte(h, ["run", "--tier3", "--", "echo", "x"], proj, env))
+                got[h].append(first_byte(h, ["run", "--tier3", "--", "echo", "x"], proj, envs[h]))
         fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
         for h, what in ((other, "against"), (hull, "hull")):
             fb, ex = [x[0] for x in got[h]], [x[1] for x in got[h]]
