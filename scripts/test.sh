@@ -199,14 +199,15 @@ printf 'version = 1\n[vm]\nrootfs = "%s"\n' "$rootfs_tar" >target/vm-rootfs.toml
 # host): the userland's container (npm's few hundred packages, two minutes
 # of mmdebstrap on the host) is made while the guest's own system is (the
 # cache's bases/). Then the guest image beside the rootfs tarball's image,
-# which copy that system instead of making it again and whose containers
-# take seconds. The machine is busy with clippy and the native tests
-# meanwhile: two builds' boots under TCG beside them is the most it takes
-# (the userland built beside the guest image, each making its own
-# container, ended no sooner and slowed those by 2 minutes on a 2-core
-# machine; the guest image first made the userland's container wait for
-# it: 1.7 to 1.9 minutes waited after the native tests). Their output is
-# shown after the native tests, their steps are in the summary.
+# which copy that system instead of making it again. Measured from an
+# empty cache on a 2-core machine, this order and the guest image first
+# end alike (the native tests waited 118-124 s for the images against
+# 102-114 s; whole suite 19 min 10 s and 20 min 10 s against 19 min 39 s
+# to 20 min 49 s): the images' time is their boots under TCG beside
+# clippy and the native tests, whatever their order. The userland built
+# beside the guest image, each making its own container, ended no sooner
+# and slowed those by 2 minutes. Their output is shown after the native
+# tests, their steps are in the summary.
 build_images() {
   local hull=target/images-hull
   cp target/debug/hull "$hull" || return 1
