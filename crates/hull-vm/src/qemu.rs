@@ -475,24 +475,6 @@ pub fn probe_sandbox(qemu: &Path) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// `QEMU emulator version 10.0.2 (...)` -> the whole first line. Asked
-/// once per binary and process (each ask starts QEMU); `qemu_facts`
-/// keeps it across runs.
-pub fn version(qemu: &Path) -> Option<String> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static SEEN: OnceLock<Mutex<HashMap<PathBuf, Option<String>>>> = OnceLock::new();
-    let seen = SEEN.get_or_init(Default::default);
-    if let Some(v) = seen.lock().ok().and_then(|m| m.get(qemu).cloned()) {
-        return v;
-    }
-    let v = ask_version(qemu);
-    if let Ok(mut m) = seen.lock() {
-        m.insert(qemu.to_path_buf(), v.clone());
-    }
-    v
-}
-
 /// Whether `qemu -accel help` lists `kvm`.
 pub fn probe_kvm(qemu: &Path) -> bool {
     std::process::Command::new(qemu)
@@ -507,7 +489,9 @@ pub fn probe_kvm(qemu: &Path) -> bool {
         })
 }
 
-pub(crate) fn ask_version(qemu: &Path) -> Option<String> {
+/// `QEMU emulator version 10.0.2 (...)` -> the whole first line; each ask
+/// starts QEMU (`qemu_facts` keeps the answer across runs).
+pub fn version(qemu: &Path) -> Option<String> {
     let out = std::process::Command::new(qemu)
         .arg("-version")
         .stdin(std::process::Stdio::null())

@@ -101,7 +101,7 @@ fn ask(qemu: &Path, cached: Option<&Facts>) -> Facts {
     Facts {
         version: match cached {
             Some(c) if c.version.is_some() => c.version.clone(),
-            _ => crate::qemu::ask_version(qemu),
+            _ => crate::qemu::version(qemu),
         },
         sandbox: crate::qemu::probe_sandbox(qemu),
         kvm: match cached {
