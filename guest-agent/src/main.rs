@@ -37,13 +37,6 @@ mod cli {
         },
         /// The outer-VM agent.
         Outer(hull_agent::outer::OuterArgs),
-        /// Empty these directories (they stay) on their own filesystem,
-        /// following no link: the container's scratch between two runs of
-        /// a kept VM.
-        Scrub {
-            #[arg(required = true)]
-            dirs: Vec<PathBuf>,
-        },
     }
 
     #[derive(Debug, Args)]
@@ -123,7 +116,6 @@ mod cli {
             )
             .with_context(|| format!("inner agent on {}", listen_unix.display())),
             Cmd::Outer(args) => hull_agent::outer::run(args),
-            Cmd::Scrub { dirs } => hull_agent::scrub::run(&dirs),
         }
     }
 }

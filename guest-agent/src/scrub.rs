@@ -1,12 +1,14 @@
-//! `hull-agent scrub DIR...`: empties the container's own scratch
-//! directories (`/tmp`, `/var/tmp`, `/dev/shm`) between two runs of a kept
-//! VM, so nothing one run left there reaches the next.
+//! An exec's `scrub` ([`hull_protocol::Exec::scrub`]): empties the
+//! container's own scratch directories (`/tmp`, `/var/tmp`, `/dev/shm`,
+//! the runs' home there) before a kept VM's run starts, so nothing one run
+//! left there reaches the next.
 //!
-//! Runs as the runs' own user while no command runs (the run's turn is
-//! held, and the last run's cgroup is empty): every entry a run made is
-//! that user's, so it can remove it (opening up a directory of its own it
-//! made unreadable first); an entry of another user (container root's) is
-//! not a run's, and stays. Walks with descriptors only
+//! Runs as the exec's own user ([`scrub_as`]: a thread of the agent whose
+//! credentials alone are changed, then ended) while no command runs (the
+//! run's turn is held, and the last run's cgroup is empty): every entry a
+//! run made is that user's, so it can remove it (opening up a directory of
+//! its own it made unreadable first); an entry of another user (container
+//! root's) is not a run's, and stays. Walks with descriptors only
 //! (`openat` with `O_NOFOLLOW`, `unlinkat`): a link is removed, never
 //! followed. Never crosses into another filesystem: a share mounted below
 //! `/tmp` (the VM's tmp, a project under `/tmp`) is another device, left
@@ -163,19 +165,72 @@ fn remove(
     }
 }
 
-/// `hull-agent scrub DIR...`: empties each, says what it kept; fails on
-/// the first error, naming the directory.
-pub fn run(dirs: &[std::path::PathBuf]) -> anyhow::Result<()> {
-    for d in dirs {
-        let s = scrub(d).map_err(|e| anyhow::anyhow!("scrub {}: {e}", d.display()))?;
-        tracing::info!(
-            dir = %String::from_utf8_lossy(d.as_os_str().as_bytes()),
-            removed = s.removed,
-            kept = s.kept,
-            "scrubbed"
-        );
+/// Why a scrub failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrubError {
+    #[error("a scrub never runs as root")]
+    AsRoot,
+    #[error("cannot take the ids {uid}:{gid} to empty the scratch: {source}")]
+    Ids {
+        uid: u32,
+        gid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot empty {dir} as {uid}:{gid}: {source}")]
+    Dir {
+        dir: String,
+        uid: u32,
+        gid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start the thread that empties the scratch: {0}")]
+    Thread(#[source] io::Error),
+    #[error("the thread that empties the scratch panicked")]
+    Panicked,
+}
+
+/// Empties each of `dirs` as `ids` (uid, gid; the gid its only group), in
+/// a thread of its own: on Linux credentials belong to a thread, and the
+/// raw calls (unlike libc's, which change every thread) change that
+/// thread's alone, which also drops its capabilities. So the walk can do
+/// nothing the exec's command itself could not, the agent's other threads
+/// never run as another user, and the thread ends with the walk. Stops at
+/// the first directory that cannot be emptied, naming it.
+pub fn scrub_as(ids: (u32, u32), dirs: &[std::path::PathBuf]) -> Result<(), ScrubError> {
+    use rustix::process::{Gid, Uid};
+    if ids.0 == 0 {
+        return Err(ScrubError::AsRoot);
     }
-    Ok(())
+    let dirs = dirs.to_vec();
+    let walk = move || -> Result<(), ScrubError> {
+        let (uid, gid) = (Uid::from_raw(ids.0), Gid::from_raw(ids.1));
+        let became = rustix::thread::set_thread_groups(&[gid])
+            .and_then(|()| rustix::thread::set_thread_res_gid(gid, gid, gid))
+            .and_then(|()| rustix::thread::set_thread_res_uid(uid, uid, uid));
+        became.map_err(|e| ScrubError::Ids {
+            uid: ids.0,
+            gid: ids.1,
+            source: e.into(),
+        })?;
+        for d in &dirs {
+            let s = scrub(d).map_err(|source| ScrubError::Dir {
+                dir: String::from_utf8_lossy(d.as_os_str().as_bytes()).into_owned(),
+                uid: ids.0,
+                gid: ids.1,
+                source,
+            })?;
+            tracing::debug!(dir = %d.display(), removed = s.removed, kept = s.kept, "scrubbed");
+        }
+        Ok(())
+    };
+    std::thread::Builder::new()
+        .name("scrub".into())
+        .spawn(walk)
+        .map_err(ScrubError::Thread)?
+        .join()
+        .map_err(|_| ScrubError::Panicked)?
 }
 
 #[cfg(test)]

@@ -374,6 +374,32 @@ impl Session<'_> {
             (Some(forced), _) => Some(forced),
             (None, asked) => asked,
         };
+        if !req.scrub.is_empty() {
+            // Before anything of the command runs, as its user (`validate`
+            // made sure the ids are given; without them nothing runs).
+            let dirs: Vec<std::path::PathBuf> = req
+                .scrub
+                .iter()
+                .map(|d| {
+                    use std::os::unix::ffi::OsStrExt;
+                    std::path::PathBuf::from(std::ffi::OsStr::from_bytes(d.as_slice()))
+                })
+                .collect();
+            let scrubbed = match ids {
+                Some(ids) => crate::scrub::scrub_as(ids, &dirs).map_err(|e| e.to_string()),
+                None => Err("a scrub needs the ids it runs as".into()),
+            };
+            if let Err(e) = scrubbed {
+                self.out.send(
+                    &Message::error(
+                        ErrorCode::ScrubFailed,
+                        format!("the command did not start: {e}"),
+                    ),
+                    id,
+                );
+                return Step::Continue;
+            }
+        }
         let mut execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
         if execs.contains_key(&id) {
             drop(execs);

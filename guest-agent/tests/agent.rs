@@ -48,6 +48,7 @@ fn exec(argv: &[&[u8]]) -> Exec {
         stdin: false,
         uid: None,
         gid: None,
+        scrub: vec![],
     }
 }
 
@@ -491,6 +492,96 @@ fn session_policy_forces_the_uid() {
     assert!(o.started.is_none());
     let o = run(&mut a, 2, sh("id -u"));
     assert_eq!(o.stdout, b"65534\n");
+}
+
+/// An exec's `scrub` empties the directories as the exec's user before
+/// the command starts: that user's entries go (a file, a tree, a
+/// directory of its own made unreadable, a link, not followed), another
+/// user's stay, and the command sees the result. The agent itself stays
+/// root (the next exec without ids runs as root). A directory the user
+/// cannot empty ends the exec with `ScrubFailed` naming it, the command
+/// never started, and nothing there changed.
+#[test]
+fn a_scrub_empties_the_users_scratch_as_that_user_before_the_command() {
+    use std::os::unix::fs::{lchown, symlink, PermissionsExt};
+    require_root();
+    let d = tempfile::tempdir().unwrap();
+    let perm = |p: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    perm(d.path(), 0o711);
+    let (top, outside) = (d.path().join("scratch"), d.path().join("outside"));
+    std::fs::create_dir_all(top.join("dir/sub")).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("keep"), "keep").unwrap();
+    std::fs::write(top.join("left"), "x").unwrap();
+    std::fs::write(top.join("dir/sub/f"), "x").unwrap();
+    symlink(&outside, top.join("link")).unwrap();
+    for p in ["left", "dir", "dir/sub", "dir/sub/f", "link"] {
+        lchown(top.join(p), Some(65534), Some(65534)).unwrap();
+    }
+    perm(&top.join("dir"), 0o000);
+    std::fs::write(top.join("roots"), "root's").unwrap();
+    perm(&top, 0o1777);
+    // Control: the user's entries are there before.
+    assert_eq!(std::fs::read_dir(&top).unwrap().count(), 4);
+
+    let mut a = agent();
+    let mut req = sh(&format!("id -u; ls -A {}", top.display()));
+    (req.uid, req.gid) = (Some(65534), Some(65534));
+    req.scrub = vec![Bytes::from(top.to_str().unwrap())];
+    let o = run(&mut a, 1, req);
+    assert_eq!(
+        o.end,
+        Some(Message::Exit(ExitStatus::Code(0))),
+        "{:?}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "65534\nroots\n");
+    assert_eq!(
+        std::fs::read_to_string(top.join("roots")).unwrap(),
+        "root's"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("keep")).unwrap(),
+        "keep"
+    );
+    let o = run(&mut a, 2, sh("id -u"));
+    assert_eq!(o.stdout, b"0\n", "the agent is no longer root");
+
+    let private = d.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::write(private.join("f"), "x").unwrap();
+    perm(&private, 0o700);
+    let mut req = sh("echo RAN");
+    (req.uid, req.gid) = (Some(65534), Some(65534));
+    req.scrub = vec![
+        Bytes::from(top.to_str().unwrap()),
+        Bytes::from(private.to_str().unwrap()),
+    ];
+    let o = run(&mut a, 3, req);
+    match &o.end {
+        Some(Message::Error {
+            code: ErrorCode::ScrubFailed,
+            message,
+        }) => assert!(
+            message.contains(private.to_str().unwrap()) && message.contains("did not start"),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(o.started.is_none() && o.stdout.is_empty(), "{o:?}");
+    assert!(private.join("f").exists());
+    // Never as root.
+    let mut req = sh("echo RAN");
+    (req.uid, req.gid) = (Some(0), Some(0));
+    req.scrub = vec![Bytes::from(top.to_str().unwrap())];
+    let o = run(&mut a, 4, req);
+    assert!(
+        matches!(&o.end, Some(Message::Error { code: ErrorCode::ScrubFailed, message }) if message.contains("root")),
+        "{o:?}"
+    );
+    assert!(std::fs::read_to_string(top.join("roots")).is_ok());
 }
 
 #[test]

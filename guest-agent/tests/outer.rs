@@ -144,6 +144,7 @@ fn sh(script: &str, stdin: bool) -> Exec {
         stdin,
         uid: None,
         gid: None,
+        scrub: vec![],
     }
 }
 

@@ -144,6 +144,7 @@ fn exec(conn: &mut Connection<UnixStream>, id: u32, script: &str, cwd: &Path) ->
         stdin: false,
         uid: None,
         gid: None,
+        scrub: vec![],
     };
     let t = Instant::now();
     conn.send(&Message::Exec(req), id).unwrap();

@@ -14,6 +14,8 @@ pub const MAX_ENV: usize = 4096;
 pub const MAX_ENV_BYTES: usize = 256 * 1024;
 /// Longest path (`Exec.cwd`, share paths).
 pub const MAX_PATH: usize = 4096;
+/// Most directories in `Exec.scrub`.
+pub const MAX_SCRUB: usize = 8;
 /// Longest `Hello.software` string.
 pub const MAX_SOFTWARE: usize = 256;
 /// Longest error message; longer messages are truncated when encoded.

@@ -57,6 +57,13 @@ pub struct Exec {
     pub uid: Option<u32>,
     /// Run as this gid, which is also the only supplementary group.
     pub gid: Option<u32>,
+    /// Directories of the agent's own filesystem to empty before the
+    /// command starts, as the exec's uid and gid (required), on their own
+    /// filesystem only and following no link: what the last command left
+    /// there reaches no later one. The command does not start when one
+    /// cannot be emptied. At most [`MAX_SCRUB`], each absolute.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scrub: Vec<Bytes>,
 }
 
 /// How a command ended.
@@ -149,6 +156,11 @@ error_codes! {
     /// (uninterruptible sleep): the sandbox must not serve another command,
     /// and the host takes its VM down. Terminal for that exec id.
     TreeSurvived = 17,
+    /// A directory of the exec's `scrub` could not be emptied: the command
+    /// did not start, and the sandbox must not serve another command (what
+    /// an earlier one left may still be there): the host takes its VM
+    /// down. Terminal for that exec id.
+    ScrubFailed = 18,
 }
 
 impl Serialize for ErrorCode {
@@ -563,6 +575,29 @@ fn validate_exec(e: &Exec) -> Result<(), String> {
     }
     if e.uid.is_some() != e.gid.is_some() {
         return Err("uid and gid must be given together".into());
+    }
+    if e.scrub.len() > MAX_SCRUB {
+        return Err(format!(
+            "scrub has {} directories, more than {MAX_SCRUB}",
+            e.scrub.len()
+        ));
+    }
+    if !e.scrub.is_empty() && e.uid.is_none() {
+        return Err("scrub needs the uid and gid it runs as".into());
+    }
+    for (i, d) in e.scrub.iter().enumerate() {
+        let d = d.as_slice();
+        if d.len() > MAX_PATH {
+            return Err(format!(
+                "scrub[{i}] has {} bytes, more than {MAX_PATH}",
+                d.len()
+            ));
+        }
+        if d.first() != Some(&b'/') || d.contains(&0) {
+            return Err(format!(
+                "scrub[{i}] is not an absolute path without NUL bytes"
+            ));
+        }
     }
     Ok(())
 }

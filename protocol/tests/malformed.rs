@@ -189,6 +189,28 @@ fn out_of_bounds_messages_are_rejected() {
             1,
             r#"{"argv":["sh"],"env":[],"cwd":"","timeout_ms":99999999999999,"stdin":false}"#.into(),
         ),
+        // A scrub: without the ids it runs as, of a relative path, of
+        // more directories than the bound.
+        (
+            Kind::Exec,
+            1,
+            r#"{"argv":["sh"],"env":[],"cwd":"","timeout_ms":null,"stdin":false,"scrub":["/tmp"]}"#
+                .into(),
+        ),
+        (
+            Kind::Exec,
+            1,
+            r#"{"argv":["sh"],"env":[],"cwd":"","timeout_ms":null,"stdin":false,"uid":5,"gid":5,"scrub":["tmp"]}"#
+                .into(),
+        ),
+        (
+            Kind::Exec,
+            1,
+            format!(
+                r#"{{"argv":["sh"],"env":[],"cwd":"","timeout_ms":null,"stdin":false,"uid":5,"gid":5,"scrub":[{}]}}"#,
+                [r#""/tmp""#; limits::MAX_SCRUB + 1].join(",")
+            ),
+        ),
         (Kind::Signal, 1, r#"{"signo":65}"#.into()),
         (Kind::Exit, 1, r#"{"signal":0}"#.into()),
         (Kind::Started, 1, r#"{"pid":0}"#.into()),

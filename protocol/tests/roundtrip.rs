@@ -53,6 +53,7 @@ fn non_utf8_argv_survives_exactly() {
         stdin: false,
         uid: None,
         gid: None,
+        scrub: vec![],
     });
     let frames = decode_all(&encode(&msg, 1).unwrap()).unwrap();
     match &frames[0].message {
@@ -71,6 +72,7 @@ fn utf8_bytes_are_json_strings() {
         stdin: false,
         uid: None,
         gid: None,
+        scrub: vec![],
     });
     let bytes = encode(&msg, 1).unwrap();
     let json = std::str::from_utf8(&bytes[HEADER_LEN..]).unwrap();
@@ -180,6 +182,7 @@ fn encoder_refuses_wrong_ids_and_invalid_messages() {
         stdin: false,
         uid: None,
         gid: None,
+        scrub: vec![],
     });
     assert!(matches!(
         encode(&empty_argv, 1),
@@ -226,6 +229,7 @@ fn error_codes_are_stable() {
         (ErrorCode::CommandNotFound, 15),
         (ErrorCode::CommandNotExecutable, 16),
         (ErrorCode::TreeSurvived, 17),
+        (ErrorCode::ScrubFailed, 18),
     ];
     assert_eq!(ErrorCode::ALL.len(), expected.len());
     for (code, n) in expected {

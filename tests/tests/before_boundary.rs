@@ -780,6 +780,8 @@ fn runs_in_a_kept_vm_take_turns(tier: &str) {
 /// `/tmp`, `/var/tmp`, `/run/lock` and the runs' user's home there, which
 /// the container keeps) is gone for the next run, and the shares below
 /// them stay. The control: the first run's files are there at its end.
+/// A scratch that cannot be emptied fails the next run before its command
+/// starts and takes the VM down; the run after it gets a fresh VM.
 fn a_kept_vm_s_container_scratch_is_emptied_between_runs(tier: &str) {
     require_tier(tier);
     let w = World::new();
@@ -826,6 +828,46 @@ fn a_kept_vm_s_container_scratch_is_emptied_between_runs(tier: &str) {
         "{}",
         show(&o)
     );
+    // What cannot be emptied (a tree deeper than the walk goes) fails the
+    // next run before its command starts, naming the scratch, and takes
+    // the VM down; the run after that gets a fresh VM, with nothing left.
+    let deep = vec!["d"; 600].join("/");
+    vm.run(
+        &w.project,
+        &format!("mkdir -p /var/tmp/{deep} && echo planted > /var/tmp/{deep}/f && echo deep"),
+    );
+    let o = vm
+        .cmd(&w.project, &[], "echo ran > ran.txt")
+        .stdin(Stdio::null())
+        .output()
+        .expect("hull run");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        err.contains("cannot empty the container's /tmp, /var/tmp")
+            && err.contains("did not run")
+            && err.contains("fresh one"),
+        "{}",
+        show(&o)
+    );
+    assert!(
+        !w.project.join("ran.txt").exists(),
+        "the command ran: {}",
+        show(&o)
+    );
+    let o = vm
+        .cmd(&w.project, &[], "ls -A /var/tmp; echo ran > ran.txt")
+        .stdin(Stdio::null())
+        .output()
+        .expect("hull run");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "", "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("starting a fresh one"),
+        "{}",
+        show(&o)
+    );
+    assert!(w.project.join("ran.txt").is_file());
     vm.down();
 }
 

@@ -54,6 +54,10 @@ pub enum GitScanError {
 pub struct Repos {
     /// Every `.git` (directory or file) below a writable root.
     pub git_entries: BTreeSet<PathBuf>,
+    /// Those of them that are empty directories: no repository git would
+    /// use (`hull vm up` puts one over a project's missing `.git` while its
+    /// VM is up, to mount read-only).
+    pub empty: BTreeSet<PathBuf>,
 }
 
 /// Walks the writable roots of `policy` for `.git` entries (not following
@@ -92,6 +96,11 @@ pub fn find_repositories(roots: &[&Path], skip: &[&Path]) -> Result<Repos, GitSc
                 let Ok(ft) = e.file_type() else { continue };
                 let path = e.path();
                 if e.file_name() == ".git" {
+                    let empty = ft.is_dir()
+                        && std::fs::read_dir(&path).is_ok_and(|mut d| d.next().is_none());
+                    if empty {
+                        out.empty.insert(path.clone());
+                    }
                     out.git_entries.insert(path);
                     continue;
                 }
@@ -157,11 +166,14 @@ pub fn protect(policy: &mut Policy, repos: &Repos) -> Result<(), GitScanError> {
     Ok(())
 }
 
-/// `.git` entries in `after` that were not in `before`.
+/// `.git` entries in `after` that were not in `before`, or were an empty
+/// directory there; an empty directory is none.
 pub fn new_repositories(before: &Repos, after: &Repos) -> Vec<PathBuf> {
     after
         .git_entries
-        .difference(&before.git_entries)
+        .iter()
+        .filter(|g| !after.empty.contains(*g))
+        .filter(|g| !before.git_entries.contains(*g) || before.empty.contains(*g))
         .cloned()
         .collect()
 }
@@ -307,5 +319,24 @@ mod tests {
             config_of(&p.join("sub/.git")),
             Some(p.join("sub/../.git/modules/sub/config"))
         );
+    }
+
+    /// A new `.git` is reported, and so is an empty one that was filled;
+    /// an empty directory (a kept VM's placeholder) is no repository.
+    #[test]
+    fn new_repositories_are_reported_and_empty_placeholders_are_not() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path();
+        let before = find_repositories(&[p], &[]).unwrap();
+        std::fs::create_dir(p.join(".git")).unwrap();
+        std::fs::create_dir_all(p.join("a/.git")).unwrap();
+        std::fs::write(p.join("a/.git/config"), "").unwrap();
+        let placeholder = find_repositories(&[p], &[]).unwrap();
+        assert_eq!(placeholder.git_entries.len(), 2);
+        assert_eq!(new_repositories(&before, &placeholder), [p.join("a/.git")]);
+        std::fs::write(p.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        let filled = find_repositories(&[p], &[]).unwrap();
+        assert_eq!(new_repositories(&placeholder, &filled), [p.join(".git")]);
+        assert!(new_repositories(&filled, &filled).is_empty());
     }
 }

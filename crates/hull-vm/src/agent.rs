@@ -117,6 +117,10 @@ pub struct ExecOptions {
     /// How long the guest may answer nothing, not even a `Ping`
     /// ([`crate::heartbeat`]).
     pub silence_limit: Duration,
+    /// Directories of the container's own filesystem the agent empties,
+    /// as `uid_gid` (required), before the command starts
+    /// ([`hull_protocol::Exec::scrub`]).
+    pub scrub: Vec<std::path::PathBuf>,
 }
 
 /// What may end an exec besides its command: its timeout, an interrupt,
@@ -136,6 +140,7 @@ impl std::fmt::Debug for ExecOptions {
             .field("uid_gid", &self.uid_gid)
             .field("kill_grace", &self.kill_grace)
             .field("silence_limit", &self.silence_limit)
+            .field("scrub", &self.scrub)
             .finish()
     }
 }
@@ -148,6 +153,7 @@ impl Default for ExecOptions {
             interrupt: None,
             kill_grace: KILL_GRACE,
             silence_limit: crate::heartbeat::SILENCE_LIMIT,
+            scrub: Vec::new(),
         }
     }
 }
@@ -706,6 +712,11 @@ pub fn build_exec(cmd: &CommandSpec, opts: &ExecOptions) -> Result<Exec, AgentEr
         stdin: opts.stdin.is_some(),
         uid: opts.uid_gid.map(|u| u.0),
         gid: opts.uid_gid.map(|u| u.1),
+        scrub: opts
+            .scrub
+            .iter()
+            .map(|d| Bytes::from(d.as_os_str().as_bytes()))
+            .collect(),
     };
     Message::Exec(e.clone())
         .validate()

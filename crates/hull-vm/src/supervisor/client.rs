@@ -92,17 +92,17 @@ pub fn run_in(
         "tier vm (VM {name}): supervisor said hello at {:.3} s",
         at()
     );
-    if run_tmp.is_some() {
-        scrub_container(&mut s, name, (plan.uid, plan.gid))?;
-        tracing::debug!(
-            "tier vm (VM {name}): container scratch emptied at {:.3} s",
-            at()
-        );
-    }
+    // A run of its own turn: the agent empties the container's scratch
+    // first, as the command's user, while no command runs there.
+    let scrub = match run_tmp {
+        Some(_) => SCRATCH.iter().map(std::path::PathBuf::from).collect(),
+        None => Vec::new(),
+    };
     let opts = ExecOptions {
         stdin: Some(Box::new(io::stdin())),
         uid_gid: Some((plan.uid, plan.gid)),
         interrupt: Some(irq.clone()),
+        scrub,
         ..ExecOptions::default()
     };
     // The VM's proxy audits every run into the VM's spill: what it
@@ -118,12 +118,44 @@ pub fn run_in(
             eprintln!("hull: tier vm (VM {name}): {line}");
         }
     }
+    use hull_protocol::ErrorCode;
+    if let Err(AgentError::ExecFailed {
+        code: ErrorCode::ScrubFailed | ErrorCode::TreeSurvived,
+        ..
+    }) = &ran
+    {
+        wait_until_down(&dir);
+    }
     match ran {
         // The supervisor kills what its client leaves; the run ends now.
         Err(AgentError::Unresponsive { .. }) if irq_sig(&irq) != 0 => {
             Ok(ExitStatus::Interrupted(irq_sig(&irq)))
         }
+        Err(AgentError::ExecFailed {
+            code: ErrorCode::ScrubFailed,
+            message,
+        }) => Err(SupervisorError::Other(format!(
+            "tier vm: VM {name}: cannot empty the container's {} before the run, so the \
+             command did not run ({message}); the VM is taken down, and the next run starts \
+             a fresh one",
+            SCRATCH.join(", ")
+        ))),
         r => r.map_err(agent_err),
+    }
+}
+
+/// How long a VM an exec's end faulted has to be down.
+const DOWN_WITHIN: Duration = Duration::from_secs(30);
+
+/// After an exec whose end takes the VM down (its tree outlived its kill,
+/// or the container's scratch could not be emptied), waits, at most
+/// [`DOWN_WITHIN`] and still holding the VM's turn, until its supervisor
+/// has recorded the fault and ended: the next run then finds the fault
+/// and starts a fresh VM, instead of a VM that is going down.
+fn wait_until_down(dir: &Path) {
+    let until = std::time::Instant::now() + DOWN_WITHIN;
+    while lock_held(dir) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -189,62 +221,10 @@ fn ready_state(name: &str, dir: &Path) -> Result<VmState, SupervisorError> {
 
 /// What the runs' user may write in the container's own filesystem (its
 /// scratch directories and its home there), emptied before each run of a
-/// kept VM that holds its own turn.
+/// kept VM that holds its own turn ([`hull_protocol::Exec::scrub`]: by
+/// the agent, as the command's user, before the command starts). Shares
+/// mounted below them are another filesystem and stay.
 const SCRATCH: [&str; 5] = ["/tmp", "/var/tmp", "/run/lock", "/dev/shm", "/home/hull"];
-
-/// Empties [`SCRATCH`] in VM `name`'s container (`hull-agent scrub`, as
-/// the runs' user `ids`, who owns all a run made, while no command runs
-/// there): nothing a run left in the container's own filesystem reaches
-/// the next. Shares mounted below them are another filesystem and stay.
-/// Fails the run when it fails.
-fn scrub_container(
-    s: &mut AgentSession,
-    name: &str,
-    ids: (u32, u32),
-) -> Result<(), SupervisorError> {
-    use crate::image::agent_disk;
-    struct Kept(Vec<u8>);
-    impl OutputSink for Kept {
-        fn stdout(&mut self, d: &[u8]) -> io::Result<()> {
-            self.stderr(d)
-        }
-        fn stderr(&mut self, d: &[u8]) -> io::Result<()> {
-            let room = 4096usize.saturating_sub(self.0.len());
-            self.0.extend_from_slice(&d[..d.len().min(room)]);
-            Ok(())
-        }
-    }
-    let agent = Path::new(agent_disk::GUEST_DIR).join(agent_disk::FILE);
-    let mut argv = vec![agent.into_os_string(), "scrub".into()];
-    argv.extend(SCRATCH.iter().map(Into::into));
-    let spec = CommandSpec {
-        argv,
-        cwd: "/".into(),
-        env: crate::exec::helper_env(),
-        timeout: Some(Duration::from_secs(60)),
-    };
-    let mut out = Kept(Vec::new());
-    let ran = s.exec(
-        &spec,
-        &mut out,
-        ExecOptions {
-            uid_gid: Some(ids),
-            ..ExecOptions::default()
-        },
-    );
-    match ran {
-        Ok(ExitStatus::Code(0)) => Ok(()),
-        other => Err(SupervisorError::Other(format!(
-            "tier vm: VM {name}: cannot empty the container's {} before the run ({}): {}",
-            SCRATCH.join(", "),
-            match other {
-                Ok(st) => format!("{st:?}"),
-                Err(e) => e.to_string(),
-            },
-            crate::proc::guest_text(&String::from_utf8_lossy(&out.0))
-        ))),
-    }
-}
 
 fn irq_sig(irq: &AtomicI32) -> i32 {
     irq.load(Ordering::SeqCst)

@@ -291,13 +291,24 @@ fn agent_reader(
             continue;
         }
         let terminal = matches!(f.message, Message::Exit(_) | Message::Error { .. });
-        // A command whose processes outlived their kill: the VM must not
+        // A command whose processes outlived their kill, or a container
+        // whose scratch could not be emptied before a run: the VM must not
         // serve another run (the client is told first, below).
         let survived = match &f.message {
             Message::Error {
                 code: ErrorCode::TreeSurvived,
                 message,
-            } => Some(crate::proc::guest_text(message)),
+            } => Some(format!(
+                "a run's processes could not be ended: {}",
+                crate::proc::guest_text(message)
+            )),
+            Message::Error {
+                code: ErrorCode::ScrubFailed,
+                message,
+            } => Some(format!(
+                "the container's scratch could not be emptied before a run: {}",
+                crate::proc::guest_text(message)
+            )),
             _ => None,
         };
         let relayable = matches!(
@@ -335,7 +346,7 @@ fn agent_reader(
             }
         }
         if let Some(why) = survived {
-            hub.fault_because(format!("a run's processes could not be ended: {why}"));
+            hub.fault_because(why);
             return;
         }
     }

@@ -189,6 +189,13 @@ impl RunTmp {
 
 impl Drop for RunTmp {
     fn drop(&mut self) {
+        // A VM a fault took down during the run: its supervisor removed
+        // its tmp with it.
+        if std::fs::symlink_metadata(&self.vm_tmp)
+            .is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
+        {
+            return;
+        }
         if let Err(e) = empty(&self.vm_tmp) {
             eprintln!("hull: {e}");
         }
