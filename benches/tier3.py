@@ -233,8 +233,8 @@ def main():
     ap.add_argument("--warm-rounds", type=int, default=20)
     ap.add_argument("--hull", default=shutil.which("hull") or "target/release/hull")
     ap.add_argument("--against", metavar="HULL",
-                    help="only restore to first byte, paired: each round runs this other hull build "
-                         "and then --hull (same image, agent and snapshot)")
+                    help="only restore to first byte and warm runs, paired: each round runs this other "
+                         "hull build and then --hull (same image, agent and snapshot; warm: a kept VM each)")
     ap.add_argument("--against-agent", metavar="AGENT",
                     help="the hull-agent the --against build runs with (its own snapshot); "
                          "default: the same as --hull's (HULL_AGENT)")
@@ -270,7 +270,24 @@ def main():
             fb, ex = [x[0] for x in got[h]], [x[1] for x in got[h]]
             print(f"{what:8} {h}: first byte p50 {med(fb):5.2f} s ({fmt(fb)}); exit p50 {med(ex):5.2f} s")
         print(f"ratio    hull / against, first byte {med([x[0] for x in got[hull]]) / med([x[0] for x in got[other]]):.2f}")
-        shutil.rmtree(work, ignore_errors=True)
+        # Warm, paired: a kept VM of each build, their runs alternating.
+        names = {other: "bench-against", hull: "bench-hull"}
+        try:
+            for h in (other, hull):
+                must(hull_cmd(h, ["vm", "up", "--name", names[h], "--idle", "30m"], proj, envs[h]), f"{h} vm up")
+            warm = {other: [], hull: []}
+            for _ in range(a.warm_rounds):
+                for h in (other, hull):
+                    argv = ["run", "--tier3", "--vm", names[h], "--", "true"]
+                    warm[h].append(timed(lambda: must(hull_cmd(h, argv, proj, envs[h]), "warm run")))
+            for h, what in ((other, "against"), (hull, "hull")):
+                print(f"{what:8} warm hull run --tier3 --vm -- true p50 {med(warm[h]) * 1000:6.1f} ms "
+                      f"({min(warm[h]) * 1000:.0f}-{max(warm[h]) * 1000:.0f})")
+            print(f"ratio    hull / against, warm {med(warm[hull]) / med(warm[other]):.2f}")
+        finally:
+            for h in (other, hull):
+                hull_cmd(h, ["vm", "down", "--name", names[h]], proj, envs[h])
+            shutil.rmtree(work, ignore_errors=True)
         return
     policies(hull, proj, env, work, a.rounds)
     if a.policies_only:

@@ -565,7 +565,10 @@ impl AgentSession {
                 }
             }
             match f.message {
-                Message::Started { .. } if !started => started = true,
+                Message::Started { .. } if !started => {
+                    tracing::debug!("tier vm: the guest started the command");
+                    started = true;
+                }
                 Message::Stdout(b) => {
                     if sink_error.is_none() {
                         if let Err(e) = sink.stdout(&b) {

@@ -113,6 +113,10 @@ pub fn run_in(
         (path, len)
     });
     let ran = s.exec(&cmd, sink, opts);
+    tracing::debug!(
+        "tier vm (VM {name}): the command ended at {:.3} s (its scratch emptied first)",
+        at()
+    );
     if let Some((path, len)) = audit {
         for line in crate::net::Audit::refused_since(&path, len) {
             eprintln!("hull: tier vm (VM {name}): {line}");
