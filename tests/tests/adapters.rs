@@ -40,10 +40,15 @@ fn script(name: &str) -> PathBuf {
 /// Runs an adapter script with the world's environment for hull, its
 /// TMPDIR in the world; the JSON document it prints last.
 fn run(w: &World, args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    run_in(w, &w.root.path().join("tmp"), args)
+}
+
+/// [`run`], in directory `cwd`.
+fn run_in(w: &World, cwd: &std::path::Path, args: &[&std::ffi::OsStr]) -> serde_json::Value {
     let tmp = w.root.path().join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
     let mut c = Command::new("timeout");
-    c.arg("600").arg(python()).args(args);
+    c.arg("600").arg(python()).args(args).current_dir(cwd);
     w.hull_env(&mut c);
     let o = c
         .env("HULL_BIN", hull_tests::hull_bin())
@@ -262,6 +267,81 @@ fn bwrap_mini_swe_agent_runs_a_scripted_action_list() {
     mini_swe_agent_runs_a_scripted_action_list("bwrap");
 }
 
+/// mini-swe-agent's own loop with its stock configs as shipped (`default`
+/// and `mini`, whose templates name `system`, `release`, `version` and
+/// `machine`) and a scripted model, in an environment made with no
+/// project (the directory it runs in is the project): the loop submits,
+/// what the model's command wrote lands in the project, and the platform
+/// values are those of where the commands run (on tier 3 the guest's
+/// kernel, not the host's).
+fn mini_swe_agent_runs_its_stock_configs(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let host_release = String::from_utf8(
+        Command::new("uname")
+            .arg("-r")
+            .output()
+            .expect("uname")
+            .stdout,
+    )
+    .unwrap();
+    for config in ["default", "mini"] {
+        let _ = std::fs::remove_file(w.project.join("fix.txt"));
+        let v = run_in(
+            &w,
+            &w.project,
+            &[
+                script("mini_agent.py").as_os_str(),
+                tier.as_ref(),
+                config.as_ref(),
+            ],
+        );
+        assert_eq!(v["result"]["exit_status"], "Submitted", "{config}: {v:#}");
+        assert_eq!(v["result"]["submission"], "the fix\n", "{config}: {v:#}");
+        assert_eq!(
+            std::fs::read_to_string(w.project.join("fix.txt")).unwrap_or_default(),
+            "fixed\n",
+            "{config}: {v:#}"
+        );
+        assert!(
+            v["observation"].as_str().unwrap().contains("fixed"),
+            "{config}: {v:#}"
+        );
+        let vars = &v["vars"];
+        assert_eq!(
+            vars["project"],
+            w.project.to_str().unwrap(),
+            "{config}: {v:#}"
+        );
+        assert_eq!(vars["system"], "Linux", "{config}: {v:#}");
+        assert_eq!(vars["machine"], std::env::consts::ARCH, "{config}: {v:#}");
+        let release = vars["release"].as_str().unwrap();
+        assert!(!release.is_empty() && !vars["version"].as_str().unwrap().is_empty());
+        match tier {
+            "vm" => assert_ne!(release, host_release.trim(), "{config}: {v:#}"),
+            _ => assert_eq!(release, host_release.trim(), "{config}: {v:#}"),
+        }
+        let system = v["system"].as_str().unwrap().to_owned() + v["instance"].as_str().unwrap();
+        assert!(
+            system.contains(release),
+            "{config}: the templates did not render: {v:#}"
+        );
+    }
+    nothing_left(&w);
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_mini_swe_agent_runs_its_stock_configs() {
+    mini_swe_agent_runs_its_stock_configs("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_mini_swe_agent_runs_its_stock_configs() {
+    mini_swe_agent_runs_its_stock_configs("landlock");
+}
+
 /// inspect_ai's own conformance checks for sandbox providers
 /// (`inspect_ai.util._sandbox.self_check`), each on a fresh sample
 /// sandbox: all pass but those that go against hull's design, which fail
@@ -321,5 +401,10 @@ mod vm {
     #[test]
     fn mini_swe_agent_runs_a_scripted_action_list() {
         super::mini_swe_agent_runs_a_scripted_action_list("vm");
+    }
+
+    #[test]
+    fn mini_swe_agent_runs_its_stock_configs() {
+        super::mini_swe_agent_runs_its_stock_configs("vm");
     }
 }

@@ -1,7 +1,14 @@
 """hull as a mini-swe-agent environment: `HullEnvironment(project=..., tier=...)`
 wherever mini-swe-agent takes an environment (its `Environment` protocol:
 `execute`, `get_template_vars`, `serialize`), or by class name in a config:
-`environment_class: hull_sandbox.minisweagent.HullEnvironment`.
+`environment_class: hull_sandbox.minisweagent.HullEnvironment`. Without
+`project`, the current directory is the project, as mini-swe-agent's local
+environment works there.
+
+`get_template_vars()` gives what its docker and local environments give,
+the stock configs' `system`, `node`, `release`, `version` and `machine`
+among them: those of where the commands run (`uname`, asked once in the
+session; the guest's kernel on tier 3).
 
 Each action's command runs as `sh -c` in one hull session on the project
 (one `hull run` each, with the whole boundary of the tier; stderr merged
@@ -12,6 +19,8 @@ environment starts a `hull serve` of its own unless `socket` names one;
 
 from __future__ import annotations
 
+import os
+import platform
 from typing import Any
 
 from minisweagent.exceptions import Submitted
@@ -22,8 +31,9 @@ from .client import Client, HullError, Server
 
 
 class HullEnvironmentConfig(BaseModel):
-    project: str
-    """The project directory the session works in (absolute)."""
+    project: str = ""
+    """The project directory the session works in; the current directory
+    when not given."""
     tier: str = "bwrap"
     policy: str = "default"
     workspace: str = "shared"
@@ -40,6 +50,8 @@ class HullEnvironmentConfig(BaseModel):
 class HullEnvironment:
     def __init__(self, *, config_class: type = HullEnvironmentConfig, **kwargs: Any) -> None:
         self.config = config_class(**kwargs)
+        self.config.project = os.path.abspath(self.config.project or os.getcwd())
+        self._platform: dict[str, str] | None = None
         self._server = None if self.config.socket else Server(self.config.hull)
         self._client = Client(self.config.socket or self._server.socket_path)
         try:
@@ -110,7 +122,30 @@ class HullEnvironment:
             )
 
     def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
-        return recursive_merge(self.config.model_dump(), {"session": self.session}, kwargs)
+        return recursive_merge(
+            self.config.model_dump(), self._uname(), {"session": self.session}, kwargs
+        )
+
+    def _uname(self) -> dict[str, str]:
+        """`platform.uname()`'s fields as the session sees them, asked once.
+        When the session cannot say (no `uname` in its policy's paths), the
+        host's, which native tiers share."""
+        if self._platform is None:
+            fields = ("system", "node", "release", "version", "machine")
+            flags = ("-s", "-n", "-r", "-v", "-m")
+            script = "; ".join(f"uname {f}" for f in flags)
+            try:
+                r = self._client.exec(self.session, ["sh", "-c", script], timeout="30s")
+                lines = r.get("stdout", "").splitlines()
+                ok = r.get("status") == "exit" and r.get("exit_code") == 0 and len(lines) == 5
+            except HullError:
+                ok, lines = False, []
+            if ok:
+                self._platform = dict(zip(fields, lines))
+            else:
+                u = platform.uname()
+                self._platform = {f: getattr(u, f) for f in fields}
+        return self._platform
 
     def serialize(self) -> dict:
         return {
