@@ -187,7 +187,7 @@ fn stdin_round_trip_with_flow_control() {
     let mut o = Outcome::default();
     let (mut sent, mut in_flight, mut acked) = (0usize, 0u64, 0u64);
     while sent < total {
-        let n = (total - sent).min(MAX_PAYLOAD);
+        let n = (total - sent).min(STDIN_WINDOW as usize / 4);
         if in_flight + n as u64 <= STDIN_WINDOW {
             a.conn
                 .send(&Message::Stdin(data[sent..sent + n].to_vec()), 1)

@@ -145,7 +145,7 @@ fn send_with<W: Write>(
     encode_into(msg, id, buf)?;
     w.write_all(buf).map_err(ConnError::Io)?;
     w.flush().map_err(ConnError::Io)?;
-    // Do not keep a 1 MiB buffer around after one big frame.
+    // Do not keep a frame-sized buffer around after one big frame.
     if buf.capacity() > 2 * READ_CHUNK {
         *buf = Vec::new();
     }

@@ -11,8 +11,11 @@ use crate::message::Message;
 pub const MAGIC: [u8; 4] = *b"HULL";
 /// Length of the fixed header.
 pub const HEADER_LEN: usize = 16;
-/// Largest payload accepted or produced (1 MiB).
-pub const MAX_PAYLOAD: usize = 1024 * 1024;
+/// Largest payload accepted or produced (8 MiB): an `Exec` of a command
+/// line as long as Linux takes (`ARG_MAX`, 2 MiB of arguments and 2 MiB of
+/// environment) fits with JSON's escapes; each side's decoder holds at
+/// most two.
+pub const MAX_PAYLOAD: usize = 8 * 1024 * 1024;
 /// Flag bits defined so far: none. Any set bit is rejected.
 pub(crate) const KNOWN_FLAGS: u16 = 0;
 

@@ -6,12 +6,15 @@
 
 /// Most entries in `Exec.argv`.
 pub const MAX_ARGS: usize = 4096;
-/// Most bytes in all of `Exec.argv` together.
-pub const MAX_ARGV_BYTES: usize = 256 * 1024;
+/// Most bytes in all of `Exec.argv` together: Linux's own `ARG_MAX`
+/// (2 MiB, for the arguments and the environment together; the guest's
+/// `execve` refuses more, as the host's would).
+pub const MAX_ARGV_BYTES: usize = 2 * 1024 * 1024;
 /// Most entries in `Exec.env`.
 pub const MAX_ENV: usize = 4096;
-/// Most bytes in all of `Exec.env` (keys plus values) together.
-pub const MAX_ENV_BYTES: usize = 256 * 1024;
+/// Most bytes in all of `Exec.env` (keys plus values) together: `ARG_MAX`
+/// as for the arguments.
+pub const MAX_ENV_BYTES: usize = 2 * 1024 * 1024;
 /// Longest path (`Exec.cwd`, share paths).
 pub const MAX_PATH: usize = 4096;
 /// Most directories in `Exec.scrub`.

@@ -2043,6 +2043,36 @@ fn exit_codes_and_signals(t: &str) {
     assert_eq!(w.run(t, &[], "kill -KILL $$").status.code(), Some(137));
 }
 
+/// A command line as long as Linux takes runs on every tier: 16
+/// arguments of 64 KiB (1 MiB; one argument is held to 128 KiB by the
+/// kernel, the whole to `ARG_MAX`, 2 MiB), each reaching the command
+/// whole (tier 3 refused more than 256 KiB before).
+fn a_command_line_of_a_mebibyte_runs(t: &str) {
+    require_tier(t);
+    let w = World::new();
+    let chunks: Vec<String> = (0..16u8)
+        .map(|i| char::from(b'a' + i).to_string().repeat(64 * 1024))
+        .collect();
+    let o = w
+        .cmd(t, &[], "printf %s \"$@\"")
+        .arg("sh")
+        .args(&chunks)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn hull");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.stdout.len(), 16 * 64 * 1024);
+    assert!(
+        o.stdout == chunks.concat().into_bytes(),
+        "the arguments did not arrive whole"
+    );
+}
+
 /// A program that is not there exits 127 and one that cannot be executed
 /// 126, with hull's one-line message naming the program and the tier, as a
 /// shell does (shown first for `sh` itself); the command's own exit 1 stays
@@ -3181,6 +3211,7 @@ matrix!(
         a_flat_c_project_makes_at_the_top,
         tmp_works_and_tmpdir_is_honoured,
         exit_codes_and_signals,
+        a_command_line_of_a_mebibyte_runs,
         the_json_result_says_how_the_run_ended,
         a_missing_or_unrunnable_program_exits_127_or_126,
         streams_are_live_and_stdin_passes,
