@@ -131,8 +131,10 @@ fn compare_says_which_tier_gave_another_stdout() {
 
 /// The page (`--html`) opens in headless Chromium (Debian's `chromium`,
 /// installed by `scripts/setup.sh --test`) and shows the chart with a bar
-/// per row, the table, the canary's matrix for the same tiers and each
-/// tier's receipt.
+/// per row, the table, the canary's matrix for the same tiers (the probes
+/// `--canary-probe` names: the whole canary runs in the escape tests) and
+/// each tier's receipt. A probe that does not exist is refused before
+/// anything runs.
 #[cfg(all(feature = "bwrap", feature = "landlock"))]
 #[test]
 fn the_compare_page_renders_in_chromium() {
@@ -153,12 +155,40 @@ fn the_compare_page_renders_in_chromium() {
             "0",
             "--html",
             page.to_str().unwrap(),
+            "--canary-probe",
+            "read_outside_file",
+            "--canary-probe",
+            "write_outside",
             "--",
             "cat",
             "/proc/1/comm",
         ],
     );
     let dom = hull_tests::chromium_dom(&page, w.root.path());
+    assert!(
+        !dom.contains("<td>read_home_key</td>"),
+        "only the probes named: {dom}"
+    );
+    let o = w
+        .hull()
+        .args(["compare", "--tier", "bwrap", "--html"])
+        .arg(w.root.path().join("other.html"))
+        .args(["--canary-probe", "no_such_probe", "--", "touch", "ran.txt"])
+        .current_dir(&w.project)
+        .stdin(Stdio::null())
+        .output()
+        .expect("hull compare");
+    assert_eq!(o.status.code(), Some(125), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no_such_probe"),
+        "{}",
+        show(&o)
+    );
+    assert!(
+        !w.project.join("ran.txt").exists(),
+        "a run ran: {}",
+        show(&o)
+    );
     for want in [
         "<svg id=\"chart\"",
         "data-tier=\"direct\"",

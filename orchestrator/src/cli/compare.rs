@@ -24,6 +24,11 @@ pub struct CompareArgs {
     /// table, `hull canary`'s matrix for the same tiers, the receipts.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// With `--html`: only this probe in the page's canary matrix
+    /// (repeatable; `hull canary --list` names them). Default: every probe,
+    /// each a run on every tier (minutes on tier 3).
+    #[arg(long = "canary-probe", value_name = "ID", requires = "html")]
+    pub canary_probes: Vec<String>,
     /// A shipped profile name (default, readonly, build) or a policy file.
     #[arg(long, default_value = "default")]
     pub policy: String,
@@ -58,6 +63,17 @@ pub fn compare(a: CompareArgs, quiet: bool) -> anyhow::Result<i32> {
         Some(p) => p.clone(),
         None => std::env::current_dir().context("the current directory")?,
     };
+    // Before any run: a probe that does not exist would fail the page last.
+    let known = crate::canary::probes();
+    if let Some(bad) = a
+        .canary_probes
+        .iter()
+        .find(|id| !known.iter().any(|p| p.id == id.as_str()))
+    {
+        anyhow::bail!(
+            "hull compare: no canary probe is named {bad:?} (`hull canary --list` names them)"
+        );
+    }
     let project = std::fs::canonicalize(&project)
         .with_context(|| format!("hull compare: the project {}", project.display()))?;
     let opts = crate::compare::run::Options {
@@ -106,7 +122,7 @@ pub fn compare(a: CompareArgs, quiet: bool) -> anyhow::Result<i32> {
         Err(e) => return Err(e.into()),
     };
     if let Some(file) = &a.html {
-        let matrix = canary_matrix(&report, quiet)?;
+        let matrix = canary_matrix(&report, &a.canary_probes, quiet)?;
         let page = crate::compare::render::html(&report, matrix.as_deref(), crate::canary::STYLE);
         crate::out_dir::write_file(file, page.as_bytes())
             .with_context(|| format!("hull compare: cannot write {}", file.display()))?;
@@ -132,7 +148,11 @@ pub fn compare(a: CompareArgs, quiet: bool) -> anyhow::Result<i32> {
 
 /// `hull canary`'s matrix for the tiers that ran, as HTML.
 #[cfg(target_os = "linux")]
-fn canary_matrix(report: &crate::compare::Report, quiet: bool) -> anyhow::Result<Option<String>> {
+fn canary_matrix(
+    report: &crate::compare::Report,
+    probes: &[String],
+    quiet: bool,
+) -> anyhow::Result<Option<String>> {
     let tiers: Vec<crate::tier::Tier> = report
         .tiers
         .iter()
@@ -147,7 +167,7 @@ fn canary_matrix(report: &crate::compare::Report, quiet: bool) -> anyhow::Result
         eprintln!("hull compare: running hull canary on the same tiers for the page");
     }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let cells = crate::canary::run(&tiers, &[], &stop, |_, _, _, _| {})?;
+    let cells = crate::canary::run(&tiers, probes, &stop, |_, _, _, _| {})?;
     Ok(Some(crate::canary::matrix_html(&cells)))
 }
 
