@@ -102,6 +102,18 @@ pub enum CanaryError {
     Interrupted,
 }
 
+/// Refuses a probe id no probe has (before anything runs).
+pub fn check_probe_ids(ids: &[String]) -> Result<(), CanaryError> {
+    let known = probes();
+    match ids
+        .iter()
+        .find(|id| !known.iter().any(|p| p.id == id.as_str()))
+    {
+        Some(unknown) => Err(CanaryError::UnknownProbe(unknown.clone())),
+        None => Ok(()),
+    }
+}
+
 /// Runs every probe under the control and on each of `tiers`, calling
 /// `progress(i, n, probe, tier)` before each run. `stop` ends it early
 /// (the decoy is removed either way).
@@ -111,13 +123,8 @@ pub fn run(
     stop: &AtomicBool,
     mut progress: impl FnMut(usize, usize, &str, &str),
 ) -> Result<Vec<Cell>, CanaryError> {
+    check_probe_ids(only)?;
     let mut probes = probes();
-    if let Some(unknown) = only
-        .iter()
-        .find(|o| !probes.iter().any(|p| p.id == o.as_str()))
-    {
-        return Err(CanaryError::UnknownProbe(unknown.clone()));
-    }
     if !only.is_empty() {
         probes.retain(|p| only.iter().any(|o| o == p.id));
     }

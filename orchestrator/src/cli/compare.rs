@@ -64,16 +64,7 @@ pub fn compare(a: CompareArgs, quiet: bool) -> anyhow::Result<i32> {
         None => std::env::current_dir().context("the current directory")?,
     };
     // Before any run: a probe that does not exist would fail the page last.
-    let known = crate::canary::probes();
-    if let Some(bad) = a
-        .canary_probes
-        .iter()
-        .find(|id| !known.iter().any(|p| p.id == id.as_str()))
-    {
-        anyhow::bail!(
-            "hull compare: no canary probe is named {bad:?} (`hull canary --list` names them)"
-        );
-    }
+    crate::canary::check_probe_ids(&a.canary_probes)?;
     let project = std::fs::canonicalize(&project)
         .with_context(|| format!("hull compare: the project {}", project.display()))?;
     let opts = crate::compare::run::Options {
