@@ -3,9 +3,12 @@
 run --tier T` and as one exec in a `hull serve` session on T (shared and
 copy-on-write workspaces), interleaved one by one, N times each.
 
+  true p50:       the plain `true`, process start to exit (the command's
+                  own cost, which an exec adds to)
   run p50:        `hull run --tier T -- true`, process start to exit
   exec p50:       POST /v1/sessions/ID/exec {"argv": ["true"]}, request to
-                  answer (the server runs the same `hull run` inside)
+                  answer (on landlock and bwrap the session's one sandbox
+                  runs it; on vm its kept VM)
   cow exec p50:   the same in a copy-on-write session (each exec continues
                   the session's change set)
 
@@ -57,8 +60,11 @@ def main():
         shared = call(sock, "POST", "/v1/sessions", {"tier": a.tier, "project": proj})["id"]
         cow = call(sock, "POST", "/v1/sessions",
                    {"tier": a.tier, "project": proj, "workspace": "cow"})["id"]
-        times = {"run": [], "exec": [], "cow exec": []}
+        times = {"true": [], "run": [], "exec": [], "cow exec": []}
         for _ in range(a.n):
+            t = time.monotonic()
+            subprocess.run(["true"], check=True, stdin=subprocess.DEVNULL)
+            times["true"].append(time.monotonic() - t)
             t = time.monotonic()
             subprocess.run([hull, "run", "-q", "--tier", a.tier, "--project", proj, "--", "true"],
                            env=env, check=True, stdin=subprocess.DEVNULL)
@@ -69,10 +75,12 @@ def main():
                 times[key].append(time.monotonic() - t)
                 assert r["exit_code"] == 0, r
         base = statistics.median(times["run"])
+        plain = statistics.median(times["true"])
         print(f"tier {a.tier}, {a.n} of each, interleaved")
         for key, v in times.items():
             m = statistics.median(v)
-            print(f"  {key:<9} p50 {m * 1000:7.1f} ms  (min {min(v) * 1000:.1f}, max {max(v) * 1000:.1f})  {m / base:.2f}x run")
+            print(f"  {key:<9} p50 {m * 1000:7.1f} ms  (min {min(v) * 1000:.1f}, max {max(v) * 1000:.1f})"
+                  f"  {m / base:.2f}x run, +{(m - plain) * 1000:.1f} ms over true")
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(120)

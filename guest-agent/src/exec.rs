@@ -7,7 +7,12 @@
 //!
 //! The whole tree is killed on `Kill`, on timeout, when the connection is
 //! lost, and also when the command itself exits normally: nothing an exec
-//! started outlives it. In the container the command has a cgroup of its
+//! started outlives it. Except in a session that keeps what an exec left
+//! ([`Mode::keep_leftovers`], a session's leader in a native sandbox, as
+//! `docker exec` does): there an exec that ended by itself is over once its
+//! output closes, or [`LINGER`] after its command exited when a leftover
+//! holds the output open (what it writes later is read and dropped), and
+//! its leftovers run on under its shepherd until the session ends. In the container the command has a cgroup of its
 //! own ([`crate::cgroup`]) and the kill is its `cgroup.kill`; a tree still
 //! there past [`crate::cgroup::GONE_WITHIN`] ends the exec with
 //! `TreeSurvived`. Elsewhere it is SIGKILL to the command's process group
@@ -85,15 +90,29 @@ pub(crate) struct StdinHandle {
 /// Start `req` under `id`, in a cgroup of its own when `cgroups` says
 /// so ([`crate::cgroup`]). `unregister` is called once, right before the
 /// terminal frame, to remove the exec from the session's table.
+/// How an exec's tree is kept.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mode {
+    /// The tree in a cgroup of its own, ended by `cgroup.kill`.
+    pub cgroups: bool,
+    /// What the command left running when it exited by itself is not
+    /// killed (it is on a kill, a timeout or the session's end).
+    pub keep_leftovers: bool,
+}
+
+/// How long an exec whose command exited waits for a leftover to close its
+/// output (with [`Mode::keep_leftovers`]).
+pub const LINGER: Duration = Duration::from_millis(100);
+
 pub(crate) fn start(
     id: u32,
     req: &Exec,
     ids: Option<(u32, u32)>,
-    cgroups: bool,
+    mode: Mode,
     out: Outbox,
     unregister: Box<dyn FnOnce() + Send>,
 ) -> Result<(ExecHandle, JoinHandle<()>), SpawnError> {
-    let cgroup = match cgroups {
+    let cgroup = match mode.cgroups {
         true => Some(ExecCgroup::new().map_err(|e| SpawnError::Resource {
             what: "a cgroup",
             source: io::Error::other(e),
@@ -168,6 +187,9 @@ pub(crate) fn start(
         cgroup,
         gone_by: None,
         survived: None,
+        keep: mode.keep_leftovers,
+        exited_at: None,
+        detached: Arc::new(std::sync::Mutex::new(false)),
     };
     let handle = thread::Builder::new()
         .name(format!("exec{id}"))
@@ -264,16 +286,33 @@ struct Supervisor {
     gone_by: Option<Instant>,
     /// How many processes outlived the kill past [`cgroup::GONE_WITHIN`].
     survived: Option<usize>,
+    /// [`Mode::keep_leftovers`].
+    keep: bool,
+    /// When the command exited (with `keep`).
+    exited_at: Option<Instant>,
+    /// Set (under its lock) as the terminal frame is sent: output read
+    /// after it is dropped, never sent.
+    detached: Arc<std::sync::Mutex<bool>>,
 }
 
 impl Supervisor {
     fn run(mut self) {
         while !(self.shepherd_gone && self.outputs_open == 0) {
-            let timeout = self.deadline.filter(|_| self.end.is_none());
-            let wake = match (timeout, self.gone_by) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
+            // The command exited by itself and what it left is kept: the
+            // exec is over once its output closed, or past the linger.
+            let linger = match (self.keep, self.end.is_none(), self.exited_at) {
+                (true, true, Some(at)) => {
+                    if self.outputs_open == 0 || at.elapsed() >= LINGER {
+                        break;
+                    }
+                    Some(at + LINGER)
+                }
+                _ => None,
             };
+            let timeout = self
+                .deadline
+                .filter(|_| self.end.is_none() && self.exited_at.is_none());
+            let wake = [timeout, self.gone_by, linger].into_iter().flatten().min();
             let ev = match wake {
                 Some(d) => match self
                     .rx
@@ -281,6 +320,9 @@ impl Supervisor {
                 {
                     Ok(ev) => ev,
                     Err(RecvTimeoutError::Timeout) => {
+                        if linger.is_some_and(|l| Instant::now() >= l) {
+                            continue;
+                        }
                         if self.gone_by.is_some_and(|g| Instant::now() >= g) {
                             if self.tree_survived() {
                                 break;
@@ -299,8 +341,10 @@ impl Supervisor {
             };
             self.on_event(ev);
         }
-        // Whatever is left in the cgroup goes now, within the bound.
-        if self.survived.is_none() {
+        // Whatever is left in the cgroup goes now, within the bound
+        // (unless it is kept: the command exited by itself).
+        let kept = self.keep && self.end.is_none() && self.wait_status.is_some();
+        if self.survived.is_none() && !kept {
             if let Some(cg) = &self.cgroup {
                 if cg.populated() {
                     cg.kill();
@@ -314,8 +358,15 @@ impl Supervisor {
             unregister();
         }
         if let Some(t) = self.stdin_thread.take() {
-            let _ = t.join();
+            // A kept leftover may hold the stdin pipe without reading it:
+            // the thread ends when the pipe does.
+            if !kept {
+                let _ = t.join();
+            }
         }
+        let detached = Arc::clone(&self.detached);
+        let mut detached = detached.lock().unwrap_or_else(|e| e.into_inner());
+        *detached = true;
         if let Some(msg) = self.terminal_frame() {
             self.out.send(&msg, self.id);
         }
@@ -335,8 +386,12 @@ impl Supervisor {
             }
             Event::Record(REC_EXITED, status, _) => {
                 self.wait_status = Some(status);
-                // The command is done: whatever it left behind goes too.
-                self.kill_tree();
+                if self.keep {
+                    self.exited_at = Some(Instant::now());
+                } else {
+                    // The command is done: whatever it left behind goes too.
+                    self.kill_tree();
+                }
             }
             Event::Record(tag, _, _) => {
                 tracing::error!(id = self.id, tag, "unknown shepherd record");
@@ -376,10 +431,11 @@ impl Supervisor {
         };
         for (file, is_err) in [(stdout, false), (stderr, true)] {
             let (out, tx, id) = (self.out.clone(), self.tx.clone(), self.id);
+            let detached = Arc::clone(&self.detached);
             let name = format!("exec{id}-{}", if is_err { "stderr" } else { "stdout" });
             match thread::Builder::new()
                 .name(name)
-                .spawn(move || pump_output(file, is_err, out, tx, id))
+                .spawn(move || pump_output(file, is_err, out, tx, id, detached))
             {
                 Ok(_) => self.outputs_open += 1,
                 Err(e) => {
@@ -555,7 +611,14 @@ fn watch_status(mut status: File, shepherd: i32, tx: Sender<Event>) {
     let _ = tx.send(Event::ShepherdGone);
 }
 
-fn pump_output(mut file: File, is_err: bool, out: Outbox, tx: Sender<Event>, id: u32) {
+fn pump_output(
+    mut file: File,
+    is_err: bool,
+    out: Outbox,
+    tx: Sender<Event>,
+    id: u32,
+    detached: Arc<std::sync::Mutex<bool>>,
+) {
     let mut buf = vec![0u8; OUTPUT_CHUNK];
     loop {
         match file.read(&mut buf) {
@@ -568,8 +631,12 @@ fn pump_output(mut file: File, is_err: bool, out: Outbox, tx: Sender<Event>, id:
                     Message::Stdout(data)
                 };
                 // Keep draining after the connection died so the command
-                // is not blocked on a full pipe before it is killed.
-                out.send(&msg, id);
+                // is not blocked on a full pipe before it is killed, and
+                // after the exec ended so a kept leftover is not either.
+                let detached = detached.lock().unwrap_or_else(|e| e.into_inner());
+                if !*detached {
+                    out.send(&msg, id);
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {

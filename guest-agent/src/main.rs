@@ -61,6 +61,17 @@ mod cli {
         /// Run every command as UID:GID; requests for other ids are refused.
         #[arg(long, value_name = "UID:GID", value_parser = parse_ids)]
         run_as: Option<(u32, u32)>,
+        /// Every command's environment starts from the agent's own, the
+        /// exec's entries on top (a session's leader in a native sandbox).
+        #[arg(long)]
+        inherit_env: bool,
+        /// What an exec leaves running when its command exits by itself
+        /// runs on until the session ends (a session's leader).
+        #[arg(long)]
+        keep_leftovers: bool,
+        /// The time limit, in milliseconds, of an exec that names none.
+        #[arg(long, value_name = "MS")]
+        default_timeout_ms: Option<u64>,
     }
 
     fn parse_ids(s: &str) -> Result<(u32, u32), String> {
@@ -74,6 +85,14 @@ mod cli {
         let mut o = ServeOptions::new(role);
         o.max_execs = l.max_execs.max(1);
         o.run_as = l.run_as;
+        // Entries that are not UTF-8 cannot travel in an exec: left out.
+        o.base_env = l.inherit_env.then(|| {
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+                .collect()
+        });
+        o.default_timeout_ms = l.default_timeout_ms;
+        o.keep_leftovers = l.keep_leftovers;
         o
     }
 

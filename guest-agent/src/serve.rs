@@ -54,6 +54,16 @@ pub struct ServeOptions {
     /// Every exec in a cgroup of its own below the agent's, ended by
     /// `cgroup.kill` ([`crate::cgroup`]): the inner agent, in the container.
     pub exec_cgroups: bool,
+    /// Every exec's environment starts from this one, its own entries set
+    /// on top: a session's leader inside a native sandbox (`hull run
+    /// --session-leader`), whose environment is what the policy gives a
+    /// command. `None`: an exec's environment is its own, whole.
+    pub base_env: Option<Vec<(String, String)>>,
+    /// The time limit of an exec that names none.
+    pub default_timeout_ms: Option<u64>,
+    /// What an exec left running when its command exited by itself runs
+    /// on until the session ends ([`exec::Mode::keep_leftovers`]).
+    pub keep_leftovers: bool,
     pub configurator: Option<Arc<dyn Configurator>>,
 }
 
@@ -64,6 +74,9 @@ impl std::fmt::Debug for ServeOptions {
             .field("max_execs", &self.max_execs)
             .field("run_as", &self.run_as)
             .field("exec_cgroups", &self.exec_cgroups)
+            .field("base_env", &self.base_env.as_ref().map(Vec::len))
+            .field("default_timeout_ms", &self.default_timeout_ms)
+            .field("keep_leftovers", &self.keep_leftovers)
             .field("configurator", &self.configurator.is_some())
             .finish()
     }
@@ -76,6 +89,9 @@ impl ServeOptions {
             max_execs: DEFAULT_MAX_EXECS,
             run_as: None,
             exec_cgroups: false,
+            base_env: None,
+            default_timeout_ms: None,
+            keep_leftovers: false,
             configurator: None,
         }
     }
@@ -159,6 +175,28 @@ pub fn serve_port(name: &str, opts: &ServeOptions) -> Result<(), ServeError> {
             return Ok(());
         }
     }
+}
+
+/// `req` with the session's defaults: its environment on top of
+/// `base_env` (an entry of its own wins), and `default_timeout_ms` when it
+/// names no limit.
+fn complete(req: &Exec, opts: &ServeOptions) -> Exec {
+    let mut req = req.clone();
+    if let Some(base) = &opts.base_env {
+        let own: std::collections::HashSet<&str> =
+            req.env.iter().map(|(k, _)| k.as_str()).collect();
+        let mut env: Vec<(String, String)> = base
+            .iter()
+            .filter(|(k, _)| !own.contains(k.as_str()))
+            .cloned()
+            .collect();
+        env.append(&mut req.env);
+        req.env = env;
+    }
+    if req.timeout_ms.is_none() {
+        req.timeout_ms = opts.default_timeout_ms;
+    }
+    req
 }
 
 type ExecTable = Arc<Mutex<HashMap<u32, ExecHandle>>>;
@@ -357,6 +395,13 @@ impl Session<'_> {
 
     fn start_exec(&mut self, id: u32, req: &Exec) -> Step {
         self.threads.retain(|t| !t.is_finished());
+        let completed;
+        let req = if self.opts.base_env.is_some() || self.opts.default_timeout_ms.is_some() {
+            completed = complete(req, self.opts);
+            &completed
+        } else {
+            req
+        };
         let ids = match (self.opts.run_as, req.uid.zip(req.gid)) {
             (Some(forced), Some(asked)) if forced != asked => {
                 self.out.send(
@@ -446,7 +491,10 @@ impl Session<'_> {
             id,
             req,
             ids,
-            self.opts.exec_cgroups,
+            exec::Mode {
+                cgroups: self.opts.exec_cgroups,
+                keep_leftovers: self.opts.keep_leftovers,
+            },
             self.out.clone(),
             unregister,
         ) {
@@ -581,7 +629,60 @@ impl Session<'_> {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        if self.opts.keep_leftovers {
+            // What ended execs left runs under their shepherds: it ends
+            // with the session.
+            if let Err(e) = crate::tree::kill_descendants(std::process::id() as i32) {
+                tracing::error!("ending the session's leftovers: {e}");
+            }
+        }
     }
 }
 
 pub use hull_protocol::error_chain;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exec(env: &[(&str, &str)], timeout_ms: Option<u64>) -> Exec {
+        Exec {
+            argv: vec!["true".into()],
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            cwd: "".into(),
+            timeout_ms,
+            stdin: false,
+            uid: None,
+            gid: None,
+            scrub: Vec::new(),
+        }
+    }
+
+    /// A leader's exec starts from the sandbox's environment, its own
+    /// entries winning, and takes the default limit only when it names none.
+    #[test]
+    fn an_exec_is_completed_with_the_session_s_environment_and_limit() {
+        let mut opts = ServeOptions::new(Role::InnerAgent);
+        opts.base_env = Some(vec![
+            ("PATH".into(), "/usr/bin".into()),
+            ("K".into(), "base".into()),
+        ]);
+        opts.default_timeout_ms = Some(5000);
+        let got = complete(&exec(&[("K", "own"), ("X", "1")], None), &opts);
+        let mut env = got.env.clone();
+        env.sort();
+        assert_eq!(
+            env,
+            [("K", "own"), ("PATH", "/usr/bin"), ("X", "1")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+        assert_eq!(got.timeout_ms, Some(5000));
+        assert_eq!(complete(&exec(&[], Some(7)), &opts).timeout_ms, Some(7));
+        // Without a base the exec's environment is its own, whole.
+        let bare = ServeOptions::new(Role::InnerAgent);
+        assert_eq!(complete(&exec(&[("K", "own")], None), &bare).env.len(), 1);
+    }
+}

@@ -59,6 +59,10 @@ pub struct RunOptions {
     /// `--cow-continue ID`: the writes go on in the change set of an
     /// earlier `--cow` run on the project, whose writes this run sees.
     pub cow_continue: Option<String>,
+    /// `--session-leader`: the command is hull's agent serving execs on its
+    /// stdin and stdout (`hull serve`'s session, on landlock and bwrap):
+    /// every exec runs inside this one sandbox. `argv` is then empty.
+    pub session_leader: bool,
     pub argv: Vec<OsString>,
 }
 
@@ -72,6 +76,14 @@ pub enum RunError {
     #[cfg(target_os = "linux")]
     #[error(transparent)]
     Cow(#[from] crate::tier::cow::CowError),
+    #[error("tier {0}: a session's leader runs on landlock and bwrap only. Nothing was run")]
+    LeaderTier(Tier),
+    #[error("tier {tier}: the session's agent {path}: {why} (set HULL_AGENT, or install hull-agent next to hull). Nothing was run")]
+    LeaderAgent {
+        tier: Tier,
+        path: PathBuf,
+        why: String,
+    },
     #[error("unknown tier {0:?}; tiers: auto, none, landlock, restricted, bwrap, seatbelt, appcontainer, vm (or --tier3)")]
     UnknownTier(String),
     #[error("--tier auto: this host's tier 2 ({tier}) is unavailable: {reason}. Nothing was run. Ask for a lower tier explicitly (--tier landlock, or --tier none to run unsandboxed), or for tier 3 (--tier3)")]
@@ -602,7 +614,11 @@ pub fn run_process_tier(
                         path: g.path.clone(),
                         writable: g.access == crate::policy::Access::ReadWrite,
                         own: g.access == crate::policy::Access::ReadWrite
-                            || g.origin != crate::policy::GrantOrigin::Policy,
+                            || !matches!(
+                                g.origin,
+                                crate::policy::GrantOrigin::Policy
+                                    | crate::policy::GrantOrigin::Agent
+                            ),
                     })
                     .collect();
                 grants.extend(cow.map(crate::tier::identity::Grant::change_set));
@@ -798,6 +814,10 @@ pub fn execute(
     if let Some(why) = opts.cow.then(|| cow_refused(tier)).flatten() {
         return Err(RunError::CowRefused { tier, why });
     }
+    let leader = opts
+        .session_leader
+        .then(|| leader_agent(tier))
+        .transpose()?;
     let runs = crate::runtime::runs_root();
     let project = project_path(&opts.project, &runs)?;
     let pf = policy::profiles::load(&opts.policy)?;
@@ -821,7 +841,14 @@ pub fn execute(
     // scratch removed), as the end of a run does.
     let prepared = (|| -> Result<_, RunError> {
         let vars = instance.vars(&project, &home_dir());
-        let (pol, repos_before) = resolve_policy(&pf, &vars)?;
+        let (mut pol, repos_before) = resolve_policy(&pf, &vars)?;
+        if let Some(agent) = &leader {
+            pol.grants.push(policy::Grant {
+                path: agent.clone(),
+                access: policy::Access::ReadExec,
+                origin: policy::GrantOrigin::Agent,
+            });
+        }
         if let Some(f) = result_file {
             f.check_outside(pol.writable_roots().map(|g| g.path.as_path()))?;
         }
@@ -831,11 +858,22 @@ pub fn execute(
             instance.tmp(),
         )?;
         tracing::debug!(instance = %instance.id(), "policy resolved");
-        let spec = CommandSpec {
-            argv: opts.argv.clone(),
-            cwd: project.clone(),
-            env,
-            timeout: opts.timeout.or(pol.limits.wall_time),
+        let timeout = opts.timeout.or(pol.limits.wall_time);
+        let spec = match &leader {
+            // The leader lives until its session ends; the limit is each
+            // exec's.
+            Some(agent) => CommandSpec {
+                argv: leader_argv(agent, timeout),
+                cwd: project.clone(),
+                env,
+                timeout: None,
+            },
+            None => CommandSpec {
+                argv: opts.argv.clone(),
+                cwd: project.clone(),
+                env,
+                timeout,
+            },
         };
         check_runnable(tier, &pol, &spec)?;
         let spill_sink = opts
@@ -954,6 +992,53 @@ pub fn execute(
         usage,
         timeout: spec.timeout,
     })
+}
+
+/// The agent a session's leader runs (`--session-leader`): hull's own
+/// `hull-agent`, a regular executable file, by its real path (the path the
+/// sandbox grants, read and execute only).
+fn leader_agent(tier: Tier) -> Result<PathBuf, RunError> {
+    if !matches!(tier, Tier::Landlock | Tier::Bwrap) {
+        return Err(RunError::LeaderTier(tier));
+    }
+    let bad = |path: &Path, why: String| RunError::LeaderAgent {
+        tier,
+        path: path.to_path_buf(),
+        why,
+    };
+    let path = crate::vm::image::default_agent_path()
+        .map_err(|e| bad(Path::new("hull-agent"), e.to_string()))?;
+    let real = std::fs::canonicalize(&path).map_err(|e| bad(&path, e.to_string()))?;
+    let meta = std::fs::metadata(&real).map_err(|e| bad(&real, e.to_string()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+            return Err(bad(&real, "not an executable file".into()));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = meta;
+    Ok(real)
+}
+
+/// The leader's command line: the agent serving on stdin and stdout, every
+/// exec starting from the command's environment, each limited to the
+/// run's time limit unless it names its own, what an exec leaves running
+/// kept until the session ends.
+fn leader_argv(agent: &Path, timeout: Option<Duration>) -> Vec<OsString> {
+    let mut argv: Vec<OsString> = vec![
+        agent.into(),
+        "serve".into(),
+        "--stdio".into(),
+        "--inherit-env".into(),
+        "--keep-leftovers".into(),
+    ];
+    if let Some(t) = timeout {
+        argv.push("--default-timeout-ms".into());
+        argv.push(t.as_millis().to_string().into());
+    }
+    argv
 }
 
 /// `--cow` on landlock: what covers each protection of the policy inside

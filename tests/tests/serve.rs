@@ -401,6 +401,183 @@ fn landlock_an_exec_ends_with_its_tree() {
     an_exec_ends_with_its_tree("landlock");
 }
 
+/// A session on `tier` is one sandbox for its life: a process an exec left
+/// running is still there at the next exec, which sees it in the same pid
+/// namespace and the file it wrote to its `TMPDIR`; a timed-out exec's
+/// tree ends with it while the leftover lives on; closing the session ends
+/// the leftover (the DELETE answers once it is gone). Under the code
+/// before, where every exec was a `hull run` of its own, the leftover died
+/// with the first exec.
+fn a_session_is_one_living_sandbox(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let s = Server::start(&w);
+    let id = open(&s, tier, &w.project);
+    let exec = |body: &str| {
+        let (code, body) = s.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+        assert_eq!(code, 200, "{body}");
+        json(&body)
+    };
+    let mark = |n: u32| format!("{}{n}.25", std::process::id() % 10000 + 20000);
+    let (kept, timed) = (mark(1), mark(2));
+    let r = exec(&format!(
+        r#"{{"argv": ["sh", "-c", "sleep {kept} </dev/null >/dev/null 2>&1 & echo $! > \"$TMPDIR/pid\"; echo note > \"$TMPDIR/note\""]}}"#
+    ));
+    assert_eq!(r["exit_code"], 0, "{r}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        sleeping(&kept),
+        1,
+        "{tier}: the exec's leftover did not outlive it"
+    );
+    let r = exec(&format!(
+        r#"{{"argv": ["sh", "-c", "setsid sleep {timed} </dev/null >/dev/null 2>&1 & sleep {timed}"], "timeout": "1s"}}"#
+    ));
+    assert_eq!(r["status"], "timeout", "{r}");
+    assert_eq!(
+        sleeping(&timed),
+        0,
+        "{tier}: the timed-out exec's tree outlived it"
+    );
+    assert_eq!(
+        sleeping(&kept),
+        1,
+        "{tier}: the timeout ended another exec's leftover"
+    );
+    // The next exec is in the same sandbox: it reads the note and can
+    // signal the leftover by the pid the first one saw.
+    let r = exec(
+        r#"{"argv": ["sh", "-c", "cat \"$TMPDIR/note\" && kill -0 \"$(cat \"$TMPDIR/pid\")\" && echo alive"]}"#,
+    );
+    assert_eq!(r["stdout"], "note\nalive\n", "{r}");
+    let (code, body) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 204, "{body}");
+    assert_eq!(
+        sleeping(&kept),
+        0,
+        "{tier}: the leftover outlived its session's DELETE"
+    );
+    let (code, _) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(r#"{"argv": ["true"]}"#),
+    );
+    assert_eq!(code, 404);
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_a_session_is_one_living_sandbox() {
+    a_session_is_one_living_sandbox("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_a_session_is_one_living_sandbox() {
+    a_session_is_one_living_sandbox("landlock");
+}
+
+/// A stand-in for hull's agent, as a command that took the session's
+/// sandbox over would be: it says hello, then answers each exec as the
+/// project's `mode` file says: `flood` (48 MiB of stdout in 1 MiB frames,
+/// then exit 0) or `forge` (a second hello, which an agent may not send).
+const FAKE_AGENT: &str = r#"#!/usr/bin/python3
+import json, os, struct, sys
+out, inp = sys.stdout.buffer, sys.stdin.buffer
+def frame(kind, id, payload):
+    out.write(b"HULL" + struct.pack("<HHII", kind, 0, id, len(payload)) + payload)
+    out.flush()
+hello = json.dumps({"version": 1, "min_version": 1, "role": "inner_agent", "software": "fake"}).encode()
+frame(1, 0, hello)
+mode = open("mode").read().strip()
+while True:
+    head = inp.read(16)
+    if len(head) < 16:
+        break
+    kind, _, id, n = struct.unpack("<HHII", head[4:])
+    inp.read(n)
+    if kind != 16:
+        continue
+    if mode == "forge":
+        frame(1, 0, hello)
+        continue
+    frame(17, id, b'{"pid": 1}')
+    for _ in range(48):
+        frame(21, id, b"x" * (1 << 20))
+    frame(23, id, b'{"code": 0}')
+"#;
+
+/// The server's peak resident memory (kB).
+fn peak_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A session's agent is as sandboxed as its commands, so it is not
+/// trusted: one that floods output costs the server what the exec keeps
+/// (the rest is counted while the agent waits), and one that sends what
+/// an agent may not ends its own session with an error naming it, while
+/// the server and another session go on.
+#[cfg(feature = "bwrap")]
+#[test]
+fn a_hostile_session_agent_ends_only_its_own_session() {
+    require_tier("bwrap");
+    let w = World::new();
+    let agent = w.root.path().join("fake-agent");
+    std::fs::write(&agent, FAKE_AGENT).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let (flood, forge) = (w.root.path().join("flood"), w.root.path().join("forge"));
+    for (dir, mode) in [(&flood, "flood"), (&forge, "forge")] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::write(dir.join("mode"), mode).unwrap();
+    }
+    let socket = w.root.path().join("serve").join("s.sock");
+    let mut c = w.hull();
+    c.args(["serve", "--socket"])
+        .arg(&socket)
+        .env("HULL_AGENT", &agent)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let s = Server::wait(c.spawn().expect("spawn hull serve"), socket);
+    let a = open(&s, "bwrap", &flood);
+    let b = open(&s, "bwrap", &forge);
+    let exec = |id: &str| {
+        let (code, body) = s.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(r#"{"argv": ["true"], "max_output": 1000}"#),
+        );
+        assert_eq!(code, 200, "{body}");
+        json(&body)
+    };
+    let before = peak_kb(s.child.id());
+    let r = exec(&a);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout_bytes"], 48u64 << 20, "{r}");
+    assert_eq!(r["stdout"].as_str().unwrap().len(), 1000);
+    let grew = peak_kb(s.child.id()).saturating_sub(before);
+    assert!(
+        grew < 40 << 10,
+        "the server's peak memory grew {grew} kB for a 48 MiB flood"
+    );
+    let r = exec(&b);
+    assert_eq!(r["status"], "hull_error", "{r}");
+    let e = r["error"].as_str().unwrap();
+    assert!(e.contains("sent a hello frame"), "{e}");
+    let r = exec(&b);
+    assert!(r["error"].as_str().unwrap().contains("has ended"), "{r}");
+    assert_eq!(exec(&a)["exit_code"], 0);
+    let (code, _) = s.call("DELETE", &format!("/v1/sessions/{b}"), None);
+    assert_eq!(code, 204);
+    let (code, _) = s.call("DELETE", &format!("/v1/sessions/{a}"), None);
+    assert_eq!(code, 204);
+}
+
 /// Connections of the flood: 19,000, or as many as this process may open
 /// (less a margin).
 fn flood_size() -> usize {
@@ -609,6 +786,10 @@ fn bad_requests_are_refused_with_a_clear_4xx_and_change_nothing() {
     refused("GET", "/v1/nothing", None, 404, "no such resource");
     refused("DELETE", "/v1/sessions/nope", None, 404, "no session nope");
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "v\n");
+    // The session's placeholders for `.git` and `.hull` live as long as
+    // its sandbox.
+    let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 204);
     assert_eq!(std::fs::read_dir(&w.project).unwrap().count(), before);
     let (code, doc) = s.call("GET", "/v1/openapi.json", None);
     assert_eq!(code, 200);

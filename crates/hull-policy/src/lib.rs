@@ -75,6 +75,9 @@ pub enum GrantOrigin {
     InstanceSpill,
     /// A copy-on-write run's upper directory (read-write; [`Policy::cow_view`]).
     ChangeSet,
+    /// hull's agent, a session's leader on a native tier (the one file,
+    /// read and execute).
+    Agent,
 }
 
 /// A path the command may use.

@@ -61,8 +61,12 @@ pub struct RunArgs {
     /// one run at a time).
     #[arg(long, value_name = "ID", requires = "cow")]
     pub cow_continue: Option<String>,
+    /// Run hull's agent as the command, serving execs on stdin and stdout
+    /// inside this one sandbox (`hull serve`'s sessions; landlock, bwrap).
+    #[arg(long, hide = true, conflicts_with_all = ["argv", "cow", "vm", "spill"])]
+    pub session_leader: bool,
     /// The command and its arguments.
-    #[arg(last = true, required = true)]
+    #[arg(last = true, required_unless_present = "session_leader")]
     pub argv: Vec<OsString>,
 }
 
@@ -128,6 +132,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         vm_turn_fd: a.vm_turn_fd,
         cow: a.cow,
         cow_continue: a.cow_continue,
+        session_leader: a.session_leader,
         argv: a.argv,
     };
     let started = std::time::SystemTime::now();

@@ -12,6 +12,7 @@
 mod admission;
 pub mod api;
 mod http;
+mod leader;
 pub mod sessions;
 
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};

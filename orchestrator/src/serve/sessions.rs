@@ -1,9 +1,12 @@
-//! The sessions of `hull serve`: each keeps one sandbox's settings (tier,
-//! policy, project) and, on tier 3, one VM kept up for it (`hull vm up`,
-//! restored once, every exec a run in it); every exec is one `hull run` of
-//! this executable with the session's settings, so it has the whole
-//! boundary of a run. A session belongs to the uid that made it (the
-//! socket peer's credentials); any other caller is told it does not exist.
+//! The sessions of `hull serve`. A session on landlock or bwrap whose
+//! workspace is shared is one sandbox for its whole life: one `hull run`
+//! whose command is hull's agent ([`super::leader`]), every exec a command
+//! the agent starts inside it. A copy-on-write session runs each exec as a
+//! `hull run --cow` of its own, going on in the session's change set; a
+//! session on tier 3 keeps one VM up for it (`hull vm up`, restored once,
+//! every exec a run in it). Either way an exec has the whole boundary of a
+//! run. A session belongs to the uid that made it (the socket peer's
+//! credentials); any other caller is told it does not exist.
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -14,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 
 use super::api::{self, CreateSession, ExecRequest, ExecResult, SessionInfo, Workspace};
+use super::leader::{self, Leader};
 use crate::batch::Status;
 
 /// A request the API refuses: its status and the reason.
@@ -40,6 +44,9 @@ pub struct Session {
     owner: u32,
     /// Tier 3 with a shared workspace: the session's kept VM.
     vm: Option<SessionVm>,
+    /// Landlock or bwrap with a shared workspace: the session's one
+    /// sandbox, which runs every exec.
+    leader: Option<Leader>,
     /// A copy-on-write session: its change set, once its first exec made
     /// it. Held for each exec: one run at a time uses the set's overlay.
     changes: Mutex<Option<String>>,
@@ -249,6 +256,14 @@ impl Sessions {
         } else {
             None
         };
+        let leader = if tier != crate::tier::Tier::Vm && req.workspace == Workspace::Shared {
+            let l = Leader::start(&self.hull, tier.name(), &req.policy, &project)
+                .await
+                .map_err(|e| Refusal::new(500, format!("tier {tier}: {e}")))?;
+            Some(l)
+        } else {
+            None
+        };
         let info = SessionInfo {
             id: id.clone(),
             tier: tier.name().into(),
@@ -261,6 +276,7 @@ impl Sessions {
             info: info.clone(),
             owner: caller,
             vm,
+            leader,
             changes: Mutex::new(None),
             execs: Execs::default(),
         });
@@ -288,6 +304,9 @@ impl Sessions {
     }
 
     async fn stop(&self, s: &Session) {
+        if let Some(l) = &s.leader {
+            l.close().await;
+        }
         if let Some(vm) = &s.vm {
             self.vm_down(&vm.name).await;
         }
@@ -382,20 +401,7 @@ impl Sessions {
                 .map_err(|e| Refusal::new(400, format!("timeout {t:?}: {e}")))?;
             c.args(["--timeout", t]);
         }
-        if req.env.len() > api::MAX_ENV {
-            return Err(Refusal::new(
-                400,
-                format!("at most {} environment entries", api::MAX_ENV),
-            ));
-        }
-        for (k, v) in &req.env {
-            if k.is_empty()
-                || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-                || v.contains('\0')
-            {
-                return Err(Refusal::new(400, format!("env {k:?}: not a variable")));
-            }
-        }
+        check_env(req)?;
         if !req.env.is_empty() {
             // Through a descriptor, never on the command line (any local
             // user reads that); closed here once the child has it.
@@ -458,6 +464,9 @@ impl Sessions {
                 400,
                 format!("max_output: at most {} bytes", api::MAX_OUTPUT),
             ));
+        }
+        if let Some(l) = &s.leader {
+            return exec_in(l, s, req, stdin, max, keep, on_chunk).await;
         }
         let result = self
             .work
@@ -630,6 +639,141 @@ impl Sessions {
             )),
         }
     }
+}
+
+/// The exec's environment entries are variables, and not too many.
+fn check_env(req: &ExecRequest) -> Result<(), Refusal> {
+    if req.env.len() > api::MAX_ENV {
+        return Err(Refusal::new(
+            400,
+            format!("at most {} environment entries", api::MAX_ENV),
+        ));
+    }
+    for (k, v) in &req.env {
+        if k.is_empty()
+            || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            || v.contains('\0')
+        {
+            return Err(Refusal::new(400, format!("env {k:?}: not a variable")));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `req` in the session's one sandbox, `l`: as [`Sessions::exec`].
+async fn exec_in(
+    l: &Leader,
+    s: &Session,
+    req: &ExecRequest,
+    stdin: Option<Vec<u8>>,
+    max: u64,
+    keep: bool,
+    on_chunk: &(dyn Fn(u8, &[u8]) + Sync),
+) -> Result<ExecResult, Refusal> {
+    check_env(req)?;
+    let timeout_ms = match &req.timeout {
+        Some(t) => Some(
+            crate::policy::resolve::parse_duration(t)
+                .map_err(|e| Refusal::new(400, format!("timeout {t:?}: {e}")))?
+                .as_millis()
+                .min(u128::from(hull_protocol::limits::MAX_TIMEOUT_MS)) as u64,
+        ),
+        None => None,
+    };
+    let cwd = match &req.cwd {
+        Some(dir) if dir.is_empty() || dir.contains('\0') => {
+            return Err(Refusal::new(400, "cwd: empty or holds a NUL byte"));
+        }
+        // Where the command starts, inside the sandbox: it decides.
+        Some(dir) => s.info.project.join(dir),
+        None => s.info.project.clone(),
+    };
+    let exec = hull_protocol::Exec {
+        argv: req.argv.iter().map(|a| a.as_str().into()).collect(),
+        env: req
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        cwd: cwd.as_os_str().into(),
+        timeout_ms,
+        stdin: false,
+        uid: None,
+        gid: None,
+        scrub: Vec::new(),
+    };
+    let mut kept: [(Vec<u8>, u64); 2] = [(Vec::new(), 0), (Vec::new(), 0)];
+    let t0 = std::time::Instant::now();
+    let ended = {
+        let mut each = |stream: u8, b: &[u8]| {
+            let (k, total) = &mut kept[usize::from(stream == 2)];
+            let room = max.saturating_sub(*total).min(b.len() as u64) as usize;
+            if room > 0 {
+                on_chunk(stream, &b[..room]);
+                if keep {
+                    k.extend_from_slice(&b[..room]);
+                }
+            }
+            *total += b.len() as u64;
+        };
+        l.exec(exec, stdin, &mut each).await
+    };
+    let [(o, ob), (e, eb)] = kept;
+    let mut r = ExecResult {
+        status: Status::HullError,
+        exit_code: None,
+        signal: None,
+        stdout: None,
+        stderr: None,
+        stdout_bytes: ob,
+        stderr_bytes: eb,
+        truncated: ob > max || eb > max,
+        wall_s: t0.elapsed().as_secs_f64(),
+        error: None,
+    };
+    if keep {
+        r.stdout = Some(String::from_utf8_lossy(&o).into_owned());
+        r.stderr = Some(String::from_utf8_lossy(&e).into_owned());
+    }
+    let tier = &s.info.tier;
+    match ended {
+        Ok(leader::Ended::Exit(hull_protocol::ExitStatus::Code(c))) => {
+            r.status = Status::Exit;
+            r.exit_code = Some(c);
+        }
+        Ok(leader::Ended::Exit(hull_protocol::ExitStatus::Signal(n))) => {
+            r.status = Status::Signal;
+            r.signal = Some(n);
+        }
+        Ok(leader::Ended::Exit(hull_protocol::ExitStatus::TimedOut)) => {
+            r.status = Status::Timeout;
+        }
+        Ok(leader::Ended::Refused { code, message }) => {
+            let program = crate::text::printable(&req.argv[0]);
+            let exit = match code {
+                hull_protocol::ErrorCode::CommandNotFound => {
+                    Some((127, "command not found in the sandbox"))
+                }
+                hull_protocol::ErrorCode::CommandNotExecutable => {
+                    Some((126, "cannot be executed in the sandbox"))
+                }
+                _ => None,
+            };
+            match exit {
+                Some((c, what)) => {
+                    r.status = Status::Exit;
+                    r.exit_code = Some(c);
+                    r.error = Some(format!("{program}: {what} (tier {tier}: {message})"));
+                }
+                None => r.error = Some(format!("tier {tier}: {program} did not start: {message}")),
+            }
+        }
+        Err(leader::LeaderError::TooLarge(e)) => {
+            return Err(Refusal::new(400, format!("the exec cannot be sent: {e}")))
+        }
+        Err(e) => r.error = Some(format!("tier {tier}: {e}")),
+    }
+    Ok(r)
 }
 
 /// An exec of `argv` with no other setting.

@@ -529,6 +529,7 @@ pub fn lower_with(
                 cap.clone(),
                 "the change set's upper directory (--cow), read-write".to_string(),
             ),
+            GrantOrigin::Agent => (cap.clone(), "hull's agent, read and execute".to_string()),
         };
         plan.entries.push(AclEntry {
             path: path.clone(),

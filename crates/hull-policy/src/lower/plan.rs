@@ -190,7 +190,10 @@ pub fn plan(policy: &Policy, fs: &dyn HostFs) -> Result<FsPlan, PlanError> {
             }
         }
         // The instance's own dirs exist whenever a command runs.
-        let kind = if g.origin == crate::GrantOrigin::Policy {
+        let kind = if matches!(
+            g.origin,
+            crate::GrantOrigin::Policy | crate::GrantOrigin::Agent
+        ) {
             fs.kind(&g.path)
         } else {
             NodeKind::Dir

@@ -480,6 +480,7 @@ fn origin_str(o: &GrantOrigin) -> &'static str {
         GrantOrigin::InstanceTmp => "instance tmp",
         GrantOrigin::InstanceSpill => "instance spill, read-only",
         GrantOrigin::ChangeSet => "the change set's upper directory, --cow",
+        GrantOrigin::Agent => "hull's agent, read and execute",
     }
 }
 

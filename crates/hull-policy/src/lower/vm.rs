@@ -215,6 +215,8 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<VmPlan, VmLowerError> {
             // a `cow_view` (the seatbelt and appcontainer plan); its
             // `--cow` is [`with_cow`] over the ordinary plan.
             GrantOrigin::ChangeSet => ShareOrigin::Policy,
+            // Native sessions only: the guest has its own agent.
+            GrantOrigin::Agent => continue,
         };
         let skip = |why| Skipped {
             path: g.path.clone(),
