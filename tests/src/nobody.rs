@@ -43,6 +43,12 @@ impl AsNobody {
             .expect("chmod");
         let hull = top.path().join("hull");
         std::fs::copy(crate::hull_bin(), &hull).expect("copy hull");
+        // hull's agent beside it: a session's leader runs it.
+        std::fs::copy(
+            crate::hull_bin().with_file_name("hull-agent"),
+            top.path().join("hull-agent"),
+        )
+        .expect("copy hull-agent (cargo build -p hull-agent)");
         let u = top.path().join("u");
         let project = u.join("project");
         for d in [&project, &u.join("runs")] {
