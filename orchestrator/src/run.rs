@@ -293,6 +293,7 @@ pub fn run_process_tier(
     lock_fd: crate::runtime::LockFd,
     sink: Option<&mut dyn OutputSink>,
     cow: Option<&Path>,
+    private_tmp: bool,
 ) -> Result<ExitStatus, RunError> {
     use crate::policy::RealFs;
     use crate::tier::launch::{self, ChildSetup};
@@ -338,8 +339,13 @@ pub fn run_process_tier(
         }
         Tier::Bwrap => {
             let masks = launch::create_masks(run_dir)?;
-            let plan = crate::policy::lower::bwrap::lower(policy, &RealFs, &masks, &spec.cwd)
+            let mut plan = crate::policy::lower::bwrap::lower(policy, &RealFs, &masks, &spec.cwd)
                 .map_err(|source| RunError::Lower { tier, source })?;
+            if private_tmp {
+                // As large as the command may grow (tmpfs pages are its
+                // memory), 1 GiB where the policy sets no limit.
+                plan.with_private_tmp(policy.limits.memory.unwrap_or(1 << 30));
+            }
             let mut wanted: Vec<crate::runtime::placeholder::Wanted> = plan
                 .placeholders
                 .iter()
@@ -768,6 +774,7 @@ pub fn run_process_tier(
     _lock_fd: crate::runtime::LockFd,
     sink: Option<&mut dyn OutputSink>,
     _cow: Option<&Path>,
+    _private_tmp: bool,
 ) -> Result<ExitStatus, RunError> {
     let mut cmd = match tier {
         Tier::None => {
@@ -946,6 +953,7 @@ pub fn execute(
             instance.lock_raw_fd(),
             sink,
             cow_dir.as_deref(),
+            opts.session_leader,
         ),
     };
     // The host sees only QEMU on tier 3: the guest tells that tier's.

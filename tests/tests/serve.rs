@@ -450,6 +450,28 @@ fn a_session_is_one_living_sandbox(tier: &str) {
         r#"{"argv": ["sh", "-c", "cat \"$TMPDIR/note\" && kill -0 \"$(cat \"$TMPDIR/pid\")\" && echo alive"]}"#,
     );
     assert_eq!(r["stdout"], "note\nalive\n", "{r}");
+    // bwrap: /tmp and /var/tmp are the session's own, kept between its
+    // execs; the host's get nothing. landlock: the host's, which the
+    // default policy does not let it write.
+    let name = format!("hull-session-{kept}");
+    let r = exec(&format!(
+        r#"{{"argv": ["sh", "-c", "echo a > /tmp/{name} && echo b > /var/tmp/{name}"]}}"#
+    ));
+    let r2 = exec(&format!(
+        r#"{{"argv": ["cat", "/tmp/{name}", "/var/tmp/{name}"]}}"#
+    ));
+    if tier == "bwrap" {
+        assert_eq!(r["exit_code"], 0, "{r}");
+        assert_eq!(r2["stdout"], "a\nb\n", "{r2}");
+    } else {
+        assert_ne!(r["exit_code"], 0, "{r}");
+    }
+    for dir in ["/tmp", "/var/tmp"] {
+        assert!(
+            !Path::new(dir).join(&name).exists(),
+            "{tier}: {dir}/{name} on the host"
+        );
+    }
     let (code, body) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
     assert_eq!(code, 204, "{body}");
     assert_eq!(
@@ -737,16 +759,38 @@ fn bad_requests_are_refused_with_a_clear_4xx_and_change_nothing() {
         400,
         "timeout",
     );
-    // A cwd out of the project is the sandbox's to refuse: the command
-    // runs, and its write there fails.
+    // A cwd out of the project is the sandbox's to decide: the world is
+    // in the host's /tmp, so beside the project and in /tmp the session's
+    // writes land in its own /tmp, and the host's has nothing.
+    let escaped = format!("escaped-{}", std::process::id());
     let (code, body) = s.call(
         "POST",
         &exec,
-        Some(r#"{"argv": ["touch", "escaped"], "cwd": "../.."}"#),
+        Some(&format!(
+            r#"{{"argv": ["touch", "{escaped}"], "cwd": ".."}}"#
+        )),
     );
     assert_eq!(code, 200, "{body}");
-    assert_ne!(json(&body)["exit_code"], 0, "{body}");
-    assert!(!w.root.path().join("escaped").exists());
+    assert_eq!(json(&body)["exit_code"], 0, "{body}");
+    assert!(!w.root.path().join(&escaped).exists());
+    assert!(
+        w.root.path().starts_with("/tmp"),
+        "the world is in the host's /tmp"
+    );
+    let (code, body) = s.call(
+        "POST",
+        &exec,
+        Some(&format!(
+            r#"{{"argv": ["sh", "-c", "touch {escaped} && ls /tmp"], "cwd": "../.."}}"#
+        )),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["exit_code"], 0, "{body}");
+    assert!(
+        json(&body)["stdout"].as_str().unwrap().contains(&escaped),
+        "{body}"
+    );
+    assert!(!Path::new("/tmp").join(&escaped).exists());
     refused(
         "POST",
         &exec,
@@ -765,23 +809,37 @@ fn bad_requests_are_refused_with_a_clear_4xx_and_change_nothing() {
     );
     let victim = w.outside.join("victim");
     std::fs::write(&victim, "v\n").unwrap();
+    // Paths are the sandbox's to resolve: a file beside the project is
+    // not there for it, nor is the home's key; /etc is granted.
+    let beside = format!(
+        "/v1/sessions/{id}/files?path=../{}/victim",
+        w.outside.file_name().unwrap().to_str().unwrap()
+    );
+    let (code, body) = s.call("PUT", &beside, Some("overwritten"));
+    assert_eq!(code, 204, "{body}");
+    assert_eq!(s.call("GET", &beside, None), (200, "overwritten".into()));
     refused(
         "PUT",
-        &format!(
-            "/v1/sessions/{id}/files?path=../{}/victim",
-            w.outside.file_name().unwrap().to_str().unwrap()
-        ),
+        &format!("/v1/sessions/{id}/files?path=/etc/hostname"),
         Some("overwritten"),
         403,
-        "outside the session's roots",
+        "the session may not write it",
     );
+    let key = w.home.join(".ssh/id_ed25519");
     refused(
+        "GET",
+        &format!("/v1/sessions/{id}/files?path={}", key.display()),
+        None,
+        404,
+        "No such file",
+    );
+    let (code, body) = s.call(
         "GET",
         &format!("/v1/sessions/{id}/files?path=/etc/passwd"),
         None,
-        403,
-        "outside",
     );
+    assert_eq!(code, 200);
+    assert!(body.starts_with("root:"), "{body}");
     refused("GET", "/v1/sessions/0000/exec", None, 405, "not allowed");
     refused("GET", "/v1/nothing", None, 404, "no such resource");
     refused("DELETE", "/v1/sessions/nope", None, 404, "no session nope");

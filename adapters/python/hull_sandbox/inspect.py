@@ -88,6 +88,8 @@ class HullSandboxEnvironment(SandboxEnvironment):
         self._client = client
         self._session = session
         self.workspace = workspace
+        # The one user every command of the session runs as, once asked.
+        self._user: str | None = None
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
@@ -182,9 +184,10 @@ class HullSandboxEnvironment(SandboxEnvironment):
         timeout_retry: bool = True,
         concurrency: bool = True,
     ) -> ExecResult[str]:
-        if user is not None:
+        if user is not None and user != await self._session_user():
             raise SandboxUserUnsupportedError(
-                "hull runs every command as one user (the caller, or hull's sandbox user as root)"
+                f"hull: user {user!r}: every command of this session runs as "
+                f"{self._user!r} (the caller, or hull's sandbox user when hull is root)"
             )
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         r = await asyncio.to_thread(
@@ -219,6 +222,13 @@ class HullSandboxEnvironment(SandboxEnvironment):
             stdout=r.get("stdout", ""),
             stderr=r.get("stderr", ""),
         )
+
+    async def _session_user(self) -> str:
+        if self._user is None:
+            r = await asyncio.to_thread(self._client.exec, self._session, ["id", "-un"])
+            name = r.get("stdout", "").strip()
+            self._user = name if r.get("exit_code") == 0 and name else "?"
+        return self._user
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
         data = contents.encode("utf-8") if isinstance(contents, str) else contents

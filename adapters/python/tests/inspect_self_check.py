@@ -35,6 +35,26 @@ async def main():
                 results[name] = f"{type(e).__name__}: {e}"[:500]
             finally:
                 await HullSandboxEnvironment.sample_cleanup("self_check", config, envs, False)
+        # hull's own: the session's one user is accepted by name, another
+        # is refused naming it.
+        envs = await HullSandboxEnvironment.sample_init("self_check", config, {})
+        try:
+            sandbox = envs["default"]
+            me = (await sandbox.exec(["id", "-un"])).stdout.strip()
+            r = await sandbox.exec(["id", "-un"], user=me)
+            results["hull_exec_as_the_session_s_user"] = (
+                "pass" if r.success and r.stdout.strip() == me else f"got {r}"
+            )
+            try:
+                await sandbox.exec(["true"], user="someone-else")
+                results["hull_exec_as_another_user_is_refused"] = "ran"
+            except Exception as e:  # noqa: BLE001 - the refusal, reported
+                ok = "someone-else" in str(e) and me in str(e)
+                results["hull_exec_as_another_user_is_refused"] = (
+                    "pass" if ok else f"{type(e).__name__}: {e}"
+                )
+        finally:
+            await HullSandboxEnvironment.sample_cleanup("self_check", config, envs, False)
     finally:
         await HullSandboxEnvironment.task_cleanup("self_check", config, True)
     print(json.dumps(results))

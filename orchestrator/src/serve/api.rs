@@ -72,7 +72,7 @@ pub struct SessionInfo {
     pub policy: String,
     pub project: PathBuf,
     pub workspace: Workspace,
-    /// The directories `files` reads and writes in (the project).
+    /// Where `files` takes a relative path from (the project).
     pub roots: Vec<PathBuf>,
 }
 

@@ -61,7 +61,35 @@ pub struct BindSource {
     pub writable: bool,
 }
 
+/// The directories a session's sandbox has of its own
+/// ([`BwrapPlan::with_private_tmp`]).
+pub const PRIVATE_TMP: &[&str] = &["/tmp", "/var/tmp"];
+
 impl BwrapPlan {
+    /// Gives the sandbox a `/tmp` and a `/var/tmp` of its own: a fresh
+    /// tmpfs each (mode 1777, at most `size` bytes), mounted before every
+    /// grant, so a grant below them (a project in `/tmp`) is bound on top,
+    /// and gone with the sandbox's mount namespace. A session's sandbox
+    /// (`hull run --session-leader`), where commands write `/tmp` as on
+    /// any machine. A policy that grants `/tmp` itself binds it over.
+    pub fn with_private_tmp(&mut self, size: u64) {
+        let at = self
+            .args
+            .windows(2)
+            .position(|w| w[0] == "--dev")
+            .map_or(self.args.len(), |i| i + 2);
+        let mut extra: Vec<OsString> = Vec::new();
+        for dir in PRIVATE_TMP {
+            extra.extend(
+                ["--perms", "1777", "--size"]
+                    .map(OsString::from)
+                    .into_iter()
+                    .chain([size.to_string().into(), "--tmpfs".into(), (*dir).into()]),
+            );
+        }
+        self.args.splice(at..at, extra);
+    }
+
     /// The argv as one shell-like line per option, for `hull policy explain`.
     pub fn display_lines(&self) -> Vec<String> {
         let mut lines: Vec<String> = Vec::new();
@@ -191,6 +219,25 @@ mod tests {
         let pf = profiles::load(profile).unwrap();
         let p = resolve(&pf, &vars()).unwrap();
         lower(&p, fs, &masks(), &vars().project).unwrap()
+    }
+
+    /// A session's `/tmp` and `/var/tmp` are mounted before any grant, so
+    /// a project below `/tmp` is bound on top of them.
+    #[test]
+    fn a_private_tmp_comes_before_every_grant() {
+        let mut plan = lowered("default", &host());
+        plan.with_private_tmp(1 << 20);
+        let lines = plan.display_lines();
+        let at = |l: &str| lines.iter().position(|x| x == l).unwrap();
+        let tmp = at("--tmpfs /tmp");
+        assert_eq!(lines[tmp - 2..tmp], ["--perms 1777", "--size 1048576"]);
+        assert!(at("--dev /dev") < tmp);
+        assert!(tmp < at("--tmpfs /var/tmp"));
+        let first_bind = lines
+            .iter()
+            .position(|l| l.starts_with("--bind ") || l.starts_with("--ro-bind /usr"))
+            .unwrap();
+        assert!(at("--tmpfs /var/tmp") < first_bind, "{lines:#?}");
     }
 
     #[test]
