@@ -342,6 +342,67 @@ fn landlock_mini_swe_agent_runs_its_stock_configs() {
     mini_swe_agent_runs_its_stock_configs("landlock");
 }
 
+/// inspect_ai's stateful tools in a session, driven by a scripted model's
+/// tool calls: `text_editor` creates and edits a file in the session's own
+/// `/tmp` (the tools' server is injected under `/var/tmp`), and
+/// `bash_session`'s shell keeps its variables and working directory from
+/// one call to the next (a process the session keeps between execs).
+fn inspect_s_stateful_tools_run_in_a_session(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let logs = w.root.path().join("logs");
+    let v = run(
+        &w,
+        &[
+            script("inspect_tools.py").as_os_str(),
+            tier.as_ref(),
+            logs.as_os_str(),
+        ],
+    );
+    assert_eq!(v["status"], "success", "{v:#}");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "{v:#}");
+    for r in results {
+        assert!(r["error"].is_null(), "{v:#}");
+    }
+    assert!(
+        results[1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("hello from the hull"),
+        "{v:#}"
+    );
+    assert!(
+        results[2]["text"]
+            .as_str()
+            .unwrap()
+            .contains("hello from the hull"),
+        "{v:#}"
+    );
+    assert!(
+        results[3]["text"]
+            .as_str()
+            .unwrap()
+            .contains("kept in /tmp"),
+        "{v:#}"
+    );
+    assert!(
+        !std::path::Path::new("/tmp/hello.txt").exists() || {
+            // Another program's: not the session's words.
+            !std::fs::read_to_string("/tmp/hello.txt")
+                .unwrap_or_default()
+                .contains("from the hull")
+        }
+    );
+    nothing_left(&w);
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_inspect_s_stateful_tools_run_in_a_session() {
+    inspect_s_stateful_tools_run_in_a_session("bwrap");
+}
+
 /// inspect_ai's own conformance checks for sandbox providers
 /// (`inspect_ai.util._sandbox.self_check`), each on a fresh sample
 /// sandbox: all pass but running as another user, refused by name (one
