@@ -220,6 +220,15 @@ impl RunError {
     }
 }
 
+/// What a process tier's sandbox has beyond what its policy says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Extras<'a> {
+    /// `--cow`: the change set's directory; the project is an overlay.
+    pub cow: Option<&'a Path>,
+    /// `--session-leader`: the sandbox's own `/tmp` and `/var/tmp`.
+    pub private_tmp: bool,
+}
+
 /// Resolves the choice to a tier that is available, or fails.
 pub fn select_tier(choice: TierChoice) -> Result<(Tier, Probe), RunError> {
     match choice {
@@ -292,10 +301,10 @@ pub fn run_process_tier(
     run_dir: &Path,
     lock_fd: crate::runtime::LockFd,
     sink: Option<&mut dyn OutputSink>,
-    cow: Option<&Path>,
-    private_tmp: bool,
+    extras: Extras<'_>,
 ) -> Result<ExitStatus, RunError> {
     use crate::policy::RealFs;
+    let Extras { cow, private_tmp } = extras;
     use crate::tier::launch::{self, ChildSetup};
     let mut setup = ChildSetup::from_limits(&policy.limits);
     setup.keep_fds.push(lock_fd);
@@ -342,9 +351,7 @@ pub fn run_process_tier(
             let mut plan = crate::policy::lower::bwrap::lower(policy, &RealFs, &masks, &spec.cwd)
                 .map_err(|source| RunError::Lower { tier, source })?;
             if private_tmp {
-                // As large as the command may grow (tmpfs pages are its
-                // memory), 1 GiB where the policy sets no limit.
-                plan.with_private_tmp(policy.limits.memory.unwrap_or(1 << 30));
+                plan.with_private_tmp(private_tmp_size(policy));
             }
             let mut wanted: Vec<crate::runtime::placeholder::Wanted> = plan
                 .placeholders
@@ -498,9 +505,17 @@ pub fn run_process_tier(
             // owns the caller's files everywhere when hull is not root, and
             // everything in the idmapped writable roots when it is).
             let as_command = crate::tier::identity::hull_is_root();
+            // A session's own /tmp and /var/tmp (hull is root; as a user
+            // its /tmp is still the host's): made now, so the broker knows
+            // their files as the command's own.
+            let private = crate::tier::identity::private_tmp(
+                "landlock",
+                &private_tmp_dirs(private_tmp && as_command, policy),
+            )?;
+            let own: Vec<u64> = private.iter().map(|p| p.dev).collect();
             let handler = crate::tier::broker::Handler::Landlock {
-                watch: crate::tier::broker::Scope::visible(policy),
-                metadata: crate::tier::broker::Scope::of(policy),
+                watch: crate::tier::broker::Scope::visible(policy).with_own_devices(&own),
+                metadata: crate::tier::broker::Scope::of(policy).with_own_devices(&own),
                 workers: crate::tier::broker::Workers::new(as_command),
                 creates,
             };
@@ -616,6 +631,9 @@ pub fn run_process_tier(
                 let mut grants: Vec<crate::tier::identity::Grant> = policy
                     .grants
                     .iter()
+                    // Below a session's own /tmp a grant is there only if
+                    // mounted: one the plan hides is not.
+                    .filter(|g| private.is_empty() || !hidden_grant(policy, g))
                     .map(|g| crate::tier::identity::Grant {
                         path: g.path.clone(),
                         writable: g.access == crate::policy::Access::ReadWrite,
@@ -628,7 +646,40 @@ pub fn run_process_tier(
                     })
                     .collect();
                 grants.extend(cow.map(crate::tier::identity::Grant::change_set));
-                let mut switch = crate::tier::identity::Switch::prepare("landlock", &grants)?;
+                let dirs: Vec<PathBuf> = private.iter().map(|p| p.path.clone()).collect();
+                let mut switch = crate::tier::identity::Switch::prepare_with_private(
+                    "landlock", &grants, private,
+                )?;
+                if !dirs.is_empty() {
+                    // The rule that lets the command write its own /tmp
+                    // lets it write all that is mounted below: what it may
+                    // not write there is covered by read-only mounts.
+                    let Some(d) = &direct else {
+                        return Err(RunError::Setup {
+                            tier,
+                            what: "a session's own /tmp".into(),
+                            source: std::io::Error::other("its rules are a helper's here"),
+                        });
+                    };
+                    let masks = launch::create_masks(run_dir)?;
+                    let mut below = Vec::new();
+                    for dir in &dirs {
+                        let covers = private_covers(policy, dir);
+                        tracing::debug!(dir = %dir.display(), ?covers, "a session's own tmp");
+                        below.push(crate::tier::cow::Covers::prepare(
+                            "landlock",
+                            dir,
+                            &covers,
+                            &masks.empty_dir,
+                            &masks.empty_file,
+                            crate::tier::cow::Detach::Now,
+                        )?);
+                    }
+                    switch = switch.with_private_covers(below);
+                    for root in switch.private_roots() {
+                        d.allow_writable_dir(root, "the session's own /tmp")?;
+                    }
+                }
                 if let (Some(set_dir), Some(covers)) = (cow, &covers) {
                     let masks = launch::create_masks(run_dir)?;
                     switch = switch.with_overlay(&spec.cwd, set_dir)?.with_cow_masks(
@@ -773,8 +824,7 @@ pub fn run_process_tier(
     _run_dir: &Path,
     _lock_fd: crate::runtime::LockFd,
     sink: Option<&mut dyn OutputSink>,
-    _cow: Option<&Path>,
-    _private_tmp: bool,
+    _extras: Extras<'_>,
 ) -> Result<ExitStatus, RunError> {
     let mut cmd = match tier {
         Tier::None => {
@@ -952,8 +1002,10 @@ pub fn execute(
             instance.dir(),
             instance.lock_raw_fd(),
             sink,
-            cow_dir.as_deref(),
-            opts.session_leader,
+            Extras {
+                cow: cow_dir.as_deref(),
+                private_tmp: opts.session_leader,
+            },
         ),
     };
     // The host sees only QEMU on tier 3: the guest tells that tier's.
@@ -1000,6 +1052,79 @@ pub fn execute(
         usage,
         timeout: spec.timeout,
     })
+}
+
+/// How large a session's own `/tmp` and `/var/tmp` may grow: as large as
+/// the command may (tmpfs pages are its memory), 1 GiB where the policy
+/// sets no limit.
+#[cfg(target_os = "linux")]
+fn private_tmp_size(policy: &Policy) -> u64 {
+    policy.limits.memory.unwrap_or(1 << 30)
+}
+
+/// A session's own scratch directories on landlock, when hull is root
+/// (as a user its `/tmp` is still the host's), with their size.
+#[cfg(target_os = "linux")]
+fn private_tmp_dirs(private_tmp: bool, policy: &Policy) -> Vec<(PathBuf, u64)> {
+    if !private_tmp {
+        return Vec::new();
+    }
+    crate::policy::lower::bwrap::PRIVATE_TMP
+        .iter()
+        .map(|d| (PathBuf::from(d), private_tmp_size(policy)))
+        .collect()
+}
+
+/// A grant of the policy's own that lies in a hidden protection: the
+/// plan drops it.
+#[cfg(target_os = "linux")]
+fn hidden_grant(policy: &Policy, g: &crate::policy::Grant) -> bool {
+    g.origin == crate::policy::GrantOrigin::Policy
+        && policy.protects.iter().any(|p| {
+            p.protection == crate::policy::Protection::Hidden && g.path.starts_with(&p.path)
+        })
+}
+
+/// What must be covered by mounts below a session's own scratch directory
+/// `dir` on landlock, where the Landlock rule for the tmpfs lets the
+/// command write everything mounted below it: each protection inside a
+/// grant mounted there (`.git`, `.hull` of a project in `/tmp`), and each
+/// such grant the command may not write (the spill, hull's agent, a
+/// read-only grant, one inside a read-only protection). A protection that
+/// lies in no grant covers only mount points of the tmpfs: nothing of the
+/// host is there to hide.
+#[cfg(target_os = "linux")]
+fn private_covers(policy: &Policy, dir: &Path) -> Vec<(PathBuf, crate::tier::cow::Cover)> {
+    use crate::policy::{Access, Protection};
+    use crate::tier::cow::Cover;
+    let mounted: Vec<&crate::policy::Grant> = policy
+        .grants
+        .iter()
+        .filter(|g| strictly_inside(&g.path, dir) && !hidden_grant(policy, g))
+        .collect();
+    let mut covers: Vec<(PathBuf, Cover)> = policy
+        .protects
+        .iter()
+        .filter(|p| mounted.iter().any(|g| p.path.starts_with(&g.path)))
+        .map(|p| {
+            let cover = match p.protection {
+                Protection::Hidden => Cover::Hide,
+                Protection::ReadOnly => Cover::ReadOnly,
+            };
+            (p.path.clone(), cover)
+        })
+        .collect();
+    for g in &mounted {
+        let read_only = g.access != Access::ReadWrite
+            || policy
+                .protects
+                .iter()
+                .any(|p| p.protection == Protection::ReadOnly && g.path.starts_with(&p.path));
+        if read_only && !covers.iter().any(|(p, _)| p == &g.path) {
+            covers.push((g.path.clone(), Cover::ReadOnly));
+        }
+    }
+    covers
 }
 
 /// The agent a session's leader runs (`--session-leader`): hull's own

@@ -408,17 +408,12 @@ fn bwrap_inspect_s_stateful_tools_run_in_a_session() {
 /// sandbox: all pass but running as another user, refused by name (one
 /// user runs every command of a native sandbox). The session's own `/tmp`
 /// takes the checks' files and directories there.
-#[cfg(feature = "bwrap")]
-#[test]
-fn inspect_s_own_sandbox_checks_pass_but_for_hull_s_design() {
-    require_tier("bwrap");
+fn inspect_s_own_sandbox_checks_pass_but_for_hull_s_design(tier: &str) {
+    require_tier(tier);
     let w = World::new();
     let v = run(
         &w,
-        &[
-            script("inspect_self_check.py").as_os_str(),
-            "bwrap".as_ref(),
-        ],
+        &[script("inspect_self_check.py").as_os_str(), tier.as_ref()],
     );
     let checks = v.as_object().unwrap();
     assert!(checks.len() >= 40, "{v:#}");
@@ -440,6 +435,18 @@ fn inspect_s_own_sandbox_checks_pass_but_for_hull_s_design() {
     }
     assert_eq!(failed.len(), expected.len(), "{failed:#?}");
     nothing_left(&w);
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_inspect_s_own_sandbox_checks_pass_but_for_hull_s_design() {
+    inspect_s_own_sandbox_checks_pass_but_for_hull_s_design("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_inspect_s_own_sandbox_checks_pass_but_for_hull_s_design() {
+    inspect_s_own_sandbox_checks_pass_but_for_hull_s_design("landlock");
 }
 
 /// Tier 3: the same eval, each sample's session with a VM of its own; the

@@ -411,6 +411,7 @@ fn landlock_an_exec_ends_with_its_tree() {
 fn a_session_is_one_living_sandbox(tier: &str) {
     require_tier(tier);
     let w = World::new();
+    w.git_init();
     let s = Server::start(&w);
     let id = open(&s, tier, &w.project);
     let exec = |body: &str| {
@@ -450,9 +451,9 @@ fn a_session_is_one_living_sandbox(tier: &str) {
         r#"{"argv": ["sh", "-c", "cat \"$TMPDIR/note\" && kill -0 \"$(cat \"$TMPDIR/pid\")\" && echo alive"]}"#,
     );
     assert_eq!(r["stdout"], "note\nalive\n", "{r}");
-    // bwrap: /tmp and /var/tmp are the session's own, kept between its
-    // execs; the host's get nothing. landlock: the host's, which the
-    // default policy does not let it write.
+    // /tmp and /var/tmp are the session's own, kept between its execs;
+    // the host's get nothing (on landlock, when hull is root: as a user
+    // a landlock session's /tmp is still the host's).
     let name = format!("hull-session-{kept}");
     let r = exec(&format!(
         r#"{{"argv": ["sh", "-c", "echo a > /tmp/{name} && echo b > /var/tmp/{name}"]}}"#
@@ -460,12 +461,35 @@ fn a_session_is_one_living_sandbox(tier: &str) {
     let r2 = exec(&format!(
         r#"{{"argv": ["cat", "/tmp/{name}", "/var/tmp/{name}"]}}"#
     ));
-    if tier == "bwrap" {
-        assert_eq!(r["exit_code"], 0, "{r}");
-        assert_eq!(r2["stdout"], "a\nb\n", "{r2}");
-    } else {
-        assert_ne!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["exit_code"], 0, "{tier}: {r}");
+    assert_eq!(r2["stdout"], "a\nb\n", "{tier}: {r2}");
+    // What lies below the session's /tmp keeps its protection (the
+    // project and the run's dirs are in the host's /tmp): .git and the
+    // spill stay read-only, the project writable.
+    assert!(
+        w.project.starts_with("/tmp"),
+        "the world is in the host's /tmp"
+    );
+    let config = std::fs::read(w.project.join(".git/config")).unwrap();
+    for (what, script) in [
+        (".git/config", "echo x >> .git/config"),
+        ("the spill", r#"echo x > \"$HULL_SPILL/f\""#),
+        (".git/hooks", "echo x > .git/hooks/pre-commit"),
+    ] {
+        let r = exec(&format!(r#"{{"argv": ["sh", "-c", "{script}"]}}"#));
+        assert_ne!(r["exit_code"], 0, "{tier}: {what} was written: {r}");
     }
+    assert_eq!(
+        std::fs::read(w.project.join(".git/config")).unwrap(),
+        config
+    );
+    assert!(!w.project.join(".git/hooks/pre-commit").exists());
+    let r = exec(r#"{"argv": ["sh", "-c", "echo ok > written"]}"#);
+    assert_eq!(r["exit_code"], 0, "{tier}: {r}");
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("written")).unwrap(),
+        "ok\n"
+    );
     for dir in ["/tmp", "/var/tmp"] {
         assert!(
             !Path::new(dir).join(&name).exists(),

@@ -98,6 +98,8 @@ pub enum IdentityError {
 struct Remount {
     cpath: CString,
     tree: OwnedFd,
+    /// A [`Remap::Private`] tmpfs: the command writes there.
+    private: bool,
 }
 
 /// What the child does before it execs: prepared in the parent (all
@@ -121,6 +123,9 @@ pub struct Switch {
     /// the overlay (Landlock cannot hide an entry of a directory it lets
     /// the command write without splitting it), attached after the overlay.
     cow_masks: Option<crate::cow::Covers>,
+    /// What covers the paths below a [`Remap::Private`] tmpfs that the
+    /// command may not write ([`Switch::with_private_covers`]).
+    private_covers: Vec<crate::cow::Covers>,
 }
 
 /// A path the command is given, whether it must be writable, and whether
@@ -171,6 +176,13 @@ enum Remap {
     /// a directory): path lookup works, and nothing else of the directory
     /// is there to read, chmod or touch.
     Skeleton(Vec<(PathBuf, bool)>),
+    /// A fresh tmpfs, mode 1777 ([`PrivateTmp`]), over one of the
+    /// command's own scratch directories (`/tmp`, `/var/tmp` of a
+    /// session's sandbox: [`Switch::prepare_with_private`]), holding the
+    /// mount points of the grants below it as a skeleton does: the host's
+    /// directory is not there, and what the command writes there is gone
+    /// with its mount namespace.
+    Private(Vec<(PathBuf, bool)>),
     /// Shown with `owner`'s ids as the sandbox user's: the command's own (a
     /// writable root, hull's instance dirs); what it creates there is
     /// stored as `owner`'s.
@@ -186,6 +198,7 @@ fn remount_paths(
     tier: &'static str,
     user: Ids,
     grants: &[Grant],
+    private: &[PathBuf],
 ) -> Result<Vec<(PathBuf, Remap)>, IdentityError> {
     let inspect = |p: &Path| match std::fs::symlink_metadata(p) {
         Ok(m) => Ok(Some(m)),
@@ -204,14 +217,17 @@ fn remount_paths(
         }
     }
     present.sort_by(|(a, _), (b, _)| depth_then_path(&a.path, &b.path));
-    let mut out: Vec<(PathBuf, Remap)> = Vec::new();
+    let mut out: Vec<(PathBuf, Remap)> = private
+        .iter()
+        .map(|p| (p.clone(), Remap::Private(Vec::new())))
+        .collect();
     for (g, m) in present {
         // Every directory above the grant must be searchable in the view.
         let mut above: Vec<&Path> = g.path.ancestors().skip(1).collect();
         above.reverse();
         for a in above.into_iter().filter(|a| *a != Path::new("/")) {
             let searchable = match covering(&out, a) {
-                Some(Remap::Skeleton(_) | Remap::As(_)) => true,
+                Some(Remap::Skeleton(_) | Remap::Private(_) | Remap::As(_)) => true,
                 Some(Remap::Host) | None => match inspect(a)? {
                     Some(am) => allowed(&am, user, 0o1),
                     None => true,
@@ -226,7 +242,10 @@ fn remount_paths(
                 uid: m.uid(),
                 gid: m.gid(),
             }))
-        } else if matches!(covering(&out, &g.path), Some(Remap::Skeleton(_))) {
+        } else if matches!(
+            covering(&out, &g.path),
+            Some(Remap::Skeleton(_) | Remap::Private(_))
+        ) {
             Some(Remap::Host)
         } else {
             None
@@ -257,7 +276,7 @@ fn covering<'a>(out: &'a [(PathBuf, Remap)], p: &Path) -> Option<&'a Remap> {
 /// When the deepest mount above `p` is a skeleton, adds the mount points
 /// from it down to `p` (a directory or a file).
 fn point_in_skeleton(out: &mut [(PathBuf, Remap)], p: &Path, is_dir: bool) {
-    let Some((root, Remap::Skeleton(points))) = out
+    let Some((root, Remap::Skeleton(points) | Remap::Private(points))) = out
         .iter_mut()
         .filter(|(m, _)| p.starts_with(m) && m != p)
         .max_by_key(|(m, _)| m.components().count())
@@ -283,9 +302,25 @@ impl Switch {
     /// re-mount is cloned and idmapped now, from the host's own mounts (a
     /// clone taken inside an idmapped mount could not be idmapped again).
     pub fn prepare(tier: &'static str, grants: &[Grant]) -> Result<Switch, IdentityError> {
+        Switch::prepare_with_private(tier, grants, Vec::new())
+    }
+
+    /// [`Switch::prepare`], and each of `private` ([`private_tmp`])
+    /// mounted over its directory, a writable tmpfs of the command's own
+    /// ([`Remap::Private`]); the grants below it are mounted on it. Its root, detached, is [`Switch::private_roots`] until the
+    /// child attaches it. What the grants and protections below it do not
+    /// let the command write must then be covered by mounts
+    /// ([`Switch::with_private_covers`]): a Landlock rule that lets it
+    /// write the tmpfs lets it write everything mounted below.
+    pub fn prepare_with_private(
+        tier: &'static str,
+        grants: &[Grant],
+        mut private: Vec<PrivateTmp>,
+    ) -> Result<Switch, IdentityError> {
         let user = crate::sandbox_user::lookup("the command")
             .map_err(|source| IdentityError::User { tier, source })?;
-        let paths = remount_paths(tier, user, grants)?;
+        let dirs: Vec<PathBuf> = private.iter().map(|p| p.path.clone()).collect();
+        let paths = remount_paths(tier, user, grants, &dirs)?;
         let mut userns: Vec<(Ids, OwnedFd)> = Vec::new();
         let mut remounts = Vec::new();
         for (path, remap) in paths {
@@ -300,8 +335,20 @@ impl Switch {
                 path: path.clone(),
                 source,
             };
+            let is_private = matches!(remap, Remap::Private(_));
             let tree = match remap {
                 Remap::Skeleton(points) => skeleton_tree(&points).map_err(mount_err)?,
+                Remap::Private(points) => {
+                    let Some(i) = private.iter().position(|p| p.path == path) else {
+                        return Err(mount_err((
+                            "find the tmpfs made for",
+                            std::io::Error::other("none was made"),
+                        )));
+                    };
+                    let tree = private.swap_remove(i).tree;
+                    add_points(&tree, &points).map_err(mount_err)?;
+                    tree
+                }
                 Remap::Host => mounts::cloned_tree(&cpath, None).map_err(mount_err)?,
                 Remap::As(owner) => {
                     let i = match userns.iter().position(|(o, _)| *o == owner) {
@@ -316,7 +363,11 @@ impl Switch {
                     mounts::cloned_tree(&cpath, Some(&userns[i].1)).map_err(mount_err)?
                 }
             };
-            remounts.push(Remount { cpath, tree });
+            remounts.push(Remount {
+                cpath,
+                tree,
+                private: is_private,
+            });
         }
         // The user namespaces may go: each idmapped tree holds its own.
         Ok(Switch {
@@ -326,7 +377,24 @@ impl Switch {
             cwd: None,
             overlay: None,
             cow_masks: None,
+            private_covers: Vec::new(),
         })
+    }
+
+    /// The roots of the [`Remap::Private`] tmpfs, detached until the child
+    /// attaches them: what a Landlock rule that lets the command write
+    /// there is opened on.
+    pub fn private_roots(&self) -> impl Iterator<Item = &OwnedFd> {
+        self.remounts.iter().filter(|r| r.private).map(|r| &r.tree)
+    }
+
+    /// Covers, in the child, what lies below a [`Remap::Private`] tmpfs
+    /// and the command may not write (each protection, each grant that is
+    /// not writable): mounts enforce them there, not Landlock, whose rule
+    /// for the tmpfs covers all below it.
+    pub fn with_private_covers(mut self, covers: Vec<crate::cow::Covers>) -> Switch {
+        self.private_covers = covers;
+        self
     }
 
     /// `--cow`: shows the command `project` through an overlay whose upper
@@ -414,6 +482,9 @@ impl Switch {
         if let Some(m) = &self.cow_masks {
             m.apply_in_child()?;
         }
+        for c in &self.private_covers {
+            c.apply_in_child()?;
+        }
         Ok(())
     }
 
@@ -452,29 +523,51 @@ impl Switch {
 /// change nothing in it) holding `points`: empty directories and files,
 /// parents first.
 fn skeleton_tree(points: &[(PathBuf, bool)]) -> Result<OwnedFd, (&'static str, std::io::Error)> {
-    use rustix::fs::{mkdirat, openat, Mode, OFlags};
+    let tree = tmpfs_tree(None)?;
+    add_points(&tree, points)?;
+    Ok(tree)
+}
+
+/// A fresh detached tmpfs (nosuid, nodev): root's, 0755 and 64 KiB, or,
+/// with `private`, mode 1777 and at most that many bytes (the command's
+/// own scratch, [`Remap::Private`]).
+fn tmpfs_tree(private: Option<u64>) -> Result<OwnedFd, (&'static str, std::io::Error)> {
     use rustix::mount::{
         fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
         MountAttrFlags,
     };
     let step = |what: &'static str| move |e: rustix::io::Errno| (what, std::io::Error::from(e));
     let fs = fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC).map_err(step("make a tmpfs for"))?;
-    fsconfig_set_string(&fs, "mode", "0755").map_err(step("make a tmpfs for"))?;
-    fsconfig_set_string(&fs, "size", "64k").map_err(step("make a tmpfs for"))?;
+    let (mode, size) = match private {
+        Some(bytes) => ("1777", bytes.max(1 << 20).to_string()),
+        None => ("0755", "64k".to_string()),
+    };
+    fsconfig_set_string(&fs, "mode", mode).map_err(step("make a tmpfs for"))?;
+    fsconfig_set_string(&fs, "size", &size).map_err(step("make a tmpfs for"))?;
     fsconfig_create(&fs).map_err(step("make a tmpfs for"))?;
-    let tree = fsmount(
+    fsmount(
         &fs,
         FsMountFlags::FSMOUNT_CLOEXEC,
         MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV,
     )
-    .map_err(step("mount a tmpfs for"))?;
+    .map_err(step("mount a tmpfs for"))
+}
+
+/// Makes the empty mount points `points` (relative, parents first; true
+/// for a directory) in the detached tmpfs `tree`.
+fn add_points(
+    tree: &OwnedFd,
+    points: &[(PathBuf, bool)],
+) -> Result<(), (&'static str, std::io::Error)> {
+    use rustix::fs::{mkdirat, openat, Mode, OFlags};
+    let step = |what: &'static str| move |e: rustix::io::Errno| (what, std::io::Error::from(e));
     for (p, dir) in points {
         if *dir {
-            mkdirat(&tree, p, Mode::from_raw_mode(0o755))
+            mkdirat(tree, p, Mode::from_raw_mode(0o755))
                 .map_err(step("make a mount point in the tmpfs over"))?;
         } else {
             openat(
-                &tree,
+                tree,
                 p,
                 OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o444),
@@ -482,7 +575,44 @@ fn skeleton_tree(points: &[(PathBuf, bool)]) -> Result<OwnedFd, (&'static str, s
             .map_err(step("make a mount point in the tmpfs over"))?;
         }
     }
-    Ok(tree)
+    Ok(())
+}
+
+/// One of a session's own scratch directories (`/tmp`, `/var/tmp`) on
+/// landlock when hull is root: a fresh tmpfs, made before the run, that
+/// [`Switch::prepare_with_private`] mounts over `path` in the child. Its
+/// device tells the broker a file is the command's own scratch.
+#[derive(Debug)]
+pub struct PrivateTmp {
+    pub path: PathBuf,
+    tree: OwnedFd,
+    pub dev: u64,
+}
+
+/// Makes the tmpfs of each of `dirs` (a directory, and the most bytes it
+/// holds).
+pub fn private_tmp(
+    tier: &'static str,
+    dirs: &[(PathBuf, u64)],
+) -> Result<Vec<PrivateTmp>, IdentityError> {
+    dirs.iter()
+        .map(|(path, size)| {
+            let mount_err = |(step, source)| IdentityError::Mount {
+                tier,
+                step,
+                path: path.clone(),
+                source,
+            };
+            let tree = tmpfs_tree(Some(*size)).map_err(mount_err)?;
+            let st = rustix::fs::fstat(&tree)
+                .map_err(|e| mount_err(("inspect the tmpfs for", e.into())))?;
+            Ok(PrivateTmp {
+                path: path.clone(),
+                tree,
+                dev: st.st_dev,
+            })
+        })
+        .collect()
 }
 
 /// A user namespace whose id maps show `owner` as `user`: the idmapping of
@@ -578,7 +708,7 @@ mod tests {
             grant(&proj, true),
             grant(&proj.join(".git"), false),
         ];
-        let got = remount_paths("bwrap", user, &grants).unwrap();
+        let got = remount_paths("bwrap", user, &grants, &[]).unwrap();
         // `closed` (0700, another owner) gets a skeleton with the mount
         // points of the two grants below it; the read-only `open` keeps the
         // host's ids, the project is the owner's, and so is its read-only

@@ -187,6 +187,8 @@ pub struct Prepared {
 #[derive(Debug)]
 pub struct Direct {
     ruleset: std::os::fd::OwnedFd,
+    /// Whether the ruleset handles the resolution of unix sockets.
+    allow_unix_sockets: bool,
     filter: crate::seccomp::Raw,
     /// Where the step names its failure (a byte: [`Direct::failure`]),
     /// close-on-exec.
@@ -223,10 +225,26 @@ impl Direct {
         .map_err(|e| LandlockError::PlanFd(e.into()))?;
         Ok(Some(Direct {
             ruleset: bound.ruleset,
+            allow_unix_sockets,
             filter: crate::seccomp::Raw::new(&prog),
             failed_r,
             failed_w,
         }))
+    }
+
+    /// Lets the command write beneath `dir` too, `what` in an error: a
+    /// session's own `/tmp`, detached until the child attaches it.
+    pub fn allow_writable_dir(
+        &self,
+        dir: &std::os::fd::OwnedFd,
+        what: &str,
+    ) -> Result<(), LandlockError> {
+        crate::rules::add_writable_dir(&self.ruleset, dir, self.allow_unix_sockets).map_err(|e| {
+            LandlockError::Rule {
+                path: what.to_string(),
+                reason: e.to_string(),
+            }
+        })
     }
 
     /// Registers the step on `cmd`: after hull's child setup (no new
@@ -236,6 +254,7 @@ impl Direct {
         use std::os::fd::AsRawFd;
         let Direct {
             ruleset,
+            allow_unix_sockets: _,
             filter,
             failed_r,
             failed_w,

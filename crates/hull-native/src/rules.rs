@@ -364,6 +364,23 @@ struct PathBeneathAttr {
 
 const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
 
+/// Lets the command write beneath the directory `dir` is open on, as in
+/// a writable root: a session's own `/tmp`, a tmpfs detached until the
+/// child attaches it (a rule binds the directory itself, wherever it is
+/// mounted, and everything below it in any path: what the command may not
+/// write there must be covered by read-only mounts).
+pub fn add_writable_dir(
+    ruleset: &OwnedFd,
+    dir: &OwnedFd,
+    allow_unix_sockets: bool,
+) -> std::io::Result<()> {
+    let access = access_of(
+        &crate::policy::lower::landlock::writable_rights(true),
+        allow_unix_sockets,
+    );
+    add_rule_raw(ruleset, dir, access.bits())
+}
+
 fn add_rule_raw(ruleset: &OwnedFd, parent: &OwnedFd, access: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let attr = PathBeneathAttr {

@@ -37,6 +37,10 @@ const MAX_XATTR_VALUE: usize = 65536;
 #[derive(Debug, Clone, Default)]
 pub struct Scope {
     entries: Vec<(PathBuf, bool)>,
+    /// Devices wholly the command's own: a session's own `/tmp` and
+    /// `/var/tmp` (tmpfs hull made for it, which its mount namespace
+    /// alone shows).
+    own_devices: Vec<u64>,
 }
 
 impl Scope {
@@ -67,7 +71,30 @@ impl Scope {
         let protects = policy.protects.iter().map(|p| (canon(&p.path), protect(p)));
         Scope {
             entries: grants.chain(protects).collect(),
+            own_devices: Vec::new(),
         }
+    }
+
+    /// Also allows every file on the devices `devs`: a session's own
+    /// scratch tmpfs, whose files the kernel names by paths of the
+    /// command's mount namespace, not hull's.
+    pub fn with_own_devices(mut self, devs: &[u64]) -> Scope {
+        self.own_devices = devs.to_vec();
+        self
+    }
+
+    /// Whether the file `file` is open on, named `path` by the kernel in
+    /// hull's view, is in scope: on one of the command's own devices, or
+    /// at an absolute path [`Scope::allows`].
+    pub fn allows_file(&self, file: BorrowedFd<'_>, path: &Path) -> bool {
+        if !self.own_devices.is_empty() {
+            if let Ok(st) = rustix::fs::fstat(file) {
+                if self.own_devices.contains(&st.st_dev) {
+                    return true;
+                }
+            }
+        }
+        path.is_absolute() && self.allows(path)
     }
 
     pub fn allows(&self, path: &Path) -> bool {
@@ -291,7 +318,7 @@ impl Task<'_> {
         self.valid()?;
         let link = rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(fd.as_fd()), Vec::new())?;
         let path = Path::new(OsStr::from_bytes(link.as_bytes()));
-        if !path.is_absolute() || !scope.allows(path) {
+        if !scope.allows_file(fd.as_fd(), path) {
             tracing::debug!(path = %path.display(), "broker: refused a metadata change outside the writable roots");
             return Err(err(libc::EPERM));
         }
@@ -485,6 +512,7 @@ mod tests {
     #[test]
     fn the_deepest_entry_decides() {
         let s = Scope {
+            own_devices: Vec::new(),
             entries: vec![
                 (PathBuf::from("/home/u"), false),
                 (PathBuf::from("/home/u/p"), true),

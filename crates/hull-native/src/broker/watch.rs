@@ -50,7 +50,7 @@ impl Task<'_> {
         self.valid()?;
         let link = rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(file.as_fd()), Vec::new())?;
         let at = Path::new(OsStr::from_bytes(link.as_bytes()));
-        if !at.is_absolute() || !scope.allows(at) {
+        if !scope.allows_file(file.as_fd(), at) {
             tracing::debug!(path = %at.display(), "broker: refused an inotify watch outside the grants");
             return Err(err(libc::EACCES));
         }
