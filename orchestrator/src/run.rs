@@ -647,6 +647,32 @@ pub fn run_process_tier(
                     .collect();
                 grants.extend(cow.map(crate::tier::identity::Grant::change_set));
                 let dirs: Vec<PathBuf> = private.iter().map(|p| p.path.clone()).collect();
+                if !dirs.is_empty() {
+                    // Below the session's own /tmp nothing stops a create
+                    // but a mount: a protected path that is not there yet
+                    // (a project's .git) gets hull's placeholder, as on
+                    // bwrap, and is covered with the rest.
+                    let plan = crate::policy::lower::plan::plan(policy, &RealFs)
+                        .map_err(|source| RunError::Lower { tier, source })?;
+                    let under = |p: &Path| dirs.iter().any(|d| p.starts_with(d));
+                    let wanted: Vec<crate::runtime::placeholder::Wanted> = plan
+                        .placeholders
+                        .iter()
+                        .map(|p| (p, false))
+                        .chain(plan.found.iter().map(|p| (p, true)))
+                        .filter(|(p, _)| under(&p.path))
+                        .map(|(p, seen)| crate::runtime::placeholder::Wanted {
+                            path: p.path.clone(),
+                            root: p.root.clone(),
+                            dir: p.dir,
+                            seen,
+                        })
+                        .collect();
+                    let runs_root = run_dir.parent().unwrap_or(run_dir);
+                    let held = crate::runtime::placeholder::hold(&wanted, runs_root)
+                        .map_err(|source| RunError::Placeholders { tier, source })?;
+                    placeholders.absorb(held);
+                }
                 let mut switch = crate::tier::identity::Switch::prepare_with_private(
                     "landlock", &grants, private,
                 )?;

@@ -411,6 +411,8 @@ fn landlock_an_exec_ends_with_its_tree() {
 fn a_session_is_one_living_sandbox(tier: &str) {
     require_tier(tier);
     let w = World::new();
+    let bare = w.root.path().join("bare");
+    std::fs::create_dir(&bare).unwrap();
     w.git_init();
     let s = Server::start(&w);
     let id = open(&s, tier, &w.project);
@@ -489,6 +491,28 @@ fn a_session_is_one_living_sandbox(tier: &str) {
     assert_eq!(
         std::fs::read_to_string(w.project.join("written")).unwrap(),
         "ok\n"
+    );
+    // A project with no .git yet: the session cannot make one (its hooks
+    // would run on the host's next git command there).
+    let other = open(&s, tier, &bare);
+    let (code, body) = s.call(
+        "POST",
+        &format!("/v1/sessions/{other}/exec"),
+        Some(
+            r#"{"argv": ["sh", "-c", "mkdir -p .git/hooks && echo x > .git/hooks/post-checkout"]}"#,
+        ),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_ne!(
+        json(&body)["exit_code"],
+        0,
+        "{tier}: a .git was made: {body}"
+    );
+    let (code, _) = s.call("DELETE", &format!("/v1/sessions/{other}"), None);
+    assert_eq!(code, 204);
+    assert!(
+        !bare.join(".git").exists(),
+        "{tier}: a .git is left in the project"
     );
     for dir in ["/tmp", "/var/tmp"] {
         assert!(
