@@ -493,7 +493,7 @@ impl Session<'_> {
             ids,
             exec::Mode {
                 cgroups: self.opts.exec_cgroups,
-                keep_leftovers: self.opts.keep_leftovers,
+                keep_leftovers: self.opts.keep_leftovers || req.keep_leftovers,
             },
             self.out.clone(),
             unregister,
@@ -658,6 +658,7 @@ mod tests {
             uid: None,
             gid: None,
             scrub: Vec::new(),
+            keep_leftovers: false,
         }
     }
 

@@ -49,6 +49,7 @@ fn exec(argv: &[&[u8]]) -> Exec {
         uid: None,
         gid: None,
         scrub: vec![],
+        keep_leftovers: false,
     }
 }
 
@@ -307,6 +308,44 @@ fn leftovers_die_when_the_command_exits() {
     assert_eq!(o.end, Some(Message::Exit(ExitStatus::Code(0))));
     let bg: u32 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
     assert!(!sleep_alive(bg), "background sleep {bg} outlived its exec");
+}
+
+/// An exec that asks to keep its leftovers (a session's) ends when its
+/// command exits and its output closes, the leftover running on (and
+/// holding its output: the exec ends 100 ms after the command); a timed
+/// out one still loses its whole tree.
+#[test]
+fn an_exec_that_keeps_its_leftovers_ends_without_them() {
+    let mut a = agent();
+    let mut req = sh("sleep 1000 </dev/null >/dev/null 2>&1 & echo $!");
+    req.keep_leftovers = true;
+    let o = run(&mut a, 1, req);
+    assert_eq!(o.end, Some(Message::Exit(ExitStatus::Code(0))));
+    let bg: u32 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    assert!(sleep_alive(bg), "the kept sleep {bg} died with its exec");
+    // One that holds the exec's output: the exec still ends.
+    let mut req = sh("sleep 1001 & echo $!");
+    req.keep_leftovers = true;
+    let t = std::time::Instant::now();
+    let o = run(&mut a, 2, req);
+    assert_eq!(o.end, Some(Message::Exit(ExitStatus::Code(0))));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let holder: u32 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    assert!(sleep_alive(holder));
+    let mut req = sh("sleep 1002 & echo $! ; sleep 1002");
+    req.keep_leftovers = true;
+    req.timeout_ms = Some(300);
+    let o = run(&mut a, 3, req);
+    assert_eq!(o.end, Some(Message::Exit(ExitStatus::TimedOut)));
+    let timed: u32 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    assert!(
+        !sleep_alive(timed),
+        "the timed-out exec's sleep {timed} lives"
+    );
+    for pid in [bg, holder] {
+        // SAFETY: kill(2) on a pid this test's agent started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
 }
 
 #[test]

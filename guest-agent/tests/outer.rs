@@ -145,6 +145,7 @@ fn sh(script: &str, stdin: bool) -> Exec {
         uid: None,
         gid: None,
         scrub: vec![],
+        keep_leftovers: false,
     }
 }
 

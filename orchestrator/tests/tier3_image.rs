@@ -145,6 +145,7 @@ fn exec(conn: &mut Connection<UnixStream>, id: u32, script: &str, cwd: &Path) ->
         uid: None,
         gid: None,
         scrub: vec![],
+        keep_leftovers: false,
     };
     let t = Instant::now();
     conn.send(&Message::Exec(req), id).unwrap();

@@ -64,6 +64,12 @@ pub struct Exec {
     /// cannot be emptied. At most [`MAX_SCRUB`], each absolute.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scrub: Vec<Bytes>,
+    /// What the command leaves running when it exits by itself runs on,
+    /// until the session ends (a session's own sandbox, as `docker exec`
+    /// does); without it the exec's whole tree ends with the command. A
+    /// kill or a timeout ends the whole tree either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_leftovers: bool,
 }
 
 /// How a command ended.

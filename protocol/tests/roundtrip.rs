@@ -54,6 +54,7 @@ fn non_utf8_argv_survives_exactly() {
         uid: None,
         gid: None,
         scrub: vec![],
+        keep_leftovers: false,
     });
     let frames = decode_all(&encode(&msg, 1).unwrap()).unwrap();
     match &frames[0].message {
@@ -73,6 +74,7 @@ fn utf8_bytes_are_json_strings() {
         uid: None,
         gid: None,
         scrub: vec![],
+        keep_leftovers: false,
     });
     let bytes = encode(&msg, 1).unwrap();
     let json = std::str::from_utf8(&bytes[HEADER_LEN..]).unwrap();
@@ -183,6 +185,7 @@ fn encoder_refuses_wrong_ids_and_invalid_messages() {
         uid: None,
         gid: None,
         scrub: vec![],
+        keep_leftovers: false,
     });
     assert!(matches!(
         encode(&empty_argv, 1),

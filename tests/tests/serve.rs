@@ -1163,6 +1163,26 @@ mod vm {
         assert_eq!(code, 200, "{body}");
         assert_eq!(json(&body)["stdout"], "session-secret\n", "{body}");
         assert!(tmp.join("s.txt").exists(), "control: {}", tmp.display());
+        // One container for the session: what an exec left running is
+        // there at the next (the container's own /tmp too); a timed-out
+        // exec's tree is gone.
+        let exec = |body: &str| {
+            let (code, text) = s.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+            assert_eq!(code, 200, "{text}");
+            json(&text)
+        };
+        let r = exec(
+            r#"{"argv": ["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $! > /tmp/kept.pid"]}"#,
+        );
+        assert_eq!(r["exit_code"], 0, "{r}");
+        let r = exec(
+            r#"{"argv": ["sh", "-c", "setsid sleep 301 </dev/null >/dev/null 2>&1 & echo $! > /tmp/timed.pid; sleep 301"], "timeout": "2s"}"#,
+        );
+        assert_eq!(r["status"], "timeout", "{r}");
+        let r = exec(
+            r#"{"argv": ["sh", "-c", "kill -0 $(cat /tmp/kept.pid) && echo kept; kill -0 $(cat /tmp/timed.pid) 2>/dev/null || echo timed-gone"]}"#,
+        );
+        assert_eq!(r["stdout"], "kept\ntimed-gone\n", "{r}");
         let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
         assert_eq!(code, 204);
         assert!(kept(&w).is_none(), "the session's VM is still up");

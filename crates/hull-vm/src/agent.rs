@@ -121,6 +121,9 @@ pub struct ExecOptions {
     /// as `uid_gid` (required), before the command starts
     /// ([`hull_protocol::Exec::scrub`]).
     pub scrub: Vec<std::path::PathBuf>,
+    /// What the command leaves running when it exits by itself runs on
+    /// ([`hull_protocol::Exec::keep_leftovers`]): a session's exec.
+    pub keep_leftovers: bool,
 }
 
 /// What may end an exec besides its command: its timeout, an interrupt,
@@ -141,6 +144,7 @@ impl std::fmt::Debug for ExecOptions {
             .field("kill_grace", &self.kill_grace)
             .field("silence_limit", &self.silence_limit)
             .field("scrub", &self.scrub)
+            .field("keep_leftovers", &self.keep_leftovers)
             .finish()
     }
 }
@@ -154,6 +158,7 @@ impl Default for ExecOptions {
             kill_grace: KILL_GRACE,
             silence_limit: crate::heartbeat::SILENCE_LIMIT,
             scrub: Vec::new(),
+            keep_leftovers: false,
         }
     }
 }
@@ -720,6 +725,7 @@ pub fn build_exec(cmd: &CommandSpec, opts: &ExecOptions) -> Result<Exec, AgentEr
             .iter()
             .map(|d| Bytes::from(d.as_os_str().as_bytes()))
             .collect(),
+        keep_leftovers: opts.keep_leftovers,
     };
     Message::Exec(e.clone())
         .validate()

@@ -701,6 +701,8 @@ async fn exec_in(
         uid: None,
         gid: None,
         scrub: Vec::new(),
+        // The leader's agent keeps every exec's leftovers already.
+        keep_leftovers: false,
     };
     let mut kept: [(Vec<u8>, u64); 2] = [(Vec::new(), 0), (Vec::new(), 0)];
     let t0 = std::time::Instant::now();

@@ -98,11 +98,15 @@ pub fn run_in(
         Some(_) => SCRATCH.iter().map(std::path::PathBuf::from).collect(),
         None => Vec::new(),
     };
+    // A run whose turn its caller holds is a `hull serve` session's exec:
+    // what it leaves running is the session's, until the session ends.
+    let keep_leftovers = run_tmp.is_none();
     let opts = ExecOptions {
         stdin: Some(Box::new(io::stdin())),
         uid_gid: Some((plan.uid, plan.gid)),
         interrupt: Some(irq.clone()),
         scrub,
+        keep_leftovers,
         ..ExecOptions::default()
     };
     // The VM's proxy audits every run into the VM's spill: what it
