@@ -963,8 +963,17 @@ fn make_pool(
     // A project with no `.hull` of its own takes a pool hull keeps in its
     // runs root, when that is on the split directory's mount: nothing is
     // made in the project, nothing removed after (see the module comment).
-    let has_hull =
-        rustix::fs::statat(&root_fd, ".hull", rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok();
+    // A placeholder `.hull` of hull's (a session's or a kept VM's open on
+    // the project) is not the project's own.
+    let has_hull = match rustix::fs::openat(
+        &root_fd,
+        ".hull",
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => !crate::runtime::placeholder::is_placeholder(&run.runs_root, &fd, &hull),
+        Err(_) => false,
+    };
     if !has_hull {
         match shared_pool(policy, &split_fd, run, owner) {
             Ok(Some(pool)) => return Ok(pool),

@@ -115,6 +115,17 @@ pub fn hold(wanted: &[Wanted], runs_root: &Path) -> Result<Held, PlaceholderErro
     Ok(held)
 }
 
+/// Whether `node` (open on `path`) is a placeholder hull made and still
+/// records, as the registry in `runs_root` says; false when it cannot
+/// tell. Read without the registry's lock: a placeholder made or removed
+/// meanwhile is what a run that looks a moment earlier or later sees.
+pub fn is_placeholder(runs_root: &Path, node: &OwnedFd, path: &Path) -> bool {
+    open_registry(runs_root)
+        .ok()
+        .and_then(|r| r.is_ours(node, path).ok())
+        .unwrap_or(false)
+}
+
 impl Held {
     /// The paths held, in creation order.
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
@@ -494,6 +505,29 @@ mod tests {
             .filter(|e| e.file_name() != REGISTRY_LOCK)
             .collect();
         assert!(reg.is_empty(), "{reg:?}");
+    }
+
+    /// A placeholder hull made is told from the user's own, which looks
+    /// the same (an empty directory).
+    #[test]
+    #[allow(clippy::disallowed_methods)] // a test's own temp dir
+    fn a_placeholder_is_told_from_the_user_s_own() {
+        let f = fixture();
+        let open = |p: &Path| {
+            openat(
+                rustix::fs::CWD,
+                p,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap()
+        };
+        let hull = f.root.join(".hull");
+        let held = hold(&[want(&f, ".hull", true)], &f.runs).unwrap();
+        assert!(is_placeholder(&f.runs, &open(&hull), &hull));
+        drop(held);
+        std::fs::create_dir(&hull).unwrap();
+        assert!(!is_placeholder(&f.runs, &open(&hull), &hull));
     }
 
     #[test]
