@@ -353,26 +353,7 @@ pub fn run_process_tier(
             if private_tmp {
                 plan.with_private_tmp(private_tmp_size(policy));
             }
-            let mut wanted: Vec<crate::runtime::placeholder::Wanted> = plan
-                .placeholders
-                .iter()
-                .map(|p| crate::runtime::placeholder::Wanted {
-                    path: p.path.clone(),
-                    root: p.root.clone(),
-                    dir: p.dir,
-                    seen: false,
-                })
-                .collect();
-            wanted.extend(
-                plan.found
-                    .iter()
-                    .map(|p| crate::runtime::placeholder::Wanted {
-                        path: p.path.clone(),
-                        root: p.root.clone(),
-                        dir: p.dir,
-                        seen: true,
-                    }),
-            );
+            let wanted = placeholders_wanted(&plan.placeholders, &plan.found, |_| true);
             let runs_root = run_dir.parent().unwrap_or(run_dir);
             placeholders = crate::runtime::placeholder::hold(&wanted, runs_root)
                 .map_err(|source| RunError::Placeholders { tier, source })?;
@@ -654,20 +635,9 @@ pub fn run_process_tier(
                     // bwrap, and is covered with the rest.
                     let plan = crate::policy::lower::plan::plan(policy, &RealFs)
                         .map_err(|source| RunError::Lower { tier, source })?;
-                    let under = |p: &Path| dirs.iter().any(|d| p.starts_with(d));
-                    let wanted: Vec<crate::runtime::placeholder::Wanted> = plan
-                        .placeholders
-                        .iter()
-                        .map(|p| (p, false))
-                        .chain(plan.found.iter().map(|p| (p, true)))
-                        .filter(|(p, _)| under(&p.path))
-                        .map(|(p, seen)| crate::runtime::placeholder::Wanted {
-                            path: p.path.clone(),
-                            root: p.root.clone(),
-                            dir: p.dir,
-                            seen,
-                        })
-                        .collect();
+                    let wanted = placeholders_wanted(&plan.placeholders, &plan.found, |p| {
+                        dirs.iter().any(|d| p.starts_with(d))
+                    });
                     let runs_root = run_dir.parent().unwrap_or(run_dir);
                     let held = crate::runtime::placeholder::hold(&wanted, runs_root)
                         .map_err(|source| RunError::Placeholders { tier, source })?;
@@ -1099,6 +1069,30 @@ fn private_tmp_dirs(private_tmp: bool, policy: &Policy) -> Vec<(PathBuf, u64)> {
         .iter()
         .map(|d| (PathBuf::from(d), private_tmp_size(policy)))
         .collect()
+}
+
+/// The placeholders a plan needs (`missing`, to be made) and saw
+/// (`found`), those whose path `keep` takes, as the registry holds them.
+#[cfg(target_os = "linux")]
+fn placeholders_wanted(
+    missing: &[crate::policy::lower::plan::Placeholder],
+    found: &[crate::policy::lower::plan::Placeholder],
+    keep: impl Fn(&Path) -> bool,
+) -> Vec<crate::runtime::placeholder::Wanted> {
+    let seen = |ps: &[crate::policy::lower::plan::Placeholder], seen: bool| {
+        ps.iter()
+            .filter(|p| keep(&p.path))
+            .map(|p| crate::runtime::placeholder::Wanted {
+                path: p.path.clone(),
+                root: p.root.clone(),
+                dir: p.dir,
+                seen,
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut wanted = seen(missing, false);
+    wanted.extend(seen(found, true));
+    wanted
 }
 
 /// A grant of the policy's own that lies in a hidden protection: the

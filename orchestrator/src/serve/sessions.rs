@@ -522,22 +522,7 @@ impl Sessions {
             **set = Some(id);
         }
         drop(cow);
-        let mut r = ExecResult {
-            status: Status::HullError,
-            exit_code: None,
-            signal: None,
-            stdout: None,
-            stderr: None,
-            stdout_bytes: o.1,
-            stderr_bytes: e.1,
-            truncated: o.1 > max || e.1 > max,
-            wall_s,
-            error: None,
-        };
-        if keep {
-            r.stdout = Some(String::from_utf8_lossy(&o.0).into_owned());
-            r.stderr = Some(String::from_utf8_lossy(&e.0).into_owned());
-        }
+        let mut r = output_of(o, e, max, keep, wall_s);
         match ended.as_ref().map(crate::batch::results::Ending::from) {
             Some(e) => {
                 r.status = e.status;
@@ -704,39 +689,16 @@ async fn exec_in(
         // The leader's agent keeps every exec's leftovers already.
         keep_leftovers: false,
     };
-    let mut kept: [(Vec<u8>, u64); 2] = [(Vec::new(), 0), (Vec::new(), 0)];
+    let mut streams = [Stream::default(), Stream::default()];
     let t0 = std::time::Instant::now();
     let ended = {
         let mut each = |stream: u8, b: &[u8]| {
-            let (k, total) = &mut kept[usize::from(stream == 2)];
-            let room = max.saturating_sub(*total).min(b.len() as u64) as usize;
-            if room > 0 {
-                on_chunk(stream, &b[..room]);
-                if keep {
-                    k.extend_from_slice(&b[..room]);
-                }
-            }
-            *total += b.len() as u64;
+            streams[usize::from(stream == 2)].take(b, max, keep, |part| on_chunk(stream, part));
         };
         l.exec(exec, stdin, &mut each).await
     };
-    let [(o, ob), (e, eb)] = kept;
-    let mut r = ExecResult {
-        status: Status::HullError,
-        exit_code: None,
-        signal: None,
-        stdout: None,
-        stderr: None,
-        stdout_bytes: ob,
-        stderr_bytes: eb,
-        truncated: ob > max || eb > max,
-        wall_s: t0.elapsed().as_secs_f64(),
-        error: None,
-    };
-    if keep {
-        r.stdout = Some(String::from_utf8_lossy(&o).into_owned());
-        r.stderr = Some(String::from_utf8_lossy(&e).into_owned());
-    }
+    let [o, e] = streams;
+    let mut r = output_of(o, e, max, keep, t0.elapsed().as_secs_f64());
     let tier = &s.info.tier;
     match ended {
         Ok(leader::Ended::Exit(hull_protocol::ExitStatus::Code(c))) => {
@@ -792,37 +754,67 @@ fn exec_of(argv: Vec<String>, max_output: Option<u64>) -> ExecRequest {
     }
 }
 
-/// Reads `r` to its end: the first `max` bytes to `each` as they come
-/// (and kept, when `keep`), the rest counted only; returns what was kept
-/// and the count of all.
+/// What an exec keeps of one output stream: its first `max` bytes, when
+/// kept, and the count of all.
+#[derive(Debug, Default)]
+struct Stream {
+    kept: Vec<u8>,
+    total: u64,
+}
+
+impl Stream {
+    /// Takes `b`: what still fits under `max` goes to `each` (and is kept,
+    /// when `keep`); all of it is counted.
+    fn take(&mut self, b: &[u8], max: u64, keep: bool, each: impl FnOnce(&[u8])) {
+        let room = max.saturating_sub(self.total).min(b.len() as u64) as usize;
+        if room > 0 {
+            each(&b[..room]);
+            if keep {
+                self.kept.extend_from_slice(&b[..room]);
+            }
+        }
+        self.total += b.len() as u64;
+    }
+}
+
+/// An exec's result with its output and time, `hull_error` until its
+/// ending is filled in.
+fn output_of(o: Stream, e: Stream, max: u64, keep: bool, wall_s: f64) -> ExecResult {
+    let text = |s: &Stream| keep.then(|| String::from_utf8_lossy(&s.kept).into_owned());
+    ExecResult {
+        status: Status::HullError,
+        exit_code: None,
+        signal: None,
+        stdout: text(&o),
+        stderr: text(&e),
+        stdout_bytes: o.total,
+        stderr_bytes: e.total,
+        truncated: o.total > max || e.total > max,
+        wall_s,
+        error: None,
+    }
+}
+
+/// Reads `r` to its end into a [`Stream`], each piece to `each` as it
+/// comes.
 async fn collect<R: AsyncRead + Unpin>(
     r: Option<R>,
     max: u64,
     keep: bool,
     each: impl Fn(&[u8]),
-) -> (Vec<u8>, u64) {
-    let mut kept = Vec::new();
-    let mut total = 0u64;
+) -> Stream {
+    let mut out = Stream::default();
     let Some(mut r) = r else {
-        return (kept, 0);
+        return out;
     };
     let mut buf = vec![0u8; 64 << 10];
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = max.saturating_sub(total).min(n as u64) as usize;
-                if room > 0 {
-                    each(&buf[..room]);
-                    if keep {
-                        kept.extend_from_slice(&buf[..room]);
-                    }
-                }
-                total += n as u64;
-            }
+            Ok(n) => out.take(&buf[..n], max, keep, &each),
         }
     }
-    (kept, total)
+    out
 }
 
 /// `path` as the session's command names it: relative to the project, or
