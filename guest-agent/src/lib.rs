@@ -29,3 +29,5 @@ pub mod spawn;
 pub mod transport;
 #[cfg(target_os = "linux")]
 pub mod tree;
+#[cfg(target_os = "linux")]
+pub mod users;

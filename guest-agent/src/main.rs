@@ -28,7 +28,8 @@ mod cli {
             #[command(flatten)]
             limits: Limits,
         },
-        /// `serve` inside the container, on a unix socket.
+        /// `serve` inside the container, on a unix socket: every exec names
+        /// the user, or the uid and gid, it runs as.
         Inner {
             #[arg(long, value_name = "PATH")]
             listen_unix: PathBuf,
@@ -130,6 +131,7 @@ mod cli {
                 &listen_unix,
                 &ServeOptions {
                     exec_cgroups: true,
+                    ids_required: true,
                     ..options(Role::InnerAgent, limits)
                 },
             )

@@ -29,6 +29,8 @@ use crate::outbox::Outbox;
 use crate::spawn::SpawnError;
 use crate::transport::{self, Port, Transport, TransportError};
 
+/// Where an exec's `user` is looked up.
+const PASSWD: &str = "/etc/passwd";
 /// Default cap on concurrent execs per session.
 pub const DEFAULT_MAX_EXECS: usize = 64;
 /// Most `Signal` frames one exec may receive; more is a protocol violation
@@ -51,6 +53,10 @@ pub struct ServeOptions {
     /// When set, every exec runs as this (uid, gid); a request for other ids
     /// is refused with `PolicyDenied`.
     pub run_as: Option<(u32, u32)>,
+    /// Every exec names the user, or the uid and gid, it runs as; one that
+    /// names neither is refused (the inner agent: container root never
+    /// runs a command as itself unasked).
+    pub ids_required: bool,
     /// Every exec in a cgroup of its own below the agent's, ended by
     /// `cgroup.kill` ([`crate::cgroup`]): the inner agent, in the container.
     pub exec_cgroups: bool,
@@ -73,6 +79,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("role", &self.role)
             .field("max_execs", &self.max_execs)
             .field("run_as", &self.run_as)
+            .field("ids_required", &self.ids_required)
             .field("exec_cgroups", &self.exec_cgroups)
             .field("base_env", &self.base_env.as_ref().map(Vec::len))
             .field("default_timeout_ms", &self.default_timeout_ms)
@@ -88,6 +95,7 @@ impl ServeOptions {
             role,
             max_execs: DEFAULT_MAX_EXECS,
             run_as: None,
+            ids_required: false,
             exec_cgroups: false,
             base_env: None,
             default_timeout_ms: None,
@@ -200,6 +208,10 @@ fn complete(req: &Exec, opts: &ServeOptions) -> Exec {
 }
 
 type ExecTable = Arc<Mutex<HashMap<u32, ExecHandle>>>;
+
+/// The (uid, gid) an exec runs as (none: the agent's own), and the user it
+/// named, if it named one.
+type RunAs = (Option<(u32, u32)>, Option<crate::users::User>);
 
 /// Ids of the execs that ended last: stdin or a kill the host sent before
 /// their terminal frame reached it is dropped, not answered with
@@ -393,6 +405,49 @@ impl Session<'_> {
         }
     }
 
+    /// The ids `req` runs as, and the user it named: what the session's
+    /// policy forces, else what `req` asks (a user looked up in the agent's
+    /// `/etc/passwd`); none asked where ids are required is refused.
+    fn run_as(&self, req: &Exec) -> Result<RunAs, (ErrorCode, String)> {
+        if let Some(forced) = self.opts.run_as {
+            return match (req.uid.zip(req.gid), &req.user) {
+                (Some(asked), _) if asked != forced => Err((
+                    ErrorCode::PolicyDenied,
+                    format!(
+                        "this session runs commands as {}:{}, not {}:{}",
+                        forced.0, forced.1, asked.0, asked.1
+                    ),
+                )),
+                (_, Some(name)) => Err((
+                    ErrorCode::PolicyDenied,
+                    format!(
+                        "this session runs commands as {}:{}, not as user {name}",
+                        forced.0, forced.1
+                    ),
+                )),
+                _ => Ok((Some(forced), None)),
+            };
+        }
+        if let Some(name) = &req.user {
+            let u = crate::users::lookup(std::path::Path::new(PASSWD), name).map_err(|e| {
+                let code = match e {
+                    crate::users::UserError::Unknown { .. } => ErrorCode::UnknownUser,
+                    crate::users::UserError::Unreadable { .. } => ErrorCode::ExecFailed,
+                };
+                (code, format!("the command did not start: {e}"))
+            })?;
+            return Ok((Some((u.uid, u.gid)), Some(u)));
+        }
+        match req.uid.zip(req.gid) {
+            None if self.opts.ids_required => Err((
+                ErrorCode::PolicyDenied,
+                "this agent runs no command without the user, or the uid and gid, to run it as"
+                    .into(),
+            )),
+            asked => Ok((asked, None)),
+        }
+    }
+
     fn start_exec(&mut self, id: u32, req: &Exec) -> Step {
         self.threads.retain(|t| !t.is_finished());
         let completed;
@@ -402,22 +457,25 @@ impl Session<'_> {
         } else {
             req
         };
-        let ids = match (self.opts.run_as, req.uid.zip(req.gid)) {
-            (Some(forced), Some(asked)) if forced != asked => {
-                self.out.send(
-                    &Message::error(
-                        ErrorCode::PolicyDenied,
-                        format!(
-                            "this session runs commands as {}:{}, not {}:{}",
-                            forced.0, forced.1, asked.0, asked.1
-                        ),
-                    ),
-                    id,
-                );
+        let (ids, user) = match self.run_as(req) {
+            Ok(r) => r,
+            Err((code, message)) => {
+                self.out.send(&Message::error(code, message), id);
                 return Step::Continue;
             }
-            (Some(forced), _) => Some(forced),
-            (None, asked) => asked,
+        };
+        let named;
+        let req = match user {
+            Some(u) => {
+                // The user's own HOME, USER and LOGNAME over the exec's.
+                let mut r = req.clone();
+                let own = u.env();
+                r.env.retain(|(k, _)| own.iter().all(|(o, _)| o != k));
+                r.env.extend(own);
+                named = r;
+                &named
+            }
+            None => req,
         };
         if !req.scrub.is_empty() {
             // Before anything of the command runs, as its user (`validate`
@@ -659,6 +717,7 @@ mod tests {
             gid: None,
             scrub: Vec::new(),
             keep_leftovers: false,
+            user: None,
         }
     }
 

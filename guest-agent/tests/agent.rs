@@ -50,6 +50,7 @@ fn exec(argv: &[&[u8]]) -> Exec {
         gid: None,
         scrub: vec![],
         keep_leftovers: false,
+        user: None,
     }
 }
 
@@ -531,6 +532,79 @@ fn session_policy_forces_the_uid() {
     assert!(o.started.is_none());
     let o = run(&mut a, 2, sh("id -u"));
     assert_eq!(o.stdout, b"65534\n");
+}
+
+/// An exec may name its user: it runs as that user's uid and gid from the
+/// agent's `/etc/passwd` (this host's here), with that user's HOME, USER
+/// and LOGNAME over the exec's own. An unknown user starts nothing; a
+/// forced uid refuses any user; where ids are required (the inner agent),
+/// an exec naming neither is refused.
+#[test]
+fn an_exec_runs_as_the_user_it_names() {
+    require_root();
+    let mut opts = ServeOptions::new(Role::InnerAgent);
+    opts.ids_required = true;
+    let mut a = agent_with(opts);
+    let mut req = sh("id -un; id -u; id -G; echo \"$HOME $USER $LOGNAME\"");
+    req.env.push(("HOME".into(), "/elsewhere".into()));
+    req.user = Some("nobody".into());
+    let o = run(&mut a, 1, req.clone());
+    let nobody_home = std::fs::read_to_string("/etc/passwd")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("nobody:")
+                .map(|r| r.split(':').nth(4).unwrap().to_string())
+        })
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("nobody\n65534\n65534\n{nobody_home} nobody nobody\n"),
+        "{o:?}"
+    );
+    req.user = Some("root".into());
+    let o = run(&mut a, 2, req.clone());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "root\n0\n0\n/root root root\n",
+        "{o:?}"
+    );
+    req.user = Some("no-such-user-here".into());
+    let o = run(&mut a, 3, req.clone());
+    match &o.end {
+        Some(Message::Error {
+            code: ErrorCode::UnknownUser,
+            message,
+        }) => assert!(
+            message.contains("no user no-such-user-here in /etc/passwd"),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(o.started.is_none());
+    let o = run(&mut a, 4, sh("id -u"));
+    assert!(
+        matches!(
+            &o.end,
+            Some(Message::Error { code: ErrorCode::PolicyDenied, message })
+                if message.contains("without the user, or the uid and gid")
+        ),
+        "{o:?}"
+    );
+    assert!(o.started.is_none());
+    let mut opts = ServeOptions::new(Role::InnerAgent);
+    opts.run_as = Some((65534, 65534));
+    let mut a = agent_with(opts);
+    req.user = Some("root".into());
+    let o = run(&mut a, 1, req);
+    assert!(
+        matches!(
+            &o.end,
+            Some(Message::Error { code: ErrorCode::PolicyDenied, message })
+                if message.contains("not as user root")
+        ),
+        "{o:?}"
+    );
 }
 
 /// An exec's `scrub` empties the directories as the exec's user before

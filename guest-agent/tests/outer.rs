@@ -146,6 +146,7 @@ fn sh(script: &str, stdin: bool) -> Exec {
         gid: None,
         scrub: vec![],
         keep_leftovers: false,
+        user: None,
     }
 }
 

@@ -63,6 +63,9 @@ pub struct RunOptions {
     /// stdin and stdout (`hull serve`'s session, on landlock and bwrap):
     /// every exec runs inside this one sandbox. `argv` is then empty.
     pub session_leader: bool,
+    /// `--user NAME`: tier 3 only, the container's user the command runs
+    /// as (a session's `user=`); refused on the process tiers.
+    pub user: Option<String>,
     pub argv: Vec<OsString>,
 }
 
@@ -70,6 +73,11 @@ pub struct RunOptions {
 pub enum RunError {
     #[error("tier {tier}: --cow is refused: {why}. Nothing was run")]
     CowRefused { tier: Tier, why: &'static str },
+    #[error(
+        "tier {tier}: --user {user} is refused: this tier runs the command only as the \
+         sandbox's own user; tier vm runs it as any user of its container. Nothing was run"
+    )]
+    UserRefused { tier: Tier, user: String },
     #[cfg(target_os = "linux")]
     #[error("--cow: {0}")]
     Changes(#[from] crate::changes::ChangesError),
@@ -213,6 +221,15 @@ impl RunError {
                 };
                 let program = crate::text::printable(program);
                 return Some((*exit, format!("{program}: {what} (tier vm: {message})")));
+            }
+            // 126, as `docker exec -u` says a user it cannot find.
+            #[cfg(target_os = "linux")]
+            if let Some(crate::vm::agent::AgentError::UnknownUser { message }) = e.downcast_ref() {
+                let program = crate::text::printable(program);
+                return Some((
+                    crate::exec::resolve::EXIT_NOT_EXECUTABLE,
+                    format!("{program}: not run (tier vm: {message})"),
+                ));
             }
             cur = e.source();
         }
@@ -867,6 +884,12 @@ pub fn execute(
     if let Some(why) = opts.cow.then(|| cow_refused(tier)).flatten() {
         return Err(RunError::CowRefused { tier, why });
     }
+    if let (Some(user), false) = (&opts.user, tier == Tier::Vm) {
+        return Err(RunError::UserRefused {
+            tier,
+            user: user.clone(),
+        });
+    }
     let leader = opts
         .session_leader
         .then(|| leader_agent(tier))
@@ -920,12 +943,14 @@ pub fn execute(
                 cwd: project.clone(),
                 env,
                 timeout: None,
+                user: None,
             },
             None => CommandSpec {
                 argv: opts.argv.clone(),
                 cwd: project.clone(),
                 env,
                 timeout,
+                user: opts.user.clone(),
             },
         };
         check_runnable(tier, &pol, &spec)?;

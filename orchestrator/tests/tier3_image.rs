@@ -146,6 +146,7 @@ fn exec(conn: &mut Connection<UnixStream>, id: u32, script: &str, cwd: &Path) ->
         gid: None,
         scrub: vec![],
         keep_leftovers: false,
+        user: None,
     };
     let t = Instant::now();
     conn.send(&Message::Exec(req), id).unwrap();

@@ -19,6 +19,8 @@ pub const MAX_ENV_BYTES: usize = 2 * 1024 * 1024;
 pub const MAX_PATH: usize = 4096;
 /// Most directories in `Exec.scrub`.
 pub const MAX_SCRUB: usize = 8;
+/// Longest `Exec.user` name (Linux's `LOGIN_NAME_MAX` less its NUL).
+pub const MAX_USER: usize = 255;
 /// Longest `Hello.software` string.
 pub const MAX_SOFTWARE: usize = 256;
 /// Longest error message; longer messages are truncated when encoded.

@@ -70,6 +70,13 @@ pub struct Exec {
     /// kill or a timeout ends the whole tree either way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keep_leftovers: bool,
+    /// Run as this user of the agent's system, by name: its uid and
+    /// primary gid as the agent's `/etc/passwd` gives them (the gid the
+    /// only supplementary group), `HOME`, `USER` and `LOGNAME` set from
+    /// it. Not with `uid` and `gid`. At most [`MAX_USER`] bytes, a name
+    /// as `useradd` takes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// How a command ended.
@@ -167,6 +174,10 @@ error_codes! {
     /// an earlier one left may still be there): the host takes its VM
     /// down. Terminal for that exec id.
     ScrubFailed = 18,
+    /// The exec's `user` is not a user of the agent's system (its
+    /// `/etc/passwd`): the command did not start. Terminal for that exec
+    /// id; the host exits 126, as `docker exec -u` does.
+    UnknownUser = 19,
 }
 
 impl Serialize for ErrorCode {
@@ -521,6 +532,22 @@ fn validate_hello(h: &Hello) -> Result<(), String> {
     Ok(())
 }
 
+/// A user name as `useradd` takes it (Debian's default `NAME_REGEX`,
+/// upper case and a trailing `$` too): 1 to [`MAX_USER`] bytes of ASCII
+/// letters, digits, `_`, `-` and `.`, not starting with `-`, and not
+/// digits only (which would read as a uid).
+pub fn is_user_name(u: &str) -> bool {
+    let b = u.as_bytes();
+    let body = b.strip_suffix(b"$").unwrap_or(b);
+    !body.is_empty()
+        && b.len() <= MAX_USER
+        && body[0] != b'-'
+        && !body.iter().all(u8::is_ascii_digit)
+        && body
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
+}
+
 fn validate_exec(e: &Exec) -> Result<(), String> {
     if e.argv.is_empty() {
         return Err("argv is empty".into());
@@ -582,14 +609,25 @@ fn validate_exec(e: &Exec) -> Result<(), String> {
     if e.uid.is_some() != e.gid.is_some() {
         return Err("uid and gid must be given together".into());
     }
+    if let Some(u) = &e.user {
+        if e.uid.is_some() {
+            return Err("user is not given with uid and gid".into());
+        }
+        if !is_user_name(u) {
+            return Err(format!(
+                "user {:?} is not a user name (at most {MAX_USER} bytes of a-z, 0-9, _, -, ., not starting with - or a digit only)",
+                u.chars().take(64).collect::<String>()
+            ));
+        }
+    }
     if e.scrub.len() > MAX_SCRUB {
         return Err(format!(
             "scrub has {} directories, more than {MAX_SCRUB}",
             e.scrub.len()
         ));
     }
-    if !e.scrub.is_empty() && e.uid.is_none() {
-        return Err("scrub needs the uid and gid it runs as".into());
+    if !e.scrub.is_empty() && e.uid.is_none() && e.user.is_none() {
+        return Err("scrub needs the user, or the uid and gid, it runs as".into());
     }
     for (i, d) in e.scrub.iter().enumerate() {
         let d = d.as_slice();

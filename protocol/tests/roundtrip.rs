@@ -55,6 +55,7 @@ fn non_utf8_argv_survives_exactly() {
         gid: None,
         scrub: vec![],
         keep_leftovers: false,
+        user: None,
     });
     let frames = decode_all(&encode(&msg, 1).unwrap()).unwrap();
     match &frames[0].message {
@@ -75,6 +76,7 @@ fn utf8_bytes_are_json_strings() {
         gid: None,
         scrub: vec![],
         keep_leftovers: false,
+        user: None,
     });
     let bytes = encode(&msg, 1).unwrap();
     let json = std::str::from_utf8(&bytes[HEADER_LEN..]).unwrap();
@@ -186,6 +188,7 @@ fn encoder_refuses_wrong_ids_and_invalid_messages() {
         gid: None,
         scrub: vec![],
         keep_leftovers: false,
+        user: None,
     });
     assert!(matches!(
         encode(&empty_argv, 1),
@@ -233,6 +236,7 @@ fn error_codes_are_stable() {
         (ErrorCode::CommandNotExecutable, 16),
         (ErrorCode::TreeSurvived, 17),
         (ErrorCode::ScrubFailed, 18),
+        (ErrorCode::UnknownUser, 19),
     ];
     assert_eq!(ErrorCode::ALL.len(), expected.len());
     for (code, n) in expected {
@@ -268,4 +272,48 @@ fn kind_numbers_are_stable() {
         assert_eq!(k as u16, n);
         assert_eq!(Kind::from_u16(n), Some(k));
     }
+}
+
+#[test]
+fn a_user_is_a_name_and_never_given_with_ids() {
+    let exec = |user: &str, ids: Option<u32>| {
+        Message::Exec(Exec {
+            argv: vec![Bytes::from("whoami")],
+            env: vec![],
+            cwd: Bytes::default(),
+            timeout_ms: None,
+            stdin: false,
+            uid: ids,
+            gid: ids,
+            scrub: vec![],
+            keep_leftovers: false,
+            user: Some(user.into()),
+        })
+    };
+    for good in [
+        "root",
+        "hull",
+        "inspect-ai-test-exec-as-user",
+        "a.b_c",
+        "machine$",
+    ] {
+        assert!(exec(good, None).validate().is_ok(), "{good}");
+    }
+    let long = "a".repeat(hull_protocol::limits::MAX_USER + 1);
+    for bad in [
+        "",
+        "-rf",
+        "1000",
+        "a:b",
+        "a/b",
+        "a b",
+        "röot",
+        "$",
+        long.as_str(),
+    ] {
+        let e = exec(bad, None).validate().unwrap_err();
+        assert!(e.contains("is not a user name"), "{bad}: {e}");
+    }
+    let e = exec("root", Some(0)).validate().unwrap_err();
+    assert!(e.contains("not given with uid and gid"), "{e}");
 }

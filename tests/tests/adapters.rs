@@ -467,4 +467,32 @@ mod vm {
     fn mini_swe_agent_runs_its_stock_configs() {
         super::mini_swe_agent_runs_its_stock_configs("vm");
     }
+
+    /// Every one of inspect's checks passes on vm, `test_exec_as_user`
+    /// too (root adds a user, whom the next exec runs as), all on one
+    /// sample's sandbox (a VM each would take minutes under TCG); an
+    /// unknown user is refused naming it.
+    #[test]
+    fn inspect_s_own_sandbox_checks_all_pass() {
+        hull_tests::require_tier("vm");
+        let w = hull_tests::World::new();
+        let v = super::run(
+            &w,
+            &[
+                super::script("inspect_self_check.py").as_os_str(),
+                "vm".as_ref(),
+                "--one-sandbox".as_ref(),
+            ],
+        );
+        let checks = v.as_object().unwrap();
+        assert!(checks.len() >= 40, "{v:#}");
+        assert_eq!(checks["test_exec_as_user"], "pass", "{v:#}");
+        assert_eq!(
+            checks["hull_exec_as_root_of_the_container"], "pass",
+            "{v:#}"
+        );
+        let failed: Vec<_> = checks.iter().filter(|(_, r)| *r != "pass").collect();
+        assert!(failed.is_empty(), "{failed:#?}");
+        super::nothing_left(&w);
+    }
 }

@@ -195,6 +195,48 @@ fn open(s: &Server, tier: &str, project: &Path) -> String {
     json(&body)["id"].as_str().unwrap().to_string()
 }
 
+/// The process tiers run every command as the session's own user: an
+/// exec naming a user is refused, naming the tier, and runs nothing; so
+/// is `hull run --user`.
+#[test]
+fn a_native_session_refuses_another_user() {
+    require_tier("bwrap");
+    let w = World::new();
+    let s = Server::start(&w);
+    let id = open(&s, "bwrap", &w.project);
+    let body = r#"{"argv": ["touch", "ran"], "user": "root"}"#;
+    let (code, text) = s.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(code, 400, "{text}");
+    assert!(
+        text.contains("tier bwrap runs every command as the session's own user"),
+        "{text}"
+    );
+    assert!(!w.project.join("ran").exists());
+    let (code, text) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(r#"{"argv": ["touch", "ran"]}"#),
+    );
+    assert_eq!(code, 200, "control: {text}");
+    assert!(w.project.join("ran").exists(), "control");
+    for tier in ["bwrap", "landlock"] {
+        let o = w
+            .hull()
+            .args(["run", "--tier", tier, "--user", "root", "--project"])
+            .arg(&w.project)
+            .args(["--", "touch", "ran-as-root"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(&format!("tier {tier}: --user root is refused")),
+            "{err}"
+        );
+        assert!(!w.project.join("ran-as-root").exists());
+    }
+}
+
 /// One session on `tier`: commands run with their exit codes, output,
 /// cwd, env, stdin and timeout; output streams as it comes; files are
 /// written and read through the sandbox (a write the sandbox refuses, to
@@ -1199,5 +1241,97 @@ mod vm {
             std::thread::sleep(Duration::from_millis(100));
         }
         assert!(!alive(), "its supervisor {pid} is left");
+    }
+
+    /// A vm session runs an exec as any user of its container (docker
+    /// exec's `-u`): root adds a user, which the next exec runs as; the
+    /// default stays uid 1000. What root writes to the project, and even
+    /// gives to another user of the container, is the host owner's on the
+    /// host, never the container root's host uid. An unknown user starts
+    /// nothing and says so; a plain `hull run` into the session's VM (a
+    /// kept VM whose turn it does not hold) is refused `--user`.
+    #[test]
+    fn a_session_on_vm_runs_as_any_user_of_its_container() {
+        require_tier("vm");
+        let w = World::new();
+        let s = Server::start(&w);
+        let id = open(&s, "vm", &w.project);
+        let exec = |v: serde_json::Value| {
+            let (code, text) = s.call(
+                "POST",
+                &format!("/v1/sessions/{id}/exec"),
+                Some(&v.to_string()),
+            );
+            assert_eq!(code, 200, "{text}");
+            json(&text)
+        };
+        let who = "id -un; id -u; echo \"$HOME\"";
+        let r = exec(serde_json::json!({"argv": ["sh", "-c", who]}));
+        assert_eq!(
+            r["stdout"].as_str().unwrap().lines().nth(1),
+            Some("1000"),
+            "{r}"
+        );
+        let r = exec(serde_json::json!({"argv": ["sh", "-c", who], "user": "root"}));
+        assert_eq!(r["stdout"], "root\n0\n/root\n", "{r}");
+        let r = exec(serde_json::json!({
+            "argv": ["adduser", "--comment", "hull test", "--disabled-password", "tester"],
+            "user": "root",
+            "timeout": "120s"
+        }));
+        assert_eq!(r["exit_code"], 0, "adduser as root: {r}");
+        let r = exec(serde_json::json!({"argv": ["sh", "-c", who], "user": "tester"}));
+        let out = r["stdout"].as_str().unwrap().to_string();
+        assert!(
+            out.starts_with("tester\n") && out.ends_with("\n/home/tester\n"),
+            "{r}"
+        );
+        assert_ne!(out.lines().nth(1), Some("1000"), "{r}");
+        // Root's writes to the project land, as the host owner's.
+        let r = exec(serde_json::json!({
+            "argv": ["sh", "-c", "echo by-root > root-made.txt && chown tester: root-made.txt && mkdir root-dir"],
+            "user": "root"
+        }));
+        assert_eq!(r["exit_code"], 0, "{r}");
+        use std::os::unix::fs::MetadataExt;
+        // The test made the project: its owner is hull's user.
+        let owner = std::fs::metadata(&w.project).unwrap();
+        for name in ["root-made.txt", "root-dir"] {
+            let m = std::fs::symlink_metadata(w.project.join(name)).unwrap();
+            assert_eq!(
+                (m.uid(), m.gid()),
+                (owner.uid(), owner.gid()),
+                "{name}: the host owner's"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(w.project.join("root-made.txt")).unwrap(),
+            "by-root\n"
+        );
+        let r = exec(serde_json::json!({"argv": ["true"], "user": "no-such-user"}));
+        assert_eq!(r["status"], "hull_error", "{r}");
+        assert!(
+            r["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("no user no-such-user"),
+            "{r}"
+        );
+        let name = format!("session-{}", &id[..12]);
+        let o = w
+            .hull()
+            .args(["run", "--vm", &name, "--user", "root", "--project"])
+            .arg(&w.project)
+            .args(["--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains("--user root is refused in a kept VM"),
+            "{err}"
+        );
+        let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(code, 204);
     }
 }

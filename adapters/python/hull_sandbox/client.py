@@ -99,8 +99,11 @@ class Client:
         stdin: str | bytes | None = None,
         timeout: str | None = None,
         max_output: int | None = None,
+        user: str | None = None,
     ) -> dict[str, Any]:
         doc: dict[str, Any] = {"argv": argv}
+        if user is not None:
+            doc["user"] = user
         if cwd:
             doc["cwd"] = cwd
         if env:

@@ -83,11 +83,15 @@ class HullSandboxEnvironment(SandboxEnvironment):
     # One `hull serve` per task (it serves any tier and policy).
     _servers: dict[str, Server] = {}
 
-    def __init__(self, client: Client, session: str, workspace: str | None) -> None:
+    def __init__(
+        self, client: Client, session: str, workspace: str | None, tier: str = ""
+    ) -> None:
         super().__init__()
         self._client = client
         self._session = session
         self.workspace = workspace
+        # vm: any user of the container; the process tiers: the session's one.
+        self._tier = tier
         # The one user every command of the session runs as, once asked.
         self._user: str | None = None
 
@@ -128,18 +132,25 @@ class HullSandboxEnvironment(SandboxEnvironment):
             info = await asyncio.to_thread(
                 client.create, c.tier, os.path.abspath(c.project), c.policy, "cow"
             )
-            return {"default": cls(client, info["id"], None)}
-        workspace = tempfile.mkdtemp(prefix="hull-sample-")
+            return {"default": cls(client, info["id"], None, c.tier)}
+        # The sample's own directory (0700: no other host user looks in)
+        # holds the workspace, open to every user of a vm session's
+        # container (a user an exec names works there too, as in docker's
+        # working directory).
+        own = tempfile.mkdtemp(prefix="hull-sample-")
+        workspace = os.path.join(own, "work")
         try:
+            os.mkdir(workspace)
             if c.project:
                 await asyncio.to_thread(
                     shutil.copytree, c.project, workspace, symlinks=True, dirs_exist_ok=True
                 )
+            os.chmod(workspace, 0o755)
             info = await asyncio.to_thread(client.create, c.tier, workspace, c.policy)
         except BaseException:
-            shutil.rmtree(workspace, ignore_errors=True)
+            shutil.rmtree(own, ignore_errors=True)
             raise
-        return {"default": cls(client, info["id"], workspace)}
+        return {"default": cls(client, info["id"], workspace, c.tier)}
 
     @classmethod
     async def sample_cleanup(
@@ -158,7 +169,7 @@ class HullSandboxEnvironment(SandboxEnvironment):
                     raise
             finally:
                 if sandbox.workspace is not None:
-                    shutil.rmtree(sandbox.workspace, ignore_errors=True)
+                    shutil.rmtree(os.path.dirname(sandbox.workspace), ignore_errors=True)
 
     @classmethod
     async def task_cleanup(
@@ -184,7 +195,8 @@ class HullSandboxEnvironment(SandboxEnvironment):
         timeout_retry: bool = True,
         concurrency: bool = True,
     ) -> ExecResult[str]:
-        if user is not None and user != await self._session_user():
+        # vm: any user of the container, `root` included.
+        if self._tier != "vm" and user is not None and user != await self._session_user():
             raise SandboxUserUnsupportedError(
                 f"hull: user {user!r}: every command of this session runs as "
                 f"{self._user!r} (the caller, or hull's sandbox user when hull is root)"
@@ -199,6 +211,7 @@ class HullSandboxEnvironment(SandboxEnvironment):
             stdin=input,
             timeout=f"{timeout}s" if timeout is not None else None,
             max_output=min(limit, _MAX),
+            user=user if self._tier == "vm" else None,
         )
         status = r["status"]
         if status == "timeout":
@@ -208,8 +221,11 @@ class HullSandboxEnvironment(SandboxEnvironment):
         code = r.get("exit_code")
         if code is None:
             code = 128 + int(r.get("signal") or 0)
-        if code == 126 and r.get("error"):
+        if code == 126 and r.get("error") and user is None:
             # The program is there but cannot be executed in the sandbox.
+            # (With a user named on vm, 126 is also a user the container
+            # does not have: a failed result whose stderr names it, as
+            # docker's.)
             raise PermissionError(r["error"])
         if r.get("truncated"):
             raise OutputLimitExceededError(

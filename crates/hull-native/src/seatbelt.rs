@@ -299,6 +299,7 @@ mod tests {
             cwd: "/Users/u/proj dir".into(),
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             timeout: None,
+            user: None,
         };
         let c = command(&profile, &spec, Path::new("/Users/u/proj dir")).unwrap();
         assert_eq!(c.get_program(), SANDBOX_EXEC);
@@ -350,6 +351,7 @@ mod tests {
             cwd: "/p".into(),
             env: vec![],
             timeout: None,
+            user: None,
         };
         let e = launch(&pol, &spec).unwrap_err();
         assert!(e.to_string().contains("needs macOS"), "{e}");

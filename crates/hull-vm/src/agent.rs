@@ -85,6 +85,9 @@ pub enum AgentError {
     /// The program is not there (127) or not executable (126) in the guest.
     #[error("{message} (tier vm)")]
     NotRunnable { exit: i32, message: String },
+    /// The exec's user is not one of the container's: nothing started.
+    #[error("{message} (tier vm)")]
+    UnknownUser { message: String },
     #[error("tier vm: container setup failed in the guest: {code}: {message}")]
     ConfigureFailed { code: ErrorCode, message: String },
     #[error("tier vm: {what} got no answer from the guest within {secs}s")]
@@ -635,6 +638,14 @@ impl AgentSession {
                         message: crate::proc::guest_text(&message),
                     });
                 }
+                Message::Error {
+                    code: ErrorCode::UnknownUser,
+                    message,
+                } => {
+                    return Err(AgentError::UnknownUser {
+                        message: crate::proc::guest_text(&message),
+                    });
+                }
                 Message::Error { code, message } => {
                     return Err(AgentError::ExecFailed {
                         code,
@@ -708,6 +719,8 @@ pub fn build_exec(cmd: &CommandSpec, opts: &ExecOptions) -> Result<Exec, AgentEr
     let timeout_ms = cmd
         .timeout
         .map(|t| (t.as_millis().min(u128::from(MAX_TIMEOUT_MS)) as u64).max(1));
+    // A user named by the caller in place of the plan's ids.
+    let ids = cmd.user.is_none().then_some(opts.uid_gid).flatten();
     let e = Exec {
         argv: cmd
             .argv
@@ -718,14 +731,15 @@ pub fn build_exec(cmd: &CommandSpec, opts: &ExecOptions) -> Result<Exec, AgentEr
         cwd: Bytes::from(cmd.cwd.as_os_str().as_bytes()),
         timeout_ms,
         stdin: opts.stdin.is_some(),
-        uid: opts.uid_gid.map(|u| u.0),
-        gid: opts.uid_gid.map(|u| u.1),
+        uid: ids.map(|u| u.0),
+        gid: ids.map(|u| u.1),
         scrub: opts
             .scrub
             .iter()
             .map(|d| Bytes::from(d.as_os_str().as_bytes()))
             .collect(),
         keep_leftovers: opts.keep_leftovers,
+        user: cmd.user.clone(),
     };
     Message::Exec(e.clone())
         .validate()
@@ -877,6 +891,7 @@ mod tests {
             cwd: "/work/proj".into(),
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             timeout: None,
+            user: None,
         }
     }
 

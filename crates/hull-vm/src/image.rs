@@ -843,9 +843,12 @@ mod tests {
             prep.contains(&format!("both {GUEST_UID} {GUEST_GID}")),
             "raw.idmap"
         );
+        // Every exec names its user or ids (the host's choice, uid 1000
+        // unless a session names another user of the container).
         assert!(
-            prep.contains(&format!("--run-as {GUEST_UID}:{GUEST_GID}")),
-            "inner run-as"
+            prep.contains("hull-agent inner --listen-unix /run/hull/inner.sock'")
+                && !prep.contains("--run-as"),
+            "inner agent"
         );
         let dir = agent_disk::GUEST_DIR;
         assert!(

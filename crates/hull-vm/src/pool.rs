@@ -318,6 +318,7 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
             cwd: ctx.project.clone(),
             env: w.env.clone(),
             timeout: ctx.o.timeout,
+            user: None,
         };
         let opts = ExecOptions {
             interrupt: Some(ctx.irq.clone()),

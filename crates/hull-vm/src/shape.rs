@@ -288,9 +288,9 @@ pub(crate) mod tests {
         assert_eq!(
             got,
             [
-                "spill: --socket-path=/tmp/hull-runs/ID/vm/vfs-spill.sock --shared-dir=/tmp/hull-runs/ID/spill --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-gid=map:1000:0:1 --modcaps=-mknod --log-level=info --readonly | ",
-                "tmp: --socket-path=/tmp/hull-runs/ID/vm/vfs-tmp.sock --shared-dir=/tmp/hull-runs/ID/tmp --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-gid=map:1000:0:1 --modcaps=-mknod --log-level=info | ",
-                "project: --socket-path=/tmp/hull-runs/ID/vm/vfs-project.sock --shared-dir=/work/proj --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-gid=map:1000:0:1 --modcaps=-mknod --log-level=info | ReadOnly /work/proj/.git, Hidden /work/proj/.hull",
+                "spill: --socket-path=/tmp/hull-runs/ID/vm/vfs-spill.sock --shared-dir=/tmp/hull-runs/ID/spill --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-uid=squash-guest:0:0:1000 --translate-uid=squash-guest:1001:0:4294966294 --translate-gid=map:1000:0:1 --translate-gid=squash-guest:0:0:1000 --translate-gid=squash-guest:1001:0:4294966294 --modcaps=-mknod --log-level=info --readonly | ",
+                "tmp: --socket-path=/tmp/hull-runs/ID/vm/vfs-tmp.sock --shared-dir=/tmp/hull-runs/ID/tmp --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-uid=squash-guest:0:0:1000 --translate-uid=squash-guest:1001:0:4294966294 --translate-gid=map:1000:0:1 --translate-gid=squash-guest:0:0:1000 --translate-gid=squash-guest:1001:0:4294966294 --modcaps=-mknod --log-level=info | ",
+                "project: --socket-path=/tmp/hull-runs/ID/vm/vfs-project.sock --shared-dir=/work/proj --sandbox=namespace --seccomp=kill --cache=auto --translate-uid=map:1000:0:1 --translate-uid=squash-guest:0:0:1000 --translate-uid=squash-guest:1001:0:4294966294 --translate-gid=map:1000:0:1 --translate-gid=squash-guest:0:0:1000 --translate-gid=squash-guest:1001:0:4294966294 --modcaps=-mknod --log-level=info | ReadOnly /work/proj/.git, Hidden /work/proj/.hull",
             ]
         );
     }

@@ -359,6 +359,7 @@ fn agent_session_over_virtio_serial() {
         cwd: "/mnt/p".into(),
         env: vec![("PATH".into(), "/bin".into())],
         timeout,
+        user: None,
     };
 
     let mut o = Out::default();

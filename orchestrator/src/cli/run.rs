@@ -65,6 +65,12 @@ pub struct RunArgs {
     /// inside this one sandbox (`hull serve`'s sessions; landlock, bwrap).
     #[arg(long, hide = true, conflicts_with_all = ["argv", "cow", "vm", "spill"])]
     pub session_leader: bool,
+    /// Tier 3: run the command as this user of the container (root
+    /// included: the container's root is unprivileged on the host), in a
+    /// fresh VM or a `hull serve` session's; not in a kept VM other runs
+    /// share. Files it writes to the shares are the host owner's.
+    #[arg(long, value_name = "NAME", value_parser = parse_user, conflicts_with = "session_leader")]
+    pub user: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required_unless_present = "session_leader")]
     pub argv: Vec<OsString>,
@@ -78,6 +84,17 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
         return Err(format!("{k:?} is not a valid variable name"));
     }
     Ok((k.to_string(), v.to_string()))
+}
+
+fn parse_user(s: &str) -> Result<String, String> {
+    if hull_protocol::is_user_name(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a user name (letters, digits, _, -, . and at most {} bytes)",
+            hull_protocol::limits::MAX_USER
+        ))
+    }
 }
 
 fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
@@ -133,6 +150,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         cow: a.cow,
         cow_continue: a.cow_continue,
         session_leader: a.session_leader,
+        user: a.user,
         argv: a.argv,
     };
     let started = std::time::SystemTime::now();

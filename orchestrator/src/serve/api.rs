@@ -112,6 +112,11 @@ pub struct ExecRequest {
     /// Stream the output as it comes (`application/x-ndjson`).
     #[serde(default)]
     pub stream: bool,
+    /// Tier vm: the container's user to run as, by name (`root`
+    /// included; default: the session's uid 1000). The process tiers run
+    /// every command as the session's own user and refuse this.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 /// How an exec ended: the body of a collected exec, and the last line of
@@ -177,10 +182,11 @@ mod tests {
             "timeout",
             "max_output",
             "stream",
+            "user",
         ] {
             assert!(exec.get(f).is_some(), "{f}");
         }
-        assert_eq!(exec.as_object().unwrap().len(), 8);
+        assert_eq!(exec.as_object().unwrap().len(), 9);
         let create = &doc["components"]["schemas"]["CreateSession"]["properties"];
         assert_eq!(create.as_object().unwrap().len(), 4);
     }

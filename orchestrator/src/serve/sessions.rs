@@ -401,6 +401,9 @@ impl Sessions {
                 .map_err(|e| Refusal::new(400, format!("timeout {t:?}: {e}")))?;
             c.args(["--timeout", t]);
         }
+        if let Some(user) = &req.user {
+            c.args(["--user", user]);
+        }
         check_env(req)?;
         if !req.env.is_empty() {
             // Through a descriptor, never on the command line (any local
@@ -464,6 +467,28 @@ impl Sessions {
                 400,
                 format!("max_output: at most {} bytes", api::MAX_OUTPUT),
             ));
+        }
+        if let Some(user) = &req.user {
+            if s.vm.is_none() {
+                return Err(Refusal::new(
+                    400,
+                    format!(
+                        "user {user:?}: tier {} runs every command as the session's own user; \
+                         tier vm runs it as any user of its container",
+                        s.info.tier
+                    ),
+                ));
+            }
+            if !hull_protocol::is_user_name(user) {
+                return Err(Refusal::new(
+                    400,
+                    format!(
+                        "user {:?}: not a user name (letters, digits, _, -, ., at most {} bytes)",
+                        user.chars().take(64).collect::<String>(),
+                        hull_protocol::limits::MAX_USER
+                    ),
+                ));
+            }
         }
         if let Some(l) = &s.leader {
             return exec_in(l, s, req, stdin, max, keep, on_chunk).await;
@@ -688,6 +713,7 @@ async fn exec_in(
         scrub: Vec::new(),
         // The leader's agent keeps every exec's leftovers already.
         keep_leftovers: false,
+        user: None,
     };
     let mut streams = [Stream::default(), Stream::default()];
     let t0 = std::time::Instant::now();
@@ -751,6 +777,7 @@ fn exec_of(argv: Vec<String>, max_output: Option<u64>) -> ExecRequest {
         timeout: None,
         max_output,
         stream: false,
+        user: None,
     }
 }
 

@@ -65,7 +65,8 @@ pub fn explain(policy: &Policy) -> Result<String, VmTierError> {
     let mut out = plan.render();
     out.push_str("  per share: virtiofsd --sandbox=namespace --seccomp=kill --cache=auto");
     out.push_str(&format!(
-        " --translate-uid=map:{}:0:1 --translate-gid=map:{}:0:1 [--readonly]\n",
+        " --translate-uid=map:{}:0:1 --translate-gid=map:{}:0:1 (every other guest id \
+         writes as the host owner: squash-guest) [--readonly]\n",
         plan.uid, plan.gid
     ));
     out.push_str(

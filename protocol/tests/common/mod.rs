@@ -86,8 +86,24 @@ pub fn samples() -> Vec<(Message, u32)> {
                 gid: Some(1000),
                 scrub: vec![Bytes::from("/tmp"), Bytes(vec![b'/', 0xff])],
                 keep_leftovers: true,
+                user: None,
             }),
             7,
+        ),
+        (
+            Message::Exec(Exec {
+                argv: vec![Bytes::from("adduser")],
+                env: vec![],
+                cwd: Bytes::default(),
+                timeout_ms: None,
+                stdin: false,
+                uid: None,
+                gid: None,
+                scrub: vec![Bytes::from("/tmp")],
+                keep_leftovers: true,
+                user: Some("root".into()),
+            }),
+            8,
         ),
         (
             Message::Exec(Exec {
@@ -100,6 +116,7 @@ pub fn samples() -> Vec<(Message, u32)> {
                 gid: None,
                 scrub: vec![],
                 keep_leftovers: false,
+                user: None,
             }),
             u32::MAX,
         ),

@@ -56,6 +56,11 @@ pub struct CommandSpec {
     pub env: Vec<(String, String)>,
     /// Wall-time limit for the whole tree.
     pub timeout: Option<Duration>,
+    /// A user of tier 3's container to run as, by name, in place of the
+    /// plan's uid (`hull run --user`, a session's `user=`). The process
+    /// tiers run only as the sandbox's own user: `hull run` refuses a
+    /// user there before any tier starts, and they never read this.
+    pub user: Option<String>,
 }
 
 /// How a command ended.

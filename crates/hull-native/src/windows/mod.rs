@@ -499,6 +499,7 @@ mod tests {
             cwd: "C:\\Users\\u\\proj".into(),
             env: vec![],
             timeout: None,
+            user: None,
         };
         assert!(matches!(
             launch_appcontainer(&pol, &spec),

@@ -28,6 +28,15 @@ pub fn run_in(
     sink: &mut dyn OutputSink,
     irq: Arc<AtomicI32>,
 ) -> Result<ExitStatus, SupervisorError> {
+    // Another user than the plan's would change the container for the
+    // VM's later runs (the scrub empties only the plan's user's scratch):
+    // only where one caller holds the turn for all of them (a session).
+    if let (Some(user), None) = (&spec.user, turn_fd) {
+        return Err(SupervisorError::UserInSharedVm {
+            name: name.to_string(),
+            user: user.clone(),
+        });
+    }
     let dir = vm_dir(name)?;
     let t0 = std::time::Instant::now();
     let at = || t0.elapsed().as_secs_f64();

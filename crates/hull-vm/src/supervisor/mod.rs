@@ -82,6 +82,12 @@ pub enum SupervisorError {
     AlreadyUp { name: String, pid: u32 },
     #[error("hull vm: no VM named {name} is up; start it with `hull vm up --name {name}`")]
     NotUp { name: String },
+    #[error(
+        "tier vm (VM {name}): --user {user} is refused in a kept VM that runs take turns in: \
+         what that user changes in the container (root's packages, users, files) would reach \
+         the VM's later runs. Run without --vm (a fresh VM), or in a `hull serve` session's VM"
+    )]
+    UserInSharedVm { name: String, user: String },
     #[error("hull vm: cannot copy the host's certificate authorities into the run's tmp: {0}")]
     Trust(#[source] std::io::Error),
     #[error("hull vm: VM {name} is {state}, not ready{detail}")]

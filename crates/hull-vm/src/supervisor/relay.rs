@@ -578,6 +578,7 @@ mod tests {
             cwd: "/".into(),
             env: vec![],
             timeout: None,
+            user: None,
         };
         let mut a = connect(&hub);
         let mut b = connect(&hub);

@@ -135,6 +135,20 @@ pub struct VirtiofsdSpec {
     pub overlay: Option<OverlayRole>,
 }
 
+/// virtiofsd's `squash-guest` entries that write every guest id but `id`
+/// as 0 (virtiofsd's ranges end before `u32::MAX`, the id a chown leaves
+/// as it is).
+fn squash_others(id: u32) -> Vec<String> {
+    let mut v = Vec::new();
+    if id > 0 {
+        v.push(format!("squash-guest:0:0:{id}"));
+    }
+    if id < u32::MAX - 1 {
+        v.push(format!("squash-guest:{}:0:{}", id + 1, u32::MAX - id - 1));
+    }
+    v
+}
+
 impl VirtiofsdSpec {
     /// virtiofsd's arguments (without the program name).
     pub fn argv(&self) -> Vec<OsString> {
@@ -153,9 +167,17 @@ impl VirtiofsdSpec {
         kv("--cache=", &"auto".into());
         // Files virtiofsd sees as 0 (host root, or the host user inside
         // virtiofsd's user namespace) appear as the guest's command uid.
+        // Every other guest id writes as 0 too: what the container's root
+        // or another user of it makes (a session's `user=`) is the host
+        // owner's, never a host id nobody chose (the container's root is
+        // guest uid 1000000, which may be some host user's).
         if let Some((uid, gid)) = self.translate {
-            kv("--translate-uid=", &format!("map:{uid}:0:1").into());
-            kv("--translate-gid=", &format!("map:{gid}:0:1").into());
+            for (flag, id) in [("--translate-uid=", uid), ("--translate-gid=", gid)] {
+                kv(flag, &format!("map:{id}:0:1").into());
+                for squash in squash_others(id) {
+                    kv(flag, &squash.into());
+                }
+            }
         }
         // No device nodes from the guest: mknod of a block or character
         // device on the host would give whoever reaches the share that
@@ -249,7 +271,11 @@ mod tests {
                 "--seccomp=kill",
                 "--cache=auto",
                 "--translate-uid=map:1000:0:1",
+                "--translate-uid=squash-guest:0:0:1000",
+                "--translate-uid=squash-guest:1001:0:4294966294",
                 "--translate-gid=map:1000:0:1",
+                "--translate-gid=squash-guest:0:0:1000",
+                "--translate-gid=squash-guest:1001:0:4294966294",
                 "--modcaps=-mknod",
                 "--log-level=info",
                 "--readonly",
