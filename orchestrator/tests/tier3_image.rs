@@ -133,6 +133,18 @@ struct Outcome {
 }
 
 fn exec(conn: &mut Connection<UnixStream>, id: u32, script: &str, cwd: &Path) -> Outcome {
+    exec_as(conn, id, script, cwd, Some(image::GUEST_UID))
+}
+
+/// `ids`: the uid (and gid, the same) the exec names; the inner agent
+/// runs none that names no user or ids.
+fn exec_as(
+    conn: &mut Connection<UnixStream>,
+    id: u32,
+    script: &str,
+    cwd: &Path,
+    ids: Option<u32>,
+) -> Outcome {
     let req = Exec {
         argv: vec![Bytes::from("sh"), Bytes::from("-c"), Bytes::from(script)],
         env: vec![
@@ -142,8 +154,8 @@ fn exec(conn: &mut Connection<UnixStream>, id: u32, script: &str, cwd: &Path) ->
         cwd: Bytes::from(cwd.to_str().unwrap()),
         timeout_ms: Some(60_000),
         stdin: false,
-        uid: None,
-        gid: None,
+        uid: ids,
+        gid: ids,
         scrub: vec![],
         keep_leftovers: false,
         user: None,
@@ -370,6 +382,20 @@ fn boot_configure_and_run_in_the_container() {
         text(&o.stderr)
     );
     assert_eq!(text(&o.stdout), "hi\n");
+    // An exec that names no user or ids is refused: the inner agent, the
+    // container's root, never runs a command as itself unasked.
+    let r = exec_as(&mut conn, 90, "touch /root-made", &project, None);
+    assert!(
+        matches!(
+            &r.end,
+            Message::Error {
+                code: ErrorCode::PolicyDenied,
+                ..
+            }
+        ),
+        "{:?}",
+        r.end
+    );
     // After a boot as after a restore: the container's peak while it ran.
     assert!(
         o.peak_memory_bytes.is_some_and(|p| p > 0 && p < 512 << 20),
