@@ -62,6 +62,6 @@ pub use client::{ConnError, Connection, FrameReader, FrameWriter};
 pub use decode::{DecodeError, Decoder, BUFFER_CAPACITY};
 pub use error_text::{error_chain, error_chain_with};
 pub use frame::{encode, encode_into, EncodeError, Header, Kind, HEADER_LEN, MAGIC, MAX_PAYLOAD};
-pub use message::{is_user_name, ErrorCode, Exec, ExitStatus, Frame, Hello, Message, Role};
+pub use message::{check_user_name, ErrorCode, Exec, ExitStatus, Frame, Hello, Message, Role};
 pub use setup::{ConfigureSpec, Configured, ContainerSpec, NetworkSpec, OverlaySpec, Share};
 pub use version::{negotiate, VersionError, VersionRange, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};

@@ -532,20 +532,29 @@ fn validate_hello(h: &Hello) -> Result<(), String> {
     Ok(())
 }
 
-/// A user name as `useradd` takes it (Debian's default `NAME_REGEX`,
-/// upper case and a trailing `$` too): 1 to [`MAX_USER`] bytes of ASCII
-/// letters, digits, `_`, `-` and `.`, not starting with `-`, and not
-/// digits only (which would read as a uid).
-pub fn is_user_name(u: &str) -> bool {
+/// Whether `u` is a user name as `useradd` takes it (Debian's default
+/// `NAME_REGEX`, upper case and a trailing `$` too): 1 to [`MAX_USER`]
+/// bytes of ASCII letters, digits, `_`, `-` and `.`, not starting with
+/// `-`, and not digits only (which would read as a uid); else why not.
+/// The one check of an `Exec.user`, `hull run --user` and the API's.
+pub fn check_user_name(u: &str) -> Result<(), String> {
     let b = u.as_bytes();
     let body = b.strip_suffix(b"$").unwrap_or(b);
-    !body.is_empty()
+    let ok = !body.is_empty()
         && b.len() <= MAX_USER
         && body[0] != b'-'
         && !body.iter().all(u8::is_ascii_digit)
         && body
             .iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'));
+    if ok {
+        return Ok(());
+    }
+    Err(format!(
+        "user {:?} is not a user name (1 to {MAX_USER} bytes of letters, digits, _, - and ., \
+         not starting with - and not digits only)",
+        u.chars().take(64).collect::<String>()
+    ))
 }
 
 fn validate_exec(e: &Exec) -> Result<(), String> {
@@ -613,12 +622,7 @@ fn validate_exec(e: &Exec) -> Result<(), String> {
         if e.uid.is_some() {
             return Err("user is not given with uid and gid".into());
         }
-        if !is_user_name(u) {
-            return Err(format!(
-                "user {:?} is not a user name (at most {MAX_USER} bytes of a-z, 0-9, _, -, ., not starting with - or a digit only)",
-                u.chars().take(64).collect::<String>()
-            ));
-        }
+        check_user_name(u)?;
     }
     if e.scrub.len() > MAX_SCRUB {
         return Err(format!(

@@ -87,14 +87,7 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_user(s: &str) -> Result<String, String> {
-    if hull_protocol::is_user_name(s) {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "{s:?} is not a user name (letters, digits, _, -, . and at most {} bytes)",
-            hull_protocol::limits::MAX_USER
-        ))
-    }
+    hull_protocol::check_user_name(s).map(|()| s.to_string())
 }
 
 fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {

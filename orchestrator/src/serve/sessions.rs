@@ -479,16 +479,7 @@ impl Sessions {
                     ),
                 ));
             }
-            if !hull_protocol::is_user_name(user) {
-                return Err(Refusal::new(
-                    400,
-                    format!(
-                        "user {:?}: not a user name (letters, digits, _, -, ., at most {} bytes)",
-                        user.chars().take(64).collect::<String>(),
-                        hull_protocol::limits::MAX_USER
-                    ),
-                ));
-            }
+            hull_protocol::check_user_name(user).map_err(|why| Refusal::new(400, why))?;
         }
         if let Some(l) = &s.leader {
             return exec_in(l, s, req, stdin, max, keep, on_chunk).await;
