@@ -468,6 +468,14 @@ mod vm {
         super::mini_swe_agent_runs_its_stock_configs("vm");
     }
 
+    /// inspect's `text_editor` and `bash_session` in a vm session: the
+    /// tools' server injected in the container's `/var/tmp`, the shell a
+    /// process the container keeps between execs.
+    #[test]
+    fn inspect_s_stateful_tools_run_in_a_session() {
+        super::inspect_s_stateful_tools_run_in_a_session("vm");
+    }
+
     /// Every one of inspect's checks passes on vm, `test_exec_as_user`
     /// too (root adds a user, whom the next exec runs as), all on one
     /// sample's sandbox (a VM each would take minutes under TCG); an
