@@ -1475,7 +1475,7 @@ fn check_runnable(_tier: Tier, _pol: &Policy, _spec: &CommandSpec) -> Result<(),
 /// git runs what their config says when someone uses git there.
 #[cfg(unix)]
 fn report_new_repositories(tier: Tier, pol: &Policy, before: &Repos) {
-    if tier == Tier::None {
+    if tier == Tier::None || pol.git == policy::GitMetadata::Writable {
         return;
     }
     let Ok(after) = policy::git::find_in(pol) else {

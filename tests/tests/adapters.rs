@@ -346,7 +346,8 @@ fn landlock_mini_swe_agent_runs_its_stock_configs() {
 /// tool calls: `text_editor` creates and edits a file in the session's own
 /// `/tmp` (the tools' server is injected under `/var/tmp`), and
 /// `bash_session`'s shell keeps its variables and working directory from
-/// one call to the next (a process the session keeps between execs).
+/// one call to the next (a process the session keeps between execs); git
+/// commits, diffs and stashes in the sample's workspace (hull's copy).
 fn inspect_s_stateful_tools_run_in_a_session(tier: &str) {
     require_tier(tier);
     let w = World::new();
@@ -361,7 +362,7 @@ fn inspect_s_stateful_tools_run_in_a_session(tier: &str) {
     );
     assert_eq!(v["status"], "success", "{v:#}");
     let results = v["results"].as_array().unwrap();
-    assert_eq!(results.len(), 4, "{v:#}");
+    assert_eq!(results.len(), 5, "{v:#}");
     for r in results {
         assert!(r["error"].is_null(), "{v:#}");
     }
@@ -384,6 +385,14 @@ fn inspect_s_stateful_tools_run_in_a_session(tier: &str) {
             .as_str()
             .unwrap()
             .contains("kept in /tmp"),
+        "{v:#}"
+    );
+    // git in the sample's workspace: init, add, commit, diff, stash.
+    let git = results[4]["text"].as_str().unwrap();
+    assert!(
+        git.contains("1 file changed, 1 insertion(+)")
+            && git.contains("stashed 1")
+            && git.contains("first"),
         "{v:#}"
     );
     assert!(

@@ -1033,6 +1033,169 @@ fn landlock_a_cow_session_keeps_its_writes_apart() {
     a_cow_session_keeps_its_writes_apart("landlock");
 }
 
+/// Every file of `dir` (no link followed) with its bytes: what a test
+/// compares before and after to see that nothing changed.
+fn tree_of(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_file() {
+                out.push((e.path(), std::fs::read(e.path()).unwrap()));
+            } else {
+                out.push((e.path(), Vec::new()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// git as a harness's agent uses it, in a session: identity from the
+/// exec's environment.
+fn git_exec(s: &Server, id: &str, script: &str) -> serde_json::Value {
+    let body = serde_json::json!({
+        "argv": ["sh", "-c", script],
+        "env": {
+            "GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@example.invalid",
+            "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@example.invalid",
+        },
+        "timeout": "60s",
+    });
+    let (code, text) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(&body.to_string()),
+    );
+    assert_eq!(code, 200, "{text}");
+    json(&text)
+}
+
+/// A `copy` session works on hull's own copy of the project, where git
+/// works (init, add, commit, diff, stash); the project, its `.git`
+/// included, is unchanged, and the copy is gone with the session. The
+/// same commit in a `cow` session on the project is refused (`.git` stays
+/// protected there) and the result's hint names the policy key.
+fn a_copy_session_is_a_git_workspace(tier: &str) {
+    a_copy_session_is_a_git_workspace_and_cow_is_not(tier, true);
+}
+
+/// [`a_copy_session_is_a_git_workspace`]; the `cow` part only when
+/// `cow` (on vm each of its execs restores a VM).
+fn a_copy_session_is_a_git_workspace_and_cow_is_not(tier: &str, cow: bool) {
+    require_tier(tier);
+    let w = World::new();
+    std::fs::write(w.project.join("a.txt"), "base\n").unwrap();
+    w.git_init();
+    let git = |args: &[&str]| {
+        let o = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .current_dir(&w.project)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+    };
+    git(&["add", "a.txt"]);
+    git(&["commit", "-q", "-m", "base"]);
+    let before = tree_of(&w.project);
+    let s = Server::start(&w);
+    let create = |workspace: &str, project: Option<&Path>| {
+        let mut body = serde_json::json!({"tier": tier, "workspace": workspace});
+        if let Some(p) = project {
+            body["project"] = p.display().to_string().into();
+        }
+        let (code, text) = s.call("POST", "/v1/sessions", Some(&body.to_string()));
+        assert_eq!(code, 201, "{text}");
+        json(&text)
+    };
+    let info = create("copy", Some(&w.project));
+    let id = info["id"].as_str().unwrap().to_string();
+    let copy = PathBuf::from(info["project"].as_str().unwrap());
+    assert_eq!(info["workspace"], "copy", "{info}");
+    assert_eq!(info["source"], w.project.display().to_string(), "{info}");
+    assert_ne!(copy, w.project, "{info}");
+    let r = git_exec(
+        &s,
+        &id,
+        "set -e; echo more >> a.txt; git add a.txt; git commit -q -m more; \
+         git diff --stat HEAD~1 | tail -1; echo wip > b.txt; git stash -q -u; \
+         test ! -e b.txt; git stash pop -q >/dev/null; cat b.txt; git log --oneline | wc -l",
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(
+        r["stdout"], " 1 file changed, 1 insertion(+)\nwip\n2\n",
+        "{r}"
+    );
+    // The commit landed in the copy, and nothing reached the project.
+    assert_eq!(
+        std::fs::read_to_string(copy.join("a.txt")).unwrap(),
+        "base\nmore\n"
+    );
+    assert_eq!(tree_of(&w.project), before, "the project changed");
+    // A copy of nothing: a fresh repository.
+    let empty = create("copy", None);
+    let eid = empty["id"].as_str().unwrap().to_string();
+    let r = git_exec(
+        &s,
+        &eid,
+        "set -e; ls -A | wc -l; git init -q; echo x > x; git add x; git commit -q -m x; git log --format=%s",
+    );
+    assert_eq!(
+        (r["exit_code"].clone(), r["stdout"].clone()),
+        (0.into(), "0\nx\n".into()),
+        "{r}"
+    );
+    // Closed, each copy is gone.
+    let ecopy = PathBuf::from(empty["project"].as_str().unwrap());
+    assert!(copy.exists() && ecopy.exists());
+    for sid in [&id, &eid] {
+        let (code, text) = s.call("DELETE", &format!("/v1/sessions/{sid}"), None);
+        assert_eq!(code, 204, "{text}");
+    }
+    assert!(!copy.exists(), "{} is left", copy.display());
+    assert!(!ecopy.exists(), "{} is left", ecopy.display());
+    if !cow {
+        return;
+    }
+    // On the project itself (cow), `.git` is protected: the commit fails,
+    // the hint says which key allows it, and the project is unchanged.
+    let cow = create("cow", Some(&w.project));
+    let cid = cow["id"].as_str().unwrap().to_string();
+    let r = git_exec(
+        &s,
+        &cid,
+        "echo more >> a.txt; git add -A && git commit -q -m more",
+    );
+    assert_ne!(r["exit_code"], 0, "{r}");
+    let hint = r["hint"].as_str().unwrap_or_else(|| panic!("no hint: {r}"));
+    assert!(
+        hint.contains(&format!("{}/.git is read-only", w.project.display()))
+            && hint.contains("fs.git = \"writable\"")
+            && hint.contains("workspace \"copy\""),
+        "{hint}"
+    );
+    assert_eq!(tree_of(&w.project), before, "the project changed");
+    // An exec that fails for another reason gets no hint.
+    let r = git_exec(&s, &cid, "cat /nonexistent");
+    assert!(r["exit_code"] != 0 && r.get("hint").is_none(), "{r}");
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_a_copy_session_is_a_git_workspace() {
+    a_copy_session_is_a_git_workspace("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_a_copy_session_is_a_git_workspace() {
+    a_copy_session_is_a_git_workspace("landlock");
+}
+
 /// A session is its maker's: with `hull serve` run by the user nobody,
 /// root (who can reach nobody's socket) is told nobody's session does not
 /// exist, cannot run in it or close it; nobody still can.
@@ -1085,6 +1248,12 @@ fn another_callers_session_does_not_exist_for_them() {
 #[cfg(feature = "tier3")]
 mod vm {
     use super::*;
+
+    /// git in a vm session's copy: the same as on bwrap and landlock.
+    #[test]
+    fn a_copy_session_is_a_git_workspace() {
+        a_copy_session_is_a_git_workspace_and_cow_is_not("vm", false);
+    }
 
     #[test]
     fn a_cow_session_keeps_its_writes_apart() {

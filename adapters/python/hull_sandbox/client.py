@@ -78,13 +78,18 @@ class Client:
         return json.loads(data) if data else None
 
     def create(
-        self, tier: str, project: str, policy: str = "default", workspace: str = "shared"
+        self,
+        tier: str,
+        project: str | None,
+        policy: str = "default",
+        workspace: str = "shared",
     ) -> dict[str, Any]:
-        return self._json(
-            "POST",
-            "/v1/sessions",
-            {"tier": tier, "project": project, "policy": policy, "workspace": workspace},
-        )
+        """Opens a session. `project` may be None with workspace "copy" (an
+        empty workspace of hull's)."""
+        doc: dict[str, Any] = {"tier": tier, "policy": policy, "workspace": workspace}
+        if project is not None:
+            doc["project"] = project
+        return self._json("POST", "/v1/sessions", doc)
 
     def changes(self, session: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/sessions/{session}/changes")

@@ -3,9 +3,10 @@
 
 Registered through inspect_ai's entry point (`[project.entry-points.inspect_ai]`
 in pyproject.toml): installing this package is all it takes. Each sample
-gets a workspace of its own (a fresh directory, filled from `project` when
-the config names one) and one hull session on it; every `exec` is one
-`hull run` there, with the whole boundary of the tier. The task starts one
+gets one hull session with a workspace of its own: hull's copy of `project`
+(or an empty directory), where git works, removed with the session; every
+`exec` runs inside the session's sandbox, with the whole boundary of the
+tier. The task starts one
 `hull serve` of its own (unless `socket` names a running one) and stops
 it at the end, which closes whatever session is left.
 """
@@ -15,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
-import shutil
-import tempfile
 import threading
 from typing import Any, Literal, Union, overload
 
@@ -133,24 +132,11 @@ class HullSandboxEnvironment(SandboxEnvironment):
                 client.create, c.tier, os.path.abspath(c.project), c.policy, "cow"
             )
             return {"default": cls(client, info["id"], None, c.tier)}
-        # The sample's own directory (0700: no other host user looks in)
-        # holds the workspace, open to every user of a vm session's
-        # container (a user an exec names works there too, as in docker's
-        # working directory).
-        own = tempfile.mkdtemp(prefix="hull-sample-")
-        workspace = os.path.join(own, "work")
-        try:
-            os.mkdir(workspace)
-            if c.project:
-                await asyncio.to_thread(
-                    shutil.copytree, c.project, workspace, symlinks=True, dirs_exist_ok=True
-                )
-            os.chmod(workspace, 0o755)
-            info = await asyncio.to_thread(client.create, c.tier, workspace, c.policy)
-        except BaseException:
-            shutil.rmtree(own, ignore_errors=True)
-            raise
-        return {"default": cls(client, info["id"], workspace, c.tier)}
+        # hull's own copy of the project (or an empty directory): the
+        # sample's, removed when its session closes; git works there.
+        project = os.path.abspath(c.project) if c.project else None
+        info = await asyncio.to_thread(client.create, c.tier, project, c.policy, "copy")
+        return {"default": cls(client, info["id"], info["project"], c.tier)}
 
     @classmethod
     async def sample_cleanup(
@@ -167,9 +153,6 @@ class HullSandboxEnvironment(SandboxEnvironment):
             except HullError as e:
                 if e.status != 404:
                     raise
-            finally:
-                if sandbox.workspace is not None:
-                    shutil.rmtree(os.path.dirname(sandbox.workspace), ignore_errors=True)
 
     @classmethod
     async def task_cleanup(
@@ -232,11 +215,16 @@ class HullSandboxEnvironment(SandboxEnvironment):
                 limit_str=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
                 truncated_output=r.get("stdout"),
             )
+        stderr = r.get("stderr", "")
+        if r.get("hint"):
+            # hull's word on the failure (a refused write to `.git`): the
+            # model reads stderr.
+            stderr += f"\nhull: {r['hint']}\n"
         return ExecResult(
             success=code == 0,
             returncode=code,
             stdout=r.get("stdout", ""),
-            stderr=r.get("stderr", ""),
+            stderr=stderr,
         )
 
     async def _session_user(self) -> str:

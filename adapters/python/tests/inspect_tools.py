@@ -1,7 +1,8 @@
 """inspect_ai's stateful tools in the `hull` sandbox, driven by a scripted
 model (mockllm's custom outputs: tool calls, then an answer): text_editor
 creates and views a file, bash_session keeps a shell whose variables and
-working directory last from one call to the next. Prints one JSON
+working directory last from one call to the next, and git commits, diffs
+and stashes in the sample's workspace. Prints one JSON
 document: the log's status and each tool call's result.
 
     python inspect_tools.py TIER LOG_DIR
@@ -23,6 +24,13 @@ CALLS = [
     ("text_editor", {"command": "str_replace", "path": "/tmp/hello.txt", "old_str": "editor", "new_str": "hull"}),
     ("bash_session", {"action": "type_submit", "input": "cd /tmp && export MARK=kept && cat hello.txt"}),
     ("bash_session", {"action": "type_submit", "input": "echo \"$MARK in $(pwd)\""}),
+    # Back in the sample's workspace (hull's copy): git works there.
+    ("bash_session", {"action": "type_submit", "input": (
+        "cd - >/dev/null && git init -q && echo one > f.txt && git add f.txt"
+        " && git -c user.name=agent -c user.email=agent@example.invalid commit -qm first"
+        " && echo two >> f.txt && git diff --stat | tail -1 && git stash -q"
+        " && echo \"stashed $(git stash list | wc -l)\" && git --no-pager log --format=%s"
+    )}),
 ]
 
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::net::{HostPattern, NetMode, NetPolicy, Registry, DEFAULT_PORTS};
-use crate::VmPolicy;
+use crate::{GitMetadata, VmPolicy};
 use toml::Spanned;
 
 /// A parse or validation error, located in its file.
@@ -68,6 +68,11 @@ pub struct FsSection {
     pub read_write: Vec<Spanned<String>>,
     #[serde(default)]
     pub deny: Vec<Spanned<String>>,
+    /// `.git` in the writable roots, and what git runs from the worktree:
+    /// `read-only` (the default) or `writable` (the roots are then the
+    /// command's whole: no `.hull` kept there either).
+    #[serde(default)]
+    pub git: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -197,6 +202,37 @@ impl PolicyFile {
         PolicyFile::parse(&path.display().to_string(), &text)
     }
 
+    /// This policy's text with `fs.git = "writable"` where it sets no
+    /// `fs.git` (one that says `read-only` keeps it): the policy of a copy
+    /// that nobody uses git in on the host, a session's `copy` workspace.
+    /// The rest means what it meant (relative paths are the project's, not
+    /// the file's).
+    pub fn git_writable_text(&self) -> Result<String, PolicyError> {
+        let mut doc: toml::Table = toml::from_str(&self.source.text).map_err(|e| PolicyError {
+            file: self.source.name.clone(),
+            line: 0,
+            key: "(document)".into(),
+            message: e.message().to_string(),
+        })?;
+        let fs = doc
+            .entry("fs")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(fs) = fs {
+            fs.entry("git")
+                .or_insert_with(|| toml::Value::String(GitMetadata::Writable.as_str().into()));
+        }
+        let body = toml::to_string(&doc).map_err(|e| PolicyError {
+            file: self.source.name.clone(),
+            line: 0,
+            key: "(document)".into(),
+            message: e.to_string(),
+        })?;
+        Ok(format!(
+            "# {}, for a copy nobody uses git in on the host: fs.git = \"writable\" unless it said otherwise\n{body}",
+            self.source.name.replace('\n', " ")
+        ))
+    }
+
     /// An error located at a span of this file.
     pub fn error_at(&self, span: Range<usize>, key: &str, message: String) -> PolicyError {
         PolicyError {
@@ -262,6 +298,23 @@ impl PolicyFile {
             }
         };
         Ok(VmPolicy { packages, rootfs })
+    }
+
+    /// `fs.git`, checked: what the command may do to git metadata in its
+    /// writable roots.
+    pub fn git_metadata(&self) -> Result<GitMetadata, PolicyError> {
+        match &self.fs.git {
+            None => Ok(GitMetadata::ReadOnly),
+            Some(g) => match g.get_ref().as_str() {
+                "read-only" => Ok(GitMetadata::ReadOnly),
+                "writable" => Ok(GitMetadata::Writable),
+                other => Err(self.error_at(
+                    g.span(),
+                    "fs.git",
+                    format!("unknown value {other:?}; supported: \"read-only\" (the default), \"writable\""),
+                )),
+            },
+        }
     }
 
     /// The `[net]` section, checked: every bad entry is an error at its
@@ -487,6 +540,35 @@ mod tests {
         assert_eq!(e.file, "p.toml");
         assert_eq!(e.line, 4, "{e}");
         assert_eq!(e.key, "write", "{e}");
+    }
+
+    /// Every shipped profile, made a copy's: fs.git writable, the rest as
+    /// it was; a policy that says read-only keeps it.
+    #[test]
+    fn a_copy_s_policy_is_the_policy_with_git_writable() {
+        for (name, _) in crate::profiles::PROFILES {
+            let pf = crate::profiles::load(name).unwrap();
+            let text = pf.git_writable_text().unwrap();
+            let copy = PolicyFile::parse("copy", &text).unwrap();
+            assert_eq!(
+                copy.git_metadata().unwrap(),
+                GitMetadata::Writable,
+                "{name}"
+            );
+            assert_eq!(copy.fs.read.len(), pf.fs.read.len(), "{name}");
+            assert_eq!(copy.fs.read_write.len(), pf.fs.read_write.len(), "{name}");
+            assert_eq!(
+                copy.net_policy().unwrap(),
+                pf.net_policy().unwrap(),
+                "{name}"
+            );
+            assert_eq!(copy.env.set.len(), pf.env.set.len(), "{name}");
+            assert!(text.starts_with(&format!("# profile {name},")), "{text}");
+        }
+        let kept = PolicyFile::parse("p", "version = 1\n[fs]\ngit = \"read-only\"\n").unwrap();
+        let text = kept.git_writable_text().unwrap();
+        let again = PolicyFile::parse("copy", &text).unwrap();
+        assert_eq!(again.git_metadata().unwrap(), GitMetadata::ReadOnly);
     }
 
     #[test]

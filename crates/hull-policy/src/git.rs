@@ -27,7 +27,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use super::{Policy, Protect, ProtectReason, Protection};
+use super::{GitMetadata, Policy, Protect, ProtectReason, Protection};
 
 /// Directories deeper than this below a writable root are not walked.
 const MAX_DEPTH: usize = 64;
@@ -113,8 +113,12 @@ pub fn find_repositories(roots: &[&Path], skip: &[&Path]) -> Result<Repos, GitSc
     Ok(out)
 }
 
-/// Adds the protections of [the module docs](self) to `policy`.
+/// Adds the protections of [the module docs](self) to `policy`; none
+/// where its `fs.git` makes git metadata writable.
 pub fn protect(policy: &mut Policy, repos: &Repos) -> Result<(), GitScanError> {
+    if policy.git == GitMetadata::Writable {
+        return Ok(());
+    }
     let roots: Vec<PathBuf> = policy.writable_roots().map(|g| g.path.clone()).collect();
     let inside = |p: &Path| roots.iter().find(|r| p.starts_with(r)).cloned();
     let mut add: Vec<PathBuf> = Vec::new();

@@ -172,6 +172,30 @@ pub struct EnvPolicy {
     pub set: BTreeMap<String, String>,
 }
 
+/// What a command may do to git metadata (`.git`, `.gitmodules`, a
+/// config's hooks and includes) in its writable roots: policy key `fs.git`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GitMetadata {
+    /// Read, never written: git runs hooks and config from there when
+    /// someone uses git on the host.
+    #[default]
+    ReadOnly,
+    /// Written like the rest of the root, which is then the command's
+    /// whole (no `.hull` kept there either): for a copy that nobody uses
+    /// on the host (a session's `copy` workspace, removed at its end).
+    Writable,
+}
+
+impl GitMetadata {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GitMetadata::ReadOnly => "read-only",
+            GitMetadata::Writable => "writable",
+        }
+    }
+}
+
 /// A policy resolved for one hull instance: absolute paths, protections added.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Policy {
@@ -179,6 +203,8 @@ pub struct Policy {
     pub name: String,
     pub grants: Vec<Grant>,
     pub protects: Vec<Protect>,
+    /// `fs.git`: whether git metadata in the writable roots is protected.
+    pub git: GitMetadata,
     pub net: NetPolicy,
     pub limits: Limits,
     pub env: EnvPolicy,

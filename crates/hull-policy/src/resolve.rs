@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use super::file::{PolicyError, PolicyFile};
 use super::{
-    Access, EnvPolicy, Grant, GrantOrigin, Limits, Policy, Protect, ProtectReason, Protection,
+    Access, EnvPolicy, GitMetadata, Grant, GrantOrigin, Limits, Policy, Protect, ProtectReason,
+    Protection,
 };
 
 /// Names protected inside every writable root (besides the instance tmp).
@@ -84,17 +85,24 @@ pub fn resolve(pf: &PolicyFile, vars: &Vars) -> Result<Policy, ResolveError> {
         .filter(|g| g.access == Access::ReadWrite)
         .map(|g| g.path.clone())
         .collect();
-    for root in &roots {
-        protects.push(Protect {
-            path: root.join(HULL_CONFIG_DIR),
-            protection: Protection::Hidden,
-            reason: ProtectReason::HullConfig,
-        });
-        protects.push(Protect {
-            path: root.join(GIT_DIR),
-            protection: Protection::ReadOnly,
-            reason: ProtectReason::GitMetadata,
-        });
+    // A root whose git metadata is the command's (`fs.git = "writable"`) is
+    // a copy nobody uses on the host: it is the command's whole, hull keeps
+    // no `.hull` there either (git's `stash -u` and `clean` would trip on
+    // its mask, which nobody may read).
+    let git = pf.git_metadata()?;
+    if git == GitMetadata::ReadOnly {
+        for root in &roots {
+            protects.push(Protect {
+                path: root.join(HULL_CONFIG_DIR),
+                protection: Protection::Hidden,
+                reason: ProtectReason::HullConfig,
+            });
+            protects.push(Protect {
+                path: root.join(GIT_DIR),
+                protection: Protection::ReadOnly,
+                reason: ProtectReason::GitMetadata,
+            });
+        }
     }
     for rc in SHELL_RC_FILES {
         let p = vars.home.join(rc);
@@ -142,6 +150,7 @@ pub fn resolve(pf: &PolicyFile, vars: &Vars) -> Result<Policy, ResolveError> {
         name: pf.source.name.clone(),
         grants,
         protects,
+        git,
         net: pf.net_policy()?,
         limits,
         env,
@@ -407,6 +416,42 @@ mod tests {
             p.grants.iter().filter(|g| g.path == vars().spill).count(),
             1
         );
+    }
+
+    /// `fs.git`: read-only unless the policy says writable (then neither
+    /// `.git` nor `.hull` is protected: the root is the command's whole);
+    /// any other value is an error at its line naming the key.
+    #[test]
+    fn git_metadata_is_read_only_unless_the_policy_says_writable() {
+        let text = |git: &str| format!("version = 1\n[fs]\nread_write = [\"${{PROJECT}}\"]\n{git}");
+        let protected = |p: &Policy| {
+            p.protects
+                .iter()
+                .any(|x| x.path == Path::new("/work/proj/.git"))
+        };
+        for (git, want) in [
+            ("", GitMetadata::ReadOnly),
+            ("git = \"read-only\"\n", GitMetadata::ReadOnly),
+            ("git = \"writable\"\n", GitMetadata::Writable),
+        ] {
+            let p = resolve(&PolicyFile::parse("p", &text(git)).unwrap(), &vars()).unwrap();
+            assert_eq!(p.git, want, "{git}");
+            assert_eq!(protected(&p), want == GitMetadata::ReadOnly, "{git}");
+            assert_eq!(
+                p.protects
+                    .iter()
+                    .any(|x| x.path == Path::new("/work/proj/.hull")),
+                want == GitMetadata::ReadOnly,
+                "{git}"
+            );
+        }
+        let e = resolve(
+            &PolicyFile::parse("p", &text("git = \"rw\"\n")).unwrap(),
+            &vars(),
+        )
+        .unwrap_err();
+        assert_eq!((e.key.as_str(), e.line), ("fs.git", 4), "{e}");
+        assert!(e.message.contains("\"writable\""), "{e}");
     }
 
     #[test]

@@ -93,7 +93,10 @@ pub fn resolve_policy(
     pol.protects
         .sort_by(|a, b| a.path.cmp(&b.path).then(a.protection.cmp(&b.protection)));
     #[cfg(unix)]
-    let repos = {
+    let repos = if pol.git == policy::GitMetadata::Writable {
+        // Nothing of git's is protected: nothing to look for.
+        Repos::default()
+    } else {
         let repos = policy::git::find_in(&pol)?;
         policy::git::protect(&mut pol, &repos)?;
         repos

@@ -133,6 +133,21 @@ fn render_policy(p: &Policy, registries: &Result<Vec<String>, String>) -> String
             x.reason.as_str()
         ));
     }
+    if p.protects
+        .iter()
+        .any(|x| x.reason == policy::ProtectReason::GitMetadata)
+    {
+        s.push_str(
+            "  (git metadata stays read-only: hooks and config there run code when git is used \
+             on the host; fs.git = \"writable\" lifts it, for a copy nobody uses git in)\n",
+        );
+    }
+    if p.git == policy::GitMetadata::Writable {
+        s.push_str(
+            "  git        writable (fs.git): .git in the writable roots is the command's to \
+             change; use this only on a copy nobody runs git in on the host\n",
+        );
+    }
     let n = &p.net;
     s.push_str(&format!("  network    {}\n", n.mode.as_str()));
     if n.mode == policy::NetMode::Allowlist {

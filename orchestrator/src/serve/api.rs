@@ -34,12 +34,22 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// The OpenAPI document the server serves (`GET /v1/openapi.json`).
 pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 
-/// Where a session's commands write: `shared`, into the project, as `hull
-/// run` does (a session's default); `cow`, into a change set of the
-/// session's own, every exec seeing the project as it was plus the
-/// session's earlier writes (`hull run --cow`, then `--cow-continue`), the
-/// project untouched.
-pub use crate::batch::Workspace;
+/// Where a session's commands write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workspace {
+    /// Into the project, as `hull run` does (a session's default).
+    Shared,
+    /// Into a change set of the session's own, every exec seeing the
+    /// project as it was plus the session's earlier writes (`hull run
+    /// --cow`, then `--cow-continue`), the project untouched.
+    Cow,
+    /// Into a copy of the project (or an empty directory) that hull makes
+    /// for the session and removes at its end; its git metadata is the
+    /// command's (`fs.git = "writable"`), as nobody uses git there on the
+    /// host.
+    Copy,
+}
 
 /// `POST /v1/sessions`.
 #[derive(Debug, Clone, Deserialize)]
@@ -50,8 +60,10 @@ pub struct CreateSession {
     /// A shipped profile name or a policy file (default: `default`).
     #[serde(default = "default_policy")]
     pub policy: String,
-    /// The project directory (absolute).
-    pub project: PathBuf,
+    /// The project directory (absolute); with `copy`, what the session's
+    /// workspace is filled from (none: it starts empty).
+    #[serde(default)]
+    pub project: Option<PathBuf>,
     #[serde(default = "shared")]
     pub workspace: Workspace,
 }
@@ -70,8 +82,13 @@ pub struct SessionInfo {
     pub id: String,
     pub tier: String,
     pub policy: String,
+    /// Where the commands work: the project, or a `copy` session's own
+    /// copy of it.
     pub project: PathBuf,
     pub workspace: Workspace,
+    /// A `copy` session's: the project its workspace was filled from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<PathBuf>,
     /// Where `files` takes a relative path from (the project).
     pub roots: Vec<PathBuf>,
 }
@@ -140,6 +157,10 @@ pub struct ExecResult {
     pub wall_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// hull's word on a failure it can explain (a write to the protected
+    /// `.git` refused, and the policy key that allows it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
 }
 
 /// An error's body.

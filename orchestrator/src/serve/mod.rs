@@ -14,6 +14,7 @@ pub mod api;
 mod http;
 mod leader;
 pub mod sessions;
+mod workspace;
 
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -41,12 +41,19 @@ impl Refusal {
 #[derive(Debug)]
 pub struct Session {
     pub info: SessionInfo,
+    /// The policy its runs get: the one it names, or a copy session's own
+    /// (git metadata writable).
+    run_policy: String,
+    /// Whether its policy keeps `.git` read-only (`fs.git`).
+    git_protected: bool,
     owner: u32,
     /// Tier 3 with a shared workspace: the session's kept VM.
     vm: Option<SessionVm>,
     /// Landlock or bwrap with a shared workspace: the session's one
     /// sandbox, which runs every exec.
     leader: Option<Leader>,
+    /// A copy session's own workspace, removed when the session ends.
+    own: Option<super::workspace::OwnWorkspace>,
     /// A copy-on-write session: its change set, once its first exec made
     /// it. Held for each exec: one run at a time uses the set's overlay.
     changes: Mutex<Option<String>>,
@@ -227,20 +234,19 @@ impl Sessions {
         }
         crate::policy::profiles::load(&req.policy)
             .map_err(|e| Refusal::new(400, format!("policy {}: {e}", req.policy)))?;
-        if !req.project.is_absolute() {
-            return Err(Refusal::new(
-                400,
-                format!("project {}: give an absolute path", req.project.display()),
-            ));
-        }
-        let project = std::fs::canonicalize(&req.project)
-            .map_err(|e| Refusal::new(400, format!("project {}: {e}", req.project.display())))?;
-        if !project.is_dir() {
-            return Err(Refusal::new(
-                400,
-                format!("project {}: not a directory", project.display()),
-            ));
-        }
+        let named = match (&req.project, req.workspace) {
+            (Some(p), _) => Some(checked_project(p)?),
+            (None, Workspace::Copy) => None,
+            (None, w) => {
+                return Err(Refusal::new(
+                    400,
+                    format!(
+                        "project: a {} session needs one (only a copy session starts empty)",
+                        json_of(&w).as_str().unwrap_or("")
+                    ),
+                ))
+            }
+        };
         if self.list(caller).await.len() >= api::MAX_SESSIONS {
             return Err(Refusal::new(
                 429,
@@ -248,21 +254,42 @@ impl Sessions {
             ));
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
-        // A copy-on-write session on tier 3 restores a VM for each exec
-        // (a kept VM shares the project itself).
-        let vm = if tier == crate::tier::Tier::Vm && req.workspace == Workspace::Shared {
-            let name = format!("session-{}", &id[..12]);
-            Some(self.vm_up(name, &project, &req.policy).await?)
-        } else {
-            None
+        // A copy session's own workspace and policy; the session is then a
+        // shared one on them.
+        let own = match req.workspace {
+            Workspace::Copy => Some(
+                super::workspace::OwnWorkspace::make(
+                    &self.work,
+                    &id,
+                    named.as_deref(),
+                    &req.policy,
+                )
+                .await?,
+            ),
+            _ => None,
         };
-        let leader = if tier != crate::tier::Tier::Vm && req.workspace == Workspace::Shared {
-            let l = Leader::start(&self.hull, tier.name(), &req.policy, &project)
-                .await
-                .map_err(|e| Refusal::new(500, format!("tier {tier}: {e}")))?;
-            Some(l)
-        } else {
-            None
+        let (project, policy, source) = match &own {
+            Some(o) => (
+                o.work.clone(),
+                o.policy.to_string_lossy().into_owned(),
+                named,
+            ),
+            None => (named.unwrap_or_default(), req.policy.clone(), None),
+        };
+        let git_protected = crate::policy::profiles::load(&policy)
+            .and_then(|pf| pf.git_metadata())
+            .map_or(true, |g| g == crate::policy::GitMetadata::ReadOnly);
+        let made = self
+            .start(&id, tier, req.workspace, &project, &policy)
+            .await;
+        let (vm, leader) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                if let Some(o) = &own {
+                    o.remove();
+                }
+                return Err(e);
+            }
         };
         let info = SessionInfo {
             id: id.clone(),
@@ -271,17 +298,47 @@ impl Sessions {
             roots: vec![project.clone()],
             project,
             workspace: req.workspace,
+            source,
         };
         let session = Arc::new(Session {
             info: info.clone(),
+            git_protected,
+            run_policy: policy,
             owner: caller,
             vm,
             leader,
+            own,
             changes: Mutex::new(None),
             execs: Execs::default(),
         });
         self.map.lock().await.insert(id, session);
         Ok(info)
+    }
+
+    /// What a session with its workspace on `project` keeps for its life:
+    /// on tier 3 its VM, on landlock and bwrap its one sandbox (a
+    /// copy-on-write session has neither: each exec is a run of its own).
+    async fn start(
+        &self,
+        id: &str,
+        tier: crate::tier::Tier,
+        workspace: Workspace,
+        project: &Path,
+        policy: &str,
+    ) -> Result<(Option<SessionVm>, Option<Leader>), Refusal> {
+        if workspace == Workspace::Cow {
+            // A copy-on-write session on tier 3 restores a VM for each exec
+            // (a kept VM shares the project itself).
+            return Ok((None, None));
+        }
+        if tier == crate::tier::Tier::Vm {
+            let name = format!("session-{}", &id[..12]);
+            return Ok((Some(self.vm_up(name, project, policy).await?), None));
+        }
+        let l = Leader::start(&self.hull, tier.name(), policy, project)
+            .await
+            .map_err(|e| Refusal::new(500, format!("tier {tier}: {e}")))?;
+        Ok((None, Some(l)))
     }
 
     /// Closes the caller's session `id`: its execs in progress end with
@@ -309,6 +366,10 @@ impl Sessions {
         }
         if let Some(vm) = &s.vm {
             self.vm_down(&vm.name).await;
+        }
+        // Nothing of the session runs now.
+        if let Some(own) = &s.own {
+            own.remove();
         }
     }
 
@@ -374,7 +435,7 @@ impl Sessions {
     ) -> Result<(tokio::process::Command, Option<std::os::fd::OwnedFd>), Refusal> {
         let mut c = tokio::process::Command::new(&self.hull);
         let mut env_fd = None;
-        c.args(["run", "--tier", &s.info.tier, "--policy", &s.info.policy])
+        c.args(["run", "--tier", &s.info.tier, "--policy", &s.run_policy])
             .arg("--project")
             .arg(&s.info.project)
             .arg("--json-result")
@@ -452,6 +513,42 @@ impl Sessions {
         keep: bool,
         on_chunk: &(dyn Fn(u8, &[u8]) + Sync),
     ) -> Result<ExecResult, Refusal> {
+        if !s.git_protected {
+            return self.exec_once(s, req, stdin, keep, on_chunk).await;
+        }
+        // What the command said on stderr (its start), to tell a refused
+        // write to the protected `.git` from any other failure.
+        let said = std::sync::Mutex::new(Vec::new());
+        let each = |stream: u8, b: &[u8]| {
+            if stream == 2 {
+                let mut said = said.lock().unwrap_or_else(|e| e.into_inner());
+                let room = GIT_SCAN.saturating_sub(said.len()).min(b.len());
+                said.extend_from_slice(&b[..room]);
+            }
+            on_chunk(stream, b)
+        };
+        let mut r = self.exec_once(s, req, stdin, keep, &each).await?;
+        let said = said.into_inner().unwrap_or_else(|e| e.into_inner());
+        if r.status == Status::Exit && r.exit_code != Some(0) && git_refused(&said) {
+            r.hint = Some(format!(
+                "{}/.git is read-only in this session: git metadata is protected (git runs hooks \
+                 and config from it when someone uses git there on the host). The policy key \
+                 fs.git = \"writable\" makes it writable, for a copy nobody uses git in on the \
+                 host; a session with workspace \"copy\" works on such a copy",
+                s.info.project.display()
+            ));
+        }
+        Ok(r)
+    }
+
+    async fn exec_once(
+        &self,
+        s: &Session,
+        req: &ExecRequest,
+        stdin: Option<Vec<u8>>,
+        keep: bool,
+        on_chunk: &(dyn Fn(u8, &[u8]) + Sync),
+    ) -> Result<ExecResult, Refusal> {
         if req.argv.is_empty() || req.argv.len() > api::MAX_ARGS {
             return Err(Refusal::new(
                 400,
@@ -489,7 +586,7 @@ impl Sessions {
             .join(format!("{}.json", uuid::Uuid::new_v4().simple()));
         let mut cow = match s.info.workspace {
             Workspace::Cow => Some(s.changes.lock().await),
-            Workspace::Shared => None,
+            Workspace::Shared | Workspace::Copy => None,
         };
         let continued = cow.as_ref().and_then(|g| (**g).clone());
         let (mut cmd, env_fd) = self.command(s, req, &result, continued.as_deref())?;
@@ -810,6 +907,7 @@ fn output_of(o: Stream, e: Stream, max: u64, keep: bool, wall_s: f64) -> ExecRes
         truncated: o.total > max || e.total > max,
         wall_s,
         error: None,
+        hint: None,
     }
 }
 
@@ -833,6 +931,50 @@ async fn collect<R: AsyncRead + Unpin>(
         }
     }
     out
+}
+
+/// How much of an exec's stderr is looked at for a refused write to git
+/// metadata.
+const GIT_SCAN: usize = 64 << 10;
+
+/// Whether `stderr` tells of a write under a `.git` the kernel refused:
+/// a `.git` path component and a refusal's errno text (git's own words:
+/// `Unable to create '/p/.git/index.lock': Read-only file system`).
+fn git_refused(stderr: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(stderr);
+    let refused = [
+        "Read-only file system",
+        "Permission denied",
+        "Operation not permitted",
+    ]
+    .iter()
+    .any(|e| text.contains(e));
+    let names_git = text.match_indices(".git").any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + 4..].chars().next();
+        matches!(before, None | Some('/' | '\'' | '"' | ' ' | '\n'))
+            && matches!(after, None | Some('/' | '\'' | '"' | ':' | ' ' | '\n'))
+    });
+    refused && names_git
+}
+
+/// The project a caller names: absolute, there, a directory.
+fn checked_project(p: &Path) -> Result<PathBuf, Refusal> {
+    if !p.is_absolute() {
+        return Err(Refusal::new(
+            400,
+            format!("project {}: give an absolute path", p.display()),
+        ));
+    }
+    let project = std::fs::canonicalize(p)
+        .map_err(|e| Refusal::new(400, format!("project {}: {e}", p.display())))?;
+    if !project.is_dir() {
+        return Err(Refusal::new(
+            400,
+            format!("project {}: not a directory", project.display()),
+        ));
+    }
+    Ok(project)
 }
 
 /// `path` as the session's command names it: relative to the project, or
@@ -860,7 +1002,7 @@ impl Session {
         if self.info.workspace != Workspace::Cow {
             return Err(Refusal::new(
                 409,
-                "the session's workspace is shared: its commands write into the project",
+                "the session's workspace is not copy-on-write: its commands write into it",
             ));
         }
         let Some(id) = self.changes.lock().await.clone() else {
@@ -889,6 +1031,27 @@ fn json_of<T: serde::Serialize>(v: &T) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// git's own words when `.git` is read-only, on bwrap (a read-only
+    /// mount) and on landlock (EACCES); other failures are not it.
+    #[test]
+    fn a_refused_write_to_git_metadata_is_told_from_other_failures() {
+        for said in [
+            "fatal: Unable to create '/tmp/p/.git/index.lock': Read-only file system.\n",
+            "error: could not lock config file .git/config: Permission denied\n",
+            "/tmp/p/.git: Operation not permitted\n",
+        ] {
+            assert!(git_refused(said.as_bytes()), "{said}");
+        }
+        for said in [
+            "fatal: not a git repository (or any of the parent directories): .git\n",
+            "cat: /etc/shadow: Permission denied\n",
+            "cp: cannot create regular file 'x.gitignore': Permission denied\n",
+            "",
+        ] {
+            assert!(!git_refused(said.as_bytes()), "{said}");
+        }
+    }
 
     #[test]
     fn paths_are_taken_from_the_project_and_left_to_the_sandbox() {
