@@ -59,6 +59,8 @@ pub struct RunOptions {
     /// `--cow-continue ID`: the writes go on in the change set of an
     /// earlier `--cow` run on the project, whose writes this run sees.
     pub cow_continue: Option<String>,
+    /// `--changes-id-fd N`: where the change set's ID is told once made.
+    pub changes_id_to: Option<std::sync::Arc<std::fs::File>>,
     /// `--session-leader`: the command is hull's agent serving execs on its
     /// stdin and stdout (`hull serve`'s session, on landlock and bwrap):
     /// every exec runs inside this one sandbox. `argv` is then empty.
@@ -79,6 +81,8 @@ pub enum RunError {
     )]
     UserRefused { tier: Tier, user: String },
     #[cfg(target_os = "linux")]
+    #[error("--changes-id-fd: cannot tell the change set's ID: {0}")]
+    ChangesId(String),
     #[error("--cow: {0}")]
     Changes(#[from] crate::changes::ChangesError),
     #[cfg(target_os = "linux")]
@@ -960,7 +964,20 @@ pub fn execute(
             .transpose()?;
         #[cfg(target_os = "linux")]
         let cow = if opts.cow {
-            Some(start_cow(tier, &pol, &spec, opts.cow_continue.as_deref())?)
+            let c = start_cow(
+                tier,
+                &pol,
+                &spec,
+                opts.cow_continue.as_deref(),
+                leader.is_some(),
+            )?;
+            if let Some(to) = &opts.changes_id_to {
+                use std::io::Write;
+                (&**to)
+                    .write_all(format!("{}\n", c.set.meta.id).as_bytes())
+                    .map_err(|e| RunError::ChangesId(e.to_string()))?;
+            }
+            Some(c)
         } else {
             None
         };
@@ -1025,7 +1042,11 @@ pub fn execute(
             sink,
             Extras {
                 cow: cow_dir.as_deref(),
-                private_tmp: opts.session_leader,
+                // A copy-on-write session on landlock: its rules attach to
+                // the overlay in a helper, which a session's own /tmp
+                // (direct rules over its mounts) does not take yet; its
+                // /tmp is the policy's, as a `--cow` run's.
+                private_tmp: opts.session_leader && !(opts.cow && tier == Tier::Landlock),
             },
         ),
     };
@@ -1291,6 +1312,7 @@ fn start_cow(
     pol: &Policy,
     spec: &CommandSpec,
     continued: Option<&str>,
+    leader: bool,
 ) -> Result<CowRun, RunError> {
     // What the policy protects inside the project is checked again on the
     // host when the set is read: no change there is ever applied.
@@ -1303,11 +1325,15 @@ fn start_cow(
         .collect();
     let baseline = crate::changes::Baseline::capture(&spec.cwd, &protected)?;
     let store = crate::changes::Store::open(crate::changes::Store::default_root());
-    let argv: Vec<String> = spec
-        .argv
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    // A session's leader runs hull's agent: the set is the session's.
+    let argv: Vec<String> = match leader {
+        true => vec!["(a hull serve session)".into()],
+        false => spec
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+    };
     // As root the overlay is mounted by root (trusted xattrs); as a user in
     // a user namespace of the run's own (user xattrs); on tier 3 by guest
     // root with `userxattr`, the one namespace the upper share lets through.

@@ -962,8 +962,12 @@ fn a_cow_session_keeps_its_writes_apart(tier: &str) {
     );
     assert_eq!(code, 201, "{body}");
     let id = json(&body)["id"].as_str().unwrap().to_string();
+    // Nothing written yet: on landlock and bwrap the session's one run has
+    // its set already, empty; on vm the first exec makes it.
     let (_, none) = s.call("GET", &format!("/v1/sessions/{id}/changes"), None);
-    assert_eq!(json(&none)["id"], serde_json::Value::Null, "{none}");
+    let none = json(&none);
+    assert_eq!(none["changes"], serde_json::json!([]), "{none}");
+    assert_eq!(none["id"].is_null(), tier == "vm", "{none}");
     let exec = |script: &str| {
         let (code, body) = s.call(
             "POST",
@@ -1019,6 +1023,35 @@ fn a_cow_session_keeps_its_writes_apart(tier: &str) {
     let shared = open(&s, tier, &w.project);
     let (code, _) = s.call("GET", &format!("/v1/sessions/{shared}/changes"), None);
     assert_eq!(code, 409);
+    if tier == "vm" {
+        return;
+    }
+    // On landlock and bwrap the session is one sandbox: what one exec left
+    // running, and wrote to its TMPDIR, is there at the next.
+    let pid = exec("sleep 300 >/dev/null 2>&1 & echo $!; echo kept > \"$TMPDIR/mark\"");
+    assert_eq!(
+        exec(&format!("kill -0 {} && cat \"$TMPDIR/mark\"", pid.trim())),
+        "kept\n"
+    );
+    // Closed, its run ends and records the set, which outlives it.
+    let set = v["id"].as_str().unwrap().to_string();
+    let (code, text) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 204, "{text}");
+    let o = w
+        .hull()
+        .args(["changes", "show", "--json", &set])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let shown: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(shown["counts"]["added"], 1, "{shown:#}");
+    assert_eq!(shown["counts"]["modified"], 1, "{shown:#}");
+    assert_eq!(
+        shown["argv"],
+        serde_json::json!(["(a hull serve session)"]),
+        "{shown:#}"
+    );
 }
 
 #[cfg(feature = "bwrap")]

@@ -70,7 +70,7 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn of(changes: &[Change]) -> Counts {
+    pub fn of(changes: &[Change]) -> Counts {
         let mut c = Counts::default();
         for ch in changes {
             match ch.op {
@@ -177,7 +177,11 @@ impl ChangeSet {
     /// the changes and, from `baseline` (captured before the run started),
     /// the stamps of the changed paths. A change that would reach a
     /// protected path is kept as refused.
-    pub fn finish(&mut self, baseline: &Baseline) -> Result<(), ChangesError> {
+    /// The set's changes as its upper layer holds them now, nothing
+    /// written: what [`ChangeSet::finish`] records, and what a set whose
+    /// run is still going (a session's) shows meanwhile. A write the
+    /// policy protects is `refused`.
+    pub fn changes_now(&self) -> Result<Vec<Change>, ChangesError> {
         let mut changes = scan(&self.upper(), &self.meta.project, self.meta.marks)?;
         for c in &mut changes {
             if let Some(p) = reaches_protected(c, &self.meta.protected) {
@@ -188,6 +192,11 @@ impl ChangeSet {
                 ));
             }
         }
+        Ok(changes)
+    }
+
+    pub fn finish(&mut self, baseline: &Baseline) -> Result<(), ChangesError> {
+        let changes = self.changes_now()?;
         let paths: Vec<(&str, bool)> = changes
             .iter()
             .map(|c| {

@@ -61,9 +61,14 @@ pub struct RunArgs {
     /// one run at a time).
     #[arg(long, value_name = "ID", requires = "cow")]
     pub cow_continue: Option<String>,
+    /// With --cow: write the change set's ID and a newline to descriptor N
+    /// once the set is made, before the command starts (`hull serve`'s
+    /// copy-on-write sessions); N is close-on-exec from then on.
+    #[arg(long, value_name = "N", requires = "cow", hide = true)]
+    pub changes_id_fd: Option<i32>,
     /// Run hull's agent as the command, serving execs on stdin and stdout
     /// inside this one sandbox (`hull serve`'s sessions; landlock, bwrap).
-    #[arg(long, hide = true, conflicts_with_all = ["argv", "cow", "vm", "spill"])]
+    #[arg(long, hide = true, conflicts_with_all = ["argv", "vm", "spill"])]
     pub session_leader: bool,
     /// Tier 3: run the command as this user of the container (root
     /// included: the container's root is unprivileged on the host), in a
@@ -142,6 +147,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         vm_turn_fd: a.vm_turn_fd,
         cow: a.cow,
         cow_continue: a.cow_continue,
+        changes_id_to: match a.changes_id_fd {
+            Some(fd) => Some(std::sync::Arc::new(std::fs::File::from(
+                crate::exec::env_fd::adopt(fd).ok_or_else(|| {
+                    anyhow::anyhow!("--changes-id-fd {fd}: not an open descriptor")
+                })?,
+            ))),
+            None => None,
+        },
         session_leader: a.session_leader,
         user: a.user,
         argv: a.argv,

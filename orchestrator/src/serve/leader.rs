@@ -101,6 +101,23 @@ impl State {
     }
 }
 
+/// The change set ID the leader's run wrote on `r` (before its agent
+/// said hello, so it is there now): letters and digits, as the store's.
+fn changes_id(r: &std::os::fd::OwnedFd) -> Result<String, String> {
+    let _ = rustix::fs::fcntl_setfl(r, rustix::fs::OFlags::NONBLOCK);
+    let mut buf = [0u8; 64];
+    let n = rustix::io::read(r, &mut buf).unwrap_or(0);
+    let text = std::str::from_utf8(&buf[..n]).unwrap_or("");
+    let id = text.strip_suffix('\n').unwrap_or("");
+    if id.is_empty() || id.len() > 32 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(format!(
+            "the run named no change set (it wrote {:?})",
+            crate::text::printable(text)
+        ));
+    }
+    Ok(id.to_string())
+}
+
 /// What the writer task does next.
 #[derive(Debug)]
 enum Out {
@@ -122,13 +139,16 @@ pub struct Leader {
 
 impl Leader {
     /// Starts the leader of a `tier` session under `policy` on `project`
-    /// and waits for its agent's hello.
+    /// and waits for its agent's hello. With `cow`, the run keeps the
+    /// session's writes in a change set (`hull run --cow`), whose ID comes
+    /// back with the leader.
     pub async fn start(
         hull: &Path,
         tier: &str,
         policy: &str,
         project: &Path,
-    ) -> Result<Leader, LeaderError> {
+        cow: bool,
+    ) -> Result<(Leader, Option<String>), LeaderError> {
         let mut c = tokio::process::Command::new(hull);
         c.args([
             "run",
@@ -137,14 +157,32 @@ impl Leader {
             tier,
             "--policy",
             policy,
-        ])
-        .arg("--project")
-        .arg(project)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        ]);
+        // The run tells the set's ID on a pipe of its own, before the
+        // agent starts (so before its hello).
+        let id_pipe = if cow {
+            let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                .map_err(|e| LeaderError::Spawn(e.into()))?;
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&w);
+            c.args(["--cow", "--changes-id-fd", &raw.to_string()]);
+            // SAFETY: fcntl only, async-signal-safe, on a descriptor number
+            // held open here while the child starts.
+            unsafe {
+                c.pre_exec(move || crate::exec::env_fd::keep_in_child(raw));
+            }
+            Some((r, w))
+        } else {
+            None
+        };
+        c.arg("--project")
+            .arg(project)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
         let mut child = c.spawn().map_err(LeaderError::Spawn)?;
+        // Only the run holds the write end now.
+        let id_pipe = id_pipe.map(|(r, _w)| r);
         let (Some(stdin), Some(mut stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -176,13 +214,18 @@ impl Leader {
             Ok((h, _)) => return Err(leader.fail_start(format!("a {:?} answered", h.role)).await),
             Err(e) => return Err(leader.fail_start(e).await),
         }
+        let changes = match id_pipe.map(|r| changes_id(&r)) {
+            None => None,
+            Some(Ok(id)) => Some(id),
+            Some(Err(why)) => return Err(leader.fail_start(why).await),
+        };
         tokio::spawn(read_frames(
             stdout,
             decoder,
             Arc::clone(&leader.state),
             leader.out.clone(),
         ));
-        Ok(leader)
+        Ok((leader, changes))
     }
 
     /// The leader did not come up: its run is killed, and the reason says

@@ -1,12 +1,14 @@
-//! The sessions of `hull serve`. A session on landlock or bwrap whose
-//! workspace is shared is one sandbox for its whole life: one `hull run`
-//! whose command is hull's agent ([`super::leader`]), every exec a command
-//! the agent starts inside it. A copy-on-write session runs each exec as a
-//! `hull run --cow` of its own, going on in the session's change set; a
-//! session on tier 3 keeps one VM up for it (`hull vm up`, restored once,
-//! every exec a run in it). Either way an exec has the whole boundary of a
-//! run. A session belongs to the uid that made it (the socket peer's
-//! credentials); any other caller is told it does not exist.
+//! The sessions of `hull serve`. A session on landlock or bwrap is one
+//! sandbox for its whole life: one `hull run` whose command is hull's
+//! agent ([`super::leader`]), every exec a command the agent starts inside
+//! it; for a copy-on-write session that run is a `--cow` one, its change
+//! set the session's. A session on tier 3 keeps one VM up for it (`hull vm
+//! up`, restored once, every exec a run in it), but a copy-on-write one
+//! runs each exec as a `hull run --cow` of its own, going on in the
+//! session's change set. A `copy` session works on hull's own copy of the
+//! project ([`super::workspace`]). Either way an exec has the whole
+//! boundary of a run. A session belongs to the uid that made it (the
+//! socket peer's credentials); any other caller is told it does not exist.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -282,7 +284,7 @@ impl Sessions {
         let made = self
             .start(&id, tier, req.workspace, &project, &policy)
             .await;
-        let (vm, leader) = match made {
+        let (vm, leader, changes) = match made {
             Ok(m) => m,
             Err(e) => {
                 if let Some(o) = &own {
@@ -308,7 +310,7 @@ impl Sessions {
             vm,
             leader,
             own,
-            changes: Mutex::new(None),
+            changes: Mutex::new(changes),
             execs: Execs::default(),
         });
         self.map.lock().await.insert(id, session);
@@ -316,8 +318,9 @@ impl Sessions {
     }
 
     /// What a session with its workspace on `project` keeps for its life:
-    /// on tier 3 its VM, on landlock and bwrap its one sandbox (a
-    /// copy-on-write session has neither: each exec is a run of its own).
+    /// on tier 3 its VM, on landlock and bwrap its one sandbox, with a
+    /// copy-on-write session's change set (on tier 3 a copy-on-write
+    /// session has neither: each exec is a run of its own).
     async fn start(
         &self,
         id: &str,
@@ -325,20 +328,21 @@ impl Sessions {
         workspace: Workspace,
         project: &Path,
         policy: &str,
-    ) -> Result<(Option<SessionVm>, Option<Leader>), Refusal> {
-        if workspace == Workspace::Cow {
-            // A copy-on-write session on tier 3 restores a VM for each exec
-            // (a kept VM shares the project itself).
-            return Ok((None, None));
-        }
+    ) -> Result<(Option<SessionVm>, Option<Leader>, Option<String>), Refusal> {
+        let cow = workspace == Workspace::Cow;
         if tier == crate::tier::Tier::Vm {
+            if cow {
+                // A copy-on-write session on tier 3 restores a VM for each
+                // exec (a kept VM shares the project itself).
+                return Ok((None, None, None));
+            }
             let name = format!("session-{}", &id[..12]);
-            return Ok((Some(self.vm_up(name, project, policy).await?), None));
+            return Ok((Some(self.vm_up(name, project, policy).await?), None, None));
         }
-        let l = Leader::start(&self.hull, tier.name(), policy, project)
+        let (l, changes) = Leader::start(&self.hull, tier.name(), policy, project, cow)
             .await
             .map_err(|e| Refusal::new(500, format!("tier {tier}: {e}")))?;
-        Ok((None, Some(l)))
+        Ok((None, Some(l), changes))
     }
 
     /// Closes the caller's session `id`: its execs in progress end with
@@ -1013,9 +1017,17 @@ impl Session {
             });
         };
         let store = crate::changes::Store::open(crate::changes::Store::default_root());
-        let set = store
+        let mut set = store
             .get(&id)
             .map_err(|e| Refusal::new(500, format!("change set {id}: {e}")))?;
+        if set.meta.finished.is_none() {
+            // The session's one run is still going (landlock, bwrap): its
+            // upper layer as it is now.
+            set.changes = set
+                .changes_now()
+                .map_err(|e| Refusal::new(500, format!("change set {id}: {e}")))?;
+            set.meta.counts = crate::changes::Counts::of(&set.changes);
+        }
         Ok(api::SessionChanges {
             id: Some(id),
             counts: Some(json_of(&set.meta.counts)),
