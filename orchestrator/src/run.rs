@@ -80,9 +80,9 @@ pub enum RunError {
          sandbox's own user; tier vm runs it as any user of its container. Nothing was run"
     )]
     UserRefused { tier: Tier, user: String },
-    #[cfg(target_os = "linux")]
     #[error("--changes-id-fd: cannot tell the change set's ID: {0}")]
     ChangesId(String),
+    #[cfg(target_os = "linux")]
     #[error("--cow: {0}")]
     Changes(#[from] crate::changes::ChangesError),
     #[cfg(target_os = "linux")]
@@ -518,6 +518,9 @@ pub fn run_process_tier(
             let handler = crate::tier::broker::Handler::Landlock {
                 watch: crate::tier::broker::Scope::visible(policy).with_own_devices(&own),
                 metadata: crate::tier::broker::Scope::of(policy).with_own_devices(&own),
+                // Unix sockets the command may connect to (where the filter
+                // brokers them): in the writable roots, as metadata.
+                connect: crate::tier::broker::Scope::of(policy).with_own_devices(&own),
                 workers: crate::tier::broker::Workers::new(as_command),
                 creates,
             };
@@ -553,9 +556,13 @@ pub fn run_process_tier(
             tracing::debug!("rules bound");
             let (program, args, search) = match direct_prepared {
                 Some(d) => {
-                    let filter = crate::tier::seccomp::build_broker(true, !spare_pools.is_empty())
-                        .map(|p| crate::tier::seccomp::Raw::new(&p))
-                        .map_err(crate::tier::landlock::LandlockError::from)?;
+                    let filter = crate::tier::seccomp::build_broker(
+                        true,
+                        !spare_pools.is_empty(),
+                        d.unix_brokered(),
+                    )
+                    .map(|p| crate::tier::seccomp::Raw::new(&p))
+                    .map_err(crate::tier::landlock::LandlockError::from)?;
                     let (b, handoff) = crate::tier::broker::Broker::with_handoff(handler, filter)
                         .map_err(broker_err)?;
                     broker = Some(b);

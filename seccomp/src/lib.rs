@@ -34,10 +34,10 @@ pub enum Profile {
     Bwrap,
     /// landlock: IP sockets are refused here unless the command has a
     /// network namespace of its own (`inet`: the policy's allow list, where
-    /// only hull's proxy listens, on its loopback); unix sockets only when
-    /// Landlock itself mediates connecting to them.
+    /// only hull's proxy listens, on its loopback); unix sockets as
+    /// [`UnixSockets`] says.
     Landlock {
-        allow_unix_sockets: bool,
+        unix: UnixSockets,
         /// inet and inet6 sockets, and netlink route, allowed: the command
         /// is in a network namespace of its own.
         inet: bool,
@@ -56,6 +56,21 @@ pub enum Profile {
     /// container under LXC's seccomp policy) does not cover: set-id mode
     /// bits, which land on the host through virtiofs.
     Guest,
+}
+
+/// Unix sockets on the landlock tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnixSockets {
+    /// Every unix `socket()`, and datagram pairs, refused: nothing mediates
+    /// a connect to a host service's socket.
+    Refused,
+    /// Allowed: Landlock itself mediates connecting to them (ABI 9).
+    Landlock,
+    /// Stream and seqpacket sockets allowed, datagram ones refused (a send
+    /// may name any socket); every `connect` goes to hull's broker
+    /// ([`build_broker`] with `connect`), which allows pathname sockets in
+    /// the writable roots only.
+    Brokered,
 }
 
 /// Refused unconditionally, with the reason.
@@ -359,12 +374,7 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
             rules.insert(*nr, Vec::new());
         }
     }
-    if let Profile::Landlock {
-        allow_unix_sockets,
-        inet,
-        ..
-    } = profile
-    {
+    if let Profile::Landlock { unix, inet, .. } = profile {
         let mut socket_rules = if inet {
             socket_family_rules(BWRAP_SOCKET_FAMILIES)?
         } else {
@@ -374,17 +384,22 @@ pub fn build(profile: Profile) -> Result<BpfProgram, SeccompError> {
                 libc::AF_UNIX as u64,
             )?])?]
         };
-        if !allow_unix_sockets {
-            socket_rules.push(rule(vec![cond(
-                0,
-                SeccompCmpOp::Eq,
-                libc::AF_UNIX as u64,
-            )?])?);
+        match unix {
+            UnixSockets::Refused => {
+                socket_rules.push(rule(vec![cond(
+                    0,
+                    SeccompCmpOp::Eq,
+                    libc::AF_UNIX as u64,
+                )?])?);
+                rules.insert(libc::SYS_socketpair, unix_datagram_rules()?);
+            }
+            UnixSockets::Landlock => {}
+            UnixSockets::Brokered => {
+                socket_rules.extend(unix_datagram_rules()?);
+                rules.insert(libc::SYS_socketpair, unix_datagram_rules()?);
+            }
         }
         rules.insert(libc::SYS_socket, socket_rules);
-        if !allow_unix_sockets {
-            rules.insert(libc::SYS_socketpair, unix_datagram_rules()?);
-        }
     }
     finish(rules)
 }
@@ -495,13 +510,23 @@ pub const XATTRAT_CALLS: &[i64] = &[];
 /// [`build`]'s filter, whose EPERM takes precedence (a set-id chmod never
 /// reaches the broker).
 ///
+/// With `connect`, every `connect` stops too (unix sockets brokered).
+///
 /// With `creates` (a writable directory was split around protected paths,
 /// `hull::tier::broker::create`), the calls that create, remove, rename or
 /// link a directory entry stop too: [`create_calls`], and the open family
 /// only with `O_CREAT` or `O_TMPFILE`, so a plain open never waits.
-pub fn build_broker(metadata: bool, creates: bool) -> Result<BpfProgram, SeccompError> {
+pub fn build_broker(
+    metadata: bool,
+    creates: bool,
+    connect: bool,
+) -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     rules.insert(libc::SYS_inotify_add_watch, Vec::new());
+    if connect {
+        // Unix sockets brokered (`UnixSockets::Brokered`): every connect.
+        rules.insert(libc::SYS_connect, Vec::new());
+    }
     if metadata {
         for (_, nr) in metadata_calls() {
             rules.insert(nr, Vec::new());
@@ -710,12 +735,12 @@ mod tests {
             Profile::Guest,
             Profile::Bwrap,
             Profile::Landlock {
-                allow_unix_sockets: true,
+                unix: UnixSockets::Landlock,
                 inet: false,
                 broker: true,
             },
             Profile::Landlock {
-                allow_unix_sockets: false,
+                unix: UnixSockets::Refused,
                 inet: true,
                 broker: false,
             },
@@ -723,7 +748,7 @@ mod tests {
         ] {
             let prog = build(p).unwrap();
             if let Profile::Landlock { broker: true, .. } = p {
-                let b = build_broker(true, true).unwrap();
+                let b = build_broker(true, true, true).unwrap();
                 let notifying = b
                     .iter()
                     .filter(|i| i.code == 0x06 && i.k == libc::SECCOMP_RET_USER_NOTIF)
@@ -778,7 +803,7 @@ mod tests {
     /// mkdir stop and take the listener's answer.
     #[test]
     fn the_create_broker_filter_stops_creates_only() {
-        let prog = build_broker(false, true).unwrap();
+        let prog = build_broker(false, true, false).unwrap();
         let dir = std::env::temp_dir().join(format!("hull-seccomp-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("existing"), "x").unwrap();
@@ -873,7 +898,7 @@ mod tests {
     fn the_landlock_filter_refuses_what_reaches_other_processes() {
         let raw = Raw::new(
             &build(Profile::Landlock {
-                allow_unix_sockets: false,
+                unix: UnixSockets::Refused,
                 inet: false,
                 broker: false,
             })
@@ -938,7 +963,7 @@ mod tests {
         for inet in [false, true] {
             let raw = Raw::new(
                 &build(Profile::Landlock {
-                    allow_unix_sockets: true,
+                    unix: UnixSockets::Landlock,
                     inet,
                     broker: false,
                 })
@@ -991,18 +1016,32 @@ mod tests {
     }
 
     /// Unix datagram sockets for real: refused by socket(2) and
-    /// socketpair(2) on bwrap, by socketpair(2) on landlock (which refuses
-    /// every unix socket(2) there); stream and seqpacket pairs still work.
+    /// socketpair(2) on bwrap and on landlock with brokered unix sockets,
+    /// by socketpair(2) on landlock refusing them (which refuses every unix
+    /// socket(2) there); stream and seqpacket pairs still work, and stream
+    /// sockets where unix sockets are not refused.
     #[test]
     fn unix_datagram_sockets_are_refused() {
         for profile in [
             Profile::Bwrap,
             Profile::Landlock {
-                allow_unix_sockets: false,
+                unix: UnixSockets::Refused,
                 inet: false,
                 broker: false,
             },
+            Profile::Landlock {
+                unix: UnixSockets::Brokered,
+                inet: false,
+                broker: true,
+            },
         ] {
+            let streams = !matches!(
+                profile,
+                Profile::Landlock {
+                    unix: UnixSockets::Refused,
+                    ..
+                }
+            );
             let raw = Raw::new(&build(profile).unwrap());
             std::thread::spawn(move || {
                 // SAFETY: prctl with integer arguments.
@@ -1028,6 +1067,13 @@ mod tests {
                     assert_eq!((r, errno()), (-1, Some(libc::EPERM)), "{profile:?} {ty}");
                 }
                 for ty in [libc::SOCK_STREAM, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC] {
+                    // SAFETY: socket with integer arguments; closed at once.
+                    let r = unsafe { libc::socket(libc::AF_UNIX, ty, 0) };
+                    assert_eq!(r >= 0, streams, "{profile:?} {ty}: {:?}", errno());
+                    if r >= 0 {
+                        // SAFETY: the descriptor just made.
+                        unsafe { libc::close(r) };
+                    }
                     // SAFETY: as above.
                     let r = unsafe { libc::socketpair(libc::AF_UNIX, ty, 0, sv.as_mut_ptr()) };
                     assert_eq!(r, 0, "{profile:?} pair {ty}: {:?}", errno());

@@ -318,18 +318,22 @@ fn inotify_in_the_grants_follows_the_command_uid(t: &str) {
 }
 
 /// Unix sockets of the command's own, in the writable roots, still talk
-/// on bwrap, which refuses a host service's under a grant (the canary's
-/// `host_unix_socket` probe).
+/// on bwrap and on landlock (through hull's connect broker where Landlock
+/// cannot mediate them), which refuse a host service's under a grant (the
+/// canary's `host_unix_socket` probe). Bound below the project's top: on
+/// landlock a directory split around protected names (the top, beside
+/// `.git`) takes new entries through hull's create broker, which makes
+/// files and directories, not sockets.
 fn the_command_s_own_unix_sockets_talk(t: &str) {
     require_tier(t);
     let w = World::new();
     std::fs::write(
         w.project.join("own.py"),
         "import socket, os, threading\n\
-         srv = socket.socket(socket.AF_UNIX); srv.bind('own.sock'); srv.listen(1)\n\
+         srv = socket.socket(socket.AF_UNIX); srv.bind('src/own.sock'); srv.listen(1)\n\
          def serve():\n    a, _ = srv.accept(); a.sendall(b'hello ' + a.recv(16))\n\
          threading.Thread(target=serve).start()\n\
-         up = '../' + os.path.basename(os.getcwd()) + '/own.sock'\n\
+         up = '../' + os.path.basename(os.getcwd()) + '/src/own.sock'\n\
          c = socket.socket(socket.AF_UNIX); c.connect(up); c.sendall(b'own')\n\
          print('own:', c.recv(32).decode())\n",
     )
@@ -3243,6 +3247,7 @@ matrix!(
         a_killed_proxy_ends_the_run_naming_it,
         socks5_reaches_allowed_names_only,
         registries_the_host_uses_serve_real_installs,
+        the_command_s_own_unix_sockets_talk,
     ],
     bwrap: [
         a_program_the_policy_hides_is_named_with_what_grants_it,

@@ -24,12 +24,15 @@ CALLS = [
     ("text_editor", {"command": "str_replace", "path": "/tmp/hello.txt", "old_str": "editor", "new_str": "hull"}),
     ("bash_session", {"action": "type_submit", "input": "cd /tmp && export MARK=kept && cat hello.txt"}),
     ("bash_session", {"action": "type_submit", "input": "echo \"$MARK in $(pwd)\""}),
-    # Back in the sample's workspace (hull's copy): git works there.
+    # Back in the sample's workspace (hull's copy): git works there. Its
+    # output comes at once at the end (bash_session returns half a second
+    # after output stops: git under TCG can pause longer).
     ("bash_session", {"action": "type_submit", "input": (
-        "cd - >/dev/null && git init -q && echo one > f.txt && git add f.txt"
+        "cd - >/dev/null && { git init -q && echo one > f.txt && git add f.txt"
         " && git -c user.name=agent -c user.email=agent@example.invalid commit -qm first"
         " && echo two >> f.txt && git diff --stat | tail -1 && git stash -q"
-        " && echo \"stashed $(git stash list | wc -l)\" && git --no-pager log --format=%s"
+        " && echo \"stashed $(git stash list | wc -l)\" && git --no-pager log --format=%s;"
+        " } > /tmp/git.out 2>&1; cat /tmp/git.out"
     )}),
 ]
 

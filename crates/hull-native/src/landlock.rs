@@ -93,6 +93,10 @@ pub struct ExecPlan {
     #[serde(default)]
     pub deferred: Vec<crate::rules::Deferred>,
     pub allow_unix_sockets: bool,
+    /// Unix sockets whose connects hull's broker answers (Landlock cannot
+    /// mediate them here): [`unix_sockets`].
+    #[serde(default)]
+    pub unix_brokered: bool,
     pub memory: Option<u64>,
     pub pids: Option<u64>,
     /// The socket on which the helper sends hull the listener of the
@@ -149,7 +153,9 @@ fn verdict(abi: i32) -> Result<String, LandlockError> {
     let unix = if abi >= UNIX_SOCKET_ABI {
         "unix sockets mediated by Landlock"
     } else {
-        "unix sockets refused (ABI < 9 cannot mediate them), unix datagram pairs too"
+        "unix sockets connect through hull's broker (ABI < 9 cannot mediate them): \
+         pathname sockets in the writable roots only, no abstract ones, no datagrams \
+         (with an allow list: refused)"
     };
     Ok(format!(
         "Landlock ABI {abi}; signals and abstract sockets scoped; seccomp; {unix}"
@@ -189,6 +195,9 @@ pub struct Direct {
     ruleset: std::os::fd::OwnedFd,
     /// Whether the ruleset handles the resolution of unix sockets.
     allow_unix_sockets: bool,
+    /// Whether the command's connects go to the broker
+    /// ([`Direct::unix_brokered`]).
+    unix_brokered: bool,
     filter: crate::seccomp::Raw,
     /// Where the step names its failure (a byte: [`Direct::failure`]),
     /// close-on-exec.
@@ -213,8 +222,9 @@ impl Direct {
                 "rules left to a helper where none runs".into(),
             ));
         }
+        let unix = unix_sockets(allow_unix_sockets, req.proxy_port.is_some());
         let prog = crate::seccomp::build(crate::seccomp::Profile::Landlock {
-            allow_unix_sockets,
+            unix,
             inet: req.proxy_port.is_some(),
             broker: true,
         })?;
@@ -226,10 +236,17 @@ impl Direct {
         Ok(Some(Direct {
             ruleset: bound.ruleset,
             allow_unix_sockets,
+            unix_brokered: unix == crate::seccomp::UnixSockets::Brokered,
             filter: crate::seccomp::Raw::new(&prog),
             failed_r,
             failed_w,
         }))
+    }
+
+    /// Whether the command's unix sockets connect through the broker: its
+    /// filter must then stop every `connect` ([`crate::seccomp::build_broker`]).
+    pub fn unix_brokered(&self) -> bool {
+        self.unix_brokered
     }
 
     /// Lets the command write beneath `dir` too, `what` in an error: a
@@ -255,6 +272,7 @@ impl Direct {
         let Direct {
             ruleset,
             allow_unix_sockets: _,
+            unix_brokered: _,
             filter,
             failed_r,
             failed_w,
@@ -324,6 +342,21 @@ fn bind(req: &Request<'_>) -> Result<(crate::rules::Bound, bool), LandlockError>
     Ok((bound, allow_unix_sockets))
 }
 
+/// How a run's unix sockets are kept: by Landlock itself where it mediates
+/// them (`landlock_unix`, ABI 9); otherwise by hull's connect broker,
+/// unless the command has a network namespace of its own (`inet`, the
+/// allow list: its connects are Landlock's to check, port by port, which
+/// a connect hull makes on its behalf would not be), where they are
+/// refused.
+pub fn unix_sockets(landlock_unix: bool, inet: bool) -> crate::seccomp::UnixSockets {
+    use crate::seccomp::UnixSockets;
+    match (landlock_unix, inet) {
+        (true, _) => UnixSockets::Landlock,
+        (false, false) => UnixSockets::Brokered,
+        (false, true) => UnixSockets::Refused,
+    }
+}
+
 /// Reads the helper's error pipe after it is done.
 pub fn check_started(error_r: std::os::fd::OwnedFd) -> Result<(), LandlockError> {
     let mut text = String::new();
@@ -346,6 +379,8 @@ pub fn command(req: &Request<'_>) -> Result<Prepared, LandlockError> {
         ruleset_fd: std::os::fd::AsRawFd::as_raw_fd(&bound.ruleset),
         deferred: bound.deferred,
         allow_unix_sockets,
+        unix_brokered: unix_sockets(allow_unix_sockets, req.proxy_port.is_some())
+            == crate::seccomp::UnixSockets::Brokered,
         memory: req.limits.memory,
         pids: req.limits.pids,
         broker_fd: req.broker_fd,
@@ -469,8 +504,15 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
         unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(plan.ruleset_fd) };
     crate::rules::add_deferred(&ruleset, &plan.deferred)?;
     crate::rules::restrict_self(ruleset)?;
+    // Brokered only where the broker's filter goes on too.
+    let brokered = plan.unix_brokered && plan.broker_fd.is_some();
+    let unix = match (plan.allow_unix_sockets, brokered) {
+        (true, _) => crate::seccomp::UnixSockets::Landlock,
+        (false, true) => crate::seccomp::UnixSockets::Brokered,
+        (false, false) => crate::seccomp::UnixSockets::Refused,
+    };
     let prog = crate::seccomp::build(crate::seccomp::Profile::Landlock {
-        allow_unix_sockets: plan.allow_unix_sockets,
+        unix,
         inet: plan.inet,
         // Metadata calls go to the broker: Landlock does not mediate them.
         broker: true,
@@ -480,7 +522,7 @@ fn restrict(plan: &ExecPlan) -> Result<(), LandlockError> {
         // SAFETY: hull passed this socket by number; we own it from here,
         // and it closes before the command runs.
         let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let broker = crate::seccomp::build_broker(true, plan.spares)?;
+        let broker = crate::seccomp::build_broker(true, plan.spares, brokered)?;
         let listener = crate::seccomp::apply_with_listener(&broker)?;
         crate::broker::send_listener(
             std::os::fd::AsFd::as_fd(&sock),

@@ -49,8 +49,11 @@ pub struct Decoy {
     pub listener_port: u16,
     pub connections: Arc<AtomicUsize>,
     /// Stream connections and datagrams that reached the host's unix
-    /// sockets.
+    /// sockets (a pathname stream, a pathname datagram and an abstract
+    /// stream socket).
     pub unix_arrivals: Arc<AtomicUsize>,
+    /// The host's abstract socket's name (without the leading NUL).
+    pub abstract_name: String,
     /// The port of a host vsock listener (None: this host has no vsock),
     /// and what reached it.
     pub vsock_port: Option<u32>,
@@ -123,6 +126,22 @@ impl Decoy {
             // Writable by anyone: what stops the command must be hull.
             mode(&shared.join(s), 0o666)?;
         }
+        // An abstract socket: no file to guard it, only the namespace (bwrap's
+        // network namespace, the VM's kernel) or the connect's broker.
+        let abstract_name = format!(
+            "hull-canary-{}",
+            root.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
+        );
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::linux::net::SocketAddrExt;
+            let addr =
+                std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes())?;
+            let abs = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+            count(&unix_arrivals, move || abs.accept().is_ok());
+        }
         let vsock_arrivals = Arc::new(AtomicUsize::new(0));
         let vsock_port = vsock::listen(&vsock_arrivals);
         let project = root.join("project");
@@ -153,6 +172,7 @@ impl Decoy {
             listener_port,
             connections,
             unix_arrivals,
+            abstract_name,
             vsock_port,
             vsock_arrivals,
             shm: Shm::new(),

@@ -641,8 +641,11 @@ pub fn probes() -> Vec<Probe> {
                      .sendto(b\"x\", \"{0}/host.dgram\")\n\
                      def link():\n  os.symlink(\"{0}/host.sock\", \"l.sock\"); \
                      s = socket.socket(socket.AF_UNIX); s.connect(\"l.sock\")\n\
-                     go(stream); go(dgram); go(link)'",
-                    d.shared.display()
+                     def abstract():\n  s = socket.socket(socket.AF_UNIX); s.settimeout(3); \
+                     s.connect(\"\\0{1}\")\n\
+                     go(stream); go(dgram); go(link); go(abstract)'",
+                    d.shared.display(),
+                    d.abstract_name
                 )
             },
             |d, _| {

@@ -81,6 +81,23 @@ pub struct RunArgs {
     pub argv: Vec<OsString>,
 }
 
+/// `--changes-id-fd N`: the descriptor, owned (close-on-exec) from here.
+#[cfg(target_os = "linux")]
+fn changes_id_to(fd: Option<i32>) -> anyhow::Result<Option<std::sync::Arc<std::fs::File>>> {
+    let Some(fd) = fd else { return Ok(None) };
+    let owned = crate::exec::env_fd::adopt(fd)
+        .ok_or_else(|| anyhow::anyhow!("--changes-id-fd {fd}: not an open descriptor"))?;
+    Ok(Some(std::sync::Arc::new(std::fs::File::from(owned))))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn changes_id_to(fd: Option<i32>) -> anyhow::Result<Option<std::sync::Arc<std::fs::File>>> {
+    match fd {
+        Some(fd) => anyhow::bail!("--changes-id-fd {fd}: Linux only for now"),
+        None => Ok(None),
+    }
+}
+
 fn parse_env(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -147,14 +164,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         vm_turn_fd: a.vm_turn_fd,
         cow: a.cow,
         cow_continue: a.cow_continue,
-        changes_id_to: match a.changes_id_fd {
-            Some(fd) => Some(std::sync::Arc::new(std::fs::File::from(
-                crate::exec::env_fd::adopt(fd).ok_or_else(|| {
-                    anyhow::anyhow!("--changes-id-fd {fd}: not an open descriptor")
-                })?,
-            ))),
-            None => None,
-        },
+        changes_id_to: changes_id_to(a.changes_id_fd)?,
         session_leader: a.session_leader,
         user: a.user,
         argv: a.argv,

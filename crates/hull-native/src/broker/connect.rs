@@ -1,24 +1,32 @@
-//! The connect broker of the bwrap tier.
+//! The connect broker: of the bwrap tier, and of the landlock tier where
+//! its Landlock cannot mediate unix sockets (ABI < 9).
 //!
 //! A read-only bind mount does not stop `connect()` to a unix socket under
 //! it, and the network namespace does not cover pathname sockets: without
 //! this broker a command could talk to any host service whose socket lies
 //! under a grant (a `docker.sock` would be host root). Every `connect` of
-//! the command stops in its filter (`hull_seccomp::build_connect_broker`)
-//! and is answered here, on a worker thread of its own (a connect may
-//! block until the peer accepts):
+//! the command stops in its filter (`hull_seccomp::build_connect_broker`,
+//! or `build_broker` with `connect` on landlock) and is answered here, on
+//! a worker thread of its own (a connect may block until the peer
+//! accepts):
 //!
 //! - the socket is the command's own, fetched with `pidfd_getfd`; its
 //!   address is read once from the command's memory;
 //! - a pathname address is resolved in the command's own view of the file
 //!   system (`/proc/TID/root`, `RESOLVE_IN_ROOT`, no magic links), and the
-//!   socket file must lie on a writable mount of that view: the writable
-//!   roots, the sandbox's own `/tmp`. Anything else is refused (EACCES);
+//!   socket file must lie on a writable mount of that view (bwrap: the
+//!   writable roots, the sandbox's own `/tmp`), or, on landlock, where the
+//!   whole host is one view, in the writable roots outside every
+//!   protection, or on a session's own `/tmp` (the metadata broker's
+//!   [`super::Scope`]). Anything else is refused (EACCES);
 //! - hull then connects that socket to the inode it resolved (through
 //!   `/proc/thread-self/fd`), so renaming or replacing the path after the
-//!   check changes nothing. Other addresses (inet, abstract unix sockets,
-//!   both scoped to the sandbox's network namespace) are connected as
-//!   read;
+//!   check changes nothing. On bwrap other addresses (inet, abstract unix
+//!   sockets, both scoped to the sandbox's network namespace) are
+//!   connected as read. On landlock a connect hull made would escape the
+//!   command's Landlock domain (its scoping of abstract sockets), so only
+//!   pathname unix addresses are connected, anything else refused (EACCES:
+//!   the command has no other socket there, its filter refusing them);
 //! - when hull is root the worker first takes the command's uid, gid and
 //!   groups (on that thread only), so the kernel's permission check on the
 //!   socket file and the peer's credentials are the command's.
@@ -28,6 +36,7 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 
 use super::{become_on_this_thread, err, identity, proc_fd, read_bounded, Task};
 
@@ -77,11 +86,14 @@ fn pathname(addr: &[u8]) -> Option<&[u8]> {
 }
 
 impl Task<'_> {
-    /// Answers `connect(fd, addr, len)`.
+    /// Answers `connect(fd, addr, len)`: on bwrap (`scope` None) to a
+    /// socket on a writable mount of the command's view, on landlock to a
+    /// pathname socket `scope` allows.
     pub(super) fn connect(
         &self,
         req: &libc::seccomp_notif,
         as_command: bool,
+        scope: Option<&super::Scope>,
     ) -> std::io::Result<()> {
         let [fd, addr, len, ..] = req.data.args;
         let len = len as u32 as usize;
@@ -110,6 +122,28 @@ impl Task<'_> {
         } else {
             None
         };
+        if let Some(scope) = scope {
+            // Landlock: a pathname socket in scope, nothing else.
+            let Some(path) = path else {
+                tracing::debug!("broker: refused a connect to no pathname unix socket (landlock)");
+                return Err(err(libc::EACCES));
+            };
+            if let Some(who) = &who {
+                become_on_this_thread(who)?;
+            }
+            let target = self.open_in_view(path)?;
+            let link =
+                rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(target.as_fd()), Vec::new())?;
+            let at = std::path::Path::new(std::ffi::OsStr::from_bytes(link.as_bytes()));
+            if !scope.allows_file(target.as_fd(), at) {
+                tracing::debug!(path = %String::from_utf8_lossy(path), "broker: refused a connect to a socket outside the writable roots");
+                return Err(err(libc::EACCES));
+            }
+            self.valid()?;
+            let via = proc_fd(target.as_fd());
+            let (sa, salen) = unix_address(via.as_bytes())?;
+            return connect_raw(&sock, (&sa as *const libc::sockaddr_un).cast(), salen);
+        }
         let Some(path) = path else {
             self.valid()?;
             if let Some(who) = &who {

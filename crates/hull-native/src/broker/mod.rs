@@ -64,6 +64,9 @@ pub enum Handler {
         /// Creates in split directories (None: no directory was split, or
         /// no spares could be made, which the user was told).
         creates: Option<Arc<Creates>>,
+        /// Connects to unix sockets, where the filter brokers them
+        /// (Landlock ABI < 9): pathname sockets this scope allows.
+        connect: Scope,
     },
     /// Connects, each on a worker (a connect may block until the peer
     /// accepts).
@@ -317,8 +320,16 @@ fn answer_one(listener: &Arc<OwnedFd>, handler: &Handler) {
             metadata,
             workers,
             creates,
+            connect,
         } => {
             let nr = req.data.nr as i64;
+            if nr == libc::SYS_connect {
+                let scope = connect.clone();
+                workers.answer(listener, req, move |t, as_command| {
+                    t.connect(&req, as_command, Some(&scope)).map(|()| 0)
+                });
+                return;
+            }
             if nr == libc::SYS_inotify_add_watch {
                 let scope = watch.clone();
                 workers.answer(listener, req, move |t, as_command| {
@@ -350,7 +361,7 @@ fn answer_one(listener: &Arc<OwnedFd>, handler: &Handler) {
             }
         }
         Handler::Connect(workers) => workers.answer(listener, req, move |t, as_command| {
-            t.connect(&req, as_command).map(|()| 0)
+            t.connect(&req, as_command, None).map(|()| 0)
         }),
     }
 }
