@@ -703,6 +703,12 @@ pub fn run_process_tier(
                     for root in switch.private_roots() {
                         d.allow_writable_dir(root, "the session's own /tmp")?;
                     }
+                    // Terminals of its own: a session's shell tools open a
+                    // pseudo-terminal (bwrap's --dev gives one too).
+                    switch = switch.with_private_pts()?;
+                    if let Some(pts) = switch.pts_root() {
+                        d.allow_pty(pts)?;
+                    }
                 }
                 if let (Some(set_dir), Some(covers)) = (cow, &covers) {
                     let masks = launch::create_masks(run_dir)?;

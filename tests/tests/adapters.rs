@@ -412,6 +412,15 @@ fn bwrap_inspect_s_stateful_tools_run_in_a_session() {
     inspect_s_stateful_tools_run_in_a_session("bwrap");
 }
 
+/// On landlock the tools' server talks over a unix socket (connected by
+/// hull's broker where Landlock cannot mediate unix sockets) and its shell
+/// runs on a terminal of the session's own devpts.
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_inspect_s_stateful_tools_run_in_a_session() {
+    inspect_s_stateful_tools_run_in_a_session("landlock");
+}
+
 /// inspect_ai's own conformance checks for sandbox providers
 /// (`inspect_ai.util._sandbox.self_check`), each on a fresh sample
 /// sandbox: all pass but running as another user, refused by name (one

@@ -1066,6 +1066,99 @@ fn landlock_a_cow_session_keeps_its_writes_apart() {
     a_cow_session_keeps_its_writes_apart("landlock");
 }
 
+/// A session's terminals are its own: it opens a pseudo-terminal (the
+/// shell tools' need) on a devpts of its own, and a terminal of the host's
+/// is not in its view: the bytes it writes to the host terminal's path
+/// never reach that terminal. Under tier none the same write lands.
+fn a_session_has_terminals_of_its_own(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors; the rest may be null.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: the descriptors just made, ours alone.
+    let (master, slave) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::fs::File::from_raw_fd(master),
+            std::fs::File::from_raw_fd(slave),
+        )
+    };
+    let host_tty = std::fs::read_link(format!("/proc/self/fd/{}", {
+        use std::os::fd::AsRawFd;
+        slave.as_raw_fd()
+    }))
+    .unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: fcntl with integer arguments on our own descriptor.
+        let r = unsafe { libc::fcntl(master.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        assert_eq!(r, 0);
+    }
+    let arrived = || {
+        let mut buf = [0u8; 256];
+        let mut got = Vec::new();
+        std::thread::sleep(Duration::from_millis(300));
+        while let Ok(n) = std::io::Read::read(&mut &master, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let attack = format!("printf pwned > {} 2>/dev/null; true", host_tty.display());
+    // The control: without a sandbox the write reaches the host's terminal.
+    let control = Command::new("sh").args(["-c", &attack]).status().unwrap();
+    assert!(control.success());
+    assert!(
+        arrived().contains("pwned"),
+        "control: nothing reached {}",
+        host_tty.display()
+    );
+    let s = Server::start(&w);
+    let id = open(&s, tier, &w.project);
+    let exec = |script: &str| {
+        let (code, body) = s.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(&serde_json::json!({"argv": ["sh", "-c", script], "timeout": "60s"}).to_string()),
+        );
+        assert_eq!(code, 200, "{body}");
+        json(&body)
+    };
+    let r = exec(
+        "python3 -c 'import os; m, s = os.openpty(); os.write(m, b\"hi\\n\"); \
+         print(os.ttyname(s), os.read(s, 3))'",
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(r["stdout"].as_str().unwrap().contains("/dev/pts/"), "{r}");
+    let r = exec(&attack);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(arrived(), "", "the session wrote to the host's terminal");
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_a_session_has_terminals_of_its_own() {
+    a_session_has_terminals_of_its_own("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_a_session_has_terminals_of_its_own() {
+    a_session_has_terminals_of_its_own("landlock");
+}
+
 /// Every file of `dir` (no link followed) with its bytes: what a test
 /// compares before and after to see that nothing changed.
 fn tree_of(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {

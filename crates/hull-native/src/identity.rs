@@ -126,6 +126,9 @@ pub struct Switch {
     /// What covers the paths below a [`Remap::Private`] tmpfs that the
     /// command may not write ([`Switch::with_private_covers`]).
     private_covers: Vec<crate::cow::Covers>,
+    /// A devpts of the command's own ([`Switch::with_private_pts`]),
+    /// attached at `/dev/pts` last, its `ptmx` bound over `/dev/ptmx`.
+    pts: Option<OwnedFd>,
 }
 
 /// A path the command is given, whether it must be writable, and whether
@@ -378,7 +381,31 @@ impl Switch {
             overlay: None,
             cow_masks: None,
             private_covers: Vec::new(),
+            pts: None,
         })
+    }
+
+    /// Gives the command terminals of its own (a session's shell tools
+    /// open a pseudo-terminal): a fresh devpts instance (ptmx mode 0666,
+    /// nosuid, noexec), attached at `/dev/pts` in the child with its
+    /// `ptmx` bound over `/dev/ptmx`, so `posix_openpt` makes a terminal
+    /// there and the host's terminals are not in the command's view. Its
+    /// root, detached, is [`Switch::pts_root`] until then: the Landlock
+    /// rules that let the command use it are opened on it.
+    pub fn with_private_pts(mut self) -> Result<Switch, IdentityError> {
+        let tree = devpts_tree().map_err(|(step, source)| IdentityError::Mount {
+            tier: self.tier,
+            step,
+            path: PathBuf::from(PTS),
+            source,
+        })?;
+        self.pts = Some(tree);
+        Ok(self)
+    }
+
+    /// The root of [`Switch::with_private_pts`]'s devpts, if any.
+    pub fn pts_root(&self) -> Option<&OwnedFd> {
+        self.pts.as_ref()
     }
 
     /// The roots of the [`Remap::Private`] tmpfs, detached until the child
@@ -485,6 +512,22 @@ impl Switch {
         for c in &self.private_covers {
             c.apply_in_child()?;
         }
+        if let Some(pts) = &self.pts {
+            mounts::attach_at(pts, c"/dev/pts")?;
+            // SAFETY: mount(2) of two NUL-terminated static paths, a bind.
+            let r = unsafe {
+                libc::mount(
+                    c"/dev/pts/ptmx".as_ptr(),
+                    c"/dev/ptmx".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                )
+            };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
         Ok(())
     }
 
@@ -517,6 +560,32 @@ impl Switch {
         }
         Ok(())
     }
+}
+
+/// Where a session's own devpts goes.
+const PTS: &str = "/dev/pts";
+
+/// A fresh detached devpts instance: its `ptmx` open to anyone (each
+/// terminal made is its maker's), at most 256 terminals, nosuid and noexec.
+fn devpts_tree() -> Result<OwnedFd, (&'static str, std::io::Error)> {
+    use rustix::mount::{
+        fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
+        MountAttrFlags,
+    };
+    let step = |what: &'static str| move |e: rustix::io::Errno| (what, std::io::Error::from(e));
+    let fs = fsopen("devpts", FsOpenFlags::FSOPEN_CLOEXEC).map_err(step("make a devpts for"))?;
+    fsconfig_set_string(&fs, "ptmxmode", "0666").map_err(step("make a devpts for"))?;
+    fsconfig_set_string(&fs, "mode", "0620").map_err(step("make a devpts for"))?;
+    // Bounded: every instance but the host's first draws on one count
+    // (kernel.pty.max less its reserve).
+    fsconfig_set_string(&fs, "max", "256").map_err(step("make a devpts for"))?;
+    fsconfig_create(&fs).map_err(step("make a devpts for"))?;
+    fsmount(
+        &fs,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+    )
+    .map_err(step("mount a devpts for"))
 }
 
 /// A detached tmpfs (root's, 0755, nosuid, nodev; the sandbox user can

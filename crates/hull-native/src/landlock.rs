@@ -249,6 +249,15 @@ impl Direct {
         self.unix_brokered
     }
 
+    /// Lets the command use the terminals of `pts`, a devpts of a
+    /// session's own ([`crate::identity::Switch::with_private_pts`]).
+    pub fn allow_pty(&self, pts: &std::os::fd::OwnedFd) -> Result<(), LandlockError> {
+        crate::rules::add_pty(&self.ruleset, pts).map_err(|e| LandlockError::Rule {
+            path: "the session's own /dev/pts".into(),
+            reason: e.to_string(),
+        })
+    }
+
     /// Lets the command write beneath `dir` too, `what` in an error: a
     /// session's own `/tmp`, detached until the child attaches it.
     pub fn allow_writable_dir(

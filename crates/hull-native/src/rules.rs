@@ -381,6 +381,24 @@ pub fn add_writable_dir(
     add_rule_raw(ruleset, dir, access.bits())
 }
 
+/// Lets the command use the terminals of `pts`, a devpts of its own
+/// (detached until the child attaches it at `/dev/pts` and binds its
+/// `ptmx` over `/dev/ptmx`): open, read, write and the terminal ioctls,
+/// on its `ptmx` and every `/dev/pts/N` it makes. Nothing else of the
+/// host's terminals: those are another devpts.
+pub fn add_pty(ruleset: &OwnedFd, pts: &OwnedFd) -> std::io::Result<()> {
+    let file = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
+    let dir = file | AccessFs::ReadDir;
+    add_rule_raw(ruleset, pts, (dir & handled(false)).bits())?;
+    let ptmx = rustix::fs::openat(
+        pts,
+        "ptmx",
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    add_rule_raw(ruleset, &ptmx, (file & handled(false)).bits())
+}
+
 fn add_rule_raw(ruleset: &OwnedFd, parent: &OwnedFd, access: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let attr = PathBeneathAttr {
