@@ -554,8 +554,12 @@ pub fn run_process_tier(
             // where no rule waits for the helper's mounts (`--cow`).
             let direct_prepared = crate::tier::landlock::Direct::prepare(&request)?;
             tracing::debug!("rules bound");
+            // The ruleset, for the rules of a session's own /tmp and
+            // terminals (mounted in the child, detached until then).
+            let rules;
             let (program, args, search) = match direct_prepared {
                 Some(d) => {
+                    rules = d.rules()?;
                     let filter = crate::tier::seccomp::build_broker(
                         true,
                         !spare_pools.is_empty(),
@@ -588,6 +592,7 @@ pub fn run_process_tier(
                     keep_alive.push(theirs);
                     request.broker_fd = Some(raw);
                     let prepared = crate::tier::landlock::command(&request)?;
+                    rules = prepared.rules;
                     setup
                         .keep_fds
                         .push(std::os::fd::AsRawFd::as_raw_fd(&prepared.error_w));
@@ -678,13 +683,6 @@ pub fn run_process_tier(
                     // The rule that lets the command write its own /tmp
                     // lets it write all that is mounted below: what it may
                     // not write there is covered by read-only mounts.
-                    let Some(d) = &direct else {
-                        return Err(RunError::Setup {
-                            tier,
-                            what: "a session's own /tmp".into(),
-                            source: std::io::Error::other("its rules are a helper's here"),
-                        });
-                    };
                     let masks = launch::create_masks(run_dir)?;
                     let mut below = Vec::new();
                     for dir in &dirs {
@@ -701,13 +699,13 @@ pub fn run_process_tier(
                     }
                     switch = switch.with_private_covers(below);
                     for root in switch.private_roots() {
-                        d.allow_writable_dir(root, "the session's own /tmp")?;
+                        rules.allow_writable_dir(root, "the session's own /tmp")?;
                     }
                     // Terminals of its own: a session's shell tools open a
                     // pseudo-terminal (bwrap's --dev gives one too).
                     switch = switch.with_private_pts()?;
                     if let Some(pts) = switch.pts_root() {
-                        d.allow_pty(pts)?;
+                        rules.allow_pty(pts)?;
                     }
                 }
                 if let (Some(set_dir), Some(covers)) = (cow, &covers) {
@@ -1055,11 +1053,7 @@ pub fn execute(
             sink,
             Extras {
                 cow: cow_dir.as_deref(),
-                // A copy-on-write session on landlock: its rules attach to
-                // the overlay in a helper, which a session's own /tmp
-                // (direct rules over its mounts) does not take yet; its
-                // /tmp is the policy's, as a `--cow` run's.
-                private_tmp: opts.session_leader && !(opts.cow && tier == Tier::Landlock),
+                private_tmp: opts.session_leader,
             },
         ),
     };

@@ -1033,6 +1033,19 @@ fn a_cow_session_keeps_its_writes_apart(tier: &str) {
         exec(&format!("kill -0 {} && cat \"$TMPDIR/mark\"", pid.trim())),
         "kept\n"
     );
+    // Its /tmp is its own (the host's has no such file), and so are its
+    // terminals.
+    let mark = format!("hull-cow-session-{}", std::process::id());
+    exec(&format!("echo own > /tmp/{mark}"));
+    assert_eq!(exec(&format!("cat /tmp/{mark}")), "own\n");
+    assert!(
+        !Path::new("/tmp").join(&mark).exists(),
+        "the session wrote the host's /tmp"
+    );
+    assert!(
+        exec("python3 -c 'import os; m, s = os.openpty(); print(os.ttyname(s))'")
+            .starts_with("/dev/pts/")
+    );
     // Closed, its run ends and records the set, which outlives it.
     let set = v["id"].as_str().unwrap().to_string();
     let (code, text) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);

@@ -162,6 +162,52 @@ fn verdict(abi: i32) -> Result<String, LandlockError> {
     ))
 }
 
+/// A handle on a run's ruleset (another descriptor of it), to add the
+/// rules of what hull mounts for a session in the child, detached until
+/// then: its own `/tmp` and its own terminals. Rules belong to inodes, so
+/// they hold once the child attaches those mounts.
+#[derive(Debug)]
+pub struct Rules {
+    ruleset: std::os::fd::OwnedFd,
+    allow_unix_sockets: bool,
+}
+
+impl Rules {
+    fn of(
+        ruleset: &std::os::fd::OwnedFd,
+        allow_unix_sockets: bool,
+    ) -> Result<Rules, LandlockError> {
+        Ok(Rules {
+            ruleset: ruleset.try_clone().map_err(LandlockError::PlanFd)?,
+            allow_unix_sockets,
+        })
+    }
+
+    /// Lets the command use the terminals of `pts`, a devpts of a
+    /// session's own ([`crate::identity::Switch::with_private_pts`]).
+    pub fn allow_pty(&self, pts: &std::os::fd::OwnedFd) -> Result<(), LandlockError> {
+        crate::rules::add_pty(&self.ruleset, pts).map_err(|e| LandlockError::Rule {
+            path: "the session's own /dev/pts".into(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Lets the command write beneath `dir` too, `what` in an error: a
+    /// session's own `/tmp`, detached until the child attaches it.
+    pub fn allow_writable_dir(
+        &self,
+        dir: &std::os::fd::OwnedFd,
+        what: &str,
+    ) -> Result<(), LandlockError> {
+        crate::rules::add_writable_dir(&self.ruleset, dir, self.allow_unix_sockets).map_err(|e| {
+            LandlockError::Rule {
+                path: what.to_string(),
+                reason: e.to_string(),
+            }
+        })
+    }
+}
+
 /// The helper command, and a pipe on which it reports a setup failure: the
 /// write end is close-on-exec in the helper, so EOF with no data means the
 /// command was executed with every restriction in place.
@@ -177,6 +223,8 @@ pub struct Prepared {
     /// Descriptors the helper inherits and closes itself before the
     /// command runs: the sealed plan (`--plan-fd`) and the ruleset.
     pub inherit: Vec<std::os::fd::OwnedFd>,
+    /// A handle on the ruleset, to add rules before the helper starts.
+    pub rules: Rules,
 }
 
 /// What the command's own process applies to itself between its clone and
@@ -249,28 +297,9 @@ impl Direct {
         self.unix_brokered
     }
 
-    /// Lets the command use the terminals of `pts`, a devpts of a
-    /// session's own ([`crate::identity::Switch::with_private_pts`]).
-    pub fn allow_pty(&self, pts: &std::os::fd::OwnedFd) -> Result<(), LandlockError> {
-        crate::rules::add_pty(&self.ruleset, pts).map_err(|e| LandlockError::Rule {
-            path: "the session's own /dev/pts".into(),
-            reason: e.to_string(),
-        })
-    }
-
-    /// Lets the command write beneath `dir` too, `what` in an error: a
-    /// session's own `/tmp`, detached until the child attaches it.
-    pub fn allow_writable_dir(
-        &self,
-        dir: &std::os::fd::OwnedFd,
-        what: &str,
-    ) -> Result<(), LandlockError> {
-        crate::rules::add_writable_dir(&self.ruleset, dir, self.allow_unix_sockets).map_err(|e| {
-            LandlockError::Rule {
-                path: what.to_string(),
-                reason: e.to_string(),
-            }
-        })
+    /// A handle on the ruleset, to add rules before the command starts.
+    pub fn rules(&self) -> Result<Rules, LandlockError> {
+        Rules::of(&self.ruleset, self.allow_unix_sockets)
     }
 
     /// Registers the step on `cmd`: after hull's child setup (no new
@@ -424,12 +453,14 @@ pub fn command(req: &Request<'_>) -> Result<Prepared, LandlockError> {
         "--".into(),
     ];
     helper.extend(req.argv.iter().cloned());
+    let rules = Rules::of(&bound.ruleset, allow_unix_sockets)?;
     Ok(Prepared {
         argv: helper,
         error_w,
         error_r,
         exe,
         inherit: vec![plan_fd, bound.ruleset],
+        rules,
     })
 }
 
