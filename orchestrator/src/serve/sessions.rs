@@ -1022,10 +1022,19 @@ impl Session {
             .map_err(|e| Refusal::new(500, format!("change set {id}: {e}")))?;
         if set.meta.finished.is_none() {
             // The session's one run is still going (landlock, bwrap): its
-            // upper layer as it is now.
-            set.changes = set
-                .changes_now()
-                .map_err(|e| Refusal::new(500, format!("change set {id}: {e}")))?;
+            // upper layer as it is now. An exec in progress may remove an
+            // entry under the scan: read again, a few times.
+            let mut tries = 0;
+            set.changes = loop {
+                match set.changes_now() {
+                    Ok(c) => break c,
+                    Err(_) if tries < 3 => {
+                        tries += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                    Err(e) => return Err(Refusal::new(500, format!("change set {id}: {e}"))),
+                }
+            };
             set.meta.counts = crate::changes::Counts::of(&set.changes);
         }
         Ok(api::SessionChanges {
