@@ -81,7 +81,7 @@ pub enum RunError {
     )]
     UserRefused { tier: Tier, user: String },
     #[error("--changes-id-fd: cannot tell the change set's ID: {0}")]
-    ChangesId(String),
+    ChangesId(#[source] std::io::Error),
     #[cfg(target_os = "linux")]
     #[error("--cow: {0}")]
     Changes(#[from] crate::changes::ChangesError),
@@ -986,7 +986,7 @@ pub fn execute(
                 use std::io::Write;
                 (&**to)
                     .write_all(format!("{}\n", c.set.meta.id).as_bytes())
-                    .map_err(|e| RunError::ChangesId(e.to_string()))?;
+                    .map_err(RunError::ChangesId)?;
             }
             Some(c)
         } else {

@@ -234,7 +234,7 @@ impl Sessions {
                 format!("tier {tier} is not available here: {}", probe.reason),
             ));
         }
-        crate::policy::profiles::load(&req.policy)
+        let pf = crate::policy::profiles::load(&req.policy)
             .map_err(|e| Refusal::new(400, format!("policy {}: {e}", req.policy)))?;
         let named = match (&req.project, req.workspace) {
             (Some(p), _) => Some(checked_project(p)?),
@@ -260,13 +260,8 @@ impl Sessions {
         // shared one on them.
         let own = match req.workspace {
             Workspace::Copy => Some(
-                super::workspace::OwnWorkspace::make(
-                    &self.work,
-                    &id,
-                    named.as_deref(),
-                    &req.policy,
-                )
-                .await?,
+                super::workspace::OwnWorkspace::make(&self.work, &id, named.as_deref(), &pf)
+                    .await?,
             ),
             _ => None,
         };
@@ -278,9 +273,11 @@ impl Sessions {
             ),
             None => (named.unwrap_or_default(), req.policy.clone(), None),
         };
-        let git_protected = crate::policy::profiles::load(&policy)
-            .and_then(|pf| pf.git_metadata())
-            .map_or(true, |g| g == crate::policy::GitMetadata::ReadOnly);
+        let git = match &own {
+            Some(o) => Ok(o.git),
+            None => pf.git_metadata(),
+        };
+        let git_protected = git.map_or(true, |g| g == crate::policy::GitMetadata::ReadOnly);
         let made = self
             .start(&id, tier, req.workspace, &project, &policy)
             .await;

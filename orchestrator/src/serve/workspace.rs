@@ -20,31 +20,37 @@ pub struct OwnWorkspace {
     dir: PathBuf,
     pub work: PathBuf,
     pub policy: PathBuf,
+    /// What the written policy makes of git metadata: writable, unless the
+    /// caller's policy said read-only.
+    pub git: crate::policy::GitMetadata,
 }
 
 impl OwnWorkspace {
     /// Makes `<root>/copy-<id>`, copies `source` into its `work` (links
     /// as links, modes and times kept; nothing followed), and writes
-    /// `policy` (a shipped profile's name or a file) there with git
-    /// metadata writable.
+    /// `policy` there with git metadata writable.
     pub async fn make(
         root: &Path,
         id: &str,
         source: Option<&Path>,
-        policy: &str,
+        policy: &crate::policy::PolicyFile,
     ) -> Result<OwnWorkspace, Refusal> {
         let dir = root.join(format!("copy-{id}"));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
             .map_err(|e| Refusal::new(500, format!("cannot create {}: {e}", dir.display())))?;
-        let own = OwnWorkspace {
+        let mut own = OwnWorkspace {
             work: dir.join("work"),
             policy: dir.join("policy.toml"),
             dir,
+            git: crate::policy::GitMetadata::Writable,
         };
         match own.fill(source, policy).await {
-            Ok(()) => Ok(own),
+            Ok(git) => {
+                own.git = git;
+                Ok(own)
+            }
             Err(e) => {
                 own.remove();
                 Err(e)
@@ -52,12 +58,19 @@ impl OwnWorkspace {
         }
     }
 
-    async fn fill(&self, source: Option<&Path>, policy: &str) -> Result<(), Refusal> {
-        let pf = crate::policy::profiles::load(policy)
-            .map_err(|e| Refusal::new(400, format!("policy {policy}: {e}")))?;
-        let text = pf
-            .git_writable_text()
-            .map_err(|e| Refusal::new(400, format!("policy {policy}: {e}")))?;
+    /// Writes the policy and the copy; what the policy makes of git.
+    async fn fill(
+        &self,
+        source: Option<&Path>,
+        pf: &crate::policy::PolicyFile,
+    ) -> Result<crate::policy::GitMetadata, Refusal> {
+        let bad = |e: crate::policy::PolicyError| {
+            Refusal::new(400, format!("policy {}: {e}", pf.source.name))
+        };
+        let text = pf.git_writable_text().map_err(bad)?;
+        let git = crate::policy::PolicyFile::parse(&pf.source.name, &text)
+            .and_then(|copy| copy.git_metadata())
+            .map_err(bad)?;
         write_new(&self.policy, text.as_bytes())?;
         std::fs::DirBuilder::new()
             .mode(0o755)
@@ -83,7 +96,7 @@ impl OwnWorkspace {
                 )
             },
         )?;
-        Ok(())
+        Ok(git)
     }
 
     /// Removes the session's directory, what its commands left included

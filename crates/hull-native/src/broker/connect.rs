@@ -122,29 +122,12 @@ impl Task<'_> {
         } else {
             None
         };
-        if let Some(scope) = scope {
-            // Landlock: a pathname socket in scope, nothing else.
-            let Some(path) = path else {
+        let Some(path) = path else {
+            if scope.is_some() {
+                // Landlock: a pathname socket in scope, nothing else.
                 tracing::debug!("broker: refused a connect to no pathname unix socket (landlock)");
                 return Err(err(libc::EACCES));
-            };
-            if let Some(who) = &who {
-                become_on_this_thread(who)?;
             }
-            let target = self.open_in_view(path)?;
-            let link =
-                rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(target.as_fd()), Vec::new())?;
-            let at = std::path::Path::new(std::ffi::OsStr::from_bytes(link.as_bytes()));
-            if !scope.allows_file(target.as_fd(), at) {
-                tracing::debug!(path = %String::from_utf8_lossy(path), "broker: refused a connect to a socket outside the writable roots");
-                return Err(err(libc::EACCES));
-            }
-            self.valid()?;
-            let via = proc_fd(target.as_fd());
-            let (sa, salen) = unix_address(via.as_bytes())?;
-            return connect_raw(&sock, (&sa as *const libc::sockaddr_un).cast(), salen);
-        }
-        let Some(path) = path else {
             self.valid()?;
             if let Some(who) = &who {
                 become_on_this_thread(who)?;
@@ -165,13 +148,31 @@ impl Task<'_> {
                 len as libc::socklen_t,
             );
         };
+        // On landlock the path is resolved as the command already (its
+        // view is the host's); on bwrap in its mount namespace, as hull.
+        let (early, late) = match scope {
+            Some(_) => (who.as_ref(), None),
+            None => (None, who.as_ref()),
+        };
+        if let Some(who) = early {
+            become_on_this_thread(who)?;
+        }
         let target = self.open_in_view(path)?;
-        if !self.on_writable_mount(&target)? {
+        let allowed = match scope {
+            Some(scope) => {
+                let link =
+                    rustix::fs::readlinkat(rustix::fs::CWD, proc_fd(target.as_fd()), Vec::new())?;
+                let at = std::path::Path::new(std::ffi::OsStr::from_bytes(link.as_bytes()));
+                scope.allows_file(target.as_fd(), at)
+            }
+            None => self.on_writable_mount(&target)?,
+        };
+        if !allowed {
             tracing::debug!(path = %String::from_utf8_lossy(path), "broker: refused a connect to a socket outside the writable roots");
             return Err(err(libc::EACCES));
         }
         self.valid()?;
-        if let Some(who) = &who {
+        if let Some(who) = late {
             become_on_this_thread(who)?;
         }
         let via = proc_fd(target.as_fd());
