@@ -315,6 +315,60 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
             let mtime = header.mtime().unwrap_or(0);
             let kind = header.entry_type();
             let size = entry.size();
+            // A name hull writes: what lands there is hull's own, whatever
+            // the tarball has (a hard link named `etc/passwd` to a file of
+            // its choosing would pass every check on the link's target).
+            if let Some(owned) = hull_owned(&name) {
+                let refuse_kind = |what: &str| {
+                    refuse(
+                        &raw,
+                        format!(
+                            "{what} where hull writes {} (it must be a {})",
+                            owned.what(),
+                            owned.needs()
+                        ),
+                    )
+                };
+                let regular = matches!(kind, tar::EntryType::Regular | tar::EntryType::Continuous);
+                match owned {
+                    Owned::Dir(_) if kind == tar::EntryType::Directory => {}
+                    Owned::Accounts(..) if regular => {}
+                    Owned::Own(_)
+                        if regular
+                            || matches!(kind, tar::EntryType::Symlink | tar::EntryType::Link) => {}
+                    _ => return Err(refuse_kind(kind_name(kind))),
+                }
+                if regular {
+                    bytes = bytes.saturating_add(size);
+                }
+                let Some(out) = out.as_deref_mut() else {
+                    continue;
+                };
+                match owned {
+                    Owned::Dir(id) => {
+                        let mut h = self::header(tar::EntryType::Directory, 0o755, id, 0);
+                        out.append_data(&mut h, &name, io::empty())
+                    }
+                    Owned::Accounts(line, id_field) => {
+                        let mut text = String::new();
+                        (&mut entry)
+                            .take(MAX_ACCOUNTS_FILE)
+                            .read_to_string(&mut text)
+                            .map_err(|e| refuse(&raw, format!("not readable text: {e}")))?;
+                        let body = with_hull_account(&text, line, id_field);
+                        let mut h =
+                            self::header(tar::EntryType::Regular, 0o644, 0, body.len() as u64);
+                        out.append_data(&mut h, &name, body.as_bytes())
+                    }
+                    Owned::Own(body) => {
+                        let mut h =
+                            self::header(tar::EntryType::Regular, 0o644, 0, body.len() as u64);
+                        out.append_data(&mut h, &name, body.as_bytes())
+                    }
+                }
+                .map_err(io_err("write an entry of"))?;
+                continue;
+            }
             let mut h = tar::Header::new_gnu();
             h.set_mode(mode & 0o777);
             h.set_uid(uid);
@@ -330,34 +384,13 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
                         )));
                     }
                     files.insert(name.clone());
-                    let replaced = replacement(&name);
                     let Some(out) = out.as_deref_mut() else {
                         continue;
                     };
                     h.set_entry_type(tar::EntryType::Regular);
-                    match replaced {
-                        Replace::Keep => {
-                            h.set_size(size);
-                            out.append_data(&mut h, &name, &mut entry)
-                                .map_err(io_err("copy an entry of"))?;
-                        }
-                        Replace::Accounts(line, id_field) => {
-                            let mut text = String::new();
-                            (&mut entry)
-                                .take(MAX_ACCOUNTS_FILE)
-                                .read_to_string(&mut text)
-                                .map_err(|e| refuse(&raw, format!("not readable text: {e}")))?;
-                            let body = with_hull_account(&text, line, id_field);
-                            h.set_size(body.len() as u64);
-                            out.append_data(&mut h, &name, body.as_bytes())
-                                .map_err(io_err("write an entry of"))?;
-                        }
-                        Replace::Own(body) => {
-                            h.set_size(body.len() as u64);
-                            out.append_data(&mut h, &name, body.as_bytes())
-                                .map_err(io_err("write an entry of"))?;
-                        }
-                    }
+                    h.set_size(size);
+                    out.append_data(&mut h, &name, &mut entry)
+                        .map_err(io_err("copy an entry of"))?;
                 }
                 tar::EntryType::Directory => {
                     if let Some(out) = out.as_deref_mut() {
@@ -373,31 +406,11 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
                         .map(|t| String::from_utf8_lossy(&t).into_owned())
                         .unwrap_or_default();
                     check_symlink(&name, &target).map_err(|why| refuse(&raw, why))?;
-                    if matches!(replacement(&name), Replace::Accounts(..))
-                        || ["etc", "opt", "home"].contains(&name.as_str())
-                    {
-                        return Err(refuse(
-                            &raw,
-                            "a symbolic link where hull adds the container's account or mount \
-                             point (it must be a real file or directory)"
-                                .into(),
-                        ));
-                    }
                     links.insert(name.clone());
                     if !name.contains('/') {
                         top_links.insert(name.clone(), target.clone());
                     }
-                    let Some(out) = out.as_deref_mut() else {
-                        continue;
-                    };
-                    if let Replace::Own(body) = replacement(&name) {
-                        // resolv.conf and hostname are the container's own.
-                        h.set_entry_type(tar::EntryType::Regular);
-                        h.set_mode(0o644);
-                        h.set_size(body.len() as u64);
-                        out.append_data(&mut h, &name, body.as_bytes())
-                            .map_err(io_err("write an entry of"))?;
-                    } else {
+                    if let Some(out) = out.as_deref_mut() {
                         h.set_entry_type(tar::EntryType::Symlink);
                         h.set_size(0);
                         out.append_link(&mut h, &name, &target)
@@ -411,7 +424,7 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
                         .unwrap_or_default();
                     let target = normalise(&target)
                         .map_err(|why| refuse(&raw, format!("a hard link whose target {why}")))?;
-                    if !files.contains(&target) || replacement(&target) != Replace::Keep {
+                    if !files.contains(&target) {
                         return Err(refuse(
                             &raw,
                             format!(
@@ -471,35 +484,74 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
     })
 }
 
-/// What the conversion does with a regular file of the tarball.
-#[derive(Debug, PartialEq, Eq)]
-enum Replace {
-    Keep,
+/// A name whose contents hull writes, whatever the tarball has there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owned {
     /// An accounts file: its `hull` line, and which field holds the id.
     Accounts(&'static str, usize),
     /// A file whose contents are the container's own.
     Own(&'static str),
+    /// A directory hull needs, owned by this id.
+    Dir(u64),
+}
+
+impl Owned {
+    fn what(self) -> &'static str {
+        match self {
+            Owned::Accounts(..) => "the container's accounts",
+            Owned::Own(_) => "the container's own file",
+            Owned::Dir(_) => "a directory of the container",
+        }
+    }
+    fn needs(self) -> &'static str {
+        match self {
+            Owned::Accounts(..) => "regular file, which hull rewrites",
+            Owned::Own(_) => "file, which hull replaces",
+            Owned::Dir(_) => "directory",
+        }
+    }
 }
 
 const PASSWD_LINE: &str = "hull:x:1000:1000:hull:/home/hull:/bin/sh";
 const GROUP_LINE: &str = "hull:x:1000:";
 
-fn replacement(name: &str) -> Replace {
-    match name {
-        "etc/passwd" => Replace::Accounts(PASSWD_LINE, 2),
-        "etc/group" => Replace::Accounts(GROUP_LINE, 2),
-        "etc/resolv.conf" => Replace::Own(""),
-        "etc/hostname" => Replace::Own("hull-ct\n"),
-        _ => Replace::Keep,
+fn hull_owned(name: &str) -> Option<Owned> {
+    Some(match name {
+        "etc/passwd" => Owned::Accounts(PASSWD_LINE, 2),
+        "etc/group" => Owned::Accounts(GROUP_LINE, 2),
+        "etc/resolv.conf" => Owned::Own(""),
+        "etc/hostname" => Owned::Own("hull-ct\n"),
+        "etc" | "opt" | "home" => Owned::Dir(0),
+        "home/hull" => Owned::Dir(1000),
+        _ => return None,
+    })
+}
+
+fn kind_name(kind: tar::EntryType) -> &'static str {
+    match kind {
+        tar::EntryType::Regular | tar::EntryType::Continuous => "a regular file",
+        tar::EntryType::Directory => "a directory",
+        tar::EntryType::Symlink => "a symbolic link",
+        tar::EntryType::Link => "a hard link",
+        tar::EntryType::Char | tar::EntryType::Block => "a device node",
+        tar::EntryType::Fifo => "a fifo",
+        _ => "an entry of another type",
     }
 }
 
-/// `text` without any account named `hull` or with id 1000, then `line`.
+/// `text` with only the lines that cannot be read as `hull` or id 1000,
+/// then `line`. Lines are judged as glibc's `nss_files` reads them (leading
+/// blanks skipped, ids through `strtoul`: `01000`, `+1000`, ` 1000` and
+/// wrapped negatives are 1000): a line glibc would read is kept only when
+/// its name is not `hull`, not a NIS `+`/`-` entry, and its id is plain
+/// decimal other than 1000. Blank lines and comments stay; anything else
+/// is dropped.
 fn with_hull_account(text: &str, line: &str, id_field: usize) -> String {
     let mut out = String::with_capacity(text.len() + line.len() + 1);
     for l in text.lines() {
-        let fields: Vec<&str> = l.split(':').collect();
-        if fields.first() == Some(&"hull") || fields.get(id_field) == Some(&"1000") {
+        let body = l.trim_start_matches(|c: char| c.is_ascii_whitespace() || c == '\x0b');
+        let ignored = body.is_empty() || body.starts_with('#');
+        if !(ignored && !l.contains('\0')) && !plain_account(l, id_field) {
             continue;
         }
         out.push_str(l);
@@ -510,10 +562,28 @@ fn with_hull_account(text: &str, line: &str, id_field: usize) -> String {
     out
 }
 
+/// A line in the form hull keeps: no leading blank, no NUL, a name that
+/// is not `hull` and not a NIS entry, the id plain decimal and not 1000.
+fn plain_account(l: &str, id_field: usize) -> bool {
+    let fields: Vec<&str> = l.split(':').collect();
+    let (Some(name), Some(id)) = (fields.first(), fields.get(id_field)) else {
+        return false;
+    };
+    let plain_id = !id.is_empty()
+        && id.bytes().all(|b| b.is_ascii_digit())
+        && (*id == "0" || !id.starts_with('0'))
+        && id.parse::<u32>().is_ok_and(|n| n != 1000);
+    !l.contains('\0')
+        && !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_whitespace() || c == '+' || c == '-')
+        && *name != "hull"
+        && plain_id
+}
+
 /// What every container of the image needs and the tarball lacks.
 fn add_missing(out: &mut tar::Builder<BufWriter<File>>, seen: &HashSet<String>) -> io::Result<()> {
     let dir = |out: &mut tar::Builder<BufWriter<File>>, name: &str, id: u64| {
-        let mut h = header(tar::EntryType::Directory, 0o755, id, 0);
+        let mut h = self::header(tar::EntryType::Directory, 0o755, id, 0);
         out.append_data(&mut h, name, io::empty())
     };
     let file = |out: &mut tar::Builder<BufWriter<File>>, name: &str, body: &str| {
@@ -536,7 +606,7 @@ fn add_missing(out: &mut tar::Builder<BufWriter<File>>, seen: &HashSet<String>) 
     }
     for name in ["etc/resolv.conf", "etc/hostname"] {
         if !seen.contains(name) {
-            if let Replace::Own(body) = replacement(name) {
+            if let Some(Owned::Own(body)) = hull_owned(name) {
                 file(out, name, body)?;
             }
         }
@@ -614,7 +684,7 @@ mod tests {
 
     /// Builds a tarball of raw entries: (path, type, mode, link target, contents).
     /// One raw entry: path, type, mode, link target, contents.
-    type Raw = (
+    pub(super) type Raw = (
         &'static str,
         tar::EntryType,
         u32,
@@ -622,7 +692,7 @@ mod tests {
         &'static [u8],
     );
 
-    fn tarball(dir: &Path, entries: &[Raw]) -> PathBuf {
+    pub(super) fn tarball(dir: &Path, entries: &[Raw]) -> PathBuf {
         let p = dir.join("rootfs.tar");
         let mut b = tar::Builder::new(File::create(&p).unwrap());
         for (path, kind, mode, link, data) in entries {
@@ -642,7 +712,7 @@ mod tests {
 
     use tar::EntryType as T;
 
-    fn base() -> Vec<Raw> {
+    pub(super) fn base() -> Vec<Raw> {
         vec![
             ("./", T::Directory, 0o755, "", b""),
             ("./bin/", T::Directory, 0o755, "", b""),
@@ -742,6 +812,100 @@ mod tests {
         assert!(!out.exists());
     }
 
+    /// Whatever the tarball has at a name hull writes, what lands there is
+    /// a regular file (or directory) hull wrote: an account file that is a
+    /// hard link, a directory or a link is refused by name; a resolver
+    /// file that is a hard link is replaced; hull's files are root's, 0644,
+    /// and the home hull's, whatever owner and mode the tarball gave.
+    #[test]
+    fn what_hull_writes_is_its_own_whatever_the_tarball_has_there() {
+        let without =
+            |name: &str| -> Vec<Raw> { base().into_iter().filter(|e| e.0 != name).collect() };
+        let planted: &'static [u8] = b"hull:x:0:0:root:/root:/bin/sh\n";
+        for (extra, why) in [
+            (
+                vec![
+                    ("./etc/planted", T::Regular, 0o644, "", planted),
+                    ("./etc/passwd", T::Link, 0o644, "etc/planted", b"" as &[u8]),
+                ],
+                "a hard link",
+            ),
+            (
+                vec![("./etc/group", T::Link, 0o644, "bin/busybox", b"")],
+                "a hard link",
+            ),
+            (
+                vec![("./etc/group/", T::Directory, 0o755, "", b"")],
+                "a directory",
+            ),
+            (
+                vec![("./home", T::Regular, 0o644, "", b"x")],
+                "a regular file",
+            ),
+            (
+                vec![
+                    ("./home/", T::Directory, 0o755, "", b""),
+                    ("./home/hull", T::Symlink, 0o777, "/root", b""),
+                ],
+                "a symbolic link",
+            ),
+        ] {
+            let d = tempfile::tempdir().unwrap();
+            let mut entries = without("./etc/passwd");
+            entries.extend(extra);
+            if !entries.iter().any(|e| e.0 == "./etc/passwd") {
+                entries.push(base().into_iter().find(|e| e.0 == "./etc/passwd").unwrap());
+            }
+            let e = check(&tarball(d.path(), &entries)).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("hull writes"), "{why}: {e}");
+        }
+        // Replaced, with hull's own owner and mode.
+        let d = tempfile::tempdir().unwrap();
+        let mut entries = without("./etc/resolv.conf");
+        entries.extend([
+            (
+                "./etc/resolv.conf",
+                T::Link,
+                0o644,
+                "bin/busybox",
+                b"" as &[u8],
+            ),
+            ("./home/", T::Directory, 0o755, "", b""),
+            ("./home/hull/", T::Directory, 0o700, "", b""),
+        ]);
+        let p = tarball(d.path(), &entries);
+        // The tarball's passwd is the hull user's own, writable by all.
+        let mut raw = std::fs::read(&p).unwrap();
+        let at = raw.windows(12).position(|w| w == b"./etc/passwd").unwrap();
+        let mut h = tar::Header::new_old();
+        h.as_mut_bytes().copy_from_slice(&raw[at..at + 512]);
+        h.set_mode(0o666);
+        h.set_uid(1000);
+        h.set_cksum();
+        raw[at..at + 512].copy_from_slice(h.as_bytes());
+        std::fs::write(&p, &raw).unwrap();
+        let c = check(&p).unwrap();
+        let out = d.path().join("out.tar");
+        convert(&p, &c.sha256, &out).unwrap();
+        let mut a = tar::Archive::new(File::open(&out).unwrap());
+        let mut seen = std::collections::BTreeMap::new();
+        for e in a.entries().unwrap() {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().to_string_lossy().into_owned();
+            let h = e.header();
+            let got = (h.entry_type(), h.uid().unwrap(), h.mode().unwrap());
+            let mut body = Vec::new();
+            e.read_to_end(&mut body).unwrap();
+            seen.insert(name, (got, body));
+        }
+        assert_eq!(
+            seen["etc/resolv.conf"],
+            ((T::Regular, 0, 0o644), Vec::new())
+        );
+        assert_eq!(seen["etc/passwd"].0, (T::Regular, 0, 0o644));
+        assert_eq!(seen["home/hull"].0, (T::Directory, 1000, 0o755));
+    }
+
     /// Each hostile entry is refused, naming it.
     #[test]
     fn hostile_entries_are_refused_by_name() {
@@ -786,10 +950,10 @@ mod tests {
                 ("./usr/bin/abs/x", T::Regular, 0o644, "", b"x"),
                 "a symbolic link of the tarball",
             ),
-            (("./opt", T::Symlink, 0o777, "/", b""), "where hull adds"),
+            (("./opt", T::Symlink, 0o777, "/", b""), "where hull writes"),
             (
                 ("./etc/group", T::Symlink, 0o777, "/etc/passwd", b""),
-                "where hull adds",
+                "where hull writes",
             ),
         ];
         for (bad, why) in cases {
@@ -828,5 +992,124 @@ mod tests {
         // Not a tarball at all.
         std::fs::write(d.path().join("junk"), vec![7u8; 4096]).unwrap();
         assert!(check(&d.path().join("junk")).is_err());
+    }
+}
+
+/// The accounts hull writes, read back by the C library the container's
+/// programs use: hostile lines (indented, zero-padded, signed, wrapped
+/// ids) must not give another account the name `hull` or its id.
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod glibc_tests {
+    use super::tests::{base, tarball, Raw};
+    use super::*;
+    use tar::EntryType as T;
+
+    /// (name, id) of every entry glibc's own parser reads from `path`
+    /// (`fgetpwent_r`/`fgetgrent_r`: the line parser of `nss_files`).
+    fn glibc_entries(path: &Path, group: bool) -> Vec<(String, u32)> {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path and mode; the stream is
+        // closed below and used by this thread only.
+        let f = unsafe { libc::fopen(c.as_ptr(), c"r".as_ptr()) };
+        assert!(!f.is_null(), "fopen {}", path.display());
+        let mut out = Vec::new();
+        let mut buf = vec![0 as libc::c_char; 1 << 16];
+        loop {
+            // SAFETY: the records and the buffer outlive each call; a
+            // result pointer, when set, points into them.
+            let (rc, name, id) = unsafe {
+                if group {
+                    let mut g: libc::group = std::mem::zeroed();
+                    let mut r: *mut libc::group = std::ptr::null_mut();
+                    let rc = libc::fgetgrent_r(f, &mut g, buf.as_mut_ptr(), buf.len(), &mut r);
+                    if rc != 0 || r.is_null() {
+                        (rc, String::new(), 0)
+                    } else {
+                        let n = std::ffi::CStr::from_ptr(g.gr_name).to_string_lossy();
+                        (0, n.into_owned(), g.gr_gid)
+                    }
+                } else {
+                    let mut p: libc::passwd = std::mem::zeroed();
+                    let mut r: *mut libc::passwd = std::ptr::null_mut();
+                    let rc = libc::fgetpwent_r(f, &mut p, buf.as_mut_ptr(), buf.len(), &mut r);
+                    if rc != 0 || r.is_null() {
+                        (rc, String::new(), 0)
+                    } else {
+                        let n = std::ffi::CStr::from_ptr(p.pw_name).to_string_lossy();
+                        (0, n.into_owned(), p.pw_uid)
+                    }
+                }
+            };
+            if rc != 0 {
+                break;
+            }
+            out.push((name, id));
+        }
+        // SAFETY: the stream fopen returned, closed once.
+        unsafe { libc::fclose(f) };
+        out
+    }
+
+    const HOSTILE: &[u8] = b"root:x:0:0:root:/root:/bin/sh\n \
+hull:x:0:0:a:/root:/bin/sh\n\
+\thull:x:0:0:b:/root:/bin/sh\n\
+zero:x:01000:0::/:/bin/sh\n\
+plus:x:+1000:0::/:/bin/sh\n\
+space:x: 1000:0::/:/bin/sh\n\
+neg:x:-18446744073709550616:0::/:/bin/sh\n\
+#hull:x:0:0:comment:/:/bin/sh\n\
+daemon:x:1:1::/:/bin/sh\n";
+
+    /// The converted `etc/passwd` and `etc/group` of a tarball whose own
+    /// hold `hostile`, as glibc reads them.
+    fn converted(hostile: &'static [u8]) -> (Vec<(String, u32)>, Vec<(String, u32)>) {
+        let d = tempfile::tempdir().unwrap();
+        let mut entries: Vec<Raw> = base()
+            .into_iter()
+            .filter(|e| e.0 != "./etc/passwd")
+            .collect();
+        entries.push(("./etc/passwd", T::Regular, 0o644, "", hostile));
+        entries.push(("./etc/group", T::Regular, 0o644, "", hostile));
+        let p = tarball(d.path(), &entries);
+        let c = check(&p).unwrap();
+        let out = d.path().join("out.tar");
+        convert(&p, &c.sha256, &out).unwrap();
+        let mut a = tar::Archive::new(File::open(&out).unwrap());
+        let x = d.path().join("x");
+        std::fs::create_dir(&x).unwrap();
+        for e in a.entries().unwrap() {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().to_string_lossy().into_owned();
+            if name == "etc/passwd" || name == "etc/group" {
+                let mut body = Vec::new();
+                e.read_to_end(&mut body).unwrap();
+                std::fs::write(x.join(&name[4..]), body).unwrap();
+            }
+        }
+        (
+            glibc_entries(&x.join("passwd"), false),
+            glibc_entries(&x.join("group"), true),
+        )
+    }
+
+    #[test]
+    fn no_account_but_hull_s_own_is_hull_or_has_its_id_as_glibc_reads_them() {
+        let (passwd, group) = converted(HOSTILE);
+        for (what, entries) in [("passwd", &passwd), ("group", &group)] {
+            // The control: glibc reads lines of the kind kept.
+            assert!(
+                entries.iter().any(|e| e == &("root".to_string(), 0)),
+                "{what}: {entries:?}"
+            );
+            let hull: Vec<_> = entries
+                .iter()
+                .filter(|(n, id)| n == "hull" || *id == 1000)
+                .collect();
+            assert_eq!(
+                hull,
+                vec![&("hull".to_string(), 1000)],
+                "{what}: glibc reads {entries:?}"
+            );
+        }
     }
 }
