@@ -551,7 +551,8 @@ fn with_hull_account(text: &str, line: &str, id_field: usize) -> String {
     for l in text.lines() {
         let body = l.trim_start_matches(|c: char| c.is_ascii_whitespace() || c == '\x0b');
         let ignored = body.is_empty() || body.starts_with('#');
-        if !(ignored && !l.contains('\0')) && !plain_account(l, id_field) {
+        let kept = (ignored && !l.contains('\0')) || plain_account(l, id_field);
+        if !kept {
             continue;
         }
         out.push_str(l);
@@ -998,7 +999,8 @@ mod tests {
 /// The accounts hull writes, read back by the C library the container's
 /// programs use: hostile lines (indented, zero-padded, signed, wrapped
 /// ids) must not give another account the name `hull` or its id.
-#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+#[cfg(test)]
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod glibc_tests {
     use super::tests::{base, tarball, Raw};
     use super::*;
@@ -1062,7 +1064,9 @@ daemon:x:1:1::/:/bin/sh\n";
 
     /// The converted `etc/passwd` and `etc/group` of a tarball whose own
     /// hold `hostile`, as glibc reads them.
-    fn converted(hostile: &'static [u8]) -> (Vec<(String, u32)>, Vec<(String, u32)>) {
+    type Accounts = Vec<(String, u32)>;
+
+    fn converted(hostile: &'static [u8]) -> (Accounts, Accounts) {
         let d = tempfile::tempdir().unwrap();
         let mut entries: Vec<Raw> = base()
             .into_iter()
