@@ -545,6 +545,64 @@ fn boot_configure_and_run_in_the_container() {
     }
 }
 
+/// A fifo named as `[vm] rootfs` is refused at once, naming it, by `hull
+/// image build` and by `hull run` (both once waited for a writer forever,
+/// and the run ignored SIGTERM while it waited); a link to a tarball is
+/// refused too, and nothing reads through it.
+#[test]
+fn a_fifo_as_the_rootfs_is_refused_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("rootfs.tar");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let policy = d.path().join("p.toml");
+    std::fs::write(
+        &policy,
+        format!("version = 1\n[vm]\nrootfs = {:?}\n", fifo.to_str().unwrap()),
+    )
+    .unwrap();
+    let hull = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_hull"));
+        c.args(args)
+            .env("HULL_IMAGE_CACHE", d.path().join("images"))
+            .env("HULL_AGENT", agent_path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c.spawn().unwrap();
+        let pid = child.id();
+        let t0 = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let o = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| {
+                // SAFETY: kill on the pid of a child not yet reaped.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                panic!("hull {args:?} still waits after 60 s")
+            })
+            .unwrap();
+        (o, t0.elapsed().as_secs_f64())
+    };
+    let p = policy.to_str().unwrap();
+    for args in [
+        &["image", "build", "--no-snapshot", "--policy", p][..],
+        &["run", "--tier", "vm", "--policy", p, "--", "true"][..],
+    ] {
+        let (o, secs) = hull(args);
+        let err = text(&o.stderr);
+        assert_ne!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert!(
+            err.contains("not a regular file (a fifo)") && err.contains(fifo.to_str().unwrap()),
+            "{args:?}: {err}"
+        );
+        assert!(secs < 30.0, "{args:?} took {secs:.0} s");
+    }
+}
+
 /// A `[vm] packages` entry the Debian mirror does not have fails the build
 /// at its first step, naming the package, within seconds and before
 /// anything is built: no image, and the build directory holds only the

@@ -19,6 +19,7 @@ pub mod agent_disk;
 pub mod build;
 pub mod cache;
 pub mod digest;
+pub mod private_dir;
 pub mod progress;
 pub mod recipe;
 pub mod rootfs;
@@ -441,11 +442,14 @@ const MAX_ROOTFS_DIGESTS: usize = 64;
 /// The digest of a checked rootfs tarball, from the cache's record when the
 /// file is the one recorded, else by checking it (and recording it).
 fn rootfs_digest(cache: &Cache, path: &Path) -> Result<String, ImageError> {
-    let record = cache.root().join("rootfs-digests.json");
-    let stamp = file_stamp(path);
-    let mut known: BTreeMap<String, (String, String)> = std::fs::read(&record)
+    // Private before anything in it is read or written.
+    let dir = cache.open_private()?;
+    let f = rootfs::open(path)?;
+    let stamp = file_stamp(&f);
+    let mut known: BTreeMap<String, (String, String)> = dir
+        .read(ROOTFS_DIGESTS, 1 << 20)
         .ok()
-        .filter(|b| b.len() <= 1 << 20)
+        .flatten()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
     let key = path.display().to_string();
@@ -454,29 +458,32 @@ fn rootfs_digest(cache: &Cache, path: &Path) -> Result<String, ImageError> {
             return Ok(sha.clone());
         }
     }
-    let checked = rootfs::check(path)?;
+    let checked = rootfs::check_opened(path, f)?;
     if let Some(stamp) = stamp {
         if known.len() >= MAX_ROOTFS_DIGESTS {
             known.clear();
         }
         known.insert(key, (stamp, checked.sha256.clone()));
-        let _ = std::fs::create_dir_all(cache.root());
-        let tmp = record.with_extension("json.tmp");
+        // Best effort: a record not written costs a check next time.
         if let Ok(b) = serde_json::to_vec(&known) {
-            if std::fs::write(&tmp, b).is_ok() {
-                let _ = std::fs::rename(&tmp, &record);
+            if let Err(e) = dir.replace(ROOTFS_DIGESTS, &b) {
+                tracing::warn!("image cache: cannot record the rootfs digest: {e}");
             }
         }
     }
     Ok(checked.sha256)
 }
 
-/// Device, inode, size, modification and change times: a file with the
-/// same stamp has not been written since (ctime moves with every write).
+/// The cache's record of checked rootfs tarballs.
+const ROOTFS_DIGESTS: &str = "rootfs-digests.json";
+
+/// Device, inode, size, modification and change times of the open file: a
+/// file with the same stamp has not been written since (ctime moves with
+/// every write).
 #[cfg(unix)]
-fn file_stamp(path: &Path) -> Option<String> {
+fn file_stamp(f: &std::fs::File) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
+    let m = f.metadata().ok()?;
     Some(format!(
         "{}:{}:{}:{}.{}:{}.{}",
         m.dev(),
@@ -491,7 +498,7 @@ fn file_stamp(path: &Path) -> Option<String> {
 
 /// Without a change time the digest is taken every time.
 #[cfg(not(unix))]
-fn file_stamp(_path: &Path) -> Option<String> {
+fn file_stamp(_f: &std::fs::File) -> Option<String> {
     None
 }
 
@@ -651,6 +658,51 @@ pub fn evict(cache: &Cache, cap: u64, keep: &str) -> Result<Vec<(String, u64)>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cache another user made (or one others can write) is refused
+    /// before root reads or writes anything in it: a link planted at the
+    /// digest record's temporary name once made root overwrite the file it
+    /// named, and only then refuse the cache.
+    #[cfg(unix)]
+    #[test]
+    fn a_planted_cache_is_refused_before_anything_is_written_in_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let tar = rootfs::tests::tarball(t.path(), &rootfs::tests::base());
+        let victim = t.path().join("victim");
+        std::fs::write(&victim, b"root's own").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let planted = t.path().join("planted");
+        std::fs::create_dir(&planted).unwrap();
+        for name in ["rootfs-digests.json.tmp", "rootfs-digests.json"] {
+            std::os::unix::fs::symlink(&victim, planted.join(name)).unwrap();
+        }
+        // Another user's: `nobody` as root; as anyone else, one all can write.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+            for name in ["rootfs-digests.json.tmp", "rootfs-digests.json"] {
+                std::os::unix::fs::lchown(planted.join(name), Some(65534), Some(65534)).unwrap();
+            }
+        } else {
+            std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let e = rootfs_digest(&Cache::at(&planted), &tar)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not private"), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"root's own");
+        // The control: a cache of our own records the digest, in a file of
+        // its own (a link planted there is replaced, never followed).
+        let own = t.path().join("own");
+        std::fs::create_dir(&own).unwrap();
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&victim, own.join("rootfs-digests.json.tmp")).unwrap();
+        let sha = rootfs_digest(&Cache::at(&own), &tar).unwrap();
+        let record = std::fs::read_to_string(own.join("rootfs-digests.json")).unwrap();
+        assert!(record.contains(&sha), "{record}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"root's own");
+    }
 
     fn fake_image(cache: &Cache, id: &str) -> PathBuf {
         let dir = cache.image_dir(id);

@@ -76,9 +76,11 @@ pub mod virtiofsd;
 use hull_exec::exec;
 #[cfg(target_os = "linux")]
 use hull_exec::out_dir;
+#[cfg(any(target_os = "linux", not(unix)))]
+use hull_exec::runtime;
 #[cfg(windows)]
 use hull_exec::winsec;
-use hull_exec::{os, runtime, sandbox_user, settings, state, text};
+use hull_exec::{os, sandbox_user, settings, state, text};
 #[cfg(unix)]
 use hull_net as net;
 use hull_policy as policy;

@@ -197,7 +197,7 @@ pub use crate::vm::assemble::{find_image, find_image_with};
 
 #[cfg(target_os = "linux")]
 mod imp {
-    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -287,8 +287,15 @@ mod imp {
         }
     }
 
-    /// SIGINT/SIGTERM/SIGHUP set `flag` to the signal number.
-    fn watch_signals() -> Result<(Arc<AtomicI32>, signal_hook::iterator::Handle), VmTierError> {
+    /// SIGINT/SIGTERM/SIGHUP set `flag` to the signal number once the run
+    /// has `started` (its VM starting: every step from there ends on the
+    /// flag). Before that (the userland checked, its image built or waited
+    /// for: steps that do not look at the flag) a signal ends hull at
+    /// once, saying nothing ran; an image build it started goes on alone,
+    /// holding its lock, as when hull is killed.
+    fn watch_signals(
+        started: Arc<AtomicBool>,
+    ) -> Result<(Arc<AtomicI32>, signal_hook::iterator::Handle), VmTierError> {
         let flag = Arc::new(AtomicI32::new(0));
         let mut signals = signal_hook::iterator::Signals::new([
             signal_hook::consts::SIGINT,
@@ -300,6 +307,18 @@ mod imp {
         let f = flag.clone();
         std::thread::spawn(move || {
             for s in signals.forever() {
+                if !started.load(Ordering::SeqCst) {
+                    let name = match s {
+                        signal_hook::consts::SIGINT => "SIGINT",
+                        signal_hook::consts::SIGTERM => "SIGTERM",
+                        _ => "SIGHUP",
+                    };
+                    eprintln!(
+                        "hull: tier vm: {name} before the run started (its userland image was \
+                         being checked or built); nothing ran"
+                    );
+                    std::process::exit(128 + s);
+                }
                 f.store(s, Ordering::SeqCst);
             }
         });
@@ -330,28 +349,32 @@ mod imp {
                 .map(|(_, v)| v.as_str());
             crate::vm::libc_needs::check(argv0, path, &spec.cwd, lower_vm::is_system)?;
         }
-        let (irq, handle) = watch_signals()?;
+        let started = Arc::new(AtomicBool::new(false));
+        let (irq, handle) = watch_signals(started.clone())?;
         let mut stdio = StdioSink;
         let sink: &mut dyn OutputSink = match sink {
             Some(s) => s,
             None => &mut stdio,
         };
         let r = match vm {
-            Some(kept) => crate::vm::supervisor::run_in(
-                kept.name,
-                kept.turn_fd,
-                policy,
-                &plan,
-                spec,
-                sink,
-                irq.clone(),
-            )
-            .map(|status| VmRun {
-                status,
-                restore_s: None,
-                peak_memory_bytes: None,
-            })
-            .map_err(VmTierError::from),
+            Some(kept) => {
+                started.store(true, Ordering::SeqCst);
+                crate::vm::supervisor::run_in(
+                    kept.name,
+                    kept.turn_fd,
+                    policy,
+                    &plan,
+                    spec,
+                    sink,
+                    irq.clone(),
+                )
+                .map(|status| VmRun {
+                    status,
+                    restore_s: None,
+                    peak_memory_bytes: None,
+                })
+                .map_err(VmTierError::from)
+            }
             None => run_fresh(
                 &plan,
                 policy,
@@ -360,6 +383,7 @@ mod imp {
                 instance_id,
                 sink,
                 irq.clone(),
+                &started,
             ),
         };
         handle.close();
@@ -375,6 +399,7 @@ mod imp {
         instance_id: &str,
         sink: &mut dyn OutputSink,
         irq: Arc<AtomicI32>,
+        started: &AtomicBool,
     ) -> Result<VmRun, VmTierError> {
         let tools = Tools::find()?;
         let recipe = crate::vm::assemble::recipe_for(&policy.vm)?;
@@ -411,6 +436,8 @@ mod imp {
             dir: &dir,
             log_dir: &log_dir,
         };
+        // From here every step ends on the flag.
+        started.store(true, Ordering::SeqCst);
         let mut session = match VmSession::start(start, &cancelled) {
             Ok(s) => s,
             Err(SessionError::Cancelled) => return Ok(interrupted_run(&irq, None)),

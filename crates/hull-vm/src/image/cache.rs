@@ -21,7 +21,7 @@
 //! the directory are detached first and removal refuses to cross a device boundary.
 //! Does not guard against another local user who can write the cache directory.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -71,19 +71,22 @@ impl Cache {
             .ok_or(ImageError::NoCacheDir)
     }
 
-    /// Creates the root if missing (0700) and refuses one that is a
-    /// symlink, another user's, or writable by group or others.
+    /// The root, made (0700) if missing, held open and checked private:
+    /// ours, writable by nobody else, every directory on the way root's or
+    /// ours, no entry of anyone else's (`private_dir`). Before anything is
+    /// read from or written to the cache.
+    pub fn open_private(&self) -> Result<super::private_dir::PrivateDir, ImageError> {
+        let root = std::path::absolute(&self.root)
+            .map_err(ImageError::io(&self.root, "resolve the image cache"))?;
+        super::private_dir::PrivateDir::open(&root).map_err(|e| ImageError::NotPrivate {
+            root: self.root.clone(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// [`Cache::open_private`], the root then let go.
     pub fn check_private(&self) -> Result<(), ImageError> {
-        use crate::runtime::instance::{private_root, PrivateRootError};
-        private_root(&self.root)
-            .map(drop)
-            .map_err(|e| ImageError::NotPrivate {
-                root: self.root.clone(),
-                reason: match e {
-                    PrivateRootError::Io { what, source } => format!("{what} it: {source}"),
-                    PrivateRootError::Insecure(why) => why,
-                },
-            })
+        self.open_private().map(drop)
     }
 
     pub fn root(&self) -> &Path {
@@ -106,17 +109,13 @@ impl Cache {
         self.root.join(format!("{id}.lock"))
     }
 
-    /// Open (creating) the lock file of `id`, without locking it.
+    /// Open (creating) the lock file of `id`, without locking it: in the
+    /// root checked private, relative to its descriptor, never through a
+    /// link, and only a regular file of ours.
     pub fn lock_file(&self, id: &str) -> Result<File, ImageError> {
-        fs::create_dir_all(&self.root)
-            .map_err(ImageError::io(&self.root, "create the cache directory"))?;
         let path = self.lock_path(id);
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
+        let dir = self.open_private()?;
+        dir.open_lock(&format!("{id}.lock"))
             .map_err(ImageError::io(&path, "open the image lock"))
     }
 

@@ -87,7 +87,88 @@ pub struct Checked {
 
 /// Checks the tarball at `path` entry by entry and returns its digest.
 pub fn check(path: &Path) -> Result<Checked, RootfsError> {
-    walk(path, None)
+    walk(path, open(path)?, None)
+}
+
+/// [`check`] of a tarball already opened by [`open`] from `path`.
+pub fn check_opened(path: &Path, f: File) -> Result<Checked, RootfsError> {
+    walk(path, f, None)
+}
+
+/// Opens the tarball at `path` for reading, without waiting and without
+/// following a link: a fifo would block the open until a writer came, and
+/// a link may be swapped between two opens. The one descriptor returned is
+/// checked a regular file of at most [`MAX_TARBALL`] bytes (by `fstat`);
+/// it is what is stamped, hashed and read.
+pub fn open(path: &Path) -> Result<File, RootfsError> {
+    let invalid = |why: String| RootfsError::Invalid {
+        path: path.to_path_buf(),
+        why,
+    };
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY);
+    }
+    let f = match o.open(path) {
+        Ok(f) => f,
+        #[cfg(unix)]
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(invalid(
+                "a symbolic link (name the tarball itself: hull does not follow links to it)"
+                    .into(),
+            ))
+        }
+        Err(source) => {
+            return Err(RootfsError::Io {
+                path: path.to_path_buf(),
+                what: "open",
+                source,
+            })
+        }
+    };
+    let meta = f.metadata().map_err(|source| RootfsError::Io {
+        path: path.to_path_buf(),
+        what: "read the type of",
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(invalid(format!(
+            "not a regular file (a {})",
+            file_kind(&meta.file_type())
+        )));
+    }
+    if meta.len() > MAX_TARBALL {
+        return Err(invalid(format!(
+            "{} bytes, more than the {} GiB a rootfs tarball may have",
+            meta.len(),
+            MAX_TARBALL >> 30
+        )));
+    }
+    Ok(f)
+}
+
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "fifo";
+        }
+        if t.is_socket() {
+            return "socket";
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return "device";
+        }
+    }
+    if t.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
 }
 
 /// Checks the tarball again and writes the container's import tarball
@@ -105,7 +186,7 @@ pub fn convert(path: &Path, sha256: &str, out: &Path) -> Result<Checked, RootfsE
     let f = File::create(out).map_err(io_out("create the converted tarball"))?;
     let mut builder = tar::Builder::new(BufWriter::new(f));
     builder.mode(tar::HeaderMode::Complete);
-    let checked = walk(path, Some(&mut builder))?;
+    let checked = walk(path, open(path)?, Some(&mut builder))?;
     let w = builder
         .into_inner()
         .map_err(io_out("write the converted tarball"))?;
@@ -224,7 +305,9 @@ fn header_size(h: &[u8]) -> u64 {
 
 type Out<'a> = Option<&'a mut tar::Builder<BufWriter<File>>>;
 
-fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
+/// Checks the tarball `f` (opened by [`open`] from `path`) entry by
+/// entry, writing the converted entries to `out`.
+fn walk(path: &Path, f: File, mut out: Out<'_>) -> Result<Checked, RootfsError> {
     let io_err = |what| {
         let path = path.to_path_buf();
         move |source| RootfsError::Io {
@@ -242,18 +325,6 @@ fn walk(path: &Path, mut out: Out<'_>) -> Result<Checked, RootfsError> {
         path: path.to_path_buf(),
         why,
     };
-    let f = File::open(path).map_err(io_err("open"))?;
-    let meta = f.metadata().map_err(io_err("read the size of"))?;
-    if !meta.is_file() {
-        return Err(invalid("not a regular file".into()));
-    }
-    if meta.len() > MAX_TARBALL {
-        return Err(invalid(format!(
-            "{} bytes, more than the {} GiB a rootfs tarball may have",
-            meta.len(),
-            MAX_TARBALL >> 30
-        )));
-    }
     let mut hashing = Hashing {
         inner: BufReader::new(f).take(MAX_TARBALL),
         hash: Sha256::new(),
@@ -680,12 +751,12 @@ fn check_symlink(name: &str, target: &str) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Builds a tarball of raw entries: (path, type, mode, link target, contents).
     /// One raw entry: path, type, mode, link target, contents.
-    pub(super) type Raw = (
+    pub(crate) type Raw = (
         &'static str,
         tar::EntryType,
         u32,
@@ -693,7 +764,7 @@ mod tests {
         &'static [u8],
     );
 
-    pub(super) fn tarball(dir: &Path, entries: &[Raw]) -> PathBuf {
+    pub(crate) fn tarball(dir: &Path, entries: &[Raw]) -> PathBuf {
         let p = dir.join("rootfs.tar");
         let mut b = tar::Builder::new(File::create(&p).unwrap());
         for (path, kind, mode, link, data) in entries {
@@ -713,7 +784,7 @@ mod tests {
 
     use tar::EntryType as T;
 
-    pub(super) fn base() -> Vec<Raw> {
+    pub(crate) fn base() -> Vec<Raw> {
         vec![
             ("./", T::Directory, 0o755, "", b""),
             ("./bin/", T::Directory, 0o755, "", b""),
@@ -905,6 +976,39 @@ mod tests {
         );
         assert_eq!(seen["etc/passwd"].0, (T::Regular, 0, 0o644));
         assert_eq!(seen["home/hull"].0, (T::Directory, 1000, 0o755));
+    }
+
+    /// A fifo named as the rootfs is refused at once (it was opened
+    /// before its type was checked: the open blocked until a writer came);
+    /// so is a symbolic link, and what it names is not read.
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_or_a_link_as_the_rootfs_is_refused_without_waiting() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo.tar");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let real = tarball(d.path(), &base());
+        let link = d.path().join("link.tar");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        // The control: the tarball itself checks.
+        check(&real).unwrap();
+        for (p, why) in [(fifo, "not a regular file"), (link, "a symbolic link")] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let q = p.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(check(&q).map(|_| ()).map_err(|e| e.to_string()));
+            });
+            let got = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("{}: still waiting after 10 s", p.display()));
+            let e = got.unwrap_err();
+            assert!(
+                e.contains(why) && e.contains(&p.display().to_string()),
+                "{e}"
+            );
+        }
     }
 
     /// Each hostile entry is refused, naming it.
