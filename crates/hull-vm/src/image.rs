@@ -608,37 +608,38 @@ pub fn remove(cache: &Cache, query: &str) -> Result<PathBuf, ImageError> {
 /// is not set: about 15 userland images of 2.5 GiB with their snapshots.
 pub const DEFAULT_CACHE_MAX: u64 = 40 << 30;
 
-/// Brings the cache back under `cap` bytes: removes images of other recipes
-/// (no hull of this build uses them) first, then userland images (`[vm]
-/// packages`), least recently used first. Never this recipe's default
-/// image, the image `keep`, one a VM or a build holds, or a partial build.
-/// Returns each removed id and the bytes it freed.
+/// Brings the cache back under `cap` bytes, counting everything under it
+/// (images, the guests' kept systems, partial builds, logs): removes dead
+/// partial builds first (always: they are never used), then failed
+/// builds' logs, then images of other recipes (no hull of this build uses
+/// them), then userland images (`[vm] packages`, `[vm] rootfs`), least
+/// recently used first. Never this recipe's default image, the image
+/// `keep`, one a VM or a build holds, or a live build. Returns what it
+/// removed and the bytes each freed.
 pub fn evict(cache: &Cache, cap: u64, keep: &str) -> Result<Vec<(String, u64)>, ImageError> {
+    let mut removed = cache.remove_dead_partials()?;
+    let mut total = dir_usage(cache.root());
+    if total > cap {
+        removed.extend(remove_failed_logs(cache, keep));
+        total = dir_usage(cache.root());
+    }
     let base = recipe::image_id();
-    let mut total = 0u64;
     // (not of this recipe, last use, id, dir, bytes)
     let mut candidates = Vec::new();
     for e in cache.entries()? {
-        match e {
-            cache::Entry::Built(img) => {
-                let bytes = img.disk_usage();
-                total += bytes;
-                if img.id == keep || img.id == base {
-                    continue;
-                }
-                let stale = recipe::Recipe::of_image(&img.manifest).id() != img.id;
-                let used = std::fs::metadata(cache.lock_path(&img.id))
-                    .and_then(|m| m.modified())
-                    .unwrap_or(std::time::UNIX_EPOCH);
-                candidates.push((!stale, used, img.id.clone(), img.dir.clone(), bytes));
+        if let cache::Entry::Built(img) = e {
+            if img.id == keep || img.id == base {
+                continue;
             }
-            cache::Entry::Partial { dir, .. } | cache::Entry::Broken { dir, .. } => {
-                total += dir_usage(&dir)
-            }
+            let bytes = img.disk_usage();
+            let stale = recipe::Recipe::of_image(&img.manifest).id() != img.id;
+            let used = std::fs::metadata(cache.lock_path(&img.id))
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            candidates.push((!stale, used, img.id.clone(), img.dir.clone(), bytes));
         }
     }
     candidates.sort();
-    let mut removed = Vec::new();
     for (_, _, id, dir, bytes) in candidates {
         if total <= cap {
             break;
@@ -653,6 +654,45 @@ pub fn evict(cache: &Cache, cap: u64, keep: &str) -> Result<Vec<(String, u64)>, 
         removed.push((id, bytes));
     }
     Ok(removed)
+}
+
+/// Removes every failed build's log but `keep`'s.
+fn remove_failed_logs(cache: &Cache, keep: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(cache.root()) else {
+        return out;
+    };
+    let kept = format!("{keep}.{}", build::FAILED_LOG);
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(id) = name.strip_suffix(&format!(".{}", build::FAILED_LOG)) else {
+            continue;
+        };
+        let is_file = e.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if name == kept || !cache::is_id(id) || !is_file {
+            continue;
+        }
+        let bytes = dir_usage_of_file(&e.path());
+        if std::fs::remove_file(e.path()).is_ok() {
+            out.push((name, bytes));
+        }
+    }
+    out
+}
+
+fn dir_usage_of_file(p: &Path) -> u64 {
+    let Ok(m) = std::fs::symlink_metadata(p) else {
+        return 0;
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        m.blocks() * 512
+    }
+    #[cfg(not(unix))]
+    {
+        m.len()
+    }
 }
 
 #[cfg(test)]
@@ -787,6 +827,60 @@ mod tests {
         drop(hold);
         // Under the cap, nothing goes.
         assert!(evict(&cache, u64::MAX, &new).unwrap().is_empty());
+    }
+
+    /// Dead partial builds are removed by eviction whatever the cap, a live
+    /// one is kept, and the cap counts everything under the cache (the
+    /// guests' kept systems, logs), not only its images.
+    #[test]
+    fn eviction_removes_dead_partials_and_counts_everything() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = Cache::at(d.path().join("images"));
+        fake_image(&cache, &recipe::image_id());
+        let a = fake_userland(&cache, &["nodejs"]);
+        let partial = |id: &str, pid: u32| {
+            let dir = cache.root().join(format!("{id}.partial-{pid}"));
+            std::fs::create_dir_all(dir.join("work")).unwrap();
+            std::fs::write(dir.join("work/disk.raw"), vec![1u8; 256 << 10]).unwrap();
+            dir
+        };
+        let dead = partial("00000000000000dd", 4_000_001);
+        let live = partial("00000000000000ee", 4_000_002);
+        let holder = cache.lock_file("00000000000000ee").unwrap();
+        holder.lock().unwrap();
+        // Under any cap: the dead partial goes, the live one stays.
+        let removed = evict(&cache, u64::MAX, "").unwrap();
+        assert_eq!(
+            removed.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+            ["00000000000000dd.partial-4000001"]
+        );
+        assert!(removed[0].1 >= 256 << 10);
+        assert!(!dead.exists() && live.is_dir() && cache.image_dir(&a).is_dir());
+        drop(holder);
+        // The guests' kept systems and a failed build's log count: with
+        // them the cache is over a cap its images fit under.
+        let bases = cache.root().join(cache::GUEST_BASES).join("k");
+        std::fs::create_dir_all(&bases).unwrap();
+        std::fs::write(bases.join("rootfs"), vec![1u8; 512 << 10]).unwrap();
+        let log = cache
+            .root()
+            .join(format!("00000000000000cc.{}", build::FAILED_LOG));
+        std::fs::write(&log, vec![b'x'; 64 << 10]).unwrap();
+        let images =
+            dir_usage(&cache.image_dir(&recipe::image_id())) + dir_usage(&cache.image_dir(&a));
+        let removed = evict(&cache, images + (64 << 10), "").unwrap();
+        let names: Vec<_> = removed.iter().map(|r| r.0.as_str()).collect();
+        // The live partial's build ended (its lock let go): dead now.
+        assert!(
+            names.contains(&"00000000000000ee.partial-4000002"),
+            "{names:?}"
+        );
+        assert!(
+            names.contains(&log.file_name().unwrap().to_str().unwrap()),
+            "{names:?}"
+        );
+        assert!(names.contains(&a.as_str()), "{names:?}");
+        assert!(dir_usage(cache.root()) <= images + (64 << 10) + (600 << 10));
     }
 
     #[test]

@@ -203,11 +203,63 @@ pub fn build(
             return Ok(img);
         }
     }
-    // We hold the lock: every partial of this id is dead.
+    // We hold the lock: every partial of this id is dead; so is every
+    // other one whose lock nobody holds.
     cache.remove_partials_locked(&id)?;
+    cache.remove_dead_partials()?;
 
     let dir = cache.partial_dir(&id);
     std::fs::create_dir_all(&dir).map_err(ImageError::io(&dir, "create the build directory"))?;
+    match build_in(cache, opts, &id, &dir, &lock, on) {
+        Ok(img) => Ok(img),
+        Err(e) => Err(discard(cache, &id, &dir, e)),
+    }
+}
+
+/// A failed build's directory is removed (it held up to a GiB and more);
+/// its log is kept as `<id>.failed.log` in the cache, and the error names
+/// that.
+fn discard(cache: &Cache, id: &str, dir: &Path, e: ImageError) -> ImageError {
+    let kept = cache.root().join(format!("{id}.{FAILED_LOG}"));
+    let log = dir.join("build.log");
+    let moved = std::fs::rename(&log, &kept).is_ok();
+    if let Err(err) = super::cache::remove_tree(dir) {
+        tracing::warn!(
+            "image cache: cannot remove the failed build {}: {err}",
+            dir.display()
+        );
+    }
+    match e {
+        ImageError::BuildFailed {
+            step,
+            message,
+            log: was,
+            tail,
+        } => ImageError::BuildFailed {
+            step,
+            message,
+            log: if moved { kept } else { was },
+            tail,
+        },
+        e => e,
+    }
+}
+
+/// The suffix of a failed build's kept log.
+pub const FAILED_LOG: &str = "failed.log";
+
+/// The build in its partial directory `dir`, up to its publication.
+fn build_in(
+    cache: &Cache,
+    opts: &BuildOptions,
+    id: &str,
+    dir: &Path,
+    lock: &File,
+    on: &mut dyn FnMut(BuildEvent),
+) -> Result<BuiltImage, ImageError> {
+    let id = id.to_string();
+    let dir = dir.to_path_buf();
+    let final_dir = cache.image_dir(&id);
     let recipe_dir = dir.join("recipe");
     opts.recipe
         .materialise(&recipe_dir)
@@ -229,7 +281,7 @@ pub fn build(
     }
     let agent = super::agent_disk::ensure(&dir, &opts.agent)?;
     let bases = cache.root().join(super::cache::GUEST_BASES);
-    let run = run_script(&dir, &recipe_dir, &agent.path, &bases, &lock, log, on)?;
+    let run = run_script(&dir, &recipe_dir, &agent.path, &bases, lock, log, on)?;
     if !run.success {
         return Err(ImageError::BuildFailed {
             step: run.last_step.unwrap_or_else(|| "start".into()),
@@ -275,7 +327,6 @@ pub fn build(
         id: id.clone(),
         seconds: manifest.build_seconds,
     });
-    drop(lock);
     // The cache stays under its cap: older recipes and the least recently
     // used userlands go (best effort: a failure here loses no image).
     let cap = crate::settings::get()

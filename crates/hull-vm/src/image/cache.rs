@@ -184,6 +184,37 @@ impl Cache {
     }
 }
 
+impl Cache {
+    /// Removes every partial build whose lock nobody holds (a build that
+    /// failed, or whose hull and script were killed), holding that lock
+    /// while it removes; returns each one's name and the bytes freed.
+    pub fn remove_dead_partials(&self) -> Result<Vec<(String, u64)>, ImageError> {
+        let mut removed = Vec::new();
+        for entry in self.entries()? {
+            let Entry::Partial {
+                id,
+                dir,
+                live: false,
+            } = entry
+            else {
+                continue;
+            };
+            let lock = self.lock_file(&id)?;
+            if lock.try_lock().is_err() {
+                continue; // a build of it started since
+            }
+            let bytes = super::dir_usage(&dir);
+            remove_tree(&dir)?;
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            removed.push((name, bytes));
+        }
+        Ok(removed)
+    }
+}
+
 /// `<16 hex digits>`
 pub fn is_id(s: &str) -> bool {
     s.len() == ID_LEN
