@@ -96,7 +96,7 @@ step "packages (the container's list resolved against the mirror)"
 # Before anything is built: a package the mirror does not have (a policy's `[vm]
 # packages` are added to container.list) fails here, named, within seconds.
 resolve_log="$WORK/resolve.log"
-if ! mmdebstrap --variant=minbase --mode=root --simulate \
+if ! mmdebstrap --variant=minbase --mode=root --simulate --verbose \
   --include="$(read_list "$RECIPE/packages/container.list")" \
   "$SUITE" "$WORK/simulate.tar" "${sources[@]}" >"$resolve_log" 2>&1; then
   cat "$resolve_log" >&2
@@ -105,6 +105,16 @@ if ! mmdebstrap --variant=minbase --mode=root --simulate \
   die "the container's packages do not resolve in Debian $SUITE ($MIRROR): $(grep -a '^E: ' "$resolve_log" | head -n 3 | tr '\n' ' ')"
 fi
 cat "$resolve_log" >&2
+# Each name must be a package of its own, installed by that name: apt reads a
+# name it does not find as a pattern when it holds `.`, `?` or `*`
+# (`texlive.+` selected 470 packages, 3.9 GB), and a virtual name installs
+# another package. The simulation lists what it installs (`Inst NAME (...)`).
+installed=$(sed -n 's/^Inst \([^ ]*\) .*/\1/p' "$resolve_log" | sort -u)
+inexact=
+for p in $(read_list "$RECIPE/packages/container.list" | tr ',' ' '); do
+  grep -qxF -- "$p" <<<"$installed" || inexact="$inexact $p"
+done
+[ -z "$inexact" ] || die "not a package of Debian $SUITE by that exact name (apt read it as a pattern or a virtual package; name the packages themselves):$inexact"
 
 # The container's userland depends on nothing of the guest's: it is made while
 # steps 2 to 4 run (two mmdebstraps at once, each mostly on one core or waiting

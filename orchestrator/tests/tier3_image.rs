@@ -660,6 +660,54 @@ fn a_package_the_mirror_lacks_is_named_before_anything_is_built() {
     assert!(kept.contains("hull-no-such-package"), "{kept}");
 }
 
+/// A `[vm] packages` name apt would read as a pattern (`texlive.+`: no
+/// package has that name, so apt took it as a regular expression and
+/// selected 470 packages, 3.9 GB, and the build went on) is refused at the
+/// build's first step, naming it, before anything is built or downloaded.
+#[test]
+fn a_package_name_apt_reads_as_a_pattern_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("images");
+    let policy = d.path().join("p.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\n[vm]\npackages = [\"python3-pip\", \"texlive.+\"]\n",
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_hull"))
+        .args(["image", "build", "--no-snapshot", "--policy"])
+        .arg(&policy)
+        .arg("--agent")
+        .arg(agent_path())
+        .env("HULL_IMAGE_CACHE", &cache)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("step 1/8")
+            && err.contains("by that exact name")
+            && err.contains(" texlive.+\n"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("python3-pip\n"),
+        "only the pattern is named: {err}"
+    );
+    assert!(secs < 300.0, "took {secs:.0} s: {err}");
+    for e in std::fs::read_dir(&cache).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        assert!(
+            !hull::vm::image::cache::is_id(&name),
+            "an image {name} was made"
+        );
+        assert!(!name.contains(".partial-"), "the partial {name} is left");
+    }
+}
+
 /// The images of one recipe share the guest's own system (rootfs, kernel,
 /// initrd): the first build keeps it under the cache's `bases/`, and a
 /// build of another userland copies it instead of making it again. Read

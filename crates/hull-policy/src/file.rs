@@ -264,7 +264,8 @@ impl PolicyFile {
                     &format!("vm.packages[{i}]"),
                     format!(
                         "{:?} is not a Debian package name (lowercase letters, digits, `+`, `-`, `.`; \
-                         at least two characters, starting with a letter or digit)",
+                         at least two characters, starting with a letter or digit, not ending \
+                         with `-`)",
                         p.get_ref()
                     ),
                 ));
@@ -519,10 +520,13 @@ pub const MAX_VM_PACKAGES: usize = 256;
 
 /// A Debian package name (Debian Policy 5.6.1): lowercase letters, digits,
 /// `+`, `-` and `.`, at least two characters, starting with a letter or
-/// digit; at most 128 here.
+/// digit; at most 128 here; not ending with `-`, which apt reads as
+/// "remove" (whether a name is a package of the mirror's, not a pattern
+/// apt would expand, the image build checks against the mirror).
 pub fn valid_debian_package(name: &str) -> bool {
     let b = name.as_bytes();
     b.len() >= 2
+        && !name.ends_with('-')
         && b.len() <= 128
         && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
         && b.iter()
@@ -644,6 +648,7 @@ mod tests {
             "nodejs=18",
             "pkg/bookworm",
             "x:amd64",
+            "nodejs-",
             "$(id)",
             "",
         ] {
