@@ -8,9 +8,12 @@ cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 
 bash scripts/setup.sh --tier3
-cargo build --release --locked -p hull -p hull-agent
+cargo build --release --locked -p hull
+# The agent is the container's init: static, so it loads nothing of the
+# container's userland.
+cargo build --release --locked -p hull-agent --target x86_64-unknown-linux-musl
 HULL=target/release/hull
-export HULL_AGENT="$PWD/target/release/hull-agent"
+export HULL_AGENT="$PWD/target/x86_64-unknown-linux-musl/release/hull-agent"
 
 $HULL probe
 $HULL image build

@@ -168,10 +168,12 @@ if [ "$want_test" -eq 1 ]; then
   fi
 fi
 
-# Foreign targets: the macOS and Windows code type-checks from Linux.
+# Foreign targets: the macOS and Windows code type-checks from Linux; musl
+# builds tier 3's static agent (the container's init loads nothing of the
+# container's userland).
 if command -v rustup >/dev/null; then
   installed=$(rustup target list --installed)
-  for t in x86_64-pc-windows-gnu aarch64-apple-darwin; do
+  for t in x86_64-pc-windows-gnu aarch64-apple-darwin x86_64-unknown-linux-musl; do
     grep -qx "$t" <<<"$installed" || { say "rustup target add $t"; rustup target add "$t" >/dev/null; }
   done
 fi

@@ -153,6 +153,12 @@ if [ -n "$setup_pid" ]; then
   merge_steps target/setup-steps.tsv setup target/setup.log
 fi
 
+# Tier 3's agent is the container's init: static (musl, whose target the
+# setup adds), so it loads nothing from the container's userland (a [vm]
+# rootfs is anyone's).
+step "build (static agent)" cargo build --locked -p hull-agent --target x86_64-unknown-linux-musl
+agent="$PWD/target/x86_64-unknown-linux-musl/debug/hull-agent"
+
 # The landlock tier needs Landlock ABI 6 (Linux 6.12): on an older kernel
 # (Debian 12's 6.1 has ABI 2) say so once, with hull probe's reason, and
 # build the tests without the tier (the machine declares it lacks it)
@@ -190,7 +196,21 @@ make_rootfs_tar() {
     --include=hello bookworm "$rootfs_tar.partial" "deb $mirror bookworm main" >&2 &&
     mv "$rootfs_tar.partial" "$rootfs_tar"
 }
-printf 'version = 1\n[vm]\nrootfs = "%s"\n' "$rootfs_tar" >target/vm-rootfs.toml
+# The tests' rootfs is hostile (tests/fixtures/hostile-rootfs): the sound
+# tarball with a library preloaded into every program of the container and
+# account lines glibc reads as `hull` or id 1000; named by the fixture's
+# digest, so a changed fixture makes a new one.
+fixture=tests/fixtures/hostile-rootfs
+hostile_tar="${XDG_CACHE_HOME:-$HOME/.cache}/hull-tests/rootfs-hostile-$(cat "$fixture"/* | sha256sum | cut -c1-12).tar"
+export HULL_TEST_ROOTFS="$hostile_tar"
+make_hostile_tar() {
+  [ -f "$hostile_tar" ] && return 0
+  make_rootfs_tar || return 1
+  cc -shared -fPIC -O2 -U_FORTIFY_SOURCE -o target/hull-test-preload.so "$fixture/preload.c" &&
+    python3 "$fixture/make.py" "$rootfs_tar" target/hull-test-preload.so "$hostile_tar.partial" &&
+    mv "$hostile_tar.partial" "$hostile_tar"
+}
+printf 'version = 1\n[vm]\nrootfs = "%s"\n' "$hostile_tar" >target/vm-rootfs.toml
 # The images depend on nothing the native tests do, and the native tests
 # use no image: the images are built (or found cached) in the background
 # while the native tests run, from a copy of this build's hull (the native
@@ -213,7 +233,7 @@ build_images() {
   cp target/debug/hull "$hull" || return 1
   (
     names=() secs=() results=()
-    step "tier-3 rootfs tarball" make_rootfs_tar
+    step "tier-3 rootfs tarball" make_hostile_tar
     record_steps target/images-steps-1.tsv
   ) >target/images-tarball.log 2>&1 &
   local tarball_pid=$!
@@ -236,7 +256,7 @@ build_images() {
 images_log=target/images.log
 rm -f target/images-steps-*.tsv
 printf '\n==> tier-3 images (in the background beside the native tests: %s)\n' "$images_log" >&2
-(names=() secs=() results=() failed=0 && HULL_AGENT="$PWD/target/debug/hull-agent" build_images) >"$images_log" 2>&1 &
+(names=() secs=() results=() failed=0 && HULL_AGENT="$agent" build_images) >"$images_log" 2>&1 &
 images_pid=$!
 
 # Clippy while the images build too (it needs no image).
@@ -264,7 +284,7 @@ for n in 1 2 3 4; do
   merge_steps "target/images-steps-$n.tsv" "tier-3 images ($n/4)" "$images_log"
 done
 
-export HULL_AGENT="$PWD/target/debug/hull-agent"
+export HULL_AGENT="$agent"
 step "tier-3 tests" nextest_run junit-tier3.xml -E 'group(vm)'
 
 step "doc tests" timeout 600 cargo test --doc --workspace --locked "${NO_DEFAULT[@]}" --features "$FEATURES"

@@ -312,11 +312,11 @@ fn loopback_up() -> io::Result<()> {
     // SAFETY: ioctls on a valid socket with a pointer to a local, correctly
     // laid out ifreq that outlives the calls.
     unsafe {
-        if libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) != 0 {
+        if libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) != 0 {
             return Err(io::Error::last_os_error());
         }
         req.flags |= libc::IFF_UP as libc::c_short;
-        if libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req) != 0 {
+        if libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) != 0 {
             return Err(io::Error::last_os_error());
         }
     }

@@ -1056,15 +1056,13 @@ fn a_policy_beyond_the_slots_and_the_build_profile_restore_and_run_the_hosts_too
 #[test]
 fn a_rootfs_tarball_is_the_containers_whole_userland() {
     let w = world();
-    let cache = std::env::var_os("XDG_CACHE_HOME")
+    let tar = std::env::var_os("HULL_TEST_ROOTFS")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache")
-        });
-    let tar = cache.join("hull-tests/rootfs-hello.tar");
+        .unwrap_or_default();
     assert!(
         tar.is_file(),
-        "{} is missing: scripts/test.sh makes it (a Debian minbase with `hello`, by mmdebstrap)",
+        "HULL_TEST_ROOTFS ({}) names no file: scripts/test.sh makes it (a Debian minbase with \
+         `hello`, by mmdebstrap, made hostile by tests/fixtures/hostile-rootfs)",
         tar.display()
     );
     let policy = w.root.path().join("rootfs.toml");
@@ -1079,12 +1077,22 @@ fn a_rootfs_tarball_is_the_containers_whole_userland() {
     let o = w.run(
         &["--policy", policy.to_str().unwrap()],
         "hello; id -un; id -u; command -v python3 || echo no python3; \
-         find / -xdev -perm /6000 -type f 2>/dev/null | wc -l; echo made > made.txt",
+         find / -xdev -perm /6000 -type f 2>/dev/null | wc -l; \
+         getent passwd hull | cut -d: -f3; getent group hull | cut -d: -f3; \
+         getent passwd 1000 | cut -d: -f1; \
+         test -e /tmp/preloaded-as-1000 && echo the preload loads; \
+         ls /preloaded-as-root /tmp/preloaded-as-0 2>/dev/null | wc -l; \
+         echo made > made.txt",
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    // The tarball is hostile: a library preloaded into every program, and
+    // account lines glibc reads as `hull` or id 1000. The command (uid
+    // 1000) loads the preload (so it works), nothing ever loaded it as
+    // root (the agent, the container's init, is static), and `hull` and
+    // 1000 are hull's account alone.
     assert_eq!(
         text(&o.stdout),
-        "Hello, world!\nhull\n1000\nno python3\n0\n",
+        "Hello, world!\nhull\n1000\nno python3\n0\n1000\n1000\nhull\nthe preload loads\n0\n",
         "{}",
         text(&o.stderr)
     );

@@ -75,6 +75,13 @@ pub enum ImageError {
     AgentMissing { path: PathBuf },
     #[error("{path} is not a Linux x86-64 executable ({why}); the guest agent runs inside the Linux guest")]
     AgentNotLinux { path: PathBuf, why: String },
+    #[error(
+        "the guest agent {path} is dynamically linked ({why}): as the container's init it would \
+         load the container's own loader, C library and /etc/ld.so.preload as container root, \
+         and a [vm] rootfs supplies those. Build it static: cargo build -p hull-agent --target \
+         x86_64-unknown-linux-musl (scripts/setup.sh adds the target)"
+    )]
+    AgentNotStatic { path: PathBuf, why: String },
     #[error("tier-3 image {id} ({userland}) is not built; run `hull image build` (with `--policy POLICY` for a policy's userland), or let a run build a policy's")]
     NotBuilt { id: String, userland: String },
     #[error("cannot make the guest agent's disk {path}: `{cmd}` failed: {why}")]
@@ -359,8 +366,10 @@ pub fn dir_usage(dir: &Path) -> u64 {
     total
 }
 
-/// The agent binary hull uses by default: `$HULL_AGENT`, else `hull-agent` next to
-/// the running `hull`.
+/// The agent binary hull uses by default: `$HULL_AGENT`; else, in a cargo
+/// build tree (`target/<profile>/hull`), the static agent built beside it
+/// (`target/x86_64-unknown-linux-musl/<profile>/hull-agent`) when there is
+/// one; else `hull-agent` next to the running `hull`.
 pub fn default_agent_path() -> Result<PathBuf, ImageError> {
     if let Some(p) = &crate::settings::get().agent {
         return Ok(p.clone());
@@ -369,8 +378,22 @@ pub fn default_agent_path() -> Result<PathBuf, ImageError> {
         Path::new("/proc/self/exe"),
         "find the hull binary",
     ))?;
-    Ok(exe.with_file_name("hull-agent"))
+    let musl = exe.parent().and_then(|dir| {
+        Some(
+            dir.parent()?
+                .join(STATIC_AGENT_TARGET)
+                .join(dir.file_name()?)
+                .join("hull-agent"),
+        )
+    });
+    match musl {
+        Some(m) if m.is_file() => Ok(m),
+        _ => Ok(exe.with_file_name("hull-agent")),
+    }
 }
+
+/// The target tier 3's agent is built for: static, loading nothing.
+pub const STATIC_AGENT_TARGET: &str = "x86_64-unknown-linux-musl";
 
 /// Read the agent binary (bounded) and check it is a Linux x86-64 ELF.
 pub fn read_agent(path: &Path) -> Result<Vec<u8>, ImageError> {
@@ -393,7 +416,68 @@ pub fn read_agent(path: &Path) -> Result<Vec<u8>, ImageError> {
     }
     let bytes = std::fs::read(path).map_err(ImageError::io(path, "read the agent binary"))?;
     check_linux_x86_64_elf(&bytes).map_err(not_linux)?;
+    check_static(&bytes).map_err(|why| ImageError::AgentNotStatic {
+        path: path.to_path_buf(),
+        why,
+    })?;
     Ok(bytes)
+}
+
+/// No program interpreter (`PT_INTERP`) and no needed library
+/// (`DT_NEEDED`): the kernel runs it as it is, and nothing is loaded. A
+/// static PIE keeps a dynamic section for its own relocations, which is
+/// fine. Headers out of the file's bounds are refused.
+fn check_static(b: &[u8]) -> Result<(), String> {
+    let at = |off: u64, len: u64| -> Result<&[u8], String> {
+        let end = off.checked_add(len).ok_or("a header out of bounds")?;
+        b.get(
+            usize::try_from(off).map_err(|_| "a header out of bounds")?
+                ..usize::try_from(end).map_err(|_| "a header out of bounds")?,
+        )
+        .ok_or_else(|| "a header out of bounds".to_string())
+    };
+    let u16_at = |x: &[u8], i: usize| u16::from_le_bytes([x[i], x[i + 1]]);
+    let u32_at = |x: &[u8], i: usize| u32::from_le_bytes(x[i..i + 4].try_into().unwrap_or([0; 4]));
+    let u64_at = |x: &[u8], i: usize| u64::from_le_bytes(x[i..i + 8].try_into().unwrap_or([0; 8]));
+    let phoff = u64_at(b, 32);
+    let phentsize = u64::from(u16_at(b, 54));
+    let phnum = u64::from(u16_at(b, 56));
+    if phnum == 0 {
+        return Ok(());
+    }
+    if phentsize < 56 {
+        return Err("program headers of an unknown size".into());
+    }
+    for i in 0..phnum {
+        let off = i
+            .checked_mul(phentsize)
+            .and_then(|o| o.checked_add(phoff))
+            .ok_or("a header out of bounds")?;
+        let ph = at(off, 56)?;
+        let (kind, offset, filesz) = (u32_at(ph, 0), u64_at(ph, 8), u64_at(ph, 32));
+        match kind {
+            3 => {
+                let name = at(offset, filesz.min(4096))?;
+                let end = name.iter().position(|c| *c == 0).unwrap_or(name.len());
+                return Err(format!(
+                    "it names the loader {}",
+                    String::from_utf8_lossy(&name[..end])
+                ));
+            }
+            2 => {
+                let d = at(offset, filesz.min(1 << 20))?;
+                for e in d.chunks_exact(16) {
+                    match u64_at(e, 0) {
+                        0 => break,
+                        1 => return Err("it needs shared libraries (DT_NEEDED)".into()),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// ELF64, little-endian, `ET_EXEC`/`ET_DYN`, `EM_X86_64`, System V or Linux ABI.
@@ -968,6 +1052,31 @@ mod tests {
         elf[18] = 62;
         std::fs::write(&p, &elf).unwrap();
         assert_eq!(read_agent(&p).unwrap(), elf);
+    }
+
+    /// The agent is the container's init: one with an interpreter or
+    /// needed libraries would load the container's own loader, libc and
+    /// `/etc/ld.so.preload` as container root (a `[vm] rootfs` is anyone's).
+    /// The host's dynamic `true` is refused, naming its loader; a static
+    /// build (the workspace's musl agent, when built) passes.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_dynamically_linked_agent_is_refused() {
+        let t = ["/usr/bin/true", "/bin/true"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.is_file())
+            .expect("a true binary");
+        let e = read_agent(t).unwrap_err().to_string();
+        assert!(
+            e.contains("dynamically linked") && e.contains("ld-linux") && e.contains("musl"),
+            "{e}"
+        );
+        let musl = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/x86_64-unknown-linux-musl/debug/hull-agent");
+        if musl.is_file() {
+            read_agent(&musl).unwrap();
+        }
     }
 
     #[test]

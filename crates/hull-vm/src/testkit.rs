@@ -196,14 +196,18 @@ pub fn script_output(console: &Path) -> String {
     rest[..end].replace('\r', "")
 }
 
-/// The guest agent binary (`HULL_AGENT`, else the workspace's
-/// `target/debug/hull-agent`), checked to be the real agent.
+/// The guest agent binary (`HULL_AGENT`, else the workspace's static
+/// `target/x86_64-unknown-linux-musl/debug/hull-agent`), checked to be the
+/// real agent.
 pub fn agent_binary() -> PathBuf {
     let p = std::env::var_os("HULL_AGENT")
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/hull-agent")
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../target")
+                .join(crate::image::STATIC_AGENT_TARGET)
+                .join("debug/hull-agent")
         });
     let help = std::process::Command::new(&p)
         .arg("--help")
@@ -212,7 +216,7 @@ pub fn agent_binary() -> PathBuf {
         .unwrap_or_default();
     if !help.contains("serve") {
         panic!(
-            "{} is not the guest agent (build it: cargo build -p hull-agent, or set HULL_AGENT); {HOW}",
+            "{} is not the guest agent (build it: cargo build -p hull-agent --target x86_64-unknown-linux-musl, or set HULL_AGENT); {HOW}",
             p.display()
         );
     }

@@ -14,14 +14,11 @@ pub(super) fn set_clock(unix_ns: u64) -> io::Result<()> {
     if unix_ns == 0 {
         return Ok(());
     }
-    let ts = libc::timespec {
-        tv_sec: (unix_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (unix_ns % 1_000_000_000) as libc::c_long,
+    let ts = rustix::time::Timespec {
+        tv_sec: (unix_ns / 1_000_000_000) as i64,
+        tv_nsec: (unix_ns % 1_000_000_000) as i64,
     };
-    // SAFETY: `ts` is a valid timespec on the stack; clock_settime only reads it.
-    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    rustix::time::clock_settime(rustix::time::ClockId::Realtime, ts)?;
     Ok(())
 }
 
