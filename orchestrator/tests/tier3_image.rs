@@ -603,6 +603,75 @@ fn a_fifo_as_the_rootfs_is_refused_at_once() {
     }
 }
 
+/// A vm run that has not started (here: waiting for another build of its
+/// userland's image) ends on SIGTERM at once, saying nothing ran; before,
+/// it took the signal for its command, which had not started, and went on
+/// waiting.
+#[test]
+fn a_run_waiting_for_its_image_ends_on_sigterm() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("images");
+    let policy = d.path().join("p.toml");
+    std::fs::write(&policy, "version = 1\n[vm]\npackages = [\"hello\"]\n").unwrap();
+    let hull = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_hull"));
+        c.args(args)
+            .arg("--policy")
+            .arg(&policy)
+            .env("HULL_IMAGE_CACHE", &cache)
+            .env("HULL_AGENT", agent_path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    // The build holds the image's lock while it runs (minutes).
+    let mut build = hull(&["image", "build", "--no-snapshot"]).spawn().unwrap();
+    let t0 = Instant::now();
+    while !std::fs::read_dir(&cache)
+        .map(|rd| {
+            rd.flatten()
+                .any(|e| e.file_name().to_string_lossy().contains(".partial-"))
+        })
+        .unwrap_or(false)
+    {
+        assert!(t0.elapsed().as_secs() < 60, "the build did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let run = hull(&["run", "--tier", "vm"])
+        .args(["--", "echo", "ran"])
+        .spawn()
+        .unwrap();
+    let pid = run.id() as i32;
+    // It reaches the lock (its image is being built), then the signal.
+    std::thread::sleep(Duration::from_secs(3));
+    let t1 = Instant::now();
+    // SAFETY: kill on the pid of a child not yet reaped.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(run.wait_with_output());
+    });
+    let got = rx.recv_timeout(Duration::from_secs(30));
+    let _ = build.kill();
+    let _ = build.wait();
+    let o = got
+        .unwrap_or_else(|_| {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the run still waits 30 s after SIGTERM")
+        })
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(128 + 15), "{err}");
+    assert!(
+        err.contains("SIGTERM before the run started") && err.contains("nothing ran"),
+        "{err}"
+    );
+    assert!(!text(&o.stdout).contains("ran"), "{err}");
+    assert!(t1.elapsed().as_secs() < 10, "{err}");
+}
+
 /// A `[vm] packages` entry the Debian mirror does not have fails the build
 /// at its first step, naming the package, within seconds and before
 /// anything is built: no image, and the build directory holds only the
