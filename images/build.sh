@@ -96,9 +96,10 @@ step "packages (the container's list resolved against the mirror)"
 # Before anything is built: a package the mirror does not have (a policy's `[vm]
 # packages` are added to container.list) fails here, named, within seconds.
 resolve_log="$WORK/resolve.log"
-if ! mmdebstrap --variant=minbase --mode=root --simulate --verbose \
+# A directory, its package lists kept: the sizes below are read from them.
+if ! mmdebstrap --variant=minbase --mode=root --simulate --verbose --skip=cleanup/apt/lists \
   --include="$(read_list "$RECIPE/packages/container.list")" \
-  "$SUITE" "$WORK/simulate.tar" "${sources[@]}" >"$resolve_log" 2>&1; then
+  "$SUITE" "$WORK/simulate" "${sources[@]}" >"$resolve_log" 2>&1; then
   cat "$resolve_log" >&2
   missing=$(sed -n "s/^E: Unable to locate package \(.*\)$/\1/p; s/^E: Package '\(.*\)' has no installation candidate$/\1/p" "$resolve_log" | sort -u | tr '\n' ' ')
   [ -z "$missing" ] || die "no such package in Debian $SUITE ($MIRROR): ${missing% }"
@@ -115,6 +116,19 @@ for p in $(read_list "$RECIPE/packages/container.list" | tr ',' ' '); do
   grep -qxF -- "$p" <<<"$installed" || inexact="$inexact $p"
 done
 [ -z "$inexact" ] || die "not a package of Debian $SUITE by that exact name (apt read it as a pattern or a virtual package; name the packages themselves):$inexact"
+# What the list resolves to, from the mirror's index: its download and its
+# installed size are bounded (HULL_USERLAND_MAX, which hull passes).
+max=${HULL_USERLAND_MAX:-5368709120}
+# shellcheck disable=SC2086
+read -r dl inst < <(apt-cache -o Dir="$WORK/simulate" -o Dir::State::Status="$WORK/simulate/var/lib/dpkg/status" \
+  show --no-all-versions $installed 2>/dev/null |
+  awk '/^Size:/ { d += $2 } /^Installed-Size:/ { i += $2 } END { printf "%d %d\n", d, i * 1024 }')
+rm -rf "$WORK/simulate"
+info packages_download_bytes "$dl"
+info packages_installed_bytes "$inst"
+[ "${dl:-0}" -gt 0 ] && [ "${inst:-0}" -gt 0 ] || die "cannot read the sizes of the container's packages from the mirror's index"
+[ "$dl" -le "$max" ] && [ "$inst" -le "$max" ] ||
+  die "the container's packages take $((dl >> 20)) MiB to download and $((inst >> 20)) MiB installed, more than HULL_USERLAND_MAX ($((max >> 20)) MiB)"
 
 # The container's userland depends on nothing of the guest's: it is made while
 # steps 2 to 4 run (two mmdebstraps at once, each mostly on one core or waiting

@@ -777,6 +777,40 @@ fn a_package_name_apt_reads_as_a_pattern_is_refused() {
     }
 }
 
+/// A userland whose packages take more than `HULL_USERLAND_MAX` (to
+/// download or installed, read from the mirror's index at the build's
+/// first step) is refused there, naming the sizes and the setting, before
+/// anything is downloaded; under the cap the same step passes.
+#[test]
+fn a_userland_over_its_size_cap_is_refused_at_the_first_step() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = d.path().join("images");
+    let policy = d.path().join("p.toml");
+    std::fs::write(&policy, "version = 1\n[vm]\npackages = [\"hello\"]\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_hull"))
+        .args(["image", "build", "--no-snapshot", "--policy"])
+        .arg(&policy)
+        .arg("--agent")
+        .arg(agent_path())
+        .env("HULL_IMAGE_CACHE", &cache)
+        .env("HULL_USERLAND_MAX", "64MiB")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("step 1/8")
+            && err.contains("MiB to download and")
+            && err.contains("more than HULL_USERLAND_MAX (64 MiB)"),
+        "{err}"
+    );
+    for e in std::fs::read_dir(&cache).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        assert!(!name.contains(".partial-"), "the partial {name} is left");
+    }
+}
+
 /// The images of one recipe share the guest's own system (rootfs, kernel,
 /// initrd): the first build keeps it under the cache's `bases/`, and a
 /// build of another userland copies it instead of making it again. Read

@@ -24,6 +24,10 @@ pub struct Settings {
     /// `HULL_IMAGE_CACHE_MAX`: the size the image cache is brought back
     /// under after a build (`40GiB`, or bytes); `None` when unset or bad.
     pub image_cache_max: Option<u64>,
+    /// `HULL_USERLAND_MAX`: the most a container userland's packages may
+    /// take to download, and installed (`5GiB`, or bytes); `None` when
+    /// unset or bad.
+    pub userland_max: Option<u64>,
     /// `HULL_AGENT`: the guest agent binary.
     pub agent: Option<PathBuf>,
     /// `HULL_QEMU`, `HULL_VIRTIOFSD`: the helpers' binaries.
@@ -62,6 +66,8 @@ impl Settings {
             changes_dir: path("HULL_CHANGES_DIR"),
             image_cache: path("HULL_IMAGE_CACHE"),
             image_cache_max: text("HULL_IMAGE_CACHE_MAX")
+                .and_then(|s| crate::policy::resolve::parse_bytes(&s).ok()),
+            userland_max: text("HULL_USERLAND_MAX")
                 .and_then(|s| crate::policy::resolve::parse_bytes(&s).ok()),
             agent: path("HULL_AGENT"),
             qemu: path("HULL_QEMU"),

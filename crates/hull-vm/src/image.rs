@@ -688,6 +688,11 @@ pub fn remove(cache: &Cache, query: &str) -> Result<PathBuf, ImageError> {
     Ok(dir)
 }
 
+/// The most a container userland's packages may take, to download and
+/// installed, when `HULL_USERLAND_MAX` is not set (the build's first step
+/// checks the sizes the package list resolves to in the mirror's index).
+pub const DEFAULT_USERLAND_MAX: u64 = 5 << 30;
+
 /// The size [`evict`] keeps the cache under when `HULL_IMAGE_CACHE_MAX`
 /// is not set: about 15 userland images of 2.5 GiB with their snapshots.
 pub const DEFAULT_CACHE_MAX: u64 = 40 << 30;

@@ -431,6 +431,13 @@ fn run_script(
         .arg(agent_disk)
         .env("PATH", sbin_path())
         .env("HULL_GUEST_BASES", bases)
+        .env(
+            "HULL_USERLAND_MAX",
+            crate::settings::get()
+                .userland_max
+                .unwrap_or(super::DEFAULT_USERLAND_MAX)
+                .to_string(),
+        )
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::piped())
         .stderr(Stdio::from(stderr))

@@ -19,7 +19,9 @@
 //! or descends into a file system mounted inside a partial (an interrupted
 //! mmdebstrap can leave `proc`, `sys` or `dev` mounted in its rootfs): mounts below
 //! the directory are detached first and removal refuses to cross a device boundary.
-//! Does not guard against another local user who can write the cache directory.
+//! Another local user cannot write anything in it: the root is checked private, and
+//! every directory on the way to it root's or ours, before anything in it is read or
+//! written (`private_dir`).
 
 use std::fs::{self, File};
 use std::io;
