@@ -634,8 +634,10 @@ fn with_hull_account(text: &str, line: &str, id_field: usize) -> String {
     out
 }
 
-/// A line in the form hull keeps: no leading blank, no NUL, a name that
-/// is not `hull` and not a NIS entry, the id plain decimal and not 1000.
+/// A line in the form hull keeps: no NUL, a name of letters, digits, `_`,
+/// `.`, `-` and `$` starting with a letter, digit or `_` (so no blank
+/// glibc would skip, vertical tabs included, and no NIS `+`/`-` entry),
+/// not `hull`, the id plain decimal and not 1000.
 fn plain_account(l: &str, id_field: usize) -> bool {
     let fields: Vec<&str> = l.split(':').collect();
     let (Some(name), Some(id)) = (fields.first(), fields.get(id_field)) else {
@@ -645,11 +647,11 @@ fn plain_account(l: &str, id_field: usize) -> bool {
         && id.bytes().all(|b| b.is_ascii_digit())
         && (*id == "0" || !id.starts_with('0'))
         && id.parse::<u32>().is_ok_and(|n| n != 1000);
-    !l.contains('\0')
-        && !name.is_empty()
-        && !name.starts_with(|c: char| c.is_ascii_whitespace() || c == '+' || c == '-')
-        && *name != "hull"
-        && plain_id
+    let plain_name = name.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-$".contains(c));
+    !l.contains('\0') && plain_name && *name != "hull" && plain_id
 }
 
 /// What every container of the image needs and the tarball lacks.
@@ -1163,6 +1165,7 @@ zero:x:01000:0::/:/bin/sh\n\
 plus:x:+1000:0::/:/bin/sh\n\
 space:x: 1000:0::/:/bin/sh\n\
 neg:x:-18446744073709550616:0::/:/bin/sh\n\
+\x0bhull:x:0:0:vt:/root:/bin/sh\n\
 #hull:x:0:0:comment:/:/bin/sh\n\
 daemon:x:1:1::/:/bin/sh\n";
 
