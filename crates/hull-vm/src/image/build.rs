@@ -520,17 +520,13 @@ fn sbin_path() -> std::ffi::OsString {
 }
 
 fn write_manifest(dir: &Path, m: &Manifest) -> Result<(), ImageError> {
-    let tmp = dir.join("manifest.json.tmp");
     let path = dir.join("manifest.json");
     let text = serde_json::to_vec_pretty(m).map_err(|e| ImageError::Invalid {
         dir: dir.to_path_buf(),
         reason: format!("cannot encode the manifest: {e}"),
     })?;
-    let mut f = File::create(&tmp).map_err(ImageError::io(&tmp, "write"))?;
-    f.write_all(&text).map_err(ImageError::io(&tmp, "write"))?;
-    f.sync_all().map_err(ImageError::io(&tmp, "sync"))?;
-    std::fs::rename(&tmp, &path).map_err(ImageError::io(&path, "rename into place"))?;
-    Ok(())
+    super::private_dir::replace_in(dir, "manifest.json", &text)
+        .map_err(ImageError::io(&path, "write"))
 }
 
 /// Rename the finished build to its id, replacing an old image of the same id

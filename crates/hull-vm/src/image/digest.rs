@@ -17,7 +17,7 @@
 use super::hex;
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -220,26 +220,18 @@ pub fn check(
 }
 
 fn read_verified(dir: &Path) -> BTreeMap<String, Stamp> {
-    let mut text = Vec::new();
-    let read =
-        File::open(dir.join(VERIFIED_FILE)).and_then(|f| f.take(1 << 16).read_to_end(&mut text));
-    match read {
-        Ok(_) => serde_json::from_slice(&text).unwrap_or_default(),
-        Err(_) => BTreeMap::new(),
+    match crate::image::private_dir::read_in(dir, VERIFIED_FILE, 1 << 16) {
+        Ok(Some(text)) => serde_json::from_slice(&text).unwrap_or_default(),
+        _ => BTreeMap::new(),
     }
 }
 
 /// Best effort: without the record the next open hashes again.
 fn write_verified(dir: &Path, v: &BTreeMap<String, Stamp>) {
-    let tmp = dir.join(format!(".{VERIFIED_FILE}.{}", std::process::id()));
     let Ok(bytes) = serde_json::to_vec(v) else {
         return;
     };
-    if std::fs::write(&tmp, bytes).is_ok()
-        && std::fs::rename(&tmp, dir.join(VERIFIED_FILE)).is_err()
-    {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    let _ = crate::image::private_dir::replace_in(dir, VERIFIED_FILE, &bytes);
 }
 
 #[cfg(test)]

@@ -271,25 +271,7 @@ mod unix {
         /// Writes `bytes` as the file `name` of the root: a new file of ours
         /// (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600) renamed over `name`.
         pub fn replace(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-            let tmp = format!(
-                ".{name}.{}.{}",
-                std::process::id(),
-                uuid::Uuid::new_v4().simple()
-            );
-            let flags =
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-            let fd = rfs::openat(&self.fd, tmp.as_str(), flags, Mode::from_raw_mode(0o600))?;
-            let mut f = File::from(fd);
-            let written = f
-                .write_all(bytes)
-                .and_then(|()| f.sync_all())
-                .and_then(|()| {
-                    rfs::renameat(&self.fd, tmp.as_str(), &self.fd, name).map_err(io::Error::from)
-                });
-            if written.is_err() {
-                let _ = rfs::unlinkat(&self.fd, tmp.as_str(), rfs::AtFlags::empty());
-            }
-            written
+            replace_at(&self.fd, name, bytes)
         }
 
         /// The lock file `name` of the root, made (0600) when missing: a
@@ -305,6 +287,68 @@ mod unix {
             }
             Ok(File::from(fd))
         }
+    }
+
+    /// Writes `bytes` as the file `name` of `dir`: a new file
+    /// (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600) renamed over `name`, relative to
+    /// the held directory.
+    fn replace_at(dir: &OwnedFd, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let tmp = format!(
+            ".{name}.{}.{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rfs::openat(dir, tmp.as_str(), flags, Mode::from_raw_mode(0o600))?;
+        let mut f = File::from(fd);
+        let written = f
+            .write_all(bytes)
+            .and_then(|()| f.sync_all())
+            .and_then(|()| rfs::renameat(dir, tmp.as_str(), dir, name).map_err(io::Error::from));
+        if written.is_err() {
+            let _ = rfs::unlinkat(dir, tmp.as_str(), rfs::AtFlags::empty());
+        }
+        written
+    }
+
+    /// Writes `bytes` as the file `name` of the directory `dir` (a
+    /// directory of the private cache, whose way is checked, or an image
+    /// directory the user named), relative to it once held, as
+    /// [`PrivateDir::replace`].
+    pub fn replace_in(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let fd = rfs::open(
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        replace_at(&fd, name, bytes)
+    }
+
+    /// The regular file `name` of the directory `dir`, at most `max` bytes,
+    /// read relative to the held directory without following a link;
+    /// `None` when there is none.
+    pub fn read_in(dir: &Path, name: &str, max: u64) -> io::Result<Option<Vec<u8>>> {
+        let fd = rfs::open(
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let f = match rfs::openat(&fd, name, flags, Mode::empty()) {
+            Ok(f) => f,
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if rfs::FileType::from_raw_mode(rfs::fstat(&f)?.st_mode) != rfs::FileType::RegularFile {
+            return Err(io::Error::other(format!("{name}: not a regular file")));
+        }
+        let mut out = Vec::new();
+        File::from(f).take(max + 1).read_to_end(&mut out)?;
+        if out.len() as u64 > max {
+            return Err(io::Error::other(format!("{name}: more than {max} bytes")));
+        }
+        Ok(Some(out))
     }
 
     /// The normal names of `path` (`.` dropped); a `..` is kept for the caller
@@ -367,6 +411,28 @@ mod unix {
             assert!(e.to_string().contains("symbolic link"), "{e}");
         }
 
+        /// Files hull writes in an image directory (the manifest, the
+        /// digests' record) are written relative to the held directory:
+        /// a link at the name is replaced, never written through, and
+        /// never read through.
+        #[test]
+        fn an_image_directory_s_files_are_written_and_read_without_links() {
+            let t = tempfile::tempdir().unwrap();
+            let victim = t.path().join("victim");
+            std::fs::write(&victim, b"unchanged").unwrap();
+            let dir = t.path().join("img");
+            std::fs::create_dir(&dir).unwrap();
+            std::os::unix::fs::symlink(&victim, dir.join("manifest.json")).unwrap();
+            assert!(read_in(&dir, "manifest.json", 100).is_err());
+            replace_in(&dir, "manifest.json", b"{}").unwrap();
+            assert_eq!(std::fs::read(&victim).unwrap(), b"unchanged");
+            assert_eq!(
+                read_in(&dir, "manifest.json", 100).unwrap().as_deref(),
+                Some(&b"{}"[..])
+            );
+            assert_eq!(read_in(&dir, "none", 100).unwrap(), None);
+        }
+
         #[test]
         fn a_root_or_way_others_can_write_is_refused() {
             let t = tempfile::tempdir().unwrap();
@@ -389,10 +455,10 @@ mod unix {
 }
 
 #[cfg(unix)]
-pub use unix::{PrivateDir, PrivateDirError};
+pub use unix::{read_in, replace_in, PrivateDir, PrivateDirError};
 
 #[cfg(not(unix))]
-pub use other::{PrivateDir, PrivateDirError};
+pub use other::{read_in, replace_in, PrivateDir, PrivateDirError};
 
 /// Elsewhere: the root checked by path (hull's own state directories'
 /// check), its files read and written by path.
@@ -411,6 +477,20 @@ mod other {
     #[derive(Debug)]
     pub struct PrivateDir {
         path: PathBuf,
+    }
+
+    pub fn replace_in(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+        PrivateDir {
+            path: dir.to_path_buf(),
+        }
+        .replace(name, bytes)
+    }
+
+    pub fn read_in(dir: &Path, name: &str, max: u64) -> io::Result<Option<Vec<u8>>> {
+        PrivateDir {
+            path: dir.to_path_buf(),
+        }
+        .read(name, max)
     }
 
     impl PrivateDir {
