@@ -145,7 +145,7 @@ fn read_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
 
 #[cfg(not(unix))]
 fn read_at(f: &mut File, buf: &mut [u8], off: u64) -> io::Result<()> {
-    use std::io::{Seek, SeekFrom};
+    use std::io::{Read, Seek, SeekFrom};
     f.seek(SeekFrom::Start(off))?;
     f.read_exact(buf)
 }
