@@ -545,6 +545,69 @@ fn boot_configure_and_run_in_the_container() {
     }
 }
 
+/// hull's agent starts in the container's root as its init. A userland
+/// that plants a program interpreter (`/lib64/ld-linux-x86-64.so.2`, here
+/// one that leaves a mark) and an `/etc/ld.so.preload` gets nothing of
+/// them run by the agent: it is static, the kernel starts it as it is,
+/// and it prints its help. The control: the glibc build of the same
+/// agent, started the same way, runs the planted interpreter.
+#[test]
+#[ignore = "needs root: chroot into the planted userland"]
+fn a_planted_loader_never_runs_for_the_agent() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("root");
+    for dir in ["lib64", "etc", "tmp"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/fake-loader.c");
+    let cc = Command::new("cc")
+        .args([
+            "-nostdlib",
+            "-static-pie",
+            "-fPIE",
+            "-O2",
+            "-fno-stack-protector",
+            "-o",
+        ])
+        .arg(root.join("lib64/ld-linux-x86-64.so.2"))
+        .arg(&src)
+        .output()
+        .expect("cc (the tests need a C compiler: scripts/setup.sh)");
+    assert!(cc.status.success(), "cc: {}", text(&cc.stderr));
+    std::fs::write(root.join("etc/ld.so.preload"), "/usr/lib/planted.so\n").unwrap();
+    let dynamic = Path::new(env!("CARGO_BIN_EXE_hull")).with_file_name("hull-agent");
+    assert!(
+        dynamic.is_file(),
+        "{} is missing: cargo build --workspace builds it",
+        dynamic.display()
+    );
+    let start = |agent: &Path| {
+        std::fs::copy(agent, root.join("agent")).unwrap();
+        let _ = std::fs::remove_file(root.join("loader-ran"));
+        let o = Command::new("chroot")
+            .arg(&root)
+            .args(["/agent", "--help"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (o, root.join("loader-ran").exists())
+    };
+    let (o, ran) = start(&dynamic);
+    assert!(
+        ran && o.status.code() == Some(127),
+        "the control: the glibc agent should run the planted interpreter ({:?})",
+        o.status
+    );
+    let (o, ran) = start(&agent_path());
+    assert!(!ran, "the agent ran the planted interpreter");
+    assert!(
+        o.status.success() && text(&o.stdout).contains("hull's guest agent"),
+        "{:?}: {}",
+        o.status,
+        text(&o.stderr)
+    );
+}
+
 /// A fifo named as `[vm] rootfs` is refused at once, naming it, by `hull
 /// image build` and by `hull run` (both once waited for a writer forever,
 /// and the run ignored SIGTERM while it waited); a link to a tarball is
