@@ -374,10 +374,12 @@ pub fn run_process_tier(
             if private_tmp {
                 plan.with_private_tmp(private_tmp_size(policy));
             }
+            tracing::debug!("bwrap planned");
             let wanted = placeholders_wanted(&plan.placeholders, &plan.found, |_| true);
             let runs_root = run_dir.parent().unwrap_or(run_dir);
             placeholders = crate::runtime::placeholder::hold(&wanted, runs_root)
                 .map_err(|source| RunError::Placeholders { tier, source })?;
+            tracing::debug!(count = wanted.len(), "placeholders held");
             // The allow list: the network namespace bwrap keeps is one hull
             // makes for the command, where the proxy's listener is the only
             // thing listening.
@@ -416,6 +418,7 @@ pub fn run_process_tier(
             })?;
             broker = Some(b);
             last_step = Some(handoff);
+            tracing::debug!("connect broker started");
             if crate::tier::identity::hull_is_root() {
                 // Registered before ChildSetup's hook: the change of
                 // credentials clears PDEATHSIG, which ChildSetup sets.
@@ -1069,11 +1072,13 @@ pub fn execute(
     #[cfg(not(target_os = "linux"))]
     let cow_upper: Option<PathBuf> = None;
     let swept = sweep_setid(tier, &pol, started, cow_upper.as_deref());
+    tracing::debug!("set-id files swept");
     report_new_repositories(tier, &pol, &repos_before);
     let (instance_id, spill) = (instance.id().to_string(), instance.spill().to_path_buf());
     if let Err(e) = instance.finish() {
         tracing::warn!("cleaning up the instance: {e}");
     }
+    tracing::debug!("instance finished");
     // What the command wrote is kept whatever its status: the upper
     // layer is read once, now, and the set's ID said.
     #[cfg(target_os = "linux")]

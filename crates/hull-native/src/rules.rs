@@ -246,30 +246,20 @@ pub fn bind(
         access_of(&dir_rights, allow_unix_sockets),
     );
     for pool in pools {
-        // Each spare is `c<k>/<leaf>`: its chunk opened once beneath the
-        // pool, the leaf (one component, no link followed) beneath that.
-        let mut chunks: Vec<(String, OwnedFd)> = Vec::new();
-        for (name, is_dir) in pool.set().names() {
-            let fail = |e: rustix::io::Errno| LandlockError::Rule {
-                path: pool.set().dir.join(&name).display().to_string(),
-                reason: e.to_string(),
-            };
-            let (chunk, leaf) = name.split_once('/').unwrap_or((".", name.as_str()));
-            let at = match chunks.iter().position(|(c, _)| c == chunk) {
-                Some(i) => i,
-                None => {
-                    let fd = open_beneath(pool.dir(), Path::new(chunk)).map_err(fail)?;
-                    chunks.push((chunk.to_string(), fd));
-                    chunks.len() - 1
-                }
-            };
-            let fd = rustix::fs::openat(
-                &chunks[at].1,
-                leaf,
-                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(fail)?;
+        // Each spare through the descriptor the pool checked it by (or
+        // made it with): its rule goes to that inode, found by no name.
+        let fds = pool.take_rule_fds();
+        let want = (pool.set().files + pool.set().dirs) as usize;
+        if fds.len() != want {
+            return Err(LandlockError::Rule {
+                path: pool.set().dir.display().to_string(),
+                reason: format!(
+                    "{} of its {want} spares are held (the pool's rules are bound once)",
+                    fds.len()
+                ),
+            });
+        }
+        for ((name, _), (is_dir, fd)) in pool.set().names().zip(fds) {
             let access = if is_dir { dir_access } else { file_access };
             created = created
                 .add_rule(PathBeneath::new(fd, access))

@@ -163,6 +163,8 @@ pub struct Pool {
     /// Spare directories taken back (`r<n>` too), emptied by the command.
     recycled_dirs: Mutex<Vec<String>>,
     next_recycled: AtomicU32,
+    /// The spares' descriptors until the run's rules are bound.
+    rule_fds: Mutex<Vec<(bool, OwnedFd)>>,
 }
 
 impl Pool {
@@ -266,6 +268,7 @@ impl Pool {
             recycled: Mutex::default(),
             recycled_dirs: Mutex::default(),
             next_recycled: AtomicU32::new(0),
+            rule_fds: Mutex::default(),
             set: SpareSet {
                 dir: path,
                 files: want.files,
@@ -306,7 +309,11 @@ impl Pool {
             let st = rustix::fs::fstat(fd)?;
             Ok(ctime_of(&st))
         };
-        let chunk = |k: u32| -> std::io::Result<(Vec<(String, bool)>, Time)> {
+        // Each spare is opened once: checked through that descriptor, and
+        // its rule is bound to it (`rules::bind`), never found by name
+        // again. Slot `i` is file `i`, slot `files + j` directory `j`.
+        type Kept = Vec<(usize, bool, OwnedFd)>;
+        let chunk = |k: u32| -> std::io::Result<(Kept, Kept, Time)> {
             let name = format!("c{k}");
             match mkdirat(&self.dir, name.as_str(), Mode::from_raw_mode(0o700)) {
                 Err(rustix::io::Errno::EXIST) => {}
@@ -314,18 +321,18 @@ impl Pool {
             }
             let dir = open_dir_nofollow(&self.dir, Path::new(&name))?;
             own(&dir)?;
-            let mut kept = Vec::new();
+            let (mut kept, mut made_fds) = (Vec::new(), Vec::new());
             let mut newest = (0, 0);
             let files = (k..self.set.files)
                 .step_by(chunks as usize)
-                .map(|i| (format!("f{i}"), false));
+                .map(|i| (i as usize, format!("f{i}"), false));
             let dirs = (k..self.set.dirs)
                 .step_by(chunks as usize)
-                .map(|i| (format!("d{i}"), true));
-            for (name, is_dir) in files.chain(dirs) {
+                .map(|i| ((self.set.files + i) as usize, format!("d{i}"), true));
+            for (slot, name, is_dir) in files.chain(dirs) {
                 match check(&dir, &name, is_dir) {
-                    Presence::Intact => {
-                        kept.push((format!("c{k}/{name}"), is_dir));
+                    Presence::Intact(fd) => {
+                        kept.push((slot, is_dir, fd));
                         continue;
                     }
                     Presence::Changed => remove_entry(&dir, &name)?,
@@ -351,26 +358,38 @@ impl Pool {
                     fd
                 };
                 newest = newest.max(ctime(&made)?);
+                made_fds.push((slot, is_dir, made));
             }
-            Ok((kept, newest))
+            Ok((kept, made_fds, newest))
         };
-        let (kept, newest) = std::thread::scope(|s| {
+        let (kept, made, newest) = std::thread::scope(|s| {
             let made: Vec<_> = (0..chunks).map(|k| s.spawn(move || chunk(k))).collect();
-            made.into_iter()
-                .try_fold((Vec::new(), (0, 0)), |(mut all, newest), h| {
-                    let (kept, n) = h
+            made.into_iter().try_fold(
+                (Vec::new(), Vec::new(), (0, 0)),
+                |(mut all_kept, mut all_made, newest), h| {
+                    let (kept, made, n) = h
                         .join()
                         .unwrap_or_else(|_| Err(std::io::Error::other("a spare maker panicked")))?;
-                    all.extend(kept);
-                    Ok::<_, std::io::Error>((all, newest.max(n)))
-                })
+                    all_kept.extend(kept);
+                    all_made.extend(made);
+                    Ok::<_, std::io::Error>((all_kept, all_made, newest.max(n)))
+                },
+            )
         })?;
+        let keep_fds = |kept: Kept, made: Kept| {
+            let mut fds: Vec<(usize, bool, OwnedFd)> = kept.into_iter().chain(made).collect();
+            fds.sort_unstable_by_key(|(slot, ..)| *slot);
+            *self.rule_fds.lock().unwrap_or_else(|e| e.into_inner()) =
+                fds.into_iter().map(|(_, d, fd)| (d, fd)).collect();
+        };
         if self.remove.is_some() {
+            keep_fds(kept, made);
             return Ok(()); // goes with the run: never adopted, no seal
         }
         if old.is_some() && newest == (0, 0) {
             // Nothing made: every spare is one the old seal covers, and
             // still before it (pass 1): the seal stands as it is.
+            keep_fds(kept, made);
             return Ok(());
         }
         // The seal must be newer than every spare made (same clock tick:
@@ -383,14 +402,30 @@ impl Pool {
         }
         // Pass 2: a spare kept in pass 1 and changed before the new seal
         // would pass as sealed; its ctime is past the old seal then.
-        for (name, is_dir) in &kept {
-            if check(&self.dir, name, *is_dir) != Presence::Intact {
-                return Err(std::io::Error::other(format!(
-                    "the spare {name} changed while hull checked the pool"
-                )));
+        if let Some(seal) = &old {
+            for (slot, is_dir, fd) in &kept {
+                if !held_intact(fd, *is_dir, seal, want, self.dev) {
+                    let name = self
+                        .set
+                        .names()
+                        .nth(*slot)
+                        .map(|(n, _)| n)
+                        .unwrap_or_default();
+                    return Err(std::io::Error::other(format!(
+                        "the spare {name} changed while hull checked the pool"
+                    )));
+                }
             }
         }
+        keep_fds(kept, made);
         Ok(())
+    }
+
+    /// Every spare's descriptor, in [`SpareSet::names`]'s order, with
+    /// whether it is a directory: the inodes [`Pool::fill`] checked or
+    /// made. Taken once (the run's ruleset binds them), empty after.
+    pub fn take_rule_fds(&self) -> Vec<(bool, OwnedFd)> {
+        std::mem::take(&mut *self.rule_fds.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub fn set(&self) -> &SpareSet {
@@ -702,11 +737,12 @@ fn write_seal(dir: &OwnedFd, want: &Seal) -> std::io::Result<Time> {
 }
 
 /// What a spare of an adopted pool is.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum Presence {
     Missing,
-    /// As hull made it before the seal: kept.
-    Intact,
+    /// As hull made it before the seal: kept, with the descriptor it was
+    /// checked through (its rule is bound to that inode).
+    Intact(OwnedFd),
     /// Something else is there: replaced.
     Changed,
 }
@@ -723,10 +759,27 @@ fn spare_intact(
     want: &Seal,
     dev: u64,
 ) -> Presence {
-    let st = match rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) => st,
+    let fd = match openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => return Presence::Missing,
         Err(_) => return Presence::Changed,
+    };
+    match held_intact(&fd, is_dir, seal, want, dev) {
+        true => Presence::Intact(fd),
+        false => Presence::Changed,
+    }
+}
+
+/// Whether the spare `fd` is open on is exactly what hull made before
+/// `seal` (see [`spare_intact`]).
+fn held_intact(fd: &OwnedFd, is_dir: bool, seal: &Seal, want: &Seal, dev: u64) -> bool {
+    let Ok(st) = rustix::fs::fstat(fd) else {
+        return false;
     };
     let (ty, mode, links) = match is_dir {
         false => (rustix::fs::FileType::RegularFile, 0o600, 1),
@@ -735,19 +788,13 @@ fn spare_intact(
     // A directory's ctime moves with every entry made in, moved into or
     // linked into it, so one before the seal is as empty as it was made
     // (and `take_dir` reads it once more before handing it out).
-    let before_seal = ctime_of(&st) < seal.time;
-    let pristine = rustix::fs::FileType::from_raw_mode(st.st_mode) == ty
+    rustix::fs::FileType::from_raw_mode(st.st_mode) == ty
         && st.st_mode & 0o7777 == mode
         && (st.st_uid, st.st_gid) == want.owner
         && st.st_nlink == links
         && (is_dir || st.st_size == 0)
         && st.st_dev == dev
-        && before_seal;
-    if pristine {
-        Presence::Intact
-    } else {
-        Presence::Changed
-    }
+        && ctime_of(&st) < seal.time
 }
 
 /// Whether the directory `fd` is on `dev` and holds no entry but `.` and

@@ -18,6 +18,31 @@
 use std::io;
 use std::os::fd::RawFd;
 
+/// How many descriptors [`size_table`] makes room for: a landlock run holds
+/// one per spare entry (320) while it binds their rules.
+pub const TABLE_SLOTS: RawFd = 512;
+
+/// Grows this process's descriptor table to hold `slots` descriptors, to be
+/// called while the process has one thread. The kernel grows a table that
+/// several threads share only after an RCU grace period (`expand_fdtable`),
+/// once per doubling: 3-5 ms each on this kind of virtualized host, paid in
+/// the middle of a run's start. Grown once here it never waits. Best effort:
+/// nothing happens where the descriptor limit is lower.
+#[cfg(unix)]
+pub fn size_table(slots: RawFd) {
+    use std::os::fd::AsFd;
+    let Ok(probe) = rustix::fs::open(
+        "/",
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) else {
+        return;
+    };
+    // F_DUPFD takes the lowest free slot at or above `slots - 1`: the
+    // table is grown to hold it, then the copy goes.
+    drop(rustix::io::fcntl_dupfd_cloexec(probe.as_fd(), slots - 1));
+}
+
 /// Marks every descriptor from `first` up close-on-exec. Async-signal-safe
 /// (raw system calls, no allocation): usable between fork and exec.
 pub fn cloexec_from(first: RawFd) -> io::Result<()> {
@@ -193,6 +218,48 @@ fn receive_fd_with(
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+
+    /// The kernel's own count of this process's descriptor slots.
+    fn fd_slots() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("FDSize:")).unwrap();
+        line["FDSize:".len()..].trim().parse().unwrap()
+    }
+
+    #[test]
+    fn the_descriptor_table_is_sized_once_and_left_empty() {
+        // In a child of its own: this test process may have grown its
+        // table already.
+        let exe = std::env::current_exe().unwrap();
+        if std::env::var_os("HULL_TEST_SIZE_TABLE").is_some() {
+            let before = fd_slots();
+            size_table(TABLE_SLOTS);
+            let after = fd_slots();
+            // Nothing left open: the next descriptor is a low one.
+            let next = std::fs::File::open("/dev/null").unwrap().as_raw_fd();
+            println!("slots {before} -> {after}, next {next}");
+            assert!(before < TABLE_SLOTS as usize, "{before}");
+            assert!(after >= TABLE_SLOTS as usize, "{after}");
+            assert!(next < 64, "{next}");
+            return;
+        }
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "exec::fds::tests::the_descriptor_table_is_sized_once_and_left_empty",
+                "--nocapture",
+            ])
+            .env("HULL_TEST_SIZE_TABLE", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("slots "), "the child ran no check: {text}");
+    }
 
     #[test]
     fn streams_are_classified() {
