@@ -517,7 +517,32 @@ pub fn run_process_tier(
                 "landlock",
                 &private_tmp_dirs(private_tmp && as_command, policy),
             )?;
-            let own: Vec<u64> = private.iter().map(|p| p.dev).collect();
+            // As a user, the same directories of a session's own from a
+            // helper's user namespace (`tier::user_scratch`); not for a
+            // copy-on-write session, whose overlay has a user namespace of
+            // its own.
+            let user_dirs = private_tmp_dirs(private_tmp && !as_command && cow.is_none(), policy);
+            let user_scratch = match user_dirs.is_empty() {
+                true => None,
+                false => {
+                    let below: Vec<PathBuf> = policy
+                        .grants
+                        .iter()
+                        .filter(|g| !hidden_grant(policy, g))
+                        .filter(|g| user_dirs.iter().any(|(d, _)| strictly_inside(&g.path, d)))
+                        .filter(|g| g.path.symlink_metadata().is_ok())
+                        .map(|g| g.path.clone())
+                        .collect();
+                    Some(crate::tier::user_scratch::UserScratch::prepare(
+                        "landlock", &user_dirs, &below, &spec.cwd,
+                    )?)
+                }
+            };
+            let own: Vec<u64> = private
+                .iter()
+                .map(|p| p.dev)
+                .chain(user_scratch.iter().flat_map(|u| u.devices()))
+                .collect();
             let handler = crate::tier::broker::Handler::Landlock {
                 watch: crate::tier::broker::Scope::visible(policy).with_own_devices(&own),
                 metadata: crate::tier::broker::Scope::of(policy).with_own_devices(&own),
@@ -635,6 +660,47 @@ pub fn run_process_tier(
             c.args(args);
             if let Some(paths) = search {
                 c.search(paths);
+            }
+            if let Some(scratch) = user_scratch {
+                // First of the child's steps: the network namespace below
+                // is then made in the session's user namespace.
+                let dirs: Vec<PathBuf> = user_dirs.iter().map(|(d, _)| d.clone()).collect();
+                let plan = crate::policy::lower::plan::plan(policy, &RealFs)
+                    .map_err(|source| RunError::Lower { tier, source })?;
+                let wanted = placeholders_wanted(&plan.placeholders, &plan.found, |p| {
+                    dirs.iter().any(|d| p.starts_with(d))
+                });
+                let runs_root = run_dir.parent().unwrap_or(run_dir);
+                let held = crate::runtime::placeholder::hold(&wanted, runs_root)
+                    .map_err(|source| RunError::Placeholders { tier, source })?;
+                placeholders.absorb(held);
+                let masks = launch::create_masks(run_dir)?;
+                let mut below = Vec::new();
+                for dir in &dirs {
+                    let covers = private_covers(policy, dir);
+                    tracing::debug!(dir = %dir.display(), ?covers, "a session's own tmp (as a user)");
+                    below.push(crate::tier::cow::Covers::prepare(
+                        "landlock",
+                        dir,
+                        &covers,
+                        &masks.empty_dir,
+                        &masks.empty_file,
+                        crate::tier::cow::Detach::InChild,
+                    )?);
+                }
+                let scratch = scratch.with_covers(below);
+                for root in scratch.roots() {
+                    rules.allow_writable_dir(root, "the session's own /tmp")?;
+                }
+                rules.allow_pty(scratch.pts_root())?;
+                // SAFETY: `apply_in_child` makes raw, async-signal-safe
+                // system calls only, on memory prepared before the fork.
+                unsafe {
+                    crate::exec::spawn::PreExec::pre_exec_step(
+                        &mut c,
+                        Box::new(move || scratch.apply_in_child()),
+                    );
+                }
             }
             if let Some(h) = net_handoff {
                 // First: as root it needs CAP_SYS_ADMIN, before the switch.

@@ -117,12 +117,21 @@ impl AsNobody {
     /// `hull ARGS` as nobody, in its project, inside its cgroup (runs and
     /// change sets in its home).
     pub fn hull(&self, args: &[&str]) -> Output {
+        self.command(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv hull")
+    }
+
+    /// The command `hull ARGS` as nobody, in its project, inside its
+    /// cgroup (runs and change sets in its home), to spawn as it is.
+    pub fn command(&self, args: &[&str]) -> Command {
         let enter = format!(
             "echo $$ > '{}/cgroup.procs' && exec \"$@\"",
             self.cg.display()
         );
-        Command::new("sh")
-            .args(["-c", &enter, "sh", "setpriv"])
+        let mut c = Command::new("sh");
+        c.args(["-c", &enter, "sh", "setpriv"])
             .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
             .arg(&self.hull)
             .args(args)
@@ -132,9 +141,8 @@ impl AsNobody {
             .env("HULL_CHANGES_DIR", self.u.join("changes"))
             .env_remove("HULL_INSTANCE")
             .env_remove("XDG_STATE_HOME")
-            .stdin(Stdio::null())
-            .output()
-            .expect("setpriv hull")
+            .env_remove("XDG_RUNTIME_DIR");
+        c
     }
 }
 

@@ -36,14 +36,8 @@ impl Server {
     /// A `hull serve` run by the user nobody, in `w`.
     fn start_as_nobody(w: &hull_tests::nobody::AsNobody) -> Server {
         let socket = w.u.join("serve").join("s.sock");
-        let child = Command::new("setpriv")
-            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-            .arg(w.hull_path())
-            .args(["serve", "--socket"])
-            .arg(&socket)
-            .env("HOME", &w.u)
-            .env("HULL_RUNS_DIR", w.u.join("runs"))
-            .env_remove("XDG_RUNTIME_DIR")
+        let child = w
+            .command(&["serve", "--socket", socket.to_str().unwrap()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -1647,4 +1641,157 @@ mod vm {
         let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
         assert_eq!(code, 204);
     }
+}
+
+/// A landlock session of `hull serve` run by a user (nobody, not root) is
+/// one sandbox with a `/tmp`, a `/var/tmp` and terminals of its own, as it
+/// is when hull is root: what one exec writes to `/tmp` the next reads,
+/// the host's `/tmp` gets nothing, the project (in the host's `/tmp`) is
+/// there and writable, its `.git` read-only and no `.git` can be made in a
+/// project that has none; a terminal opened in the session is one of its
+/// own devpts. The control: a user's landlock run without a session writes
+/// the host's `/tmp` (granted there) and the same file is there after.
+/// (Against the code before, a user's session had the host's `/tmp`, no
+/// terminal, and the file was on the host.)
+#[cfg(feature = "landlock")]
+#[test]
+#[ignore = "needs root: runs hull serve as the user nobody"]
+fn landlock_a_session_as_a_user_has_its_own_tmp_and_terminals() {
+    require_tier("landlock");
+    let w = hull_tests::nobody::AsNobody::new();
+    assert!(
+        w.project.starts_with("/tmp"),
+        "the project is in the host's /tmp"
+    );
+    let name = format!("hull-user-session-{}", std::process::id());
+    let host_file = Path::new("/tmp").join(&name);
+    let _ = std::fs::remove_file(&host_file);
+    let git = |args: &[&str]| {
+        let st = Command::new("git")
+            .arg("-C")
+            .arg(&w.project)
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "git {args:?}");
+    };
+    git(&["init", "-q"]);
+    let bare = w.u.join("bare");
+    std::fs::create_dir_all(&bare).unwrap();
+    w.give_to_nobody();
+    let s = Server::start_as_nobody(&w);
+    let open_as = |project: &Path| {
+        let (code, body) = s.call_as(
+            Some("nobody"),
+            "POST",
+            "/v1/sessions",
+            Some(&format!(
+                "{{\"tier\": \"landlock\", \"project\": \"{}\"}}",
+                project.display()
+            )),
+        );
+        assert_eq!(code, 201, "{body}");
+        json(&body)["id"].as_str().unwrap().to_string()
+    };
+    let id = open_as(&w.project);
+    let exec_in = |id: &str, script: &str| {
+        let (code, body) = s.call_as(
+            Some("nobody"),
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(&serde_json::json!({"argv": ["sh", "-c", script], "timeout": "60s"}).to_string()),
+        );
+        assert_eq!(code, 200, "{body}");
+        json(&body)
+    };
+    let exec = |script: &str| exec_in(&id, script);
+    let r = exec(&format!("echo a > /tmp/{name} && echo b > /var/tmp/{name}"));
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let r = exec(&format!("cat /tmp/{name} /var/tmp/{name}"));
+    assert_eq!(r["stdout"], "a\nb\n", "{r}");
+    for dir in ["/tmp", "/var/tmp"] {
+        assert!(
+            !Path::new(dir).join(&name).exists(),
+            "{dir}/{name} is on the host"
+        );
+    }
+    // The session's mounts are not the command's to undo: it has no
+    // capability left in the session's user namespace.
+    let r = exec("umount -l /tmp || umount -l /dev/pts || unshare -Urm true");
+    assert_ne!(r["exit_code"], 0, "a mount was undone: {r}");
+    // The host's /tmp is not there: only the way to the grants below it.
+    let r = exec("ls -a /tmp");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let listed = r["stdout"].as_str().unwrap();
+    assert!(listed.contains(&name), "{r}");
+    assert!(
+        !listed.contains(".X11-unix") && !listed.contains("hull-runs"),
+        "{r}"
+    );
+    // The project is there, writable; its .git is not.
+    let config = std::fs::read(w.project.join(".git/config")).unwrap();
+    let r = exec("echo ok > written && echo x >> .git/config");
+    assert_ne!(r["exit_code"], 0, ".git/config was written: {r}");
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("written")).unwrap(),
+        "ok\n"
+    );
+    assert_eq!(
+        std::fs::read(w.project.join(".git/config")).unwrap(),
+        config
+    );
+    let r = exec("echo x > .git/hooks/pre-commit");
+    assert_ne!(r["exit_code"], 0, "a hook was written: {r}");
+    assert!(!w.project.join(".git/hooks/pre-commit").exists());
+    // A terminal of its own.
+    let r = exec(
+        "python3 -c 'import os; m, s = os.openpty(); os.write(m, b\"hi\\n\"); \
+         print(os.ttyname(s), os.read(s, 3))'",
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(r["stdout"].as_str().unwrap().contains("/dev/pts/"), "{r}");
+    // No .git can be made where there is none.
+    let other = open_as(&bare);
+    let r = exec_in(
+        &other,
+        "mkdir -p .git/hooks && echo x > .git/hooks/post-checkout",
+    );
+    assert_ne!(r["exit_code"], 0, "a .git was made: {r}");
+    let (code, _) = s.call_as(
+        Some("nobody"),
+        "DELETE",
+        &format!("/v1/sessions/{other}"),
+        None,
+    );
+    assert_eq!(code, 204);
+    assert!(!bare.join(".git").exists(), "a .git is left in the project");
+    let (code, _) = s.call_as(
+        Some("nobody"),
+        "DELETE",
+        &format!("/v1/sessions/{id}"),
+        None,
+    );
+    assert_eq!(code, 204);
+    // The control: a user's run that is no session has the host's /tmp
+    // (granted there by this policy).
+    let pol = w.top.path().join("tmp-granted.toml");
+    std::fs::write(
+        &pol,
+        std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../policies/default.toml"
+        ))
+        .unwrap()
+        .replace("read_write = [", "read_write = [\"/tmp\", "),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&pol, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let o = w.run("landlock", &pol, &format!("echo c > /tmp/{name}"));
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(std::fs::read_to_string(&host_file).unwrap(), "c\n");
+    let _ = std::fs::remove_file(&host_file);
 }

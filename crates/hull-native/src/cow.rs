@@ -17,7 +17,7 @@
 //! never see the overlay.
 
 use std::ffi::CString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -189,8 +189,9 @@ enum Source {
     /// A read-only empty tree detached in hull.
     Tree(OwnedFd),
     /// The empty directory or file at this path, copied read-only in the
-    /// child.
-    Empty(CString),
+    /// child (early, into the slot, by [`Covers::detach_empties_in_child`]
+    /// where the path is covered by then).
+    Empty(CString, std::sync::atomic::AtomicI32),
     /// The path itself, bound read-only in the child (where the overlay
     /// exists).
     Itself,
@@ -251,7 +252,9 @@ impl Covers {
                     let is_dir = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
                     let empty = cstr(if is_dir { empty_dir } else { empty_file })?;
                     match detach {
-                        Detach::InChild => Source::Empty(empty),
+                        Detach::InChild => {
+                            Source::Empty(empty, std::sync::atomic::AtomicI32::new(-1))
+                        }
                         Detach::Now => {
                             let failed = |source| CowError::Cover {
                                 tier,
@@ -275,6 +278,28 @@ impl Covers {
         })
     }
 
+    /// In the child, while the empty directory and file the hidden paths
+    /// get are still reachable by their paths (before a session's own
+    /// `/tmp` covers the run's directory): their read-only copies, kept for
+    /// [`Covers::apply_in_child`]. Raw system calls only.
+    pub(crate) fn detach_empties_in_child(&self) -> std::io::Result<()> {
+        for (_, source) in &self.items {
+            if let Source::Empty(path, early) = source {
+                let t = mounts::cloned_tree(path, None).map_err(|(_, e)| e)?;
+                mounts::set_read_only(&t)?;
+                let old = early.swap(
+                    std::os::fd::IntoRawFd::into_raw_fd(t),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                if old >= 0 {
+                    // SAFETY: a descriptor an earlier call stored.
+                    drop(unsafe { OwnedFd::from_raw_fd(old) });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// In the child, after the overlay is mounted over the project: each
     /// path opened below the overlay's root without following any link (a
     /// link the project holds there fails the run), covered, and left
@@ -286,9 +311,17 @@ impl Covers {
             let own;
             let cover = match source {
                 Source::Tree(t) => t,
-                Source::Empty(path) => {
-                    own = mounts::cloned_tree(path, None).map_err(|(_, e)| e)?;
-                    mounts::set_read_only(&own)?;
+                Source::Empty(path, early) => {
+                    own = match early.swap(-1, std::sync::atomic::Ordering::Relaxed) {
+                        // SAFETY: the descriptor `detach_empties_in_child`
+                        // stored, owned by nobody else since the swap.
+                        raw if raw >= 0 => unsafe { OwnedFd::from_raw_fd(raw) },
+                        _ => {
+                            let t = mounts::cloned_tree(path, None).map_err(|(_, e)| e)?;
+                            mounts::set_read_only(&t)?;
+                            t
+                        }
+                    };
                     &own
                 }
                 Source::Itself => {

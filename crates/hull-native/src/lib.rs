@@ -39,6 +39,8 @@ pub mod seatbelt;
 pub mod seccomp;
 #[cfg(target_os = "linux")]
 pub mod spares;
+#[cfg(target_os = "linux")]
+pub mod user_scratch;
 pub mod windows;
 
 /// Off Linux, the Linux tiers exist only to say so.

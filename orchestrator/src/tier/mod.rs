@@ -10,7 +10,7 @@
 //! onto `vm/`) and the dispatch over every tier.
 
 #[cfg(target_os = "linux")]
-pub use hull_native::{broker, cow, identity, launch, rules, seccomp, spares};
+pub use hull_native::{broker, cow, identity, launch, rules, seccomp, spares, user_scratch};
 pub use hull_native::{bwrap, landlock, none, probe, seatbelt, windows, NetUnsupported, Os, Tier};
 
 pub mod vm;
