@@ -146,7 +146,7 @@ pub fn default_project() -> std::io::Result<PathBuf> {
 /// Entry point of the `hull` binary; returns the process exit code.
 pub fn main() -> i32 {
     // While hull has one thread (see `size_table`).
-    #[cfg(unix)]
+    #[cfg(target_os = "linux")]
     crate::exec::fds::size_table(crate::exec::fds::TABLE_SLOTS);
     let cli = Cli::parse();
     init_tracing(cli.verbose, cli.quiet);

@@ -28,7 +28,7 @@ pub const TABLE_SLOTS: RawFd = 512;
 /// once per doubling: 3-5 ms each on this kind of virtualized host, paid in
 /// the middle of a run's start. Grown once here it never waits. Best effort:
 /// nothing happens where the descriptor limit is lower.
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub fn size_table(slots: RawFd) {
     use std::os::fd::AsFd;
     let Ok(probe) = rustix::fs::open(
@@ -220,18 +220,20 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     /// The kernel's own count of this process's descriptor slots.
+    #[cfg(target_os = "linux")]
     fn fd_slots() -> usize {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let line = status.lines().find(|l| l.starts_with("FDSize:")).unwrap();
         line["FDSize:".len()..].trim().parse().unwrap()
     }
 
+    #[cfg(target_os = "linux")]
     #[test]
     fn the_descriptor_table_is_sized_once_and_left_empty() {
         // In a child of its own: this test process may have grown its
         // table already.
         let exe = std::env::current_exe().unwrap();
-        if std::env::var_os("HULL_TEST_SIZE_TABLE").is_some() {
+        if std::env::var_os("FDS_TEST_CHILD_SIZES_TABLE").is_some() {
             let before = fd_slots();
             size_table(TABLE_SLOTS);
             let after = fd_slots();
@@ -249,7 +251,7 @@ mod tests {
                 "exec::fds::tests::the_descriptor_table_is_sized_once_and_left_empty",
                 "--nocapture",
             ])
-            .env("HULL_TEST_SIZE_TABLE", "1")
+            .env("FDS_TEST_CHILD_SIZES_TABLE", "1")
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
