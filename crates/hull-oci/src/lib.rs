@@ -1,0 +1,19 @@
+//! Container images for hull: what an image reference names
+//! ([`Reference`]), reading the image into a store of blobs hull checked
+//! against their digests ([`source`]), and flattening its layers into one
+//! tarball, whiteouts applied, without unpacking anything ([`flatten`]).
+//! The tarball is then a userland like any `[vm] rootfs`: checked and
+//! rewritten by the image build, entry by entry.
+//!
+//! Nothing here is trusted: an archive, a layout and every layer are the
+//! user's and may be hostile. Every input is bounded (metadata files,
+//! blobs, entries, bytes), every blob is named by the digest hull computed
+//! of it, and a layer must match the digest its config names.
+
+pub mod flatten;
+pub mod reference;
+pub mod source;
+
+pub use flatten::{flatten, FlattenError, Flattened, Layer, Limits};
+pub use reference::{Reference, ReferenceError};
+pub use source::{read, Image, RunConfig, SourceError};
