@@ -68,6 +68,9 @@ pub struct RunOptions {
     /// `--user NAME`: tier 3 only, the container's user the command runs
     /// as (a session's `user=`); refused on the process tiers.
     pub user: Option<String>,
+    /// `--image REF`: the container image whose layers are the userland
+    /// (tier vm), instead of the policy's `[vm]` userland.
+    pub image: Option<String>,
     pub argv: Vec<OsString>,
 }
 
@@ -80,6 +83,12 @@ pub enum RunError {
          sandbox's own user; tier vm runs it as any user of its container. Nothing was run"
     )]
     UserRefused { tier: Tier, user: String },
+    #[error(
+        "tier {tier}: --image {image} is refused: a container image is the userland of tier vm \
+         (its container runs the image's programs); bwrap does not run images yet, and landlock \
+         cannot change the root. Nothing was run"
+    )]
+    ImageRefused { tier: Tier, image: String },
     #[error("--changes-id-fd: cannot tell the change set's ID: {0}")]
     ChangesId(#[source] std::io::Error),
     #[cfg(target_os = "linux")]
@@ -974,6 +983,12 @@ pub fn execute(
             user: user.clone(),
         });
     }
+    if let (Some(image), false) = (&opts.image, tier == Tier::Vm) {
+        return Err(RunError::ImageRefused {
+            tier,
+            image: image.clone(),
+        });
+    }
     let leader = opts
         .session_leader
         .then(|| leader_agent(tier))
@@ -1002,6 +1017,13 @@ pub fn execute(
     let prepared = (|| -> Result<_, RunError> {
         let vars = instance.vars(&project, &home_dir());
         let (mut pol, repos_before) = resolve_policy(&pf, &vars)?;
+        if let Some(image) = &opts.image {
+            // The image is the whole userland: the policy's own is not used.
+            pol.vm = policy::VmPolicy {
+                image: Some(image.clone()),
+                ..policy::VmPolicy::default()
+            };
+        }
         if let Some(agent) = &leader {
             pol.grants.push(policy::Grant {
                 path: agent.clone(),

@@ -1,9 +1,9 @@
 //! docs/architecture.md opens with the workspace's crate graph: which crate
 //! of hull's may use which. It is generated here from `cargo metadata`, so
 //! it cannot go stale (`HULL_BLESS=1` rewrites it; review the diff), and
-//! the floors it shows are checked: the policy crate uses no other crate of
-//! hull's, the exec crate only the policy and the protocol, and the
-//! network crate only those and exec.
+//! the floors it shows are checked: the policy crate and the container
+//! image crate use no other crate of hull's, the exec crate only the policy
+//! and the protocol, and the network crate only those and exec.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -124,8 +124,13 @@ fn the_architecture_document_opens_with_the_crate_graph() {
     let vm: Vec<&str> = g["hull-vm"].iter().map(String::as_str).collect();
     assert_eq!(
         vm,
-        ["hull-exec", "hull-net", "hull-policy", "hull-protocol"],
-        "hull-vm knows no other tier, run or CLI: it uses exec, the network, the policy and the protocol only"
+        ["hull-exec", "hull-net", "hull-oci", "hull-policy", "hull-protocol"],
+        "hull-vm knows no other tier, run or CLI: it uses exec, the network, container images, the policy and the protocol only"
+    );
+    assert_eq!(
+        g.get("hull-oci").map(BTreeSet::len),
+        Some(0),
+        "hull-oci reads container images and knows nothing else of hull's: {g:?}"
     );
     let block = format!("{BEGIN}\n{}{END}", render(&g));
     let path = root.join("docs/architecture.md");

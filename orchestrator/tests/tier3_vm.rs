@@ -1106,6 +1106,84 @@ fn a_rootfs_tarball_is_the_containers_whole_userland() {
     all_restored(&w, &[&o, &default]);
 }
 
+/// `tests/fixtures/container-image/make.py KIND OUT LAYERS...`: a
+/// container image as buildah and docker write them.
+fn make_image(kind: &str, out: &std::path::Path, layers: &[&std::path::Path]) {
+    let o = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/container-image/make.py"
+        ))
+        .arg(kind)
+        .arg(out)
+        .args(layers)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "make.py {kind}: {}", text(&o.stderr));
+}
+
+/// `--image REF`: a container image is the container's whole userland, in
+/// each form hull reads (an OCI archive with a gzip'd layer, a docker
+/// archive, an OCI layout by tag). The image here is one layer, the same
+/// minbase-with-`hello` tarball the `[vm] rootfs` test uses, so its
+/// flattened userland is that tarball and its prepared snapshot is the
+/// one setup made: `hello` runs and the default image's python3 does not
+/// exist; each run restores a snapshot. An image whose second layer
+/// writes through the first one's link to `/etc` is refused before any VM
+/// starts, naming the entry.
+#[test]
+fn a_container_image_is_the_containers_whole_userland() {
+    let w = world();
+    let tar = std::env::var_os("HULL_TEST_ROOTFS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_default();
+    assert!(
+        tar.is_file(),
+        "HULL_TEST_ROOTFS ({}) names no file: scripts/test.sh makes it",
+        tar.display()
+    );
+    let dir = w.root.path();
+    let (oci, docker, layout) = (
+        dir.join("image.oci.tar"),
+        dir.join("image.docker.tar"),
+        dir.join("image-layout"),
+    );
+    make_image("oci-archive", &oci, &[&tar]);
+    make_image("docker-archive", &docker, &[&tar]);
+    make_image("oci-layout", &layout, &[&tar]);
+    let mut runs = Vec::new();
+    for reference in [
+        format!("oci-archive:{}", oci.display()),
+        format!("docker-archive:{}", docker.display()),
+        format!("oci:{}:latest", layout.display()),
+    ] {
+        let o = w.run(
+            &["--image", &reference],
+            "hello; command -v python3 || echo no python3",
+        );
+        assert_eq!(o.status.code(), Some(0), "{reference}: {}", text(&o.stderr));
+        assert_eq!(
+            text(&o.stdout),
+            "Hello, world!\nno python3\n",
+            "{reference}: {}",
+            text(&o.stderr)
+        );
+        runs.push(o);
+    }
+    all_restored(&w, &runs.iter().collect::<Vec<_>>());
+    let bad = dir.join("link-then-file.tar");
+    make_image("layer-link-then-file", &bad, &[]);
+    let t0 = std::time::Instant::now();
+    let o = w.run(&["--image", &format!("oci-archive:{}", bad.display())], "true");
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("etc-link/cron-evil") && err.contains("lies under \"etc-link\""),
+        "{err}"
+    );
+    assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{err}");
+}
+
 /// A file of `w`'s project: its text and owner.
 fn project_file(w: &World, name: &str) -> (String, u32) {
     use std::os::unix::fs::MetadataExt;

@@ -9,6 +9,9 @@
 //! user's and may be hostile. Every input is bounded (metadata files,
 //! blobs, entries, bytes), every blob is named by the digest hull computed
 //! of it, and a layer must match the digest its config names.
+//!
+//! Linux only so far (a layout is read with `openat2`).
+#![cfg(target_os = "linux")]
 
 pub mod flatten;
 pub mod reference;

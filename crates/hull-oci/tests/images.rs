@@ -1,5 +1,6 @@
 //! Images made here, byte by byte, in every form hull reads, then read and
 //! flattened: what lands, what is whited out, and what is refused.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};

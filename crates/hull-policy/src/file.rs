@@ -125,6 +125,11 @@ pub struct VmSection {
     /// image's: checked entry by entry before use.
     #[serde(default)]
     pub rootfs: Option<Spanned<String>>,
+    /// A whole userland from a container image (`oci-archive:PATH`,
+    /// `docker-archive:PATH`, `oci:DIR[:TAG]`): its layers flattened,
+    /// then checked as a rootfs is.
+    #[serde(default)]
+    pub image: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -298,7 +303,38 @@ impl PolicyFile {
                 Some(p)
             }
         };
-        Ok(VmPolicy { packages, rootfs })
+        let image = match &self.vm.image {
+            None => None,
+            Some(r) => {
+                let text = r.get_ref();
+                let known = ["oci-archive:", "docker-archive:", "oci:", "docker://"];
+                if !known.iter().any(|k| text.starts_with(k)) || text.contains('\0') {
+                    return Err(self.error_at(
+                        r.span(),
+                        "vm.image",
+                        format!(
+                            "{text:?} is not an image reference (oci-archive:PATH, \
+                             docker-archive:PATH, oci:DIR[:TAG])"
+                        ),
+                    ));
+                }
+                if rootfs.is_some() || !packages.is_empty() {
+                    return Err(self.error_at(
+                        r.span(),
+                        "vm.image",
+                        "an image is a whole userland: give it without `rootfs` and `packages` \
+                         (install packages in the image instead)"
+                            .into(),
+                    ));
+                }
+                Some(text.clone())
+            }
+        };
+        Ok(VmPolicy {
+            packages,
+            rootfs,
+            image,
+        })
     }
 
     /// `fs.git`, checked: what the command may do to git metadata in its
@@ -664,8 +700,18 @@ mod tests {
         let text = format!("version = 1\n[vm]\npackages = [{}]\n", many.join(", "));
         let e = PolicyFile::parse("p.toml", &text).unwrap_err();
         assert_eq!(e.key, "vm.packages", "{e}");
+        // An image: a reference in one of the forms, and alone.
         let e = PolicyFile::parse("p.toml", "version = 1\n[vm]\nimage = \"x\"\n").unwrap_err();
-        assert_eq!((e.line, e.key.as_str()), (3, "image"), "{e}");
+        assert_eq!((e.line, e.key.as_str()), (3, "vm.image"), "{e}");
+        assert!(e.to_string().contains("oci-archive:PATH"), "{e}");
+        let both = "version = 1\n[vm]\nrootfs = \"/r.tar\"\nimage = \"oci:/l\"\n";
+        let e = PolicyFile::parse("p.toml", both).unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (4, "vm.image"), "{e}");
+        let v = PolicyFile::parse("p.toml", "version = 1\n[vm]\nimage = \"oci:/l:v1\"\n")
+            .unwrap()
+            .vm_policy()
+            .unwrap();
+        assert_eq!(v.image.as_deref(), Some("oci:/l:v1"));
         // A rootfs: an absolute path, and not with packages.
         let ok = "version = 1\n[vm]\nrootfs = \"/srv/rootfs.tar\"\n";
         let v = PolicyFile::parse("p.toml", ok)

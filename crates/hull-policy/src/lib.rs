@@ -223,6 +223,9 @@ pub struct VmPolicy {
     pub packages: Vec<String>,
     /// A whole userland from this tarball instead (absolute path).
     pub rootfs: Option<std::path::PathBuf>,
+    /// A whole userland from this container image instead (a reference:
+    /// `oci-archive:PATH`, `docker-archive:PATH`, `oci:DIR[:TAG]`).
+    pub image: Option<String>,
 }
 
 impl Policy {

@@ -60,9 +60,10 @@ pub enum AssembleError {
 /// a rootfs tarball is checked here, before any VM starts).
 pub fn recipe_for(vm: &crate::policy::VmPolicy) -> Result<Recipe, AssembleError> {
     crate::image::recipe_for(vm).map_err(|source| AssembleError::Userland {
-        userland: match &vm.rootfs {
-            Some(p) => format!("the [vm] rootfs {}", p.display()),
-            None => format!("the [vm] packages {}", vm.packages.join(", ")),
+        userland: match (&vm.image, &vm.rootfs) {
+            (Some(r), _) => format!("the container image {r}"),
+            (None, Some(p)) => format!("the [vm] rootfs {}", p.display()),
+            (None, None) => format!("the [vm] packages {}", vm.packages.join(", ")),
         },
         source: Box::new(source),
     })

@@ -18,6 +18,8 @@
 pub mod agent_disk;
 pub mod build;
 pub mod cache;
+#[cfg(target_os = "linux")]
+pub mod container_image;
 pub mod digest;
 pub mod private_dir;
 pub mod progress;
@@ -59,6 +61,8 @@ pub const MIN_MEMORY_MIB: u32 = 768;
 pub enum ImageError {
     #[error(transparent)]
     Rootfs(#[from] rootfs::RootfsError),
+    #[error("container image {reference}: {why}")]
+    ContainerImage { reference: String, why: String },
     #[error("{path}: cannot {what}")]
     Io {
         path: PathBuf,
@@ -506,8 +510,14 @@ fn check_linux_x86_64_elf(b: &[u8]) -> Result<(), &'static str> {
 /// version of the file: its digest is kept in the cache by the file's
 /// device, inode, size and times, so a run does not read gigabytes again).
 pub fn recipe_for(vm: &crate::policy::VmPolicy) -> Result<recipe::Recipe, ImageError> {
-    let Some(path) = &vm.rootfs else {
-        return Ok(recipe::Recipe::with_packages(&vm.packages));
+    let imported;
+    let path = match (&vm.image, &vm.rootfs) {
+        (Some(reference), _) => {
+            imported = container_userland(reference)?;
+            &imported
+        }
+        (None, Some(path)) => path,
+        (None, None) => return Ok(recipe::Recipe::with_packages(&vm.packages)),
     };
     let cache = Cache::default_location()?;
     let sha256 = rootfs_digest(&cache, path)?;
@@ -515,6 +525,23 @@ pub fn recipe_for(vm: &crate::policy::VmPolicy) -> Result<recipe::Recipe, ImageE
         path: path.clone(),
         sha256,
     }))
+}
+
+/// The userland tarball of the container image `reference` (imported
+/// into the cache once: [`container_image::import`]).
+#[cfg(target_os = "linux")]
+fn container_userland(reference: &str) -> Result<PathBuf, ImageError> {
+    let cache = Cache::default_location()?;
+    let mut say = container_image::say(false);
+    Ok(container_image::import(&cache, reference, &mut say)?.rootfs)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn container_userland(reference: &str) -> Result<PathBuf, ImageError> {
+    Err(ImageError::ContainerImage {
+        reference: reference.to_string(),
+        why: "container images are read on Linux hosts only so far".into(),
+    })
 }
 
 /// Lowercase hex of `b` (digests, ids, disk names).

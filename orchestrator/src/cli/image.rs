@@ -21,6 +21,14 @@ pub enum ImageCommand {
         #[command(flatten)]
         agent: AgentArg,
     },
+    /// Read a container image (oci-archive:PATH, docker-archive:PATH,
+    /// oci:DIR[:TAG]) into the cache and flatten its layers into the
+    /// userland tarball `hull run --tier vm --image REF` uses; says its
+    /// digest and where the tarball is.
+    Import {
+        /// The image reference.
+        reference: String,
+    },
     /// Remove a cached image or an unfinished build.
     Rm {
         /// Image id, unique prefix, or `<id>.partial-<pid>`.
@@ -68,12 +76,26 @@ pub fn image(c: ImageCommand) -> anyhow::Result<i32> {
         ImageCommand::Build(a) => build_cmd(&cache, a),
         ImageCommand::List => list(&cache),
         ImageCommand::Show { id, agent } => show(&cache, id, &agent),
+        ImageCommand::Import { reference } => import(&cache, &reference),
         ImageCommand::Rm { id } => {
             let dir = image::remove(&cache, &id)?;
             println!("removed {}", dir.display());
             Ok(0)
         }
     }
+}
+
+#[cfg(target_os = "linux")]
+fn import(cache: &Cache, reference: &str) -> anyhow::Result<i32> {
+    let mut say = image::container_image::say(false);
+    let i = image::container_image::import(cache, reference, &mut say)?;
+    println!("{}\t{}", i.digest, i.rootfs.display());
+    Ok(0)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn import(_cache: &Cache, reference: &str) -> anyhow::Result<i32> {
+    anyhow::bail!("container image {reference}: read on Linux hosts only so far")
 }
 
 fn build_cmd(cache: &Cache, a: BuildArgs) -> anyhow::Result<i32> {

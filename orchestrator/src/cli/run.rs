@@ -76,6 +76,13 @@ pub struct RunArgs {
     /// share. Files it writes to the shares are the host owner's.
     #[arg(long, value_name = "NAME", value_parser = parse_user, conflicts_with = "session_leader")]
     pub user: Option<String>,
+    /// Tier vm: the container image whose layers are the container's
+    /// userland, instead of the policy's `[vm]` one: oci-archive:PATH,
+    /// docker-archive:PATH (what `docker save` writes) or oci:DIR[:TAG].
+    /// Read and flattened once per version of the image, then prepared
+    /// once like any userland.
+    #[arg(long, value_name = "REF", conflicts_with_all = ["session_leader", "vm"])]
+    pub image: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required_unless_present = "session_leader")]
     pub argv: Vec<OsString>,
@@ -167,6 +174,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         changes_id_to: changes_id_to(a.changes_id_fd)?,
         session_leader: a.session_leader,
         user: a.user,
+        image: a.image,
         argv: a.argv,
     };
     let started = std::time::SystemTime::now();

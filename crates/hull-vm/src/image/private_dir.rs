@@ -274,6 +274,26 @@ mod unix {
             replace_at(&self.fd, name, bytes)
         }
 
+        /// The directory `name` of the root, made (0700) when missing, held
+        /// open: a directory of ours that nobody else may write, opened
+        /// without following a link.
+        pub fn subdir(&self, name: &str) -> io::Result<OwnedFd> {
+            match rfs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let fd = rfs::openat(&self.fd, name, flags, Mode::empty())?;
+            let st = rfs::fstat(&fd)?;
+            if st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o022 != 0 {
+                return Err(io::Error::other(format!(
+                    "{}: a directory of someone else's, or writable by others",
+                    self.path.join(name).display()
+                )));
+            }
+            Ok(fd)
+        }
+
         /// The lock file `name` of the root, made (0600) when missing: a
         /// regular file of ours, opened without following a link.
         pub fn open_lock(&self, name: &str) -> io::Result<File> {

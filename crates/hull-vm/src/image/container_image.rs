@@ -1,0 +1,225 @@
+//! `hull run --image REF`, `[vm] image`: a container image as the
+//! container's userland. The image is read once per version of its source
+//! into the cache (`hull-oci`: every blob checked against its digest), its
+//! layers flattened into one tarball there, and that tarball is then a
+//! `[vm] rootfs` like any other: checked and rewritten entry by entry by
+//! the image build, prepared and snapshotted once per content.
+//!
+//! Everything lives in the private image cache: `oci-blobs/` (the blobs
+//! while an import runs; removed once the image is flattened) and
+//! `oci-rootfs/<manifest-hex>.tar` with `<manifest-hex>.json` (the image's
+//! config: its environment, user, working directory, command). The record
+//! `oci-sources.json` maps a reference and its source file's device, inode,
+//! size and times to the manifest it held, so a later run reads nothing
+//! again.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+
+use super::{Cache, ImageError};
+
+const BLOBS: &str = "oci-blobs";
+const ROOTFS: &str = "oci-rootfs";
+const SOURCES: &str = "oci-sources.json";
+const LOCK: &str = "oci.lock";
+/// The most references the record remembers.
+const MAX_SOURCES: usize = 256;
+
+/// A container image made a userland tarball.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    /// The digest that names its content (`sha256:...`).
+    pub digest: String,
+    /// The flattened tarball, in the cache.
+    pub rootfs: PathBuf,
+    /// What a container of it runs by default.
+    pub config: hull_oci::RunConfig,
+}
+
+fn oci_err(reference: &str, e: impl std::fmt::Display) -> ImageError {
+    ImageError::ContainerImage {
+        reference: reference.to_string(),
+        why: e.to_string(),
+    }
+}
+
+/// The userland tarball of the image `reference` names, imported into
+/// `cache` when it is not there yet (`on`: what is being done, for
+/// progress).
+pub fn import(
+    cache: &Cache,
+    reference: &str,
+    on: &mut dyn FnMut(&str),
+) -> Result<Imported, ImageError> {
+    let parsed: hull_oci::Reference = reference.parse().map_err(|e| oci_err(reference, e))?;
+    let dir = cache.open_private()?;
+    let io = |what: &'static str| ImageError::io(&cache.root().to_path_buf(), what);
+    let rootfs_fd = dir.subdir(ROOTFS).map_err(io("open the imported images of"))?;
+    let rootfs_dir = cache.root().join(ROOTFS);
+    let stamp = source_stamp(&parsed);
+    let key = parsed.to_string();
+    let known = |dir: &super::private_dir::PrivateDir| -> BTreeMap<String, (String, String)> {
+        dir.read(SOURCES, 1 << 20)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    };
+    let found = |digest: &str| -> Option<Imported> {
+        let hex = digest.trim_start_matches("sha256:");
+        let config = super::private_dir::read_in(&rootfs_dir, &format!("{hex}.json"), 1 << 20)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())?;
+        let tar = format!("{hex}.tar");
+        let st = rustix::fs::statat(&rootfs_fd, tar.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .ok()?;
+        (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile)
+            .then(|| Imported {
+                digest: digest.to_string(),
+                rootfs: rootfs_dir.join(tar),
+                config,
+            })
+    };
+    if let (Some(stamp), Some((was, digest))) = (&stamp, known(&dir).get(&key)) {
+        if was == stamp {
+            if let Some(i) = found(digest) {
+                return Ok(i);
+            }
+        }
+    }
+    // One import at a time: the blob store is shared.
+    let lock = dir.open_lock(LOCK).map_err(io("open the import lock of"))?;
+    lock.lock().map_err(io("lock the imports of"))?;
+    let blobs_fd = dir.subdir(BLOBS).map_err(io("open the image blobs of"))?;
+    let blobs = cache.root().join(BLOBS);
+    on(&format!("reading {reference}"));
+    let image = hull_oci::read(&parsed, &blobs, &blobs_fd, super::rootfs::MAX_TARBALL)
+        .map_err(|e| oci_err(reference, hull_protocol::error_chain(&e)))?;
+    let hex = image.digest.trim_start_matches("sha256:").to_string();
+    if found(&image.digest).is_none() {
+        on(&format!(
+            "flattening {} layer(s) of {reference}",
+            image.layers.len()
+        ));
+        let part = format!(".{hex}.tar.part");
+        let f = rustix::fs::openat(
+            &rootfs_fd,
+            part.as_str(),
+            rustix::fs::OFlags::CREATE
+                | rustix::fs::OFlags::TRUNC
+                | rustix::fs::OFlags::WRONLY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| io("write the flattened image into")(e.into()))?;
+        let mut out = std::io::BufWriter::new(std::fs::File::from(f));
+        let limits = hull_oci::Limits {
+            entries: super::rootfs::MAX_ENTRIES,
+            bytes: super::rootfs::MAX_UNPACKED,
+        };
+        let flattened = hull_oci::flatten(&image.layers, limits, &mut out);
+        let written = out
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all());
+        if let Err(e) = flattened {
+            let _ = rustix::fs::unlinkat(&rootfs_fd, part.as_str(), rustix::fs::AtFlags::empty());
+            empty_store(&blobs_fd);
+            return Err(oci_err(reference, hull_protocol::error_chain(&e)));
+        }
+        written.map_err(io("write the flattened image into"))?;
+        let config = serde_json::to_vec(&ConfigRecord::from(&image.config))
+            .map_err(|e| oci_err(reference, e))?;
+        super::private_dir::replace_in(&rootfs_dir, &format!("{hex}.json"), &config)
+            .map_err(io("record the image's config in"))?;
+        rustix::fs::renameat(&rootfs_fd, part.as_str(), &rootfs_fd, format!("{hex}.tar").as_str())
+            .map_err(|e| io("write the flattened image into")(e.into()))?;
+    }
+    empty_store(&blobs_fd);
+    if let Some(stamp) = stamp {
+        let mut sources = known(&dir);
+        if sources.len() >= MAX_SOURCES {
+            sources.clear();
+        }
+        sources.insert(key, (stamp, image.digest.clone()));
+        if let Ok(b) = serde_json::to_vec(&sources) {
+            if let Err(e) = dir.replace(SOURCES, &b) {
+                tracing::warn!("image cache: cannot record the image's source: {e}");
+            }
+        }
+    }
+    drop(lock);
+    found(&image.digest).ok_or_else(|| oci_err(reference, "the flattened image is gone"))
+}
+
+/// The config as hull keeps it beside the tarball.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct ConfigRecord<'a> {
+    env: &'a Option<Vec<String>>,
+    entrypoint: &'a Option<Vec<String>>,
+    cmd: &'a Option<Vec<String>>,
+    working_dir: &'a Option<String>,
+    user: &'a Option<String>,
+}
+
+impl<'a> From<&'a hull_oci::RunConfig> for ConfigRecord<'a> {
+    fn from(c: &'a hull_oci::RunConfig) -> ConfigRecord<'a> {
+        ConfigRecord {
+            env: &c.env,
+            entrypoint: &c.entrypoint,
+            cmd: &c.cmd,
+            working_dir: &c.working_dir,
+            user: &c.user,
+        }
+    }
+}
+
+/// Removes every blob of the store (they were needed to flatten only).
+fn empty_store(store: &OwnedFd) {
+    let Ok(dir) = rustix::fs::Dir::read_from(store.as_fd()) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_owned();
+        if matches!(name.to_bytes(), b"." | b"..") {
+            continue;
+        }
+        let _ = rustix::fs::unlinkat(store, name.as_c_str(), rustix::fs::AtFlags::empty());
+    }
+}
+
+/// What names a version of the source: an archive's (or a layout's
+/// `index.json`'s) device, inode, size and times; none for a registry.
+fn source_stamp(r: &hull_oci::Reference) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let path = match r {
+        hull_oci::Reference::OciArchive(p) | hull_oci::Reference::DockerArchive(p) => p.clone(),
+        hull_oci::Reference::OciLayout { dir, .. } => dir.join("index.json"),
+        hull_oci::Reference::Registry { .. } => return None,
+    };
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some(format!(
+        "{}:{}:{}:{}.{}:{}.{}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    ))
+}
+
+/// The writer of a progress line (unused when quiet).
+pub fn say(quiet: bool) -> impl FnMut(&str) {
+    move |what: &str| {
+        if !quiet {
+            let _ = writeln!(std::io::stderr(), "hull: {what}");
+        }
+    }
+}

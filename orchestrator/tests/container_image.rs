@@ -1,0 +1,160 @@
+//! `hull image import` and `--image` without a VM: an image's layers are
+//! stacked as a runtime would (a file replaced, a file and a directory
+//! whited out), the result is kept in the image cache once per version of
+//! the image, and a tier that cannot run an image refuses it by name.
+#![cfg(target_os = "linux")]
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn hull(cache: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hull"))
+        .args(args)
+        .env("HULL_IMAGE_CACHE", cache)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A layer tarball of `files` (path, contents), as `tar` writes one.
+fn layer(dir: &Path, name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
+    let root = dir.join(format!("{name}.d"));
+    for (p, body) in files {
+        let f = root.join(p);
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, body).unwrap();
+    }
+    let out = dir.join(format!("{name}.tar"));
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .args(["--sort=name", "-cf"])
+        .arg(&out)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    out
+}
+
+fn make_image(kind: &str, out: &Path, layers: &[&Path]) {
+    let o = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/container-image/make.py"
+        ))
+        .arg(kind)
+        .arg(out)
+        .args(layers)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "make.py {kind}: {}", text(&o.stderr));
+}
+
+/// What the flattened tarball holds: (name, contents) of its files.
+fn files_of(tar: &Path) -> Vec<(String, String)> {
+    let list = Command::new("tar").arg("-tvf").arg(tar).output().unwrap();
+    let mut out = Vec::new();
+    for line in text(&list.stdout).lines() {
+        // `-rw-r--r-- root/root 1 2026-12-07 18:00 ./etc/a`: files only.
+        let name = line.rsplit(' ').next().unwrap();
+        if !line.starts_with('-') {
+            continue;
+        }
+        let body = Command::new("tar").arg("-xOf").arg(tar).arg(name).output().unwrap();
+        out.push((name.trim_start_matches("./").to_string(), text(&body.stdout)));
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn an_image_s_layers_are_stacked_once_per_version_of_the_image() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let lower = layer(
+        t.path(),
+        "lower",
+        &[("etc/a", "1"), ("etc/b", "b"), ("gone/inside", "i"), ("kept", "k")],
+    );
+    let upper = layer(
+        t.path(),
+        "upper",
+        &[("etc/a", "2"), ("etc/.wh.b", ""), (".wh.gone", "")],
+    );
+    let archive = t.path().join("image.docker.tar");
+    make_image("docker-archive", &archive, &[&lower, &upper]);
+    let reference = format!("docker-archive:{}", archive.display());
+    let o = hull(&cache, &["image", "import", &reference]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let (digest, path) = out.trim().split_once('\t').unwrap();
+    assert!(digest.starts_with("sha256:"), "{out}");
+    assert!(text(&o.stderr).contains("flattening 2 layer(s)"), "{}", text(&o.stderr));
+    assert_eq!(
+        files_of(Path::new(path)),
+        [
+            ("etc/a".to_string(), "2".to_string()),
+            ("kept".to_string(), "k".to_string())
+        ]
+    );
+    // The same version again: nothing is read or flattened.
+    let again = hull(&cache, &["image", "import", &reference]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), out);
+    assert_eq!(text(&again.stderr), "", "read again");
+    // Nothing of the blobs is left once flattened.
+    let blobs: Vec<_> = std::fs::read_dir(cache.join("oci-blobs")).unwrap().collect();
+    assert!(blobs.is_empty(), "{blobs:?}");
+}
+
+#[test]
+fn a_tier_that_runs_no_image_refuses_one_by_name() {
+    let t = tempfile::tempdir().unwrap();
+    for tier in ["landlock", "bwrap", "none"] {
+        let o = hull(
+            &t.path().join("cache"),
+            &[
+                "run",
+                "--tier",
+                tier,
+                "--project",
+                t.path().to_str().unwrap(),
+                "--image",
+                "oci-archive:/nonexistent.tar",
+                "--",
+                "touch",
+                "ran",
+            ],
+        );
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{tier}: {err}");
+        assert!(
+            err.contains(&format!("tier {tier}: --image oci-archive:/nonexistent.tar is refused")),
+            "{tier}: {err}"
+        );
+        assert!(!t.path().join("ran").exists(), "{tier}: the command ran");
+    }
+}
+
+#[test]
+fn what_is_no_image_is_refused_naming_the_forms() {
+    let t = tempfile::tempdir().unwrap();
+    let missing = t.path().join("missing.tar");
+    for (reference, want) in [
+        ("ubuntu:24.04".to_string(), "unknown form".to_string()),
+        (
+            format!("oci-archive:{}", missing.display()),
+            format!("{}", missing.display()),
+        ),
+    ] {
+        let o = hull(&t.path().join("cache"), &["image", "import", &reference]);
+        let err = text(&o.stderr);
+        assert!(!o.status.success(), "{reference}: {err}");
+        assert!(err.contains(&want), "{reference}: {err}");
+    }
+}
