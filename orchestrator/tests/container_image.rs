@@ -65,8 +65,16 @@ fn files_of(tar: &Path) -> Vec<(String, String)> {
         if !line.starts_with('-') {
             continue;
         }
-        let body = Command::new("tar").arg("-xOf").arg(tar).arg(name).output().unwrap();
-        out.push((name.trim_start_matches("./").to_string(), text(&body.stdout)));
+        let body = Command::new("tar")
+            .arg("-xOf")
+            .arg(tar)
+            .arg(name)
+            .output()
+            .unwrap();
+        out.push((
+            name.trim_start_matches("./").to_string(),
+            text(&body.stdout),
+        ));
     }
     out.sort();
     out
@@ -79,7 +87,12 @@ fn an_image_s_layers_are_stacked_once_per_version_of_the_image() {
     let lower = layer(
         t.path(),
         "lower",
-        &[("etc/a", "1"), ("etc/b", "b"), ("gone/inside", "i"), ("kept", "k")],
+        &[
+            ("etc/a", "1"),
+            ("etc/b", "b"),
+            ("gone/inside", "i"),
+            ("kept", "k"),
+        ],
     );
     let upper = layer(
         t.path(),
@@ -94,7 +107,11 @@ fn an_image_s_layers_are_stacked_once_per_version_of_the_image() {
     let out = text(&o.stdout);
     let (digest, path) = out.trim().split_once('\t').unwrap();
     assert!(digest.starts_with("sha256:"), "{out}");
-    assert!(text(&o.stderr).contains("flattening 2 layer(s)"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("flattening 2 layer(s)"),
+        "{}",
+        text(&o.stderr)
+    );
     assert_eq!(
         files_of(Path::new(path)),
         [
@@ -108,7 +125,9 @@ fn an_image_s_layers_are_stacked_once_per_version_of_the_image() {
     assert_eq!(text(&again.stdout), out);
     assert_eq!(text(&again.stderr), "", "read again");
     // Nothing of the blobs is left once flattened.
-    let blobs: Vec<_> = std::fs::read_dir(cache.join("oci-blobs")).unwrap().collect();
+    let blobs: Vec<_> = std::fs::read_dir(cache.join("oci-blobs"))
+        .unwrap()
+        .collect();
     assert!(blobs.is_empty(), "{blobs:?}");
 }
 
@@ -134,7 +153,9 @@ fn a_tier_that_runs_no_image_refuses_one_by_name() {
         let err = text(&o.stderr);
         assert_eq!(o.status.code(), Some(125), "{tier}: {err}");
         assert!(
-            err.contains(&format!("tier {tier}: --image oci-archive:/nonexistent.tar is refused")),
+            err.contains(&format!(
+                "tier {tier}: --image oci-archive:/nonexistent.tar is refused"
+            )),
             "{tier}: {err}"
         );
         assert!(!t.path().join("ran").exists(), "{tier}: the command ran");

@@ -1174,7 +1174,10 @@ fn a_container_image_is_the_containers_whole_userland() {
     let bad = dir.join("link-then-file.tar");
     make_image("layer-link-then-file", &bad, &[]);
     let t0 = std::time::Instant::now();
-    let o = w.run(&["--image", &format!("oci-archive:{}", bad.display())], "true");
+    let o = w.run(
+        &["--image", &format!("oci-archive:{}", bad.display())],
+        "true",
+    );
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(125), "{err}");
     assert!(

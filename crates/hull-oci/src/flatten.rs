@@ -17,8 +17,6 @@ use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 /// Where hull mounts its agent in a container: no layer may remove it.
 const AGENT_MOUNT: &str = "opt/hull";
 const WHITEOUT: &str = ".wh.";
@@ -124,10 +122,9 @@ pub fn flatten(
             entry: entry.to_string(),
             why,
         };
-        let mut hashing = Hashing {
-            inner: open_layer(&layer.blob).map_err(io_err("open"))?,
-            hash: Sha256::new(),
-        };
+        // The uncompressed stream hashed, and guarded against metadata
+        // entries the tar crate would read whole into memory.
+        let mut hashing = crate::TarGuard::new(open_layer(&layer.blob).map_err(io_err("open"))?);
         // Whiteouts apply to the layers below only: gathered first,
         // applied before this layer's own entries.
         let mut gone: Vec<(String, bool)> = Vec::new();
@@ -192,7 +189,7 @@ pub fn flatten(
         // The rest of the stream (padding past the end blocks) is hashed
         // too: the digest is of the whole uncompressed layer.
         io::copy(&mut hashing, &mut io::sink()).map_err(io_err("read"))?;
-        let got = format!("sha256:{}", hex(&hashing.hash.finalize()));
+        let got = format!("sha256:{}", hashing.sha256());
         if got != layer.diff_id {
             return Err(FlattenError::Digest {
                 layer: i + 1,
@@ -252,7 +249,9 @@ pub fn flatten(
                 source,
             }
         };
-        let mut archive = tar::Archive::new(open_layer(&layer.blob).map_err(io_err("open"))?);
+        let mut archive = tar::Archive::new(crate::TarGuard::new(
+            open_layer(&layer.blob).map_err(io_err("open"))?,
+        ));
         let mut at = 0usize;
         for entry in archive.entries().map_err(io_err("read"))? {
             let mut entry = entry.map_err(io_err("read an entry of"))?;
@@ -311,19 +310,6 @@ fn open_layer(blob: &Path) -> io::Result<Box<dyn Read>> {
         return Ok(Box::new(zstd::stream::read::Decoder::with_buffer(r)?));
     }
     Ok(Box::new(r))
-}
-
-struct Hashing<R> {
-    inner: R,
-    hash: Sha256,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hash.update(&buf[..n]);
-        Ok(n)
-    }
 }
 
 /// An entry's name relative to the root, without `./` or a trailing `/`;

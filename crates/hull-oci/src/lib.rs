@@ -10,13 +10,18 @@
 //! blobs, entries, bytes), every blob is named by the digest hull computed
 //! of it, and a layer must match the digest its config names.
 //!
-//! Linux only so far (a layout is read with `openat2`).
-#![cfg(target_os = "linux")]
+//! Reading a source is Linux's only so far (a layout is read with
+//! `openat2`); the rest is portable, and [`TarGuard`] is what every tar
+//! hull reads goes through (`[vm] rootfs` too).
 
 pub mod flatten;
 pub mod reference;
+#[cfg(target_os = "linux")]
 pub mod source;
+pub mod tar_guard;
 
 pub use flatten::{flatten, FlattenError, Flattened, Layer, Limits};
 pub use reference::{Reference, ReferenceError};
+#[cfg(target_os = "linux")]
 pub use source::{read, Image, RunConfig, SourceError};
+pub use tar_guard::TarGuard;

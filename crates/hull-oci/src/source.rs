@@ -21,6 +21,8 @@ use crate::Reference;
 
 /// The largest metadata file read (an index, a manifest, a config).
 const MAX_JSON: u64 = 4 << 20;
+/// The most entries an archive may hold.
+const MAX_ARCHIVE_ENTRIES: usize = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -212,9 +214,18 @@ fn read_archive(
         by_name: HashMap::new(),
     };
     let mut total = 0u64;
-    let mut archive = tar::Archive::new(io::BufReader::new(std::fs::File::from(f)));
+    let mut count = 0usize;
+    let mut archive = tar::Archive::new(crate::TarGuard::new(io::BufReader::new(
+        std::fs::File::from(f),
+    )));
     for entry in archive.entries().map_err(|e| io_err(r, "read", path, e))? {
         let mut entry = entry.map_err(|e| io_err(r, "read an entry of", path, e))?;
+        count += 1;
+        if count > MAX_ARCHIVE_ENTRIES {
+            return Err(refuse(format!(
+                "the archive holds more than {MAX_ARCHIVE_ENTRIES} entries"
+            )));
+        }
         if !entry.header().entry_type().is_file() {
             continue;
         }
@@ -233,6 +244,12 @@ fn read_archive(
             if entry.size() > MAX_JSON {
                 return Err(refuse(format!("{name} is larger than {MAX_JSON} bytes")));
             }
+            total += entry.size();
+            if total > max_bytes {
+                return Err(refuse(format!(
+                    "the archive holds more than {max_bytes} bytes"
+                )));
+            }
             let mut body = Vec::new();
             (&mut entry)
                 .take(MAX_JSON)
@@ -244,7 +261,10 @@ fn read_archive(
             store_bytes(store_fd, &digest, &body)
                 .map_err(|e| io_err(r, "store", &path.join(&name), e))?;
             files.blobs.insert(digest);
-            files.json.insert(name, body);
+            // The metadata the image is found by; the rest is in the store.
+            if matches!(name.as_str(), "index.json" | "manifest.json") {
+                files.json.insert(name, body);
+            }
             continue;
         }
         let (digest, n) = store_blob(store_fd, &mut entry, max_bytes.saturating_sub(total))

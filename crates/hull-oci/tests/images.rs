@@ -33,6 +33,11 @@ fn layer(entries: &[E<'_>]) -> Vec<u8> {
                 h.set_size(body.len() as u64);
                 // The name as it is, `..` and all (the tar crate refuses
                 // to write those; a hostile layer has them).
+                if n.len() > 100 {
+                    // A long name: written the GNU way, as tar does.
+                    b.append_data(&mut h, n, *body).unwrap();
+                    continue;
+                }
                 let field = &mut h.as_old_mut().name;
                 field[..n.len()].copy_from_slice(n.as_bytes());
                 h.set_cksum();
@@ -404,4 +409,39 @@ fn more_entries_than_the_limit_are_refused() {
     );
     let e = flat(&Reference::OciArchive(p), &store()).unwrap_err();
     assert!(e.contains("more entries"), "{e}");
+}
+
+/// A tar block of a GNU long-name header claiming `size` bytes of name.
+fn long_name_header(size: u64) -> Vec<u8> {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNULongName);
+    h.set_size(size);
+    {
+        let field = &mut h.as_old_mut().name;
+        field[..13].copy_from_slice(b"././@LongLink");
+    }
+    h.set_cksum();
+    let mut b = h.as_bytes().to_vec();
+    b.extend_from_slice(&[0u8; 1024]);
+    b
+}
+
+#[test]
+fn a_metadata_entry_the_parser_would_hold_whole_is_refused_by_its_header() {
+    let t = tempfile::tempdir().unwrap();
+    // In a layer: 1 GiB of "name" claimed, refused before any is read.
+    let hostile = long_name_header(1 << 30);
+    let p = write(t.path(), "long.tar", &tar_of(&oci_files(&[hostile], false, "x")));
+    let e = flat(&Reference::OciArchive(p), &store()).unwrap_err();
+    assert!(e.contains("a metadata entry"), "{e}");
+    // In the archive itself.
+    let p = write(t.path(), "long-archive.tar", &long_name_header(1 << 30));
+    let e = flat(&Reference::OciArchive(p), &store()).unwrap_err();
+    assert!(e.contains("a metadata entry"), "{e}");
+    // The control: a long name of a sane size passes.
+    let name = format!("{}/f", "d".repeat(300));
+    let l = layer(&[E::File(&name, b"x")]);
+    let p = write(t.path(), "sane.tar", &tar_of(&oci_files(&[l], false, "x")));
+    let got = flat(&Reference::OciArchive(p), &store()).unwrap();
+    assert_eq!(got, [(name, 'f', b"x".to_vec())]);
 }

@@ -55,8 +55,10 @@ pub fn import(
 ) -> Result<Imported, ImageError> {
     let parsed: hull_oci::Reference = reference.parse().map_err(|e| oci_err(reference, e))?;
     let dir = cache.open_private()?;
-    let io = |what: &'static str| ImageError::io(&cache.root().to_path_buf(), what);
-    let rootfs_fd = dir.subdir(ROOTFS).map_err(io("open the imported images of"))?;
+    let io = |what: &'static str| ImageError::io(cache.root(), what);
+    let rootfs_fd = dir
+        .subdir(ROOTFS)
+        .map_err(io("open the imported images of"))?;
     let rootfs_dir = cache.root().join(ROOTFS);
     let stamp = source_stamp(&parsed);
     let key = parsed.to_string();
@@ -74,14 +76,19 @@ pub fn import(
             .flatten()
             .and_then(|b| serde_json::from_slice(&b).ok())?;
         let tar = format!("{hex}.tar");
-        let st = rustix::fs::statat(&rootfs_fd, tar.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-            .ok()?;
-        (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile)
-            .then(|| Imported {
+        let st = rustix::fs::statat(
+            &rootfs_fd,
+            tar.as_str(),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .ok()?;
+        (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile).then(
+            || Imported {
                 digest: digest.to_string(),
                 rootfs: rootfs_dir.join(tar),
                 config,
-            })
+            },
+        )
     };
     if let (Some(stamp), Some((was, digest))) = (&stamp, known(&dir).get(&key)) {
         if was == stamp {
@@ -136,8 +143,13 @@ pub fn import(
             .map_err(|e| oci_err(reference, e))?;
         super::private_dir::replace_in(&rootfs_dir, &format!("{hex}.json"), &config)
             .map_err(io("record the image's config in"))?;
-        rustix::fs::renameat(&rootfs_fd, part.as_str(), &rootfs_fd, format!("{hex}.tar").as_str())
-            .map_err(|e| io("write the flattened image into")(e.into()))?;
+        rustix::fs::renameat(
+            &rootfs_fd,
+            part.as_str(),
+            &rootfs_fd,
+            format!("{hex}.tar").as_str(),
+        )
+        .map_err(|e| io("write the flattened image into")(e.into()))?;
     }
     empty_store(&blobs_fd);
     if let Some(stamp) = stamp {

@@ -19,19 +19,16 @@
 //! climb above the tree's root, an entry listed twice, entries under
 //! `opt/hull`, more than [`MAX_ENTRIES`] entries or [`MAX_UNPACKED`] bytes,
 //! a metadata entry (GNU long name, PAX header) over
-//! [`MAX_METADATA_ENTRY`] (the tar crate reads those whole into memory: the
+//! [`hull_oci::tar_guard::MAX_METADATA_ENTRY`] (the tar crate reads those whole into memory: the
 //! reader below it follows the block layout and refuses one by its header)
 //! and a PAX record that sets an entry's size.
 //! Absolute symbolic links stay: inside the container they resolve in its
 //! own root.
 
-use super::hex;
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read};
 use std::path::{Path, PathBuf};
-
-use sha2::{Digest, Sha256};
 
 /// The largest tarball read.
 pub const MAX_TARBALL: u64 = 8 << 30;
@@ -205,104 +202,6 @@ pub fn convert(path: &Path, sha256: &str, out: &Path) -> Result<Checked, RootfsE
     Ok(checked)
 }
 
-/// The largest metadata entry (a GNU long name or link, a PAX header):
-/// the tar crate reads those whole into memory.
-const MAX_METADATA_ENTRY: u64 = 64 << 10;
-
-/// A reader that hashes what passes through it and follows the tar block
-/// layout as it goes, so that a metadata entry the tar crate would read
-/// into memory whole is refused by its size before it is read.
-struct Hashing<R> {
-    inner: R,
-    hash: Sha256,
-    /// Bytes passed so far.
-    read: u64,
-    /// Where the next header starts.
-    next_header: u64,
-    /// The header being collected.
-    header: Vec<u8>,
-    /// PAX records being collected, and how many bytes of them are left.
-    pax: Vec<u8>,
-    pax_left: u64,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hash.update(&buf[..n]);
-        let mut at = 0;
-        while at < n {
-            let pos = self.read + at as u64;
-            if pos < self.next_header {
-                let skip = (self.next_header - pos).min((n - at) as u64) as usize;
-                // A PAX header's records: one that sets the next entry's
-                // size would move the headers where this reader does not
-                // look (files over 8 GiB, its only use, are refused anyway).
-                if self.pax_left > 0 {
-                    let take = skip.min(self.pax_left as usize);
-                    self.pax.extend_from_slice(&buf[at..at + take]);
-                    self.pax_left -= take as u64;
-                    if self.pax_left == 0 {
-                        let records = String::from_utf8_lossy(&self.pax);
-                        if records.lines().any(|r| {
-                            r.split_once(' ')
-                                .is_some_and(|(_, kv)| kv.starts_with("size="))
-                        }) {
-                            return Err(io::Error::new(
-                                io::ErrorKind::InvalidData,
-                                "a PAX header that sets an entry's size",
-                            ));
-                        }
-                        self.pax.clear();
-                    }
-                }
-                at += skip;
-                continue;
-            }
-            let take = (512 - self.header.len()).min(n - at);
-            self.header.extend_from_slice(&buf[at..at + take]);
-            at += take;
-            if self.header.len() == 512 {
-                let (kind, size) = (self.header[156], header_size(&self.header));
-                let metadata = matches!(kind, b'L' | b'K' | b'x' | b'g');
-                if metadata && size > MAX_METADATA_ENTRY {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "a metadata entry (type {:?}) of {size} bytes, more than {MAX_METADATA_ENTRY}",
-                            kind as char
-                        ),
-                    ));
-                }
-                self.next_header = self.read + at as u64 + size.div_ceil(512) * 512;
-                if kind == b'x' || kind == b'g' {
-                    self.pax_left = size;
-                }
-                self.header.clear();
-            }
-        }
-        self.read += n as u64;
-        Ok(n)
-    }
-}
-
-/// The size field of a tar header: octal, or base-256 when its top bit is
-/// set; an unreadable one counts as 0 (the tar crate then refuses it).
-fn header_size(h: &[u8]) -> u64 {
-    let f = &h[124..136];
-    if f[0] & 0x80 != 0 {
-        return f[1..].iter().fold(0u64, |v, b| {
-            v.saturating_mul(256).saturating_add(u64::from(*b))
-        });
-    }
-    let digits: String = f
-        .iter()
-        .take_while(|b| **b != 0)
-        .map(|b| *b as char)
-        .collect();
-    u64::from_str_radix(digits.trim(), 8).unwrap_or(0)
-}
-
 type Out<'a> = Option<&'a mut tar::Builder<BufWriter<File>>>;
 
 /// Checks the tarball `f` (opened by [`open`] from `path`) entry by
@@ -325,15 +224,9 @@ fn walk(path: &Path, f: File, mut out: Out<'_>) -> Result<Checked, RootfsError> 
         path: path.to_path_buf(),
         why,
     };
-    let mut hashing = Hashing {
-        inner: BufReader::new(f).take(MAX_TARBALL),
-        hash: Sha256::new(),
-        read: 0,
-        next_header: 0,
-        header: Vec::with_capacity(512),
-        pax: Vec::new(),
-        pax_left: 0,
-    };
+    // Hashes what passes, and refuses a metadata entry the tar crate
+    // would read whole into memory before it is read.
+    let mut hashing = hull_oci::TarGuard::new(BufReader::new(f).take(MAX_TARBALL));
     let mut seen: HashSet<String> = HashSet::new();
     let mut files: HashSet<String> = HashSet::new();
     let mut bytes = 0u64;
@@ -545,7 +438,7 @@ fn walk(path: &Path, f: File, mut out: Out<'_>) -> Result<Checked, RootfsError> 
     if let Some(out) = out {
         add_missing(out, &seen).map_err(io_err("write an entry of"))?;
     }
-    let sha256 = hex(&hashing.hash.finalize());
+    let sha256 = hashing.sha256();
     Ok(Checked {
         sha256,
         entries: seen.len(),
@@ -755,6 +648,8 @@ fn check_symlink(name: &str, target: &str) -> Result<(), String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::image::hex;
+    use sha2::{Digest, Sha256};
 
     /// Builds a tarball of raw entries: (path, type, mode, link target, contents).
     /// One raw entry: path, type, mode, link target, contents.
