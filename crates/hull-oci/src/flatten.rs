@@ -307,7 +307,9 @@ fn open_layer(blob: &Path) -> io::Result<Box<dyn Read>> {
         return Ok(Box::new(flate2::bufread::MultiGzDecoder::new(r)));
     }
     if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        return Ok(Box::new(zstd::stream::read::Decoder::with_buffer(r)?));
+        let d = ruzstd::decoding::StreamingDecoder::new(r)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        return Ok(Box::new(d));
     }
     Ok(Box::new(r))
 }
@@ -360,8 +362,4 @@ fn remove_below(tree: &mut BTreeMap<String, Final>, dir: &str) {
     for k in below {
         tree.remove(&k);
     }
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -16,7 +16,7 @@ use rustix::fs::{Mode, OFlags, ResolveFlags};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::flatten::{hex, normalise, Layer};
+use crate::flatten::{normalise, Layer};
 use crate::Reference;
 
 /// The largest metadata file read (an index, a manifest, a config).
@@ -563,4 +563,8 @@ fn docker_image(r: &str, files: &ArchiveFiles, store: &Path) -> Result<Image, So
         config: config.config.unwrap_or_default(),
         layers,
     })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -276,6 +276,56 @@ fn every_form_stacks_its_layers_as_a_runtime_would() {
 }
 
 #[test]
+fn a_zstd_layer_is_read_as_gzip_and_plain_ones_are() {
+    let t = tempfile::tempdir().unwrap();
+    let layers = two_layers();
+    let mut files = oci_files(&layers, false, "z");
+    // The plain layer blobs recompressed with zstd, the manifest rewritten.
+    let mut manifest: Option<(usize, serde_json::Value)> = None;
+    for (i, (_, body)) in files.iter().enumerate() {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+            if v.get("layers").is_some() {
+                manifest = Some((i, v));
+            }
+        }
+    }
+    let (at, mut m) = manifest.unwrap();
+    let mut add = Vec::new();
+    for (k, l) in layers.iter().enumerate() {
+        let z =
+            ruzstd::encoding::compress_to_vec(&l[..], ruzstd::encoding::CompressionLevel::Fastest);
+        m["layers"][k]["digest"] = format!("sha256:{}", sha(&z)).into();
+        m["layers"][k]["mediaType"] = "application/vnd.oci.image.layer.v1.tar+zstd".into();
+        add.push((format!("blobs/sha256/{}", sha(&z)), z));
+    }
+    let body = serde_json::to_vec(&m).unwrap();
+    let old = files[at].0.clone();
+    files[at] = (format!("blobs/sha256/{}", sha(&body)), body.clone());
+    let index = files.iter_mut().find(|(n, _)| n == "index.json").unwrap();
+    let text = String::from_utf8(index.1.clone()).unwrap();
+    let old_digest = old.trim_start_matches("blobs/sha256/");
+    index.1 = text
+        .replace(old_digest, &sha(&body))
+        .replace(
+            &format!("\"size\":{}", files_len_of(&text)),
+            &format!("\"size\":{}", body.len()),
+        )
+        .into_bytes();
+    files.extend(add);
+    let p = write(t.path(), "zstd.tar", &tar_of(&files));
+    assert_eq!(
+        flat(&Reference::OciArchive(p), &store()).unwrap(),
+        expected()
+    );
+}
+
+/// The size the index gives its one manifest.
+fn files_len_of(index: &str) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(index).unwrap();
+    v["manifests"][0]["size"].as_u64().unwrap()
+}
+
+#[test]
 fn one_layer_with_nothing_to_apply_is_taken_as_it_is() {
     let t = tempfile::tempdir().unwrap();
     let l = layer(&[
@@ -431,7 +481,11 @@ fn a_metadata_entry_the_parser_would_hold_whole_is_refused_by_its_header() {
     let t = tempfile::tempdir().unwrap();
     // In a layer: 1 GiB of "name" claimed, refused before any is read.
     let hostile = long_name_header(1 << 30);
-    let p = write(t.path(), "long.tar", &tar_of(&oci_files(&[hostile], false, "x")));
+    let p = write(
+        t.path(),
+        "long.tar",
+        &tar_of(&oci_files(&[hostile], false, "x")),
+    );
     let e = flat(&Reference::OciArchive(p), &store()).unwrap_err();
     assert!(e.contains("a metadata entry"), "{e}");
     // In the archive itself.
