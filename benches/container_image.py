@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""A container image as tier 3's userland: what its first use costs (read
+and flatten, `hull image import`, into an empty cache) per form, what a
+later import costs (nothing read), and a run on it paired against a run
+on the same userland given as `[vm] rootfs` (they share the prepared
+snapshot: the image's flattened tarball is the rootfs when the image is
+one layer of it).
+
+Usage: benches/container_image.py --hull PATH --rootfs TAR [--rounds N]
+"""
+import argparse, os, shutil, statistics, subprocess, tempfile, time
+
+MAKE = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "container-image", "make.py")
+
+
+def timed(argv, env=None):
+    t = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, timeout=600, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"{argv} failed ({r.returncode}):\n{r.stderr.decode()}")
+    return time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hull", default="target/release/hull")
+    ap.add_argument("--rootfs", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="hull-bench-image-")
+    refs = {}
+    for kind, name in [("oci-archive", "image.oci.tar"), ("docker-archive", "image.docker.tar"),
+                       ("oci-layout", "layout")]:
+        out = os.path.join(work, name)
+        subprocess.run(["python3", MAKE, kind, out, args.rootfs], check=True)
+        refs[kind] = {"oci-layout": f"oci:{out}:latest"}.get(kind, f"{kind}:{out}")
+    size = os.path.getsize(args.rootfs) / 2**20
+    print(f"one layer of {size:.0f} MiB (uncompressed; gzip'd in the OCI forms)")
+    for kind, ref in refs.items():
+        cache = os.path.join(work, "cache-" + kind)
+        env = dict(os.environ, HULL_IMAGE_CACHE=cache)
+        first = timed([args.hull, "image", "import", ref], env)
+        later = statistics.median(timed([args.hull, "image", "import", ref], env) for _ in range(5))
+        print(f"{kind:15} first import {first:6.2f} s   later {later * 1000:6.1f} ms")
+        shutil.rmtree(cache)
+    project = tempfile.mkdtemp(prefix="hull-bench-image-project-")
+    policy = os.path.join(work, "rootfs.toml")
+    with open(policy, "w") as f:
+        f.write(f'version = 1\n[fs]\nread_write = ["${{PROJECT}}"]\n[vm]\nrootfs = "{args.rootfs}"\n')
+    run = [args.hull, "run", "--tier3", "--timeout", "120s", "--project", project]
+    # Once each first: the import and any preparation are not measured.
+    # The same policy for both (its [vm] is replaced by --image): the same
+    # shares, the same start.
+    timed(run + ["--policy", policy, "--image", refs["oci-archive"], "--", "true"])
+    timed(run + ["--policy", policy, "--", "true"])
+    image, rootfs = [], []
+    for i in range(args.rounds):
+        pair = [(image, ["--policy", policy, "--image", refs["oci-archive"]]),
+                (rootfs, ["--policy", policy])]
+        for acc, extra in (pair if i % 2 == 0 else pair[::-1]):
+            acc.append(timed(run + extra + ["--", "true"]))
+    print(f"run --image (oci-archive) p50 {statistics.median(image):.2f} s   "
+          f"run [vm] rootfs p50 {statistics.median(rootfs):.2f} s   ({args.rounds} pairs)")
+    shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
