@@ -724,6 +724,79 @@ mod vm {
             .all(|m| !w.project.join(m).exists()));
     }
 
+    /// Jobs of one batch on different userlands: one in an OCI archive's
+    /// image, one in a docker archive's (both the tests' minbase with
+    /// `hello`, so they share its prepared snapshot), one on the policy's
+    /// default userland; each sees its own programs, and the receipt of an
+    /// image's job names its image.
+    #[test]
+    fn each_job_runs_in_its_own_container_image() {
+        require_tier("vm");
+        let w = World::new();
+        let rootfs = std::env::var_os("HULL_TEST_ROOTFS")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_default();
+        assert!(
+            rootfs.is_file(),
+            "HULL_TEST_ROOTFS names no file: scripts/test.sh makes it"
+        );
+        let dir = w.root.path();
+        for (kind, name) in [
+            ("oci-archive", "a.oci.tar"),
+            ("docker-archive", "b.docker.tar"),
+        ] {
+            let o = Command::new("python3")
+                .arg(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/fixtures/container-image/make.py"
+                ))
+                .args([
+                    kind,
+                    dir.join(name).to_str().unwrap(),
+                    rootfs.to_str().unwrap(),
+                ])
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", show(&o));
+        }
+        let jobs = dir.join("jobs.jsonl");
+        let script = "hello 2>/dev/null || echo no hello; command -v python3 || echo no python3";
+        std::fs::write(
+            &jobs,
+            format!(
+                "{{\"id\": \"oci\", \"sh\": \"{script}\", \"image\": \"oci-archive:a.oci.tar\"}}\n\
+                 {{\"id\": \"docker\", \"sh\": \"{script}\", \"image\": \"docker-archive:b.docker.tar\"}}\n\
+                 {{\"id\": \"default\", \"sh\": \"{script}\"}}\n"
+            ),
+        )
+        .unwrap();
+        let out = dir.join("out");
+        let o = batch_jobs(&w, &jobs, &["vm"], &out, &["--parallel", "1"]);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let rs = results(&out);
+        assert_eq!(ids(&rs), ["default@vm", "docker@vm", "oci@vm"]);
+        for r in &rs {
+            assert_eq!(r["exit_code"], 0, "{r}");
+            let seen = std::fs::read_to_string(r["stdout"].as_str().unwrap()).unwrap();
+            let image = &r["receipt"]["components"]["container_image"];
+            match r["id"].as_str().unwrap() {
+                "default" => {
+                    assert_eq!(seen, "no hello\n/usr/bin/python3\n", "{r}");
+                    assert!(image.is_null(), "{r}");
+                }
+                id => {
+                    assert_eq!(seen, "Hello, world!\nno python3\n", "{r}");
+                    let want = if id == "oci" {
+                        "a.oci.tar"
+                    } else {
+                        "b.docker.tar"
+                    };
+                    assert!(image.as_str().is_some_and(|s| s.ends_with(want)), "{r}");
+                }
+            }
+        }
+    }
+
     /// The same on tier 3: the VMs of the jobs in flight are shut down
     /// with them, no QEMU, virtiofsd or instance of theirs is left.
     #[test]

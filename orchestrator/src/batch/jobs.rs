@@ -74,6 +74,10 @@ pub struct Job {
     pub timeout: Option<Duration>,
     pub policy: Option<String>,
     pub stdin: Option<String>,
+    /// The container image whose layers are the job's userland (tier vm):
+    /// a reference, an archive's or layout's relative path made the jobs
+    /// file's.
+    pub image: Option<String>,
 }
 
 /// A JSON job line, as written.
@@ -91,6 +95,7 @@ struct JobLine {
     timeout: Option<String>,
     policy: Option<String>,
     stdin: Option<String>,
+    image: Option<String>,
 }
 
 /// What to do with a line that is not a job.
@@ -207,6 +212,7 @@ fn parse_line(t: &str, line: usize, index: usize, base: &Path) -> Result<Job, St
             timeout: None,
             policy: None,
             stdin: None,
+            image: None,
         });
     }
     let j: JobLine = serde_json::from_str(t).map_err(|e| format!("not a job: {e}"))?;
@@ -256,7 +262,29 @@ fn parse_line(t: &str, line: usize, index: usize, base: &Path) -> Result<Job, St
             }
         }),
         stdin: j.stdin,
+        image: j.image.map(|r| image_of(&r, base)).transpose()?,
     })
+}
+
+/// A job's image reference, checked, with a relative archive or layout
+/// path made the jobs file's.
+fn image_of(r: &str, base: &Path) -> Result<String, String> {
+    use hull_oci::Reference;
+    let parsed: Reference = r.parse().map_err(|e| format!("image: {e}"))?;
+    let rebased = |p: PathBuf| match p.is_relative() {
+        true => base.join(p),
+        false => p,
+    };
+    Ok(match parsed {
+        Reference::OciArchive(p) => Reference::OciArchive(rebased(p)),
+        Reference::DockerArchive(p) => Reference::DockerArchive(rebased(p)),
+        Reference::OciLayout { dir, tag } => Reference::OciLayout {
+            dir: rebased(dir),
+            tag,
+        },
+        other => other,
+    }
+    .to_string())
 }
 
 /// Ids name files in the output directory: letters, digits, `.`, `_`, `-`,
@@ -314,6 +342,30 @@ mod tests {
 
     fn p(text: &str, on: OnBadLine) -> Result<Parsed, JobsError> {
         parse(text, "jobs.jsonl", Path::new("/base"), on)
+    }
+
+    #[test]
+    fn a_job_s_image_is_a_reference_its_relative_path_the_jobs_file_s() {
+        let text = "{\"id\": \"a\", \"sh\": \"x\", \"image\": \"oci-archive:img/a.tar\"}\n\
+            {\"id\": \"b\", \"sh\": \"x\", \"image\": \"oci:/l:v2\"}\n\
+            {\"id\": \"c\", \"sh\": \"x\"}\n";
+        let jobs = p(text, OnBadLine::Fail).unwrap().jobs;
+        assert_eq!(
+            jobs[0].image.as_deref(),
+            Some("oci-archive:/base/img/a.tar")
+        );
+        assert_eq!(jobs[1].image.as_deref(), Some("oci:/l:v2"));
+        assert_eq!(jobs[2].image, None);
+        let e = p(
+            "{\"id\": \"a\", \"sh\": \"x\", \"image\": \"ubuntu:24.04\"}\n",
+            OnBadLine::Fail,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 1") && e.contains("image:") && e.contains("ubuntu:24.04"),
+            "{e}"
+        );
     }
 
     #[test]

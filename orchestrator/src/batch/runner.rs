@@ -229,9 +229,18 @@ fn run_one(
         counts: None,
         policy_sha256: policy_sha,
         // A job's own policy may name another guest image.
-        receipt: match (&job.policy, opts.receipts.get(tier)) {
-            (None, Some(r)) => r.clone(),
-            _ => receipt(tier, &policy),
+        receipt: match (&job.policy, &job.image, opts.receipts.get(tier)) {
+            (None, None, Some(r)) => r.clone(),
+            (_, image, _) => {
+                let mut r = receipt(tier, &policy);
+                if let Some(image) = image {
+                    // The guest image the policy names is not the job's
+                    // userland: the container image is.
+                    r.image_id = None;
+                    r.components.insert("container_image".into(), image.clone());
+                }
+                r
+            }
         },
         error: None,
     };
@@ -289,6 +298,9 @@ fn spawn_and_wait(
         .arg(jobs.through_fd(&files.result));
     if job.workspace == Workspace::Cow {
         cmd.arg("--cow");
+    }
+    if let Some(image) = &job.image {
+        cmd.args(["--image", image]);
     }
     if let Some(t) = job.timeout.or(opts.timeout) {
         cmd.args(["--timeout", &format!("{}ms", t.as_millis().max(1))]);

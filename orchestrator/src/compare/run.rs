@@ -208,6 +208,7 @@ fn job(id: &str, opts: &Options) -> Job {
         timeout: None,
         policy: None,
         stdin: None,
+        image: None,
     }
 }
 
