@@ -1382,6 +1382,87 @@ fn another_callers_session_does_not_exist_for_them() {
 mod vm {
     use super::*;
 
+    /// A vm session of a container image: its execs run the image's
+    /// programs (the tests' minbase with `hello`, as an OCI archive), the
+    /// session shows its image, and its own policy file is gone with it.
+    /// A session of an image on landlock is refused, naming the tier.
+    #[test]
+    fn a_session_of_a_container_image_runs_the_image_s_programs() {
+        require_tier("vm");
+        let w = World::new();
+        let rootfs = std::env::var_os("HULL_TEST_ROOTFS")
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        assert!(
+            rootfs.is_file(),
+            "HULL_TEST_ROOTFS names no file: scripts/test.sh makes it"
+        );
+        let archive = w.root.path().join("image.oci.tar");
+        let o = Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/fixtures/container-image/make.py"
+            ))
+            .args([
+                "oci-archive",
+                archive.to_str().unwrap(),
+                rootfs.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", show(&o));
+        let image = format!("oci-archive:{}", archive.display());
+        let s = Server::start(&w);
+        let create = |tier: &str| {
+            s.call(
+                "POST",
+                "/v1/sessions",
+                Some(
+                    &serde_json::json!({"tier": tier, "project": w.project, "image": image})
+                        .to_string(),
+                ),
+            )
+        };
+        let (code, body) = create("landlock");
+        assert_eq!(code, 400, "{body}");
+        assert!(
+            body.contains("tier landlock") && body.contains("image"),
+            "{body}"
+        );
+        let (code, body) = create("vm");
+        assert_eq!(code, 201, "{body}");
+        let info = json(&body);
+        assert_eq!(info["image"], image.as_str(), "{info}");
+        let id = info["id"].as_str().unwrap().to_string();
+        let (code, body) = s.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(r#"{"argv": ["sh", "-c", "hello; command -v python3 || echo no python3"]}"#),
+        );
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(
+            json(&body)["stdout"],
+            "Hello, world!\nno python3\n",
+            "{body}"
+        );
+        // The session's own policy, in the server's work directory.
+        let own_policy = || -> Vec<PathBuf> {
+            std::fs::read_dir(w.root.path().join("serve"))
+                .unwrap()
+                .flatten()
+                .map(|e| e.path().join(format!("policy-{id}/policy.toml")))
+                .filter(|p| p.is_file())
+                .collect()
+        };
+        let policies = own_policy();
+        assert_eq!(policies.len(), 1, "{policies:?}");
+        let text = std::fs::read_to_string(&policies[0]).unwrap();
+        assert!(text.contains(&image), "{text}");
+        let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(code, 204);
+        assert!(own_policy().is_empty(), "the session's policy outlived it");
+    }
+
     /// git in a vm session's copy: the same as on bwrap and landlock.
     #[test]
     fn a_copy_session_is_a_git_workspace() {

@@ -213,19 +213,49 @@ impl PolicyFile {
     /// The rest means what it meant (relative paths are the project's, not
     /// the file's).
     pub fn git_writable_text(&self) -> Result<String, PolicyError> {
+        self.rewritten(
+            "for a copy nobody uses git in on the host: fs.git = \"writable\" unless it said otherwise",
+            |doc| {
+                if let toml::Value::Table(fs) = table(doc, "fs") {
+                    fs.entry("git").or_insert_with(|| {
+                        toml::Value::String(GitMetadata::Writable.as_str().into())
+                    });
+                }
+            },
+        )
+    }
+
+    /// This policy's text with the container image `reference` as tier
+    /// 3's whole userland (`[vm] image`, its `packages` and `rootfs` gone):
+    /// a session of that image. The reference is checked when the text is
+    /// read.
+    pub fn with_image_text(&self, reference: &str) -> Result<String, PolicyError> {
+        self.rewritten(
+            &format!("with the container image {reference:?} as tier 3's userland"),
+            |doc| {
+                if let toml::Value::Table(vm) = table(doc, "vm") {
+                    vm.remove("packages");
+                    vm.remove("rootfs");
+                    vm.insert("image".into(), toml::Value::String(reference.into()));
+                }
+            },
+        )
+    }
+
+    /// This policy's text as `edit` changes its document, under a comment
+    /// naming it and `what` was changed.
+    fn rewritten(
+        &self,
+        what: &str,
+        edit: impl FnOnce(&mut toml::Table),
+    ) -> Result<String, PolicyError> {
         let mut doc: toml::Table = toml::from_str(&self.source.text).map_err(|e| PolicyError {
             file: self.source.name.clone(),
             line: 0,
             key: "(document)".into(),
             message: e.message().to_string(),
         })?;
-        let fs = doc
-            .entry("fs")
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        if let toml::Value::Table(fs) = fs {
-            fs.entry("git")
-                .or_insert_with(|| toml::Value::String(GitMetadata::Writable.as_str().into()));
-        }
+        edit(&mut doc);
         let body = toml::to_string(&doc).map_err(|e| PolicyError {
             file: self.source.name.clone(),
             line: 0,
@@ -233,8 +263,9 @@ impl PolicyFile {
             message: e.to_string(),
         })?;
         Ok(format!(
-            "# {}, for a copy nobody uses git in on the host: fs.git = \"writable\" unless it said otherwise\n{body}",
-            self.source.name.replace('\n', " ")
+            "# {}, {}\n{body}",
+            self.source.name.replace('\n', " "),
+            what.replace('\n', " ")
         ))
     }
 
@@ -569,6 +600,12 @@ pub fn valid_debian_package(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"+-.".contains(c))
 }
 
+/// The table `key` of `doc`, made when missing.
+fn table<'a>(doc: &'a mut toml::Table, key: &str) -> &'a mut toml::Value {
+    doc.entry(key)
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -605,6 +642,19 @@ mod tests {
             assert_eq!(copy.env.set.len(), pf.env.set.len(), "{name}");
             assert!(text.starts_with(&format!("# profile {name},")), "{text}");
         }
+        let with = PolicyFile::parse("p", "version = 1\n[vm]\npackages = [\"git\"]\n").unwrap();
+        let text = with.with_image_text("oci-archive:/i.tar").unwrap();
+        let image = PolicyFile::parse("image", &text)
+            .unwrap()
+            .vm_policy()
+            .unwrap();
+        assert_eq!(image.image.as_deref(), Some("oci-archive:/i.tar"));
+        assert!(
+            image.packages.is_empty() && image.rootfs.is_none(),
+            "{text}"
+        );
+        let bad = with.with_image_text("ubuntu").unwrap();
+        assert!(PolicyFile::parse("image", &bad).is_err(), "{bad}");
         let kept = PolicyFile::parse("p", "version = 1\n[fs]\ngit = \"read-only\"\n").unwrap();
         let text = kept.git_writable_text().unwrap();
         let again = PolicyFile::parse("copy", &text).unwrap();

@@ -66,6 +66,11 @@ pub struct CreateSession {
     pub project: Option<PathBuf>,
     #[serde(default = "shared")]
     pub workspace: Workspace,
+    /// Tier vm: the container image whose layers are the session's
+    /// userland (`oci-archive:PATH`, `docker-archive:PATH`,
+    /// `oci:DIR[:TAG]`), instead of the policy's.
+    #[serde(default)]
+    pub image: Option<String>,
 }
 
 fn default_policy() -> String {
@@ -91,6 +96,9 @@ pub struct SessionInfo {
     pub source: Option<PathBuf>,
     /// Where `files` takes a relative path from (the project).
     pub roots: Vec<PathBuf>,
+    /// The container image that is its userland (tier vm), if one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// `GET /v1/sessions/{id}/changes`: a copy-on-write session's change set

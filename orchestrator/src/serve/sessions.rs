@@ -56,6 +56,9 @@ pub struct Session {
     leader: Option<Leader>,
     /// A copy session's own workspace, removed when the session ends.
     own: Option<super::workspace::OwnWorkspace>,
+    /// A session of a container image: its own policy file, removed when
+    /// the session ends.
+    own_policy: Option<super::workspace::OwnPolicy>,
     /// A copy-on-write session: its change set, once its first exec made
     /// it. Held for each exec: one run at a time uses the set's overlay.
     changes: Mutex<Option<String>>,
@@ -234,8 +237,32 @@ impl Sessions {
                 format!("tier {tier} is not available here: {}", probe.reason),
             ));
         }
-        let pf = crate::policy::profiles::load(&req.policy)
+        let mut pf = crate::policy::profiles::load(&req.policy)
             .map_err(|e| Refusal::new(400, format!("policy {}: {e}", req.policy)))?;
+        // A container image is the session's userland: its policy is the
+        // one named with `[vm] image` set (checked as any policy is).
+        let image_text = match &req.image {
+            None => None,
+            Some(_) if tier != crate::tier::Tier::Vm => {
+                return Err(Refusal::new(
+                    400,
+                    format!(
+                        "image: tier {tier} runs the host's programs; a container image is the \
+                         userland of tier vm"
+                    ),
+                ))
+            }
+            Some(r) => {
+                r.parse::<hull_oci::Reference>()
+                    .map_err(|e| Refusal::new(400, format!("image: {e}")))?;
+                let bad = |e: crate::policy::PolicyError| {
+                    Refusal::new(400, format!("policy {} with image {r}: {e}", req.policy))
+                };
+                let text = pf.with_image_text(r).map_err(bad)?;
+                pf = crate::policy::PolicyFile::parse(&pf.source.name, &text).map_err(bad)?;
+                Some(text)
+            }
+        };
         let named = match (&req.project, req.workspace) {
             (Some(p), _) => Some(checked_project(p)?),
             (None, Workspace::Copy) => None,
@@ -265,13 +292,27 @@ impl Sessions {
             ),
             _ => None,
         };
-        let (project, policy, source) = match &own {
-            Some(o) => (
+        // Not a copy session's (its own policy is written from `pf`, image
+        // and all): an image session's own policy file.
+        let own_policy = match (&own, &image_text) {
+            (None, Some(text)) => match super::workspace::OwnPolicy::make(&self.work, &id, text) {
+                Ok(p) => Some(p),
+                Err(e) => return Err(e),
+            },
+            _ => None,
+        };
+        let (project, policy, source) = match (&own, &own_policy) {
+            (Some(o), _) => (
                 o.work.clone(),
                 o.policy.to_string_lossy().into_owned(),
                 named,
             ),
-            None => (named.unwrap_or_default(), req.policy.clone(), None),
+            (None, Some(p)) => (
+                named.unwrap_or_default(),
+                p.policy.to_string_lossy().into_owned(),
+                None,
+            ),
+            (None, None) => (named.unwrap_or_default(), req.policy.clone(), None),
         };
         let git = match &own {
             Some(o) => Ok(o.git),
@@ -287,6 +328,9 @@ impl Sessions {
                 if let Some(o) = &own {
                     o.remove();
                 }
+                if let Some(p) = &own_policy {
+                    p.remove();
+                }
                 return Err(e);
             }
         };
@@ -298,6 +342,7 @@ impl Sessions {
             project,
             workspace: req.workspace,
             source,
+            image: req.image,
         };
         let session = Arc::new(Session {
             info: info.clone(),
@@ -307,6 +352,7 @@ impl Sessions {
             vm,
             leader,
             own,
+            own_policy,
             changes: Mutex::new(changes),
             execs: Execs::default(),
         });
@@ -371,6 +417,9 @@ impl Sessions {
         // Nothing of the session runs now.
         if let Some(own) = &s.own {
             own.remove();
+        }
+        if let Some(p) = &s.own_policy {
+            p.remove();
         }
     }
 

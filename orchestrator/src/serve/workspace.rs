@@ -108,6 +108,42 @@ impl OwnWorkspace {
     }
 }
 
+/// A session's own policy file (its policy with a container image as the
+/// userland: [`crate::policy::PolicyFile::with_image_text`]), in a 0700
+/// directory of the server's, removed when the session ends.
+#[derive(Debug)]
+pub struct OwnPolicy {
+    dir: PathBuf,
+    pub policy: PathBuf,
+}
+
+impl OwnPolicy {
+    /// Writes `text` as `<root>/policy-<id>/policy.toml`.
+    pub fn make(root: &Path, id: &str, text: &str) -> Result<OwnPolicy, Refusal> {
+        let dir = root.join(format!("policy-{id}"));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| Refusal::new(500, format!("cannot create {}: {e}", dir.display())))?;
+        let own = OwnPolicy {
+            policy: dir.join("policy.toml"),
+            dir,
+        };
+        if let Err(e) = write_new(&own.policy, text.as_bytes()) {
+            own.remove();
+            return Err(e);
+        }
+        Ok(own)
+    }
+
+    /// Removes it (no link followed).
+    pub fn remove(&self) {
+        if let Err(e) = crate::runtime::remove_tree(&self.dir) {
+            tracing::warn!("hull serve: removing {}: {e}", self.dir.display());
+        }
+    }
+}
+
 /// Writes a new file (never one that is there), mode 0600.
 fn write_new(path: &Path, bytes: &[u8]) -> Result<(), Refusal> {
     use std::io::Write;
