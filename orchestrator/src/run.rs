@@ -1034,11 +1034,29 @@ pub fn execute(
         if let Some(f) = result_file {
             f.check_outside(pol.writable_roots().map(|g| g.path.as_path()))?;
         }
-        let env = with_trust(
-            command_env(&pol, &opts.env, instance.child_env()),
-            &pol,
-            instance.tmp(),
-        )?;
+        // A container image's config on tier 3: its environment (the
+        // policy's `env.set`, the caller's and hull's own win), its user
+        // (unless the run names one) and its command (when none is given).
+        let image = match (&pol.vm.image, tier) {
+            (Some(r), Tier::Vm) => Some(crate::tier::vm::image_defaults(r)?),
+            _ => None,
+        };
+        let mut env = command_env(&pol, &opts.env, instance.child_env());
+        if let Some(d) = &image {
+            let wins = |k: &str| {
+                pol.env.set.contains_key(k)
+                    || opts.env.iter().any(|(o, _)| o == k)
+                    || instance.child_env().iter().any(|(o, _)| o == k)
+            };
+            for (k, v) in &d.env {
+                if !wins(k) {
+                    env.retain(|(x, _)| x != k);
+                    env.push((k.clone(), v.clone()));
+                }
+            }
+            env.sort();
+        }
+        let env = with_trust(env, &pol, instance.tmp())?;
         tracing::debug!(instance = %instance.id(), "policy resolved");
         let timeout = opts.timeout.or(pol.limits.wall_time);
         let spec = match &leader {
@@ -1052,11 +1070,23 @@ pub fn execute(
                 user: None,
             },
             None => CommandSpec {
-                argv: opts.argv.clone(),
+                argv: match (&image, opts.argv.is_empty()) {
+                    (Some(d), true) if d.argv.is_empty() => {
+                        return Err(crate::tier::vm::VmTierError::ImageNoCommand {
+                            image: pol.vm.image.clone().unwrap_or_default(),
+                        }
+                        .into())
+                    }
+                    (Some(d), true) => d.argv.iter().map(OsString::from).collect(),
+                    _ => opts.argv.clone(),
+                },
                 cwd: project.clone(),
                 env,
                 timeout,
-                user: opts.user.clone(),
+                user: opts
+                    .user
+                    .clone()
+                    .or_else(|| image.as_ref().and_then(|d| d.user.clone())),
             },
         };
         check_runnable(tier, &pol, &spec)?;

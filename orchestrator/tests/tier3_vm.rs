@@ -1159,17 +1159,38 @@ fn a_container_image_is_the_containers_whole_userland() {
     ] {
         let o = w.run(
             &["--image", &reference],
-            "hello; command -v python3 || echo no python3",
+            "hello; command -v python3 || echo no python3; echo \"$FROM_IMAGE $PATH\"; id -un",
         );
         assert_eq!(o.status.code(), Some(0), "{reference}: {}", text(&o.stderr));
+        // The image's Env is the command's (its PATH over the host's).
         assert_eq!(
             text(&o.stdout),
-            "Hello, world!\nno python3\n",
+            "Hello, world!\nno python3\nyes /usr/bin:/bin\nhull\n",
             "{reference}: {}",
             text(&o.stderr)
         );
         runs.push(o);
     }
+    // No command given: the image's own (its Cmd).
+    let o = w
+        .cmd(&[
+            "run",
+            "--tier3",
+            "--timeout",
+            RUN_TIMEOUT,
+            "--image",
+            &format!("oci-archive:{}", oci.display()),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        "the image says hello\n",
+        "{}",
+        text(&o.stderr)
+    );
+    runs.push(o);
     all_restored(&w, &runs.iter().collect::<Vec<_>>());
     let bad = dir.join("link-then-file.tar");
     make_image("layer-link-then-file", &bad, &[]);

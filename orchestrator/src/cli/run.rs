@@ -80,11 +80,13 @@ pub struct RunArgs {
     /// userland, instead of the policy's `[vm]` one: oci-archive:PATH,
     /// docker-archive:PATH (what `docker save` writes) or oci:DIR[:TAG].
     /// Read and flattened once per version of the image, then prepared
-    /// once like any userland.
+    /// once like any userland. The image's Env is the command's (under the
+    /// policy's `env.set` and --env), its User the default --user, its
+    /// Entrypoint and Cmd the command when none is given.
     #[arg(long, value_name = "REF", conflicts_with_all = ["session_leader", "vm"])]
     pub image: Option<String>,
     /// The command and its arguments.
-    #[arg(last = true, required_unless_present = "session_leader")]
+    #[arg(last = true, required_unless_present_any = ["session_leader", "image"])]
     pub argv: Vec<OsString>,
 }
 

@@ -47,6 +47,18 @@ pub enum VmTierError {
     Signals(#[source] std::io::Error),
     #[error("tier vm is not built for this OS yet (Linux hosts only for now)")]
     Unsupported,
+    #[error(transparent)]
+    Image(#[from] crate::vm::image::ImageError),
+    #[error(
+        "tier vm: the container image {image} runs as user {user:?}, a numeric id: commands run \
+         as users named in the container; name one with --user NAME"
+    )]
+    ImageUser { image: String, user: String },
+    #[error(
+        "tier vm: the container image {image} names no command (no Entrypoint, no Cmd): give one \
+         after --"
+    )]
+    ImageNoCommand { image: String },
     #[error(
         "tier vm: --cow cannot run in the kept VM {name}: its shares were fixed when it \
          started (the project writable). Run without --vm for a VM of the run's own"
@@ -520,5 +532,92 @@ mod imp {
         _cow: Option<&Path>,
     ) -> Result<VmRun, VmTierError> {
         Err(VmTierError::Unsupported)
+    }
+}
+
+/// What a container image's config gives a run on it: the environment the
+/// image sets, the user it runs as, and its command.
+#[derive(Debug, Clone, Default)]
+pub struct ImageDefaults {
+    pub env: Vec<(String, String)>,
+    /// A user of the container by name (`root` for 0); none: hull's
+    /// account (uid 1000).
+    pub user: Option<String>,
+    /// Entrypoint then Cmd.
+    pub argv: Vec<String>,
+}
+
+/// The defaults of the container image `reference` (imported into the
+/// image cache when it is not there yet).
+#[cfg(target_os = "linux")]
+pub fn image_defaults(reference: &str) -> Result<ImageDefaults, VmTierError> {
+    let cache = crate::vm::image::Cache::default_location()?;
+    let mut say = crate::vm::image::container_image::say(false);
+    let c = crate::vm::image::container_image::import(&cache, reference, &mut say)?.config;
+    let env = c
+        .env
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect();
+    let user = image_user(reference, c.user.as_deref())?;
+    let argv = c
+        .entrypoint
+        .unwrap_or_default()
+        .into_iter()
+        .chain(c.cmd.unwrap_or_default())
+        .collect();
+    Ok(ImageDefaults { env, user, argv })
+}
+
+/// The container user an image's `User` (`NAME`, `UID`, `NAME:GROUP`)
+/// names: none for hull's account (uid 1000) or no user, `root` for 0, a
+/// name as it is; another numeric id is refused (commands run as users
+/// named in the container).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn image_user(reference: &str, user: Option<&str>) -> Result<Option<String>, VmTierError> {
+    let refuse = |u: &str| VmTierError::ImageUser {
+        image: reference.to_string(),
+        user: u.to_string(),
+    };
+    match user.map(|u| u.split(':').next().unwrap_or(u)) {
+        None | Some("") | Some("1000") => Ok(None),
+        Some("0") | Some("root") => Ok(Some("root".to_string())),
+        Some(u) if u.bytes().all(|b| b.is_ascii_digit()) => Err(refuse(u)),
+        Some(u) => {
+            hull_protocol::check_user_name(u).map_err(|_| refuse(u))?;
+            Ok(Some(u.to_string()))
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn image_defaults(_reference: &str) -> Result<ImageDefaults, VmTierError> {
+    Err(VmTierError::Unsupported)
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+
+    #[test]
+    fn an_image_s_user_is_a_container_user_by_name() {
+        let u = |s: &str| image_user("oci:/i", Some(s)).map_err(|e| e.to_string());
+        assert_eq!(u("1000"), Ok(None));
+        assert_eq!(u("1000:1000"), Ok(None));
+        assert_eq!(u(""), Ok(None));
+        assert_eq!(u("0"), Ok(Some("root".into())));
+        assert_eq!(u("root:root"), Ok(Some("root".into())));
+        assert_eq!(u("app"), Ok(Some("app".into())));
+        let e = u("1001").unwrap_err();
+        assert!(e.contains("\"1001\"") && e.contains("--user NAME"), "{e}");
+        assert!(u("../x").is_err());
+        assert_eq!(
+            image_user("oci:/i", None).map_err(|e| e.to_string()),
+            Ok(None)
+        );
     }
 }
