@@ -129,6 +129,31 @@ fn an_image_s_layers_are_stacked_once_per_version_of_the_image() {
         .unwrap()
         .collect();
     assert!(blobs.is_empty(), "{blobs:?}");
+    // Listed with its digest, size and source; removed by its digest.
+    let l = hull(&cache, &["image", "list"]);
+    assert!(l.status.success(), "{}", text(&l.stderr));
+    let listed = text(&l.stdout);
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with(digest))
+        .unwrap_or_else(|| panic!("{digest} not listed: {listed}"));
+    assert!(line.ends_with(&reference), "{line}");
+    let rm = hull(&cache, &["image", "rm", &digest[..19]]);
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    assert_eq!(
+        text(&rm.stdout),
+        format!("removed the imported image {digest}\n")
+    );
+    assert!(!Path::new(path).exists(), "{path} is left");
+    let l = hull(&cache, &["image", "list"]);
+    assert!(!text(&l.stdout).contains(digest), "{}", text(&l.stdout));
+    let again = hull(&cache, &["image", "rm", digest]);
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("no imported image has that digest"),
+        "{}",
+        text(&again.stderr)
+    );
 }
 
 #[test]

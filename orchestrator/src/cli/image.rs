@@ -29,9 +29,10 @@ pub enum ImageCommand {
         /// The image reference.
         reference: String,
     },
-    /// Remove a cached image or an unfinished build.
+    /// Remove a cached image, an unfinished build, or an imported
+    /// container image (by its digest, `sha256:...`, or a unique prefix).
     Rm {
-        /// Image id, unique prefix, or `<id>.partial-<pid>`.
+        /// Image id, unique prefix, `<id>.partial-<pid>`, or `sha256:DIGEST`.
         id: String,
     },
 }
@@ -77,12 +78,64 @@ pub fn image(c: ImageCommand) -> anyhow::Result<i32> {
         ImageCommand::List => list(&cache),
         ImageCommand::Show { id, agent } => show(&cache, id, &agent),
         ImageCommand::Import { reference } => import(&cache, &reference),
+        ImageCommand::Rm { id } if id.starts_with("sha256:") => {
+            let digest = remove_imported(&cache, &id)?;
+            println!("removed the imported image {digest}");
+            Ok(0)
+        }
         ImageCommand::Rm { id } => {
             let dir = image::remove(&cache, &id)?;
             println!("removed {}", dir.display());
             Ok(0)
         }
     }
+}
+
+/// The container images imported into the cache.
+#[cfg(target_os = "linux")]
+fn imported(cache: &Cache) -> anyhow::Result<Vec<image::container_image::Listed>> {
+    Ok(image::container_image::list(cache)?)
+}
+
+#[cfg(target_os = "linux")]
+fn list_imported(imported: &[image::container_image::Listed]) {
+    if imported.is_empty() {
+        return;
+    }
+    println!(
+        "{:<71} {:>9}  {:<20} SOURCE",
+        "IMPORTED IMAGE", "SIZE", "IMPORTED"
+    );
+    for i in imported {
+        println!(
+            "{:<71} {:>9}  {:<20} {}",
+            i.digest,
+            human(i.bytes),
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + Duration::from_secs(i.imported_unix)
+            ),
+            i.source
+        );
+    }
+    println!();
+}
+
+#[cfg(target_os = "linux")]
+fn remove_imported(cache: &Cache, digest: &str) -> anyhow::Result<String> {
+    Ok(image::container_image::remove(cache, digest)?)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn imported(_cache: &Cache) -> anyhow::Result<Vec<()>> {
+    Ok(Vec::new())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn list_imported(_imported: &[()]) {}
+
+#[cfg(not(target_os = "linux"))]
+fn remove_imported(_cache: &Cache, digest: &str) -> anyhow::Result<String> {
+    anyhow::bail!("{digest}: container images are read on Linux hosts only so far")
 }
 
 #[cfg(target_os = "linux")]
@@ -203,8 +256,13 @@ fn print_paths(img: &BuiltImage) {
 
 fn list(cache: &Cache) -> anyhow::Result<i32> {
     let entries = cache.entries()?;
-    if entries.is_empty() {
+    let imported = imported(cache)?;
+    if entries.is_empty() && imported.is_empty() {
         println!("no images in {}", cache.root().display());
+        return Ok(0);
+    }
+    list_imported(&imported);
+    if entries.is_empty() {
         return Ok(0);
     }
     println!(

@@ -139,8 +139,14 @@ pub fn import(
             return Err(oci_err(reference, hull_protocol::error_chain(&e)));
         }
         written.map_err(io("write the flattened image into"))?;
-        let config = serde_json::to_vec(&ConfigRecord::from(&image.config))
-            .map_err(|e| oci_err(reference, e))?;
+        let record = ConfigRecord {
+            source: reference,
+            imported_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            ..ConfigRecord::from(&image.config)
+        };
+        let config = serde_json::to_vec(&record).map_err(|e| oci_err(reference, e))?;
         super::private_dir::replace_in(&rootfs_dir, &format!("{hex}.json"), &config)
             .map_err(io("record the image's config in"))?;
         rustix::fs::renameat(
@@ -168,7 +174,8 @@ pub fn import(
     found(&image.digest).ok_or_else(|| oci_err(reference, "the flattened image is gone"))
 }
 
-/// The config as hull keeps it beside the tarball.
+/// The config as hull keeps it beside the tarball, with where the image
+/// came from and when.
 #[derive(Debug, serde::Serialize)]
 #[serde(rename_all = "PascalCase")]
 struct ConfigRecord<'a> {
@@ -177,6 +184,8 @@ struct ConfigRecord<'a> {
     cmd: &'a Option<Vec<String>>,
     working_dir: &'a Option<String>,
     user: &'a Option<String>,
+    source: &'a str,
+    imported_unix: u64,
 }
 
 impl<'a> From<&'a hull_oci::RunConfig> for ConfigRecord<'a> {
@@ -187,8 +196,114 @@ impl<'a> From<&'a hull_oci::RunConfig> for ConfigRecord<'a> {
             cmd: &c.cmd,
             working_dir: &c.working_dir,
             user: &c.user,
+            source: "",
+            imported_unix: 0,
         }
     }
+}
+
+/// An imported image, as `hull image list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub digest: String,
+    /// The reference it was imported from.
+    pub source: String,
+    /// The flattened tarball's size.
+    pub bytes: u64,
+    pub imported_unix: u64,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Kept {
+    #[serde(default)]
+    source: String,
+    #[serde(default)]
+    imported_unix: u64,
+}
+
+/// Every imported image of `cache`, by digest.
+pub fn list(cache: &Cache) -> Result<Vec<Listed>, ImageError> {
+    let dir = cache.root().join(ROOTFS);
+    let rd = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(ImageError::io(&dir, "list the imported images in")(e)),
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(hex) = name.strip_suffix(".tar") else {
+            continue;
+        };
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let kept: Option<Kept> = super::private_dir::read_in(&dir, &format!("{hex}.json"), 1 << 20)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let bytes = std::fs::symlink_metadata(e.path()).map_or(0, |m| m.len());
+        out.push(Listed {
+            digest: format!("sha256:{hex}"),
+            source: kept.as_ref().map(|k| k.source.clone()).unwrap_or_default(),
+            bytes,
+            imported_unix: kept.map_or(0, |k| k.imported_unix),
+        });
+    }
+    out.sort_by(|a, b| a.digest.cmp(&b.digest));
+    Ok(out)
+}
+
+/// Removes the imported image whose digest is or starts with `prefix`
+/// (`sha256:` optional); its digest. The userland image built from it,
+/// if any, is another entry of the cache.
+pub fn remove(cache: &Cache, prefix: &str) -> Result<String, ImageError> {
+    let want = prefix.trim_start_matches("sha256:");
+    let found: Vec<Listed> = list(cache)?
+        .into_iter()
+        .filter(|l| !want.is_empty() && l.digest["sha256:".len()..].starts_with(want))
+        .collect();
+    let one = match found.as_slice() {
+        [one] => one.clone(),
+        [] => {
+            return Err(ImageError::ContainerImage {
+                reference: prefix.to_string(),
+                why: "no imported image has that digest (`hull image list`)".into(),
+            })
+        }
+        _ => {
+            return Err(ImageError::ContainerImage {
+                reference: prefix.to_string(),
+                why: format!(
+                    "{} imported images start with it: give more of the digest",
+                    found.len()
+                ),
+            })
+        }
+    };
+    let dir = cache.open_private()?;
+    let lock = dir
+        .open_lock(LOCK)
+        .map_err(ImageError::io(cache.root(), "open the import lock of"))?;
+    lock.lock()
+        .map_err(ImageError::io(cache.root(), "lock the imports of"))?;
+    let rootfs_fd = dir
+        .subdir(ROOTFS)
+        .map_err(ImageError::io(cache.root(), "open the imported images of"))?;
+    let hex = &one.digest["sha256:".len()..];
+    for name in [format!("{hex}.tar"), format!("{hex}.json")] {
+        match rustix::fs::unlinkat(&rootfs_fd, name.as_str(), rustix::fs::AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => {
+                return Err(ImageError::io(
+                    &cache.root().join(ROOTFS).join(&name),
+                    "remove",
+                )(e.into()))
+            }
+        }
+    }
+    Ok(one.digest)
 }
 
 /// Removes every blob of the store (they were needed to flatten only).
