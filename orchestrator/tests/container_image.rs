@@ -204,3 +204,32 @@ fn what_is_no_image_is_refused_naming_the_forms() {
         assert!(err.contains(&want), "{reference}: {err}");
     }
 }
+
+#[test]
+fn explain_says_what_an_image_adds() {
+    let t = tempfile::tempdir().unwrap();
+    let pol = t.path().join("image.toml");
+    std::fs::write(
+        &pol,
+        "version = 1\n[fs]\nread_write = [\"${PROJECT}\"]\n[vm]\nimage = \"oci:/srv/layout:v1\"\n",
+    )
+    .unwrap();
+    let o = hull(
+        &t.path().join("cache"),
+        &[
+            "policy",
+            "explain",
+            "--tier",
+            "vm",
+            "--project",
+            t.path().to_str().unwrap(),
+            pol.to_str().unwrap(),
+        ],
+    );
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        out.contains("container userland: the container image oci:/srv/layout:v1"),
+        "{out}"
+    );
+}

@@ -86,9 +86,16 @@ pub fn explain(policy: &Policy) -> Result<String, VmTierError> {
          memfd shared RAM, virtio-serial agent port, QMP, console log in the instance dir\n",
     );
     out.push_str("  accelerator: see `hull probe` (KVM only when a probe boot succeeds)\n");
-    // Not hashed here: a rootfs tarball is read when a run or a build
-    // needs its image.
-    if let Some(r) = &policy.vm.rootfs {
+    // Not hashed here: a rootfs tarball or an image is read when a run or
+    // a build needs its userland.
+    if let Some(r) = &policy.vm.image {
+        out.push_str(&format!(
+            "  container userland: the container image {r} (its blobs checked against their \
+             digests, its layers stacked into one tarball in the image cache once per version \
+             of the image, then checked as a [vm] rootfs; its Env, User and Entrypoint/Cmd are \
+             the command's defaults)\n"
+        ));
+    } else if let Some(r) = &policy.vm.rootfs {
         out.push_str(&format!(
             "  container userland: the [vm] rootfs {} (checked entry by entry; an image of \
              its own, built by the first run or `hull image build --policy P`)\n",
