@@ -124,7 +124,8 @@ pub fn flatten(
         };
         // The uncompressed stream hashed, and guarded against metadata
         // entries the tar crate would read whole into memory.
-        let mut hashing = crate::TarGuard::new(open_layer(&layer.blob).map_err(io_err("open"))?);
+        let mut hashing =
+            crate::TarGuard::new(open_layer(&layer.blob, limits).map_err(io_err("open"))?);
         // Whiteouts apply to the layers below only: gathered first,
         // applied before this layer's own entries.
         let mut gone: Vec<(String, bool)> = Vec::new();
@@ -225,7 +226,7 @@ pub fn flatten(
     let kept = tree.len();
     if layers.len() == 1 && whiteouts == 0 && kept + roots == entries {
         let layer = &layers[0];
-        let mut r = open_layer(&layer.blob).map_err(|source| FlattenError::Io {
+        let mut r = open_layer(&layer.blob, limits).map_err(|source| FlattenError::Io {
             layer: 1,
             blob: layer.blob.clone(),
             what: "open",
@@ -250,7 +251,7 @@ pub fn flatten(
             }
         };
         let mut archive = tar::Archive::new(crate::TarGuard::new(
-            open_layer(&layer.blob).map_err(io_err("open"))?,
+            open_layer(&layer.blob, limits).map_err(io_err("open"))?,
         ));
         let mut at = 0usize;
         for entry in archive.entries().map_err(io_err("read"))? {
@@ -297,9 +298,23 @@ pub fn flatten(
     })
 }
 
-/// A layer's uncompressed stream: gzip and zstd are known by their first
-/// bytes, anything else is read as a plain tar.
-fn open_layer(blob: &Path) -> io::Result<Box<dyn Read>> {
+/// A layer's uncompressed stream, at most as long as `limits` allow: gzip
+/// and zstd are known by their first bytes, anything else is read as a
+/// plain tar.
+fn open_layer(blob: &Path, limits: Limits) -> io::Result<Box<dyn Read>> {
+    let r = decompressed(blob)?;
+    // A stream longer than its entries and their headers can be (a
+    // compressed run of zeros past the end blocks) is cut: its digest then
+    // fails.
+    let most = limits
+        .bytes
+        .saturating_add((limits.entries as u64).saturating_mul(3 * 512))
+        .saturating_add(1 << 20);
+    Ok(Box::new(r.take(most)))
+}
+
+/// A blob's uncompressed stream.
+fn decompressed(blob: &Path) -> io::Result<Box<dyn Read>> {
     let f = std::fs::File::open(blob)?;
     let mut r = BufReader::new(f);
     let head = r.fill_buf()?;

@@ -499,3 +499,30 @@ fn a_metadata_entry_the_parser_would_hold_whole_is_refused_by_its_header() {
     let got = flat(&Reference::OciArchive(p), &store()).unwrap();
     assert_eq!(got, [(name, 'f', b"x".to_vec())]);
 }
+
+#[test]
+fn a_layer_that_goes_on_past_its_entries_is_cut_and_refused() {
+    let t = tempfile::tempdir().unwrap();
+    // 64 MiB of zeros after the end blocks, which gzip makes small.
+    let mut l = layer(&[E::File("a", b"a")]);
+    l.extend(std::iter::repeat_n(0u8, 64 << 20));
+    let small = Limits {
+        entries: 10,
+        bytes: 1 << 20,
+    };
+    let oci = write(t.path(), "long.tar", &tar_of(&oci_files(&[l], true, "x")));
+    let s = store();
+    let image = hull_oci::read(&Reference::OciArchive(oci), &s.path, &s.fd, 1 << 30).unwrap();
+    let t0 = std::time::Instant::now();
+    let e = hull_oci::flatten(&image.layers, small, &mut std::io::sink())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not the sha256:"), "{e}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    // The control: the same layer within limits that hold it passes.
+    let big = Limits {
+        entries: 10,
+        bytes: 128 << 20,
+    };
+    hull_oci::flatten(&image.layers, big, &mut std::io::sink()).unwrap();
+}
