@@ -729,7 +729,8 @@ pub const DEFAULT_CACHE_MAX: u64 = 40 << 30;
 /// partial builds first (always: they are never used), then failed
 /// builds' logs, then images of other recipes (no hull of this build uses
 /// them), then userland images (`[vm] packages`, `[vm] rootfs`), least
-/// recently used first. Never this recipe's default image, the image
+/// recently used first, then imported container images not used for an
+/// hour, least recently used first. Never this recipe's default image, the image
 /// `keep`, one a VM or a build holds, or a live build. Returns what it
 /// removed and the bytes each freed.
 pub fn evict(cache: &Cache, cap: u64, keep: &str) -> Result<Vec<(String, u64)>, ImageError> {
@@ -768,6 +769,18 @@ pub fn evict(cache: &Cache, cap: u64, keep: &str) -> Result<Vec<(String, u64)>, 
         drop(lock);
         total = total.saturating_sub(bytes);
         removed.push((id, bytes));
+    }
+    // Then container images imported and flattened, least recently used
+    // first (one is read again when a run names it).
+    #[cfg(target_os = "linux")]
+    for (_, digest, bytes) in container_image::evictable(cache) {
+        if total <= cap {
+            break;
+        }
+        if container_image::remove(cache, &digest).is_ok() {
+            total = total.saturating_sub(bytes);
+            removed.push((digest, bytes));
+        }
     }
     Ok(removed)
 }

@@ -71,6 +71,16 @@ pub fn import(
     };
     let found = |digest: &str| -> Option<Imported> {
         let hex = digest.trim_start_matches("sha256:");
+        // Its last use, for eviction (least recently used first).
+        let _ = rustix::fs::utimensat(
+            &rootfs_fd,
+            format!("{hex}.tar").as_str(),
+            &rustix::fs::Timestamps {
+                last_access: now_spec(),
+                last_modification: now_spec(),
+            },
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        );
         let config = super::private_dir::read_in(&rootfs_dir, &format!("{hex}.json"), 1 << 20)
             .ok()
             .flatten()
@@ -200,6 +210,38 @@ impl<'a> From<&'a hull_oci::RunConfig> for ConfigRecord<'a> {
             imported_unix: 0,
         }
     }
+}
+
+fn now_spec() -> rustix::fs::Timespec {
+    rustix::fs::Timespec {
+        tv_sec: 0,
+        tv_nsec: rustix::fs::UTIME_NOW,
+    }
+}
+
+/// How long after its last use an imported image is safe from eviction: a
+/// run that found it is past opening it by then.
+const EVICT_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The imported images eviction may take, least recently used first:
+/// (last use, digest, bytes). Not one used within [`EVICT_AFTER`].
+pub fn evictable(cache: &Cache) -> Vec<(std::time::SystemTime, String, u64)> {
+    let dir = cache.root().join(ROOTFS);
+    let now = std::time::SystemTime::now();
+    let mut out: Vec<_> = list(cache)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|l| {
+            let hex = &l.digest["sha256:".len()..];
+            let used = std::fs::symlink_metadata(dir.join(format!("{hex}.tar")))
+                .and_then(|m| m.modified())
+                .ok()?;
+            let idle = now.duration_since(used).unwrap_or_default();
+            (idle >= EVICT_AFTER).then_some((used, l.digest, l.bytes))
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// An imported image, as `hull image list` shows it.
@@ -348,5 +390,60 @@ pub fn say(quiet: bool) -> impl FnMut(&str) {
         if !quiet {
             let _ = writeln!(std::io::stderr(), "hull: {what}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Eviction takes imported images least recently used first, and none
+    /// used within the hour (a run that found one opens it next).
+    #[test]
+    fn eviction_takes_imported_images_unused_for_an_hour_oldest_first() {
+        let t = tempfile::tempdir().unwrap();
+        let cache = Cache::at(t.path().join("cache"));
+        let dir = cache.open_private().unwrap();
+        drop(dir.subdir(ROOTFS).unwrap());
+        let rootfs = cache.root().join(ROOTFS);
+        let now = std::time::SystemTime::now();
+        let hour = std::time::Duration::from_secs(3600);
+        let mut made = Vec::new();
+        for (i, age) in [
+            (1u8, 3 * hour),
+            (2, 2 * hour),
+            (3, std::time::Duration::ZERO),
+        ] {
+            let hex = format!("{i:02x}").repeat(32);
+            let tar = rootfs.join(format!("{hex}.tar"));
+            std::fs::write(&tar, vec![0u8; 64 << 10]).unwrap();
+            std::fs::write(
+                rootfs.join(format!("{hex}.json")),
+                br#"{"Source":"oci:/x"}"#,
+            )
+            .unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&tar)
+                .unwrap()
+                .set_modified(now - age)
+                .unwrap();
+            made.push(format!("sha256:{hex}"));
+        }
+        let listed: Vec<String> = evictable(&cache).into_iter().map(|e| e.1).collect();
+        assert_eq!(listed, [made[0].clone(), made[1].clone()]);
+        // A cap the cache fits in once the oldest is gone.
+        let total = super::super::dir_usage(cache.root());
+        let removed = super::super::evict(&cache, total - (32 << 10), "").unwrap();
+        assert_eq!(
+            removed.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+            [made[0].as_str()]
+        );
+        let left: Vec<String> = list(&cache)
+            .unwrap()
+            .into_iter()
+            .map(|l| l.digest)
+            .collect();
+        assert_eq!(left, [made[1].clone(), made[2].clone()]);
     }
 }
