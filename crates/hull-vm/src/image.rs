@@ -63,6 +63,9 @@ pub enum ImageError {
     Rootfs(#[from] rootfs::RootfsError),
     #[error("container image {reference}: {why}")]
     ContainerImage { reference: String, why: String },
+    /// Reading a container image failed: `why` names the image itself.
+    #[error("container {why}")]
+    ContainerImageRead { why: String },
     #[error("{path}: cannot {what}")]
     Io {
         path: PathBuf,

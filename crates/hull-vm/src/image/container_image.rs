@@ -114,7 +114,9 @@ pub fn import(
     let blobs = cache.root().join(BLOBS);
     on(&format!("reading {reference}"));
     let image = hull_oci::read(&parsed, &blobs, &blobs_fd, super::rootfs::MAX_TARBALL)
-        .map_err(|e| oci_err(reference, hull_protocol::error_chain(&e)))?;
+        .map_err(|e| ImageError::ContainerImageRead {
+            why: hull_protocol::error_chain(&e),
+        })?;
     let hex = image.digest.trim_start_matches("sha256:").to_string();
     if found(&image.digest).is_none() {
         on(&format!(
