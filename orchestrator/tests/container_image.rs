@@ -119,8 +119,16 @@ fn an_image_s_layers_are_stacked_once_per_version_of_the_image() {
             ("kept".to_string(), "k".to_string())
         ]
     );
-    // The same version again: nothing is read or flattened.
+    // The same version again: nothing is read or flattened, and the
+    // tarball's times (its version to the rootfs digest's record) stay.
+    let times = |p: &str| {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(p).unwrap();
+        (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec())
+    };
+    let before = times(path);
     let again = hull(&cache, &["image", "import", &reference]);
+    assert_eq!(times(path), before, "the tarball was touched");
     assert!(again.status.success(), "{}", text(&again.stderr));
     assert_eq!(text(&again.stdout), out);
     assert_eq!(text(&again.stderr), "", "read again");

@@ -71,10 +71,12 @@ pub fn import(
     };
     let found = |digest: &str| -> Option<Imported> {
         let hex = digest.trim_start_matches("sha256:");
-        // Its last use, for eviction (least recently used first).
+        // Its last use, for eviction (least recently used first), on its
+        // record: the tarball's own times name its version to the rootfs
+        // digest's record, which would then read it again.
         let _ = rustix::fs::utimensat(
             &rootfs_fd,
-            format!("{hex}.tar").as_str(),
+            format!("{hex}.json").as_str(),
             &rustix::fs::Timestamps {
                 last_access: now_spec(),
                 last_modification: now_spec(),
@@ -113,9 +115,11 @@ pub fn import(
     let blobs_fd = dir.subdir(BLOBS).map_err(io("open the image blobs of"))?;
     let blobs = cache.root().join(BLOBS);
     on(&format!("reading {reference}"));
-    let image = hull_oci::read(&parsed, &blobs, &blobs_fd, super::rootfs::MAX_TARBALL)
-        .map_err(|e| ImageError::ContainerImageRead {
-            why: hull_protocol::error_chain(&e),
+    let image =
+        hull_oci::read(&parsed, &blobs, &blobs_fd, super::rootfs::MAX_TARBALL).map_err(|e| {
+            ImageError::ContainerImageRead {
+                why: hull_protocol::error_chain(&e),
+            }
         })?;
     let hex = image.digest.trim_start_matches("sha256:").to_string();
     if found(&image.digest).is_none() {
@@ -235,7 +239,7 @@ pub fn evictable(cache: &Cache) -> Vec<(std::time::SystemTime, String, u64)> {
         .into_iter()
         .filter_map(|l| {
             let hex = &l.digest["sha256:".len()..];
-            let used = std::fs::symlink_metadata(dir.join(format!("{hex}.tar")))
+            let used = std::fs::symlink_metadata(dir.join(format!("{hex}.json")))
                 .and_then(|m| m.modified())
                 .ok()?;
             let idle = now.duration_since(used).unwrap_or_default();
@@ -419,14 +423,11 @@ mod tests {
             let hex = format!("{i:02x}").repeat(32);
             let tar = rootfs.join(format!("{hex}.tar"));
             std::fs::write(&tar, vec![0u8; 64 << 10]).unwrap();
-            std::fs::write(
-                rootfs.join(format!("{hex}.json")),
-                br#"{"Source":"oci:/x"}"#,
-            )
-            .unwrap();
+            let record = rootfs.join(format!("{hex}.json"));
+            std::fs::write(&record, br#"{"Source":"oci:/x"}"#).unwrap();
             std::fs::File::options()
                 .write(true)
-                .open(&tar)
+                .open(&record)
                 .unwrap()
                 .set_modified(now - age)
                 .unwrap();
