@@ -217,6 +217,9 @@ mod tests {
         }
         assert_eq!(exec.as_object().unwrap().len(), 9);
         let create = &doc["components"]["schemas"]["CreateSession"]["properties"];
-        assert_eq!(create.as_object().unwrap().len(), 4);
+        for f in ["tier", "policy", "project", "workspace", "image"] {
+            assert!(create.get(f).is_some(), "{f}");
+        }
+        assert_eq!(create.as_object().unwrap().len(), 5);
     }
 }
