@@ -56,9 +56,19 @@ pub struct UserScratch {
     pts: OwnedFd,
     /// Each grant below a private directory (outermost only): cloned in
     /// the child before the tmpfs covers it, then attached at its path.
-    below: Vec<(CString, AtomicI32)>,
+    below: Vec<Below>,
     covers: Vec<Covers>,
     cwd: CString,
+}
+
+/// A grant below a private directory: its path, what it was when hull
+/// planned the run (device and inode: the clone the child takes by path
+/// must be that), and the clone until it is attached.
+#[derive(Debug)]
+struct Below {
+    path: CString,
+    id: (u64, u64),
+    clone: AtomicI32,
 }
 
 impl UserScratch {
@@ -145,7 +155,30 @@ impl UserScratch {
                     dirs.iter()
                         .any(|(d, _)| b.starts_with(d) && b.as_path() != d.as_path())
                 })
-                .map(|b| Ok((cstr(b)?, AtomicI32::new(-1))))
+                .map(|b| {
+                    use std::os::unix::fs::MetadataExt;
+                    // Not followed: a link there is refused, not mounted.
+                    let m =
+                        std::fs::symlink_metadata(b).map_err(|source| IdentityError::Mount {
+                            tier,
+                            step: "inspect the grant below",
+                            path: b.to_path_buf(),
+                            source,
+                        })?;
+                    if m.file_type().is_symlink() {
+                        return Err(IdentityError::Mount {
+                            tier,
+                            step: "mount the grant below (a symbolic link) at",
+                            path: b.to_path_buf(),
+                            source: std::io::Error::from_raw_os_error(libc::ELOOP),
+                        });
+                    }
+                    Ok(Below {
+                        path: cstr(b)?,
+                        id: (m.dev(), m.ino()),
+                        clone: AtomicI32::new(-1),
+                    })
+                })
                 .collect::<Result<_, IdentityError>>()?,
             covers: Vec::new(),
             cwd: cstr(cwd)?,
@@ -197,9 +230,22 @@ impl UserScratch {
         crate::mounts::make_mounts_private()?;
         // The grants below, and the covers' empty trees, while the host's
         // view is still there to copy them from.
-        for (path, slot) in &self.below {
-            let tree = crate::mounts::cloned_tree(path, None).map_err(|(_, e)| e)?;
-            slot.store(tree_into_raw(tree), Ordering::Relaxed);
+        for b in &self.below {
+            let tree = crate::mounts::cloned_tree(&b.path, None).map_err(|(_, e)| e)?;
+            // What the path led to now must be what hull planned for: a
+            // directory moved there since (by another sandbox that can
+            // write a parent of it) would be mounted with the tmpfs's
+            // rule, writable.
+            // SAFETY: fstat into a zeroed stat on a descriptor we own.
+            let same = unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&tree), &mut st) == 0
+                    && (st.st_dev, st.st_ino) == b.id
+            };
+            if !same {
+                return Err(std::io::Error::from_raw_os_error(libc::ESTALE));
+            }
+            b.clone.store(tree_into_raw(tree), Ordering::Relaxed);
         }
         for c in &self.covers {
             c.detach_empties_in_child()?;
@@ -207,15 +253,15 @@ impl UserScratch {
         for d in &self.dirs {
             crate::mounts::attach_at(&d.tree, &d.path)?;
         }
-        for (path, slot) in &self.below {
-            let raw = slot.swap(-1, Ordering::Relaxed);
+        for b in &self.below {
+            let raw = b.clone.swap(-1, Ordering::Relaxed);
             if raw < 0 {
                 return Err(std::io::Error::from_raw_os_error(libc::EBADF));
             }
             // SAFETY: the descriptor the loop above stored, owned by
             // nobody else since the swap.
             let tree = unsafe { OwnedFd::from_raw_fd(raw) };
-            crate::mounts::attach_at(&tree, path)?;
+            crate::mounts::attach_at(&tree, &b.path)?;
         }
         for c in &self.covers {
             c.apply_in_child()?;
@@ -558,5 +604,61 @@ mod helper {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `scratch.apply_in_child()` then `then` in a forked child; its
+    /// exit code (the errno on failure).
+    fn in_child(scratch: &UserScratch, then: &std::ffi::CStr) -> i32 {
+        // SAFETY: the child makes raw calls only (the step, access, _exit).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = match scratch.apply_in_child() {
+                // SAFETY: access(2) of a NUL-terminated path.
+                Ok(()) => match unsafe { libc::access(then.as_ptr(), libc::F_OK) } {
+                    0 => 0,
+                    _ => 99,
+                },
+                Err(e) => e.raw_os_error().unwrap_or(98),
+            };
+            // SAFETY: ends the child without the parent's handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let st = crate::exec::spawn::wait(pid).expect("wait");
+        std::os::unix::process::ExitStatusExt::into_raw(st) >> 8
+    }
+
+    /// A grant below a session's private directory is mounted there only
+    /// if it is still what hull planned for: one moved into its place
+    /// since is refused (ESTALE), not mounted under the tmpfs's writable
+    /// rule. The control: unmoved, it is there, its marker with it.
+    #[test]
+    fn a_grant_moved_after_the_plan_is_not_mounted() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let private = t.path().join("private");
+        let grant = private.join("g");
+        std::fs::create_dir_all(&grant).expect("mkdir");
+        std::fs::write(grant.join("marker"), "x").expect("marker");
+        let plan = || {
+            UserScratch::prepare(
+                "landlock",
+                &[(private.clone(), 1 << 20)],
+                std::slice::from_ref(&grant),
+                &grant,
+            )
+            .expect("prepare")
+        };
+        let marker = CString::new(grant.join("marker").as_os_str().as_bytes()).expect("path");
+        assert_eq!(in_child(&plan(), &marker), 0, "the control");
+        let scratch = plan();
+        std::fs::rename(&grant, private.join("old")).expect("rename");
+        std::fs::create_dir(&grant).expect("mkdir");
+        std::fs::write(grant.join("marker"), "planted").expect("planted");
+        assert_eq!(in_child(&scratch, &marker), libc::ESTALE);
     }
 }
