@@ -197,12 +197,27 @@ enum Remap {
 
 /// The mounts that give `user` the grants, in the order to make them
 /// (parents first).
+#[cfg(test)]
 fn remount_paths(
     tier: &'static str,
     user: Ids,
     grants: &[Grant],
     private: &[PathBuf],
 ) -> Result<Vec<(PathBuf, Remap)>, IdentityError> {
+    Ok(remount_plan(tier, user, grants, private)?.0)
+}
+
+/// Each grant's device and inode as [`remount_plan`] saw it: what a clone
+/// taken by its path must be.
+type Seen = std::collections::HashMap<PathBuf, (u64, u64)>;
+
+/// [`remount_paths`], and what each grant was when it was looked at.
+fn remount_plan(
+    tier: &'static str,
+    user: Ids,
+    grants: &[Grant],
+    private: &[PathBuf],
+) -> Result<(Vec<(PathBuf, Remap)>, Seen), IdentityError> {
     let inspect = |p: &Path| match std::fs::symlink_metadata(p) {
         Ok(m) => Ok(Some(m)),
         // Missing grants are skipped by the lowering (noted there).
@@ -214,8 +229,10 @@ fn remount_paths(
         }),
     };
     let mut present = Vec::new();
+    let mut seen = Seen::new();
     for g in grants {
         if let Some(m) = inspect(&g.path)? {
+            seen.insert(g.path.clone(), (m.dev(), m.ino()));
             present.push((g, m));
         }
     }
@@ -261,7 +278,7 @@ fn remount_paths(
         }
     }
     out.sort_by(|(a, _), (b, _)| depth_then_path(a, b));
-    Ok(out)
+    Ok((out, seen))
 }
 
 fn depth_then_path(a: &Path, b: &Path) -> std::cmp::Ordering {
@@ -323,7 +340,7 @@ impl Switch {
         let user = crate::sandbox_user::lookup("the command")
             .map_err(|source| IdentityError::User { tier, source })?;
         let dirs: Vec<PathBuf> = private.iter().map(|p| p.path.clone()).collect();
-        let paths = remount_paths(tier, user, grants, &dirs)?;
+        let (paths, seen) = remount_plan(tier, user, grants, &dirs)?;
         let mut userns: Vec<(Ids, OwnedFd)> = Vec::new();
         let mut remounts = Vec::new();
         for (path, remap) in paths {
@@ -339,6 +356,9 @@ impl Switch {
                 source,
             };
             let is_private = matches!(remap, Remap::Private(_));
+            // Host and As are clones of the grant at `path`; the others are
+            // hull's own trees.
+            let cloned = matches!(remap, Remap::Host | Remap::As(_));
             let tree = match remap {
                 Remap::Skeleton(points) => skeleton_tree(&points).map_err(mount_err)?,
                 Remap::Private(points) => {
@@ -366,6 +386,18 @@ impl Switch {
                     mounts::cloned_tree(&cpath, Some(&userns[i].1)).map_err(mount_err)?
                 }
             };
+            // A grant cloned by its path must be what the plan saw there:
+            // one moved into its place since (by a sandbox that can write
+            // a parent of it) is refused, not mounted as the grant.
+            if let Some(id) = seen.get(&path).filter(|_| cloned) {
+                let now = rustix::fs::fstat(&tree).map(|st| (st.st_dev, st.st_ino));
+                if now.as_ref() != Ok(id) {
+                    return Err(mount_err((
+                        "mount the grant (it was moved since hull planned the run)",
+                        std::io::Error::from_raw_os_error(libc::ESTALE),
+                    )));
+                }
+            }
             remounts.push(Remount {
                 cpath,
                 tree,
