@@ -683,20 +683,8 @@ pub fn run_process_tier(
                 let held = crate::runtime::placeholder::hold(&wanted, runs_root)
                     .map_err(|source| RunError::Placeholders { tier, source })?;
                 placeholders.absorb(held);
-                let masks = launch::create_masks(run_dir)?;
-                let mut below = Vec::new();
-                for dir in &dirs {
-                    let covers = private_covers(policy, dir);
-                    tracing::debug!(dir = %dir.display(), ?covers, "a session's own tmp (as a user)");
-                    below.push(crate::tier::cow::Covers::prepare(
-                        "landlock",
-                        dir,
-                        &covers,
-                        &masks.empty_dir,
-                        &masks.empty_file,
-                        crate::tier::cow::Detach::InChild,
-                    )?);
-                }
+                let below =
+                    private_tmp_covers(policy, &dirs, run_dir, crate::tier::cow::Detach::InChild)?;
                 let scratch = scratch.with_covers(below);
                 for root in scratch.roots() {
                     rules.allow_writable_dir(root, "the session's own /tmp")?;
@@ -761,20 +749,8 @@ pub fn run_process_tier(
                     // The rule that lets the command write its own /tmp
                     // lets it write all that is mounted below: what it may
                     // not write there is covered by read-only mounts.
-                    let masks = launch::create_masks(run_dir)?;
-                    let mut below = Vec::new();
-                    for dir in &dirs {
-                        let covers = private_covers(policy, dir);
-                        tracing::debug!(dir = %dir.display(), ?covers, "a session's own tmp");
-                        below.push(crate::tier::cow::Covers::prepare(
-                            "landlock",
-                            dir,
-                            &covers,
-                            &masks.empty_dir,
-                            &masks.empty_file,
-                            crate::tier::cow::Detach::Now,
-                        )?);
-                    }
+                    let below =
+                        private_tmp_covers(policy, &dirs, run_dir, crate::tier::cow::Detach::Now)?;
                     switch = switch.with_private_covers(below);
                     for root in switch.private_roots() {
                         rules.allow_writable_dir(root, "the session's own /tmp")?;
@@ -1279,6 +1255,32 @@ fn hidden_grant(policy: &Policy, g: &crate::policy::Grant) -> bool {
         && policy.protects.iter().any(|p| {
             p.protection == crate::policy::Protection::Hidden && g.path.starts_with(&p.path)
         })
+}
+
+/// The covers of each of a session's own scratch directories `dirs`
+/// ([`private_covers`]), their empty trees detached as `detach` says.
+#[cfg(target_os = "linux")]
+fn private_tmp_covers(
+    policy: &Policy,
+    dirs: &[PathBuf],
+    run_dir: &Path,
+    detach: crate::tier::cow::Detach,
+) -> Result<Vec<crate::tier::cow::Covers>, RunError> {
+    let masks = crate::tier::launch::create_masks(run_dir)?;
+    let mut below = Vec::new();
+    for dir in dirs {
+        let covers = private_covers(policy, dir);
+        tracing::debug!(dir = %dir.display(), ?covers, "a session's own tmp");
+        below.push(crate::tier::cow::Covers::prepare(
+            "landlock",
+            dir,
+            &covers,
+            &masks.empty_dir,
+            &masks.empty_file,
+            detach,
+        )?);
+    }
+    Ok(below)
 }
 
 /// What must be covered by mounts below a session's own scratch directory

@@ -545,20 +545,7 @@ impl Switch {
             c.apply_in_child()?;
         }
         if let Some(pts) = &self.pts {
-            mounts::attach_at(pts, c"/dev/pts")?;
-            // SAFETY: mount(2) of two NUL-terminated static paths, a bind.
-            let r = unsafe {
-                libc::mount(
-                    c"/dev/pts/ptmx".as_ptr(),
-                    c"/dev/ptmx".as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND,
-                    std::ptr::null(),
-                )
-            };
-            if r != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            mounts::attach_pts(pts)?;
         }
         Ok(())
     }

@@ -160,6 +160,26 @@ pub(super) fn attach_at(tree: &OwnedFd, target: &CStr) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Attaches the devpts `pts` at `/dev/pts` and binds its `ptmx` over
+/// `/dev/ptmx` (a session's own terminals). Two raw system calls.
+pub(super) fn attach_pts(pts: &OwnedFd) -> std::io::Result<()> {
+    attach_at(pts, c"/dev/pts")?;
+    // SAFETY: mount(2) of two NUL-terminated static paths, a bind.
+    let r = unsafe {
+        libc::mount(
+            c"/dev/pts/ptmx".as_ptr(),
+            c"/dev/ptmx".as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The directory `path` (O_PATH), the last component not followed if it
 /// is a link. One raw system call.
 pub(super) fn open_dir(path: &CStr) -> std::io::Result<OwnedFd> {

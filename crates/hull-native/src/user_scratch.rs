@@ -266,20 +266,7 @@ impl UserScratch {
         for c in &self.covers {
             c.apply_in_child()?;
         }
-        crate::mounts::attach_at(&self.pts, c"/dev/pts")?;
-        // SAFETY: mount(2) of two NUL-terminated static paths, a bind.
-        let r = unsafe {
-            libc::mount(
-                c"/dev/pts/ptmx".as_ptr(),
-                c"/dev/ptmx".as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            )
-        };
-        if r != 0 {
-            return Err(last());
-        }
+        crate::mounts::attach_pts(&self.pts)?;
         // SAFETY: chdir to a NUL-terminated path `self` owns: the working
         // directory as the new mounts show it.
         if unsafe { libc::chdir(self.cwd.as_ptr()) } != 0 {

@@ -596,9 +596,15 @@ const ROOTFS_DIGESTS: &str = "rootfs-digests.json";
 /// every write).
 #[cfg(unix)]
 fn file_stamp(f: &std::fs::File) -> Option<String> {
+    Some(stamp_of(&f.metadata().ok()?))
+}
+
+/// A file's version as a record keeps it: its device, inode, size and
+/// modification and change times.
+#[cfg(unix)]
+pub(crate) fn stamp_of(m: &std::fs::Metadata) -> String {
     use std::os::unix::fs::MetadataExt;
-    let m = f.metadata().ok()?;
-    Some(format!(
+    format!(
         "{}:{}:{}:{}.{}:{}.{}",
         m.dev(),
         m.ino(),
@@ -607,7 +613,7 @@ fn file_stamp(f: &std::fs::File) -> Option<String> {
         m.mtime_nsec(),
         m.ctime(),
         m.ctime_nsec()
-    ))
+    )
 }
 
 /// Without a change time the digest is taken every time.

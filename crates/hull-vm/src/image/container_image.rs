@@ -371,23 +371,12 @@ fn empty_store(store: &OwnedFd) {
 /// What names a version of the source: an archive's (or a layout's
 /// `index.json`'s) device, inode, size and times; none for a registry.
 fn source_stamp(r: &hull_oci::Reference) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
     let path = match r {
         hull_oci::Reference::OciArchive(p) | hull_oci::Reference::DockerArchive(p) => p.clone(),
         hull_oci::Reference::OciLayout { dir, .. } => dir.join("index.json"),
         hull_oci::Reference::Registry { .. } => return None,
     };
-    let m = std::fs::symlink_metadata(path).ok()?;
-    Some(format!(
-        "{}:{}:{}:{}.{}:{}.{}",
-        m.dev(),
-        m.ino(),
-        m.size(),
-        m.mtime(),
-        m.mtime_nsec(),
-        m.ctime(),
-        m.ctime_nsec()
-    ))
+    Some(super::stamp_of(&std::fs::symlink_metadata(path).ok()?))
 }
 
 /// The writer of a progress line (unused when quiet).
