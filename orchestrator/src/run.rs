@@ -997,6 +997,7 @@ pub fn execute(
             // The image is the whole userland: the policy's own is not used.
             pol.vm = policy::VmPolicy {
                 image: Some(image.clone()),
+                project_at: pol.vm.project_at.clone(),
                 ..policy::VmPolicy::default()
             };
         }
@@ -1017,6 +1018,16 @@ pub fn execute(
             (Some(r), Tier::Vm) => Some(crate::tier::vm::image_defaults(r)?),
             _ => None,
         };
+        // Where the container sees the project, now that the image's
+        // config is known: its `WorkingDir` unless the policy names one. A
+        // kept VM (a session's) has its shares from `hull vm up`, which
+        // reads no image config: the host's path there.
+        if pol.vm.project_at == policy::ProjectAt::Image {
+            pol.vm.project_at = match image.as_ref().and_then(|d| d.working_dir.clone()) {
+                Some(dir) if opts.vm.is_none() => policy::ProjectAt::Path(dir),
+                _ => policy::ProjectAt::Host,
+            };
+        }
         let mut env = command_env(&pol, &opts.env, instance.child_env());
         if let Some(d) = &image {
             let wins = |k: &str| {

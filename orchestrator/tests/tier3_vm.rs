@@ -1157,20 +1157,53 @@ fn a_container_image_is_the_containers_whole_userland() {
         format!("docker-archive:{}", docker.display()),
         format!("oci:{}:latest", layout.display()),
     ] {
+        let _ = std::fs::remove_file(w.project.join("made-in-image"));
         let o = w.run(
             &["--image", &reference],
-            "hello; command -v python3 || echo no python3; echo \"$FROM_IMAGE $PATH\"; id -un",
+            "hello; command -v python3 || echo no python3; echo \"$FROM_IMAGE $PATH\"; id -un; \
+             pwd; echo from-the-image > made-in-image",
         );
         assert_eq!(o.status.code(), Some(0), "{reference}: {}", text(&o.stderr));
-        // The image's Env is the command's (its PATH over the host's).
+        // The image's Env is the command's (its PATH over the host's), and
+        // the project is at its WorkingDir, where the command starts.
         assert_eq!(
             text(&o.stdout),
-            "Hello, world!\nno python3\nyes /usr/bin:/bin\nhull\n",
+            "Hello, world!\nno python3\nyes /usr/bin:/bin\nhull\n/work\n",
             "{reference}: {}",
             text(&o.stderr)
         );
+        // What it wrote there is the host's project's.
+        assert_eq!(
+            std::fs::read_to_string(w.project.join("made-in-image")).unwrap(),
+            "from-the-image\n",
+            "{reference}"
+        );
         runs.push(o);
     }
+    // The policy may keep the project at the host's path instead.
+    let policy = dir.join("host-path.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\n[fs]\nread_write = [\"${PROJECT}\"]\n[vm]\nproject_at = \"host\"\n",
+    )
+    .unwrap();
+    let o = w.run(
+        &[
+            "--image",
+            &format!("docker-archive:{}", docker.display()),
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        "pwd; test -e /work || echo no /work",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        format!("{}\nno /work\n", w.project.display()),
+        "{}",
+        text(&o.stderr)
+    );
+    runs.push(o);
     // No command given: the image's own (its Cmd).
     let o = w
         .cmd(&[

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::net::{HostPattern, NetMode, NetPolicy, Registry, DEFAULT_PORTS};
-use crate::{GitMetadata, VmPolicy};
+use crate::{GitMetadata, ProjectAt, VmPolicy};
 use toml::Spanned;
 
 /// A parse or validation error, located in its file.
@@ -130,6 +130,11 @@ pub struct VmSection {
     /// then checked as a rootfs is.
     #[serde(default)]
     pub image: Option<Spanned<String>>,
+    /// Where the container sees the project: `"image"` (the image's
+    /// `WorkingDir`, the default), `"host"` (the host's path) or an
+    /// absolute path.
+    #[serde(default)]
+    pub project_at: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -361,10 +366,32 @@ impl PolicyFile {
                 Some(text.clone())
             }
         };
+        let project_at = match &self.vm.project_at {
+            None => ProjectAt::Image,
+            Some(p) => match p.get_ref().as_str() {
+                "image" => ProjectAt::Image,
+                "host" => ProjectAt::Host,
+                text => {
+                    let path = PathBuf::from(text);
+                    crate::check_project_at(&path).map_err(|why| {
+                        self.error_at(
+                            p.span(),
+                            "vm.project_at",
+                            format!(
+                                "{text:?} {why}: give \"image\" (the image's WorkingDir), \
+                                 \"host\" (the host's path) or another absolute path"
+                            ),
+                        )
+                    })?;
+                    ProjectAt::Path(path)
+                }
+            },
+        };
         Ok(VmPolicy {
             packages,
             rootfs,
             image,
+            project_at,
         })
     }
 

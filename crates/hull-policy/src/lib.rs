@@ -226,6 +226,75 @@ pub struct VmPolicy {
     /// A whole userland from this container image instead (a reference:
     /// `oci-archive:PATH`, `docker-archive:PATH`, `oci:DIR[:TAG]`).
     pub image: Option<String>,
+    /// Where the container sees the project.
+    pub project_at: ProjectAt,
+}
+
+/// Where tier 3's container sees the project (`[vm] project_at`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ProjectAt {
+    /// The container image's `WorkingDir` when the userland is an image
+    /// that names one, else the host's path. Until hull has read the
+    /// image's config (and set [`VmPolicy::project_at`] to one of the
+    /// others), the host's path.
+    #[default]
+    Image,
+    /// At the same path as on the host.
+    Host,
+    /// At this path (absolute, checked by [`check_project_at`]).
+    Path(std::path::PathBuf),
+}
+
+/// Why `path` cannot be where the container sees the project: `/`, a
+/// system directory itself (`/usr`, `/etc`, ...), or inside one the
+/// container's own workings live in (`/proc`, `/sys`, `/dev`, `/run`,
+/// `/etc`, `/boot`, the programs' directories, hull's `/opt/hull`).
+/// Inside `/usr`, `/opt`, `/var`, `/srv` and anywhere else is fine
+/// (`/usr/src/app`, `/testbed`).
+pub fn check_project_at(path: &std::path::Path) -> Result<(), String> {
+    use std::path::Component;
+    let text = path.to_str().ok_or("is not UTF-8")?;
+    if !path.is_absolute() || text.contains('\0') {
+        return Err("is not an absolute path".into());
+    }
+    if !path
+        .components()
+        .skip(1)
+        .all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err("has `.` or `..` in it".into());
+    }
+    if path.components().count() < 2 {
+        return Err("is the container's `/`".into());
+    }
+    if let Some(d) = lower::vm::SYSTEM_DIRS
+        .iter()
+        .find(|d| path == std::path::Path::new(d))
+    {
+        return Err(format!("is the container's own {d}"));
+    }
+    const INSIDE: &[&str] = &[
+        "/proc",
+        "/sys",
+        "/dev",
+        "/run",
+        "/etc",
+        "/boot",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/opt/hull",
+    ];
+    if let Some(d) = INSIDE.iter().find(|d| path.starts_with(d)) {
+        return Err(format!(
+            "lies in {d}, which the container's own workings use"
+        ));
+    }
+    Ok(())
 }
 
 impl Policy {

@@ -218,6 +218,8 @@ struct Warm {
     instance: crate::runtime::Instance,
     session: VmSession,
     env: Vec<(String, String)>,
+    /// The project as the container sees it (`[vm] project_at`).
+    cwd: PathBuf,
     restore_s: f64,
 }
 
@@ -262,6 +264,7 @@ fn warm_up(ctx: &Ctx, worker: usize) -> Result<Warm, JobError> {
         instance,
         session,
         env,
+        cwd: plan.container_path_of(&ctx.project),
         restore_s: t0.elapsed().as_secs_f64(),
     })
 }
@@ -315,7 +318,7 @@ fn run_job(ctx: &Ctx, mut w: Warm, job: &Job) -> JobReport {
         };
         let spec = CommandSpec {
             argv: vec!["sh".into(), "-c".into(), job.command.clone().into()],
-            cwd: ctx.project.clone(),
+            cwd: w.cwd.clone(),
             env: w.env.clone(),
             timeout: ctx.o.timeout,
             user: None,

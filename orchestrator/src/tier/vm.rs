@@ -17,7 +17,7 @@
 //! What this does not protect against: see [`crate::vm`] and
 //! [`policy::lower::vm`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::exec::{CommandSpec, ExitStatus, OutputSink};
 use crate::policy::lower::vm::{self as lower_vm, VmLowerError};
@@ -59,6 +59,15 @@ pub enum VmTierError {
          after --"
     )]
     ImageNoCommand { image: String },
+    #[error(
+        "tier vm: the container image {image} has WorkingDir {dir:?}, which {why}: the project \
+         cannot be mounted there; set `[vm] project_at` to \"host\" or to another path"
+    )]
+    ImageWorkingDir {
+        image: String,
+        dir: String,
+        why: String,
+    },
     #[error(
         "tier vm: --cow cannot run in the kept VM {name}: its shares were fixed when it \
          started (the project writable). Run without --vm for a VM of the run's own"
@@ -114,6 +123,18 @@ pub fn explain(policy: &Policy) -> Result<String, VmTierError> {
             recipe.id()
         ));
     }
+    out.push_str(&match &policy.vm.project_at {
+        crate::policy::ProjectAt::Image if policy.vm.image.is_some() => {
+            "  project in the container: at the image's WorkingDir, if it names one (else at \
+             the host's path; a run in a kept VM: the host's path) ([vm] project_at)\n"
+                .to_string()
+        }
+        crate::policy::ProjectAt::Path(p) => format!(
+            "  project in the container: at {} ([vm] project_at)\n",
+            p.display()
+        ),
+        _ => "  project in the container: at the host's path\n".to_string(),
+    });
     Ok(out)
 }
 
@@ -368,6 +389,12 @@ mod imp {
                 .map(|(_, v)| v.as_str());
             crate::vm::libc_needs::check(argv0, path, &spec.cwd, lower_vm::is_system)?;
         }
+        // The command starts where the container sees its directory
+        // (`[vm] project_at` may put the project elsewhere than the host).
+        let spec = &CommandSpec {
+            cwd: plan.container_path_of(&spec.cwd),
+            ..spec.clone()
+        };
         let started = Arc::new(AtomicBool::new(false));
         let (irq, handle) = watch_signals(started.clone())?;
         let mut stdio = StdioSink;
@@ -552,6 +579,9 @@ pub struct ImageDefaults {
     pub user: Option<String>,
     /// Entrypoint then Cmd.
     pub argv: Vec<String>,
+    /// `WorkingDir`, checked ([`crate::policy::check_project_at`]): where
+    /// the container sees the project unless the policy says otherwise.
+    pub working_dir: Option<PathBuf>,
 }
 
 /// The defaults of the container image `reference` (imported into the
@@ -571,13 +601,38 @@ pub fn image_defaults(reference: &str) -> Result<ImageDefaults, VmTierError> {
         })
         .collect();
     let user = image_user(reference, c.user.as_deref())?;
+    let working_dir = image_working_dir(reference, c.working_dir.as_deref())?;
     let argv = c
         .entrypoint
         .unwrap_or_default()
         .into_iter()
         .chain(c.cmd.unwrap_or_default())
         .collect();
-    Ok(ImageDefaults { env, user, argv })
+    Ok(ImageDefaults {
+        env,
+        user,
+        argv,
+        working_dir,
+    })
+}
+
+/// An image's `WorkingDir` as the project's place in the container: none
+/// for no `WorkingDir` or `/` (the host's path then); one the container
+/// cannot have the project at is refused, naming `[vm] project_at`.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn image_working_dir(reference: &str, dir: Option<&str>) -> Result<Option<PathBuf>, VmTierError> {
+    match dir {
+        None | Some("") | Some("/") => Ok(None),
+        Some(d) => {
+            let path = PathBuf::from(d);
+            crate::policy::check_project_at(&path).map_err(|why| VmTierError::ImageWorkingDir {
+                image: reference.to_string(),
+                dir: d.to_string(),
+                why,
+            })?;
+            Ok(Some(path))
+        }
+    }
 }
 
 /// The container user an image's `User` (`NAME`, `UID`, `NAME:GROUP`)
@@ -626,5 +681,24 @@ mod image_tests {
             image_user("oci:/i", None).map_err(|e| e.to_string()),
             Ok(None)
         );
+    }
+
+    #[test]
+    fn an_image_s_working_dir_is_where_the_project_goes_unless_the_container_needs_it() {
+        let w = |d: Option<&str>| image_working_dir("oci:/i", d).map_err(|e| e.to_string());
+        assert_eq!(w(None), Ok(None));
+        assert_eq!(w(Some("/")), Ok(None));
+        assert_eq!(w(Some("/testbed")), Ok(Some(PathBuf::from("/testbed"))));
+        assert_eq!(
+            w(Some("/usr/src/app")),
+            Ok(Some(PathBuf::from("/usr/src/app")))
+        );
+        for bad in ["/etc", "/proc/self", "/opt/hull", "app", "/a/../etc"] {
+            let e = w(Some(bad)).unwrap_err();
+            assert!(
+                e.contains("oci:/i") && e.contains(bad) && e.contains("[vm] project_at"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

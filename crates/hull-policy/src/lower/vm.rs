@@ -188,6 +188,18 @@ pub enum VmLowerError {
          there is nothing for the command to write, so nothing to keep. Run without --cow"
     )]
     CowWithoutWritableProject { project: PathBuf, why: &'static str },
+    #[error("tier vm: the project cannot be at {at} in the container: {why}")]
+    ProjectAt { at: PathBuf, why: String },
+    #[error(
+        "tier vm: the project cannot be at {at} in the container: the share of {share} is at \
+         {container} there, and one would be mounted over the other. Set `[vm] project_at` to \
+         \"host\" or to another path"
+    )]
+    ProjectAtOverlaps {
+        at: PathBuf,
+        share: PathBuf,
+        container: PathBuf,
+    },
     #[error("tier vm: {0}")]
     Plan(#[from] super::plan::PlanError),
 }
@@ -416,6 +428,10 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<VmPlan, VmLowerError> {
         }
     }
 
+    if let crate::ProjectAt::Path(at) = &policy.vm.project_at {
+        project_at(&mut shares, &policy.vars.project, at)?;
+    }
+
     Ok(VmPlan {
         shares,
         skipped,
@@ -429,6 +445,33 @@ pub fn lower(policy: &Policy, fs: &dyn HostFs) -> Result<VmPlan, VmLowerError> {
         },
         network: "none",
     })
+}
+
+/// Moves the project's share (and every share inside it) to `at` in the
+/// container (`[vm] project_at`, an image's `WorkingDir`). Nothing else
+/// may lie at, above or below `at`: the instance's directories and the
+/// other grants stay at their host paths.
+fn project_at(shares: &mut [Share], project: &Path, at: &Path) -> Result<(), VmLowerError> {
+    crate::check_project_at(at).map_err(|why| VmLowerError::ProjectAt {
+        at: at.to_path_buf(),
+        why,
+    })?;
+    for s in shares.iter_mut() {
+        if let Ok(rest) = s.host_path.strip_prefix(project) {
+            s.container_path = if rest.as_os_str().is_empty() {
+                at.to_path_buf()
+            } else {
+                at.join(rest)
+            };
+        } else if s.container_path.starts_with(at) || at.starts_with(&s.container_path) {
+            return Err(VmLowerError::ProjectAtOverlaps {
+                at: at.to_path_buf(),
+                share: s.host_path.clone(),
+                container: s.container_path.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `--cow`: the project's share becomes read-only on the host (its
@@ -446,17 +489,18 @@ pub fn with_cow(mut plan: VmPlan, project: &Path, layers: &Path) -> Result<VmPla
     let share = plan
         .shares
         .iter_mut()
-        .find(|s| s.origin == ShareOrigin::Policy && s.container_path == project)
+        .find(|s| s.origin == ShareOrigin::Policy && s.host_path == project)
         .ok_or_else(|| refuse("it is not shared on its own"))?;
     if share.readonly {
         return Err(refuse("it is shared read-only"));
     }
     share.readonly = true;
+    let container_path = share.container_path.clone();
     plan.shares.push(Share {
         tag: "changes".into(),
         host_path: layers.to_path_buf(),
         guest_path: format!("{GUEST_SHARE_ROOT}/changes"),
-        container_path: project.to_path_buf(),
+        container_path,
         readonly: false,
         exec: false,
         origin: ShareOrigin::ChangeSet,
@@ -470,6 +514,26 @@ pub fn with_cow(mut plan: VmPlan, project: &Path, layers: &Path) -> Result<VmPla
 }
 
 impl VmPlan {
+    /// Where the container sees the host path `path`: in the share that
+    /// holds it (the deepest), else at the same path.
+    pub fn container_path_of(&self, path: &Path) -> PathBuf {
+        self.shares
+            .iter()
+            .filter(|s| s.origin != ShareOrigin::ChangeSet)
+            .filter_map(|s| Some((s, path.strip_prefix(&s.host_path).ok()?)))
+            .max_by_key(|(s, _)| s.host_path.components().count())
+            .map_or_else(
+                || path.to_path_buf(),
+                |(s, rest)| {
+                    if rest.as_os_str().is_empty() {
+                        s.container_path.clone()
+                    } else {
+                        s.container_path.join(rest)
+                    }
+                },
+            )
+    }
+
     /// The `--cow` overlay's shares, when the plan has one: the change
     /// set's (upper) and the read-only share beneath it (lower).
     pub fn overlay(&self) -> Option<(&Share, &Share)> {
@@ -692,6 +756,102 @@ tier vm: QEMU outer VM (no NIC) + unprivileged Incus container (no NIC)
         // .git needs no read-only mask in a read-only share; there is no
         // .hull mask either since the project is not a writable root.
         assert!(project.masks.is_empty(), "{:?}", project.masks);
+    }
+
+    #[test]
+    fn the_project_is_moved_where_the_policy_puts_it_with_what_lies_inside() {
+        let fs = host().dir("/work/proj/out").dir("/home/u/notes");
+        let text = "version = 1\n[fs]\nread = [\"${PROJECT}\", \"${HOME}/notes\"]\n\
+                    read_write = [\"${PROJECT}/out\"]\n[vm]\nproject_at = \"/testbed\"\n";
+        let p = plan(text, &fs).unwrap();
+        let at = |host: &str| {
+            let s = p.shares.iter().find(|s| s.host_path == Path::new(host));
+            s.unwrap().container_path.clone()
+        };
+        assert_eq!(at("/work/proj"), Path::new("/testbed"));
+        assert_eq!(at("/work/proj/out"), Path::new("/testbed/out"));
+        // The rest stays where the host has it.
+        assert_eq!(at("/home/u/notes"), Path::new("/home/u/notes"));
+        assert_eq!(
+            at("/tmp/hull-runs/ID/spill"),
+            Path::new("/tmp/hull-runs/ID/spill")
+        );
+        // Masks are the host's (virtiofsd applies them), unmoved.
+        let project = p.shares.iter().find(|s| s.tag == "project").unwrap();
+        assert!(project
+            .masks
+            .iter()
+            .all(|m| m.path.starts_with("/work/proj")));
+        // Where a command in the project starts.
+        assert_eq!(
+            p.container_path_of(Path::new("/work/proj/src")),
+            Path::new("/testbed/src")
+        );
+        assert_eq!(
+            p.container_path_of(Path::new("/work/proj/out/x")),
+            Path::new("/testbed/out/x")
+        );
+        assert_eq!(
+            p.container_path_of(Path::new("/elsewhere")),
+            Path::new("/elsewhere")
+        );
+        // The host's path: nothing moves.
+        let host_text = text.replace("\"/testbed\"", "\"host\"");
+        let p = plan(&host_text, &fs).unwrap();
+        assert!(p.shares.iter().all(|s| s.container_path == s.host_path));
+    }
+
+    #[test]
+    fn a_project_place_over_another_share_or_the_system_is_refused() {
+        let at = |place: &str| {
+            let text = format!("version = 1\n[fs]\nread_write = [\"${{PROJECT}}\"]\n[vm]\nproject_at = {place:?}\n");
+            let pf = PolicyFile::parse("p", &text).map_err(|e| e.to_string())?;
+            let pol = resolve(&pf, &vars()).map_err(|e| e.to_string())?;
+            lower(&pol, &host()).map(|_| ()).map_err(|e| e.to_string())
+        };
+        // Over the instance's directories (both ways round).
+        for place in ["/tmp", "/tmp/hull-runs/ID/spill/x"] {
+            let e = at(place).unwrap_err();
+            assert!(
+                e.contains("mounted over the other") && e.contains("/tmp/hull-runs/ID/"),
+                "{place}: {e}"
+            );
+        }
+        // The container's own directories, and what is not a plain path.
+        for place in [
+            "/",
+            "/usr",
+            "/etc/app",
+            "/proc/x",
+            "/opt/hull/x",
+            "/run/hull",
+            "work",
+            "/a/../b",
+        ] {
+            let e = at(place).unwrap_err();
+            assert!(e.contains("vm.project_at"), "{place}: {e}");
+        }
+        for place in [
+            "/testbed",
+            "/usr/src/app",
+            "/opt/app",
+            "/var/www/html",
+            "/root",
+        ] {
+            assert_eq!(at(place), Ok(()), "{place}");
+        }
+    }
+
+    #[test]
+    fn cow_over_a_moved_project_keeps_its_place() {
+        let text =
+            "version = 1\n[fs]\nread_write = [\"${PROJECT}\"]\n[vm]\nproject_at = \"/app\"\n";
+        let p = plan(text, &host()).unwrap();
+        let p = with_cow(p, Path::new("/work/proj"), Path::new("/l")).unwrap();
+        let (upper, lower) = p.overlay().expect("an overlay");
+        assert_eq!(upper.container_path, Path::new("/app"));
+        assert_eq!(lower.container_path, Path::new("/app"));
+        assert!(lower.readonly && lower.host_path == Path::new("/work/proj"));
     }
 
     #[test]
