@@ -19,9 +19,13 @@ pub mod reference;
 #[cfg(target_os = "linux")]
 pub mod source;
 pub mod tar_guard;
+#[cfg(target_os = "linux")]
+pub mod unpack;
 
 pub use flatten::{flatten, FlattenError, Flattened, Layer, Limits};
 pub use reference::{Reference, ReferenceError};
 #[cfg(target_os = "linux")]
 pub use source::{read, Image, RunConfig, SourceError};
 pub use tar_guard::TarGuard;
+#[cfg(target_os = "linux")]
+pub use unpack::{unpack, UnpackError, Unpacked};
