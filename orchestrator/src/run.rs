@@ -85,10 +85,21 @@ pub enum RunError {
     UserRefused { tier: Tier, user: String },
     #[error(
         "tier {tier}: --image {image} is refused: a container image is the userland of tier vm \
-         (its container runs the image's programs); bwrap does not run images yet, and landlock \
+         (its container runs the image's programs) or the root of a bwrap sandbox; this tier \
          cannot change the root. Nothing was run"
     )]
     ImageRefused { tier: Tier, image: String },
+    #[error(
+        "tier {tier}: --image: the image's tree {tree} lies in {root}, which this policy makes \
+         writable: the command could change the image every later run starts from. Run from a \
+         project that does not hold hull's image cache, or set HULL_IMAGE_CACHE elsewhere. \
+         Nothing was run"
+    )]
+    ImageCacheWritable {
+        tier: Tier,
+        tree: PathBuf,
+        root: PathBuf,
+    },
     #[error("--changes-id-fd: cannot tell the change set's ID: {0}")]
     ChangesId(#[source] std::io::Error),
     #[cfg(target_os = "linux")]
@@ -257,6 +268,8 @@ pub struct Extras<'a> {
     pub cow: Option<&'a Path>,
     /// `--session-leader`: the sandbox's own `/tmp` and `/var/tmp`.
     pub private_tmp: bool,
+    /// `--image` on bwrap: the image's unpacked tree, the sandbox's `/`.
+    pub image: Option<&'a Path>,
 }
 
 /// Resolves the choice to a tier that is available, or fails.
@@ -334,7 +347,11 @@ pub fn run_process_tier(
     extras: Extras<'_>,
 ) -> Result<ExitStatus, RunError> {
     use crate::policy::RealFs;
-    let Extras { cow, private_tmp } = extras;
+    let Extras {
+        cow,
+        private_tmp,
+        image,
+    } = extras;
     use crate::tier::launch::{self, ChildSetup};
     let mut setup = ChildSetup::from_limits(&policy.limits);
     setup.keep_fds.push(lock_fd);
@@ -378,8 +395,18 @@ pub fn run_process_tier(
         }
         Tier::Bwrap => {
             let masks = launch::create_masks(run_dir)?;
-            let mut plan = crate::policy::lower::bwrap::lower(policy, &RealFs, &masks, &spec.cwd)
-                .map_err(|source| RunError::Lower { tier, source })?;
+            use crate::policy::lower::bwrap as lower_bwrap;
+            let mut plan = match image {
+                Some(tree) => lower_bwrap::lower_on_image(
+                    policy,
+                    &RealFs,
+                    &masks,
+                    &spec.cwd,
+                    &lower_bwrap::ImageRoot { tree, fs: &RealFs },
+                ),
+                None => lower_bwrap::lower(policy, &RealFs, &masks, &spec.cwd),
+            }
+            .map_err(|source| RunError::Lower { tier, source })?;
             if private_tmp {
                 plan.with_private_tmp(private_tmp_size(policy));
             }
@@ -959,7 +986,7 @@ pub fn execute(
             user: user.clone(),
         });
     }
-    if let (Some(image), false) = (&opts.image, tier == Tier::Vm) {
+    if let (Some(image), false) = (&opts.image, matches!(tier, Tier::Vm | Tier::Bwrap)) {
         return Err(RunError::ImageRefused {
             tier,
             image: image.clone(),
@@ -990,6 +1017,8 @@ pub fn execute(
     }
     // Until the command starts, an error finishes the instance first (its
     // scratch removed), as the end of a run does.
+    // `--image` on bwrap: the image's tree, the sandbox's `/`.
+    let mut image_tree: Option<PathBuf> = None;
     let prepared = (|| -> Result<_, RunError> {
         let vars = instance.vars(&project, &home_dir());
         let (mut pol, repos_before) = resolve_policy(&pf, &vars)?;
@@ -1016,7 +1045,28 @@ pub fn execute(
         // (unless the run names one) and its command (when none is given).
         let image = match (&pol.vm.image, tier) {
             (Some(r), Tier::Vm) => Some(crate::tier::vm::image_defaults(r)?),
-            _ => None,
+            _ => match (&opts.image, tier) {
+                (Some(r), Tier::Bwrap) => {
+                    let tree = crate::tier::vm::image_tree(r)?;
+                    if let Some(g) = pol.writable_roots().find(|g| tree.starts_with(&g.path)) {
+                        return Err(RunError::ImageCacheWritable {
+                            tier,
+                            tree,
+                            root: g.path.clone(),
+                        });
+                    }
+                    image_tree = Some(tree);
+                    Some(crate::tier::vm::ImageDefaults {
+                        // bwrap runs the command as the caller (the
+                        // sandbox's user when hull is root), at the
+                        // project's own path.
+                        user: None,
+                        working_dir: None,
+                        ..crate::tier::vm::image_defaults(r)?
+                    })
+                }
+                _ => None,
+            },
         };
         // Where the container sees the project, now that the image's
         // config is known: its `WorkingDir` unless the policy names one. A
@@ -1076,7 +1126,10 @@ pub fn execute(
                     .or_else(|| image.as_ref().and_then(|d| d.user.clone())),
             },
         };
-        check_runnable(tier, &pol, &spec)?;
+        if image_tree.is_none() {
+            // On an image the program is the image's, found in the sandbox.
+            check_runnable(tier, &pol, &spec)?;
+        }
         let spill_sink = opts
             .spill
             .map(|threshold| crate::runtime::spill::SpillSink::stdio(instance.spill(), threshold))
@@ -1162,6 +1215,7 @@ pub fn execute(
             Extras {
                 cow: cow_dir.as_deref(),
                 private_tmp: opts.session_leader,
+                image: image_tree.as_deref(),
             },
         ),
     };

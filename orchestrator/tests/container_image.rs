@@ -3,7 +3,7 @@
 //! whited out), the result is kept in the image cache once per version of
 //! the image, and a tier that cannot run an image refuses it by name.
 #![cfg(target_os = "linux")]
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -167,7 +167,7 @@ fn an_image_s_layers_are_stacked_once_per_version_of_the_image() {
 #[test]
 fn a_tier_that_runs_no_image_refuses_one_by_name() {
     let t = tempfile::tempdir().unwrap();
-    for tier in ["landlock", "bwrap", "none"] {
+    for tier in ["landlock", "none"] {
         let o = hull(
             &t.path().join("cache"),
             &[
@@ -240,4 +240,172 @@ fn explain_says_what_an_image_adds() {
         out.contains("container userland: the container image oci:/srv/layout:v1"),
         "{out}"
     );
+}
+
+/// A userland of the host's static busybox: `sh`, `cat`, `stat`, ... and a
+/// few files of the image's own (an `os-release` the host does not have, a
+/// set-uid copy of busybox).
+fn busybox_layer(dir: &Path) -> std::path::PathBuf {
+    let busybox = ["/usr/bin/busybox", "/bin/busybox"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .expect("a static busybox (scripts/setup.sh installs busybox-static)");
+    let root = dir.join("busybox.d");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::create_dir_all(root.join("usr/share")).unwrap();
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    std::fs::copy(busybox, root.join("bin/setuid-busybox")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        root.join("bin/setuid-busybox"),
+        std::fs::Permissions::from_mode(0o4755),
+    )
+    .unwrap();
+    for tool in ["sh", "cat", "echo", "stat", "touch", "test", "ls", "id"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
+    }
+    std::os::unix::fs::symlink("../bin", root.join("usr/bin")).unwrap();
+    std::fs::write(root.join("etc/os-release"), "ID=hull-test-image\n").unwrap();
+    std::fs::write(root.join("usr/share/hello"), "from the image\n").unwrap();
+    let out = dir.join("busybox.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .args(["--sort=name", "-cf"])
+        .arg(&out)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    out
+}
+
+/// `--image` on bwrap: the image's tree is `/` (read-only), the project is
+/// bound on top and written through, `/tmp` is the sandbox's own; the
+/// host's system directories are not there. The same command without the
+/// image sees the host's.
+#[test]
+fn an_image_is_the_root_of_a_bwrap_sandbox() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let project = t.path().join("p");
+    std::fs::create_dir(&project).unwrap();
+    let bb = busybox_layer(t.path());
+    let archive = t.path().join("bb.oci.tar");
+    make_image("oci-archive", &archive, &[&bb]);
+    let reference = format!("oci-archive:{}", archive.display());
+    let script = "cat /etc/os-release; cat /usr/share/hello; echo \"from image: $FROM_IMAGE\"; \
+                  stat -c %a /bin/setuid-busybox; echo mine > made-in-project; \
+                  echo scratch > /tmp/t && cat /tmp/t; \
+                  touch /usr/share/new 2>/dev/null || echo no write to the image; \
+                  test -e /usr/bin/bwrap || echo no host bwrap";
+    let run = |image: Option<&str>| {
+        let mut args = vec![
+            "run",
+            "--tier",
+            "bwrap",
+            "--timeout",
+            "60s",
+            "--project",
+            project.to_str().unwrap(),
+        ];
+        if let Some(r) = image {
+            args.extend(["--image", r]);
+        }
+        args.extend(["--", "sh", "-c", script]);
+        hull(&cache, &args)
+    };
+    // The control: without the image, the host's userland.
+    let o = run(None);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        !text(&o.stdout).contains("hull-test-image"),
+        "{}",
+        text(&o.stdout)
+    );
+    std::fs::remove_file(project.join("made-in-project")).unwrap();
+    let o = run(Some(&reference));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        "ID=hull-test-image\nfrom the image\nfrom image: yes\n755\nscratch\n\
+         no write to the image\nno host bwrap\n",
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("made-in-project")).unwrap(),
+        "mine\n"
+    );
+    // The image's tree is unchanged, and nothing of the sandbox's /tmp is
+    // on the host.
+    let trees: Vec<_> = std::fs::read_dir(cache.join("oci-trees"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(trees.len(), 1, "{trees:?}");
+    assert!(!trees[0].join("usr/share/new").exists());
+    assert!(!trees[0].join("tmp/t").exists());
+    // No command: the image's own.
+    let o = hull(
+        &cache,
+        &[
+            "run",
+            "--tier",
+            "bwrap",
+            "--timeout",
+            "60s",
+            "--project",
+            project.to_str().unwrap(),
+            "--image",
+            &reference,
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "the image says hello\n");
+    // `hull image rm` takes the tree with the image.
+    let list = text(&hull(&cache, &["image", "list"]).stdout);
+    let digest = list
+        .split_whitespace()
+        .find(|w| w.starts_with("sha256:"))
+        .unwrap_or_else(|| panic!("{list}"))
+        .to_string();
+    let o = hull(&cache, &["image", "rm", &digest]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(!trees[0].exists());
+}
+
+/// A project that holds the image cache would let the command change the
+/// tree every later run starts from: refused, nothing run.
+#[test]
+fn an_image_run_whose_project_holds_the_cache_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let bb = busybox_layer(t.path());
+    let archive = t.path().join("bb.oci.tar");
+    make_image("oci-archive", &archive, &[&bb]);
+    let o = hull(
+        &cache,
+        &[
+            "run",
+            "--tier",
+            "bwrap",
+            "--timeout",
+            "60s",
+            "--project",
+            t.path().to_str().unwrap(),
+            "--image",
+            &format!("oci-archive:{}", archive.display()),
+            "--",
+            "touch",
+            "ran",
+        ],
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("which this policy makes writable"), "{err}");
+    assert!(!t.path().join("ran").exists());
 }

@@ -154,8 +154,7 @@ fn remove_below(dir: &impl AsFd, name: &OsStr, depth: usize) -> std::io::Result<
     // them back, so its entries can go.
     let _ = rustix::fs::fchmod(&sub, Mode::from_raw_mode(0o700));
     let mut names = Vec::new();
-    let mut it = rustix::fs::Dir::read_from(&sub)?;
-    while let Some(e) = it.next() {
+    for e in rustix::fs::Dir::read_from(&sub)? {
         let e = e?;
         let n = e.file_name().to_bytes();
         if n != b"." && n != b".." {
@@ -312,7 +311,7 @@ pub fn unpack(tar: impl Read, root: OwnedFd, limits: Limits) -> Result<Unpacked,
     // Deepest first: a directory's mode may take the owner's write away
     // only after its children are made (they are; the mode keeps `rwx`
     // for the owner anyway).
-    modes.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+    modes.sort_by_key(|m| std::cmp::Reverse(m.0.len()));
     for (raw, mode) in modes {
         let entry = String::from_utf8_lossy(&raw).into_owned();
         let parts = components(&raw, &entry)?;

@@ -635,6 +635,23 @@ fn image_working_dir(reference: &str, dir: Option<&str>) -> Result<Option<PathBu
     }
 }
 
+/// The image `reference` unpacked into a tree of the image cache (a
+/// bwrap sandbox's `/`), imported and unpacked when it is not there yet.
+#[cfg(target_os = "linux")]
+pub fn image_tree(reference: &str) -> Result<PathBuf, VmTierError> {
+    let cache = crate::vm::image::Cache::default_location()?;
+    let mut say = crate::vm::image::container_image::say(false);
+    let imported = crate::vm::image::container_image::import(&cache, reference, &mut say)?;
+    Ok(crate::vm::image::container_image::tree(
+        &cache, &imported, &mut say,
+    )?)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn image_tree(_reference: &str) -> Result<PathBuf, VmTierError> {
+    Err(VmTierError::Unsupported)
+}
+
 /// The container user an image's `User` (`NAME`, `UID`, `NAME:GROUP`)
 /// names: none for hull's account (uid 1000) or no user, `root` for 0, a
 /// name as it is; another numeric id is refused (commands run as users

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::plan::{self, FsPlan, Placeholder, PlanError, Step};
-use crate::{Access, HostFs, Policy};
+use crate::{Access, HostFs, NodeKind, Policy};
 
 /// The empty nodes protections are masked with (made by the runtime, in the
 /// instance dir, mode 0: reading one is "Permission denied").
@@ -106,6 +106,22 @@ impl BwrapPlan {
     }
 }
 
+/// A container image as the sandbox's `/` (`hull run --tier bwrap
+/// --image REF`): its tree, unpacked by hull into its image cache.
+pub struct ImageRoot<'a> {
+    pub tree: &'a Path,
+    /// How the tree's directories are listed.
+    pub fs: &'a dyn HostFs,
+}
+
+impl std::fmt::Debug for ImageRoot<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageRoot")
+            .field("tree", &self.tree)
+            .finish()
+    }
+}
+
 /// Lowers a policy to bwrap arguments. `cwd` is where the command starts.
 pub fn lower(
     policy: &Policy,
@@ -113,12 +129,131 @@ pub fn lower(
     masks: &Masks,
     cwd: &Path,
 ) -> Result<BwrapPlan, PlanError> {
+    lower_with(policy, fs, masks, cwd, None)
+}
+
+/// Lowers a policy to bwrap arguments over a container image: the image's
+/// tree is `/` (read-only, as the host's directories are on a plain run),
+/// with the project (its protections inside it as on any run), the
+/// instance's directories and a `/tmp` and `/var/tmp` of the sandbox's own
+/// bound on top. The policy's other grants name the host's files, which
+/// the image replaces: they are not bound (a note says which).
+pub fn lower_on_image(
+    policy: &Policy,
+    fs: &dyn HostFs,
+    masks: &Masks,
+    cwd: &Path,
+    image: &ImageRoot<'_>,
+) -> Result<BwrapPlan, PlanError> {
+    let mut plan = lower_with(policy, fs, masks, cwd, Some(image))?;
+    plan.with_private_tmp(IMAGE_TMP_SIZE);
+    Ok(plan)
+}
+
+/// The size of an image sandbox's own `/tmp` and `/var/tmp`, each.
+pub const IMAGE_TMP_SIZE: u64 = 1 << 30;
+
+/// What an image sandbox keeps of the policy's plan: the project and what
+/// hull itself grants (the instance's directories, a change set, a
+/// session's agent).
+fn kept_roots(policy: &Policy) -> Vec<PathBuf> {
+    let mut kept = vec![policy.vars.project.clone()];
+    kept.extend(
+        policy
+            .grants
+            .iter()
+            .filter(|g| g.origin != crate::GrantOrigin::Policy)
+            .map(|g| g.path.clone()),
+    );
+    kept
+}
+
+/// The binds of the image's tree below `dir` (a path in the sandbox):
+/// each entry bound read-only (a link made as it is), except where a
+/// destination of the plan lies: at one, nothing (the plan's bind is
+/// there); above one, a directory of the sandbox's root with the image's
+/// entries bound inside it, one level down.
+fn image_binds(
+    image: &ImageRoot<'_>,
+    dir: &Path,
+    dests: &[PathBuf],
+    a: &mut Args,
+    sources: &mut Vec<BindSource>,
+    notes: &mut Vec<String>,
+) {
+    let rel = dir.strip_prefix("/").unwrap_or(dir);
+    for (name, kind) in image.fs.entries(&image.tree.join(rel)) {
+        let dest = dir.join(&name);
+        // bwrap makes these two.
+        if dir == Path::new("/") && (name == "proc" || name == "dev") {
+            continue;
+        }
+        if dests.contains(&dest) {
+            continue;
+        }
+        if dests.iter().any(|d| d.starts_with(&dest)) {
+            if kind == NodeKind::Dir {
+                a.opt("--dir", &dest);
+                image_binds(image, &dest, dests, a, sources, notes);
+            } else {
+                notes.push(format!(
+                    "image: {} is not a directory in the image; the sandbox has the \
+                     project's directories there instead",
+                    dest.display()
+                ));
+            }
+            continue;
+        }
+        let source = image.tree.join(rel).join(&name);
+        match kind {
+            NodeKind::Dir | NodeKind::File => {
+                sources.push(BindSource {
+                    path: source.clone(),
+                    writable: false,
+                });
+                a.two("--ro-bind", &source, &dest);
+            }
+            NodeKind::Symlink(target) => a.two("--symlink", &target, &dest),
+            NodeKind::Missing => {}
+        }
+    }
+}
+
+fn lower_with(
+    policy: &Policy,
+    fs: &dyn HostFs,
+    masks: &Masks,
+    cwd: &Path,
+    image: Option<&ImageRoot<'_>>,
+) -> Result<BwrapPlan, PlanError> {
     let FsPlan {
-        steps,
-        placeholders,
-        found,
-        notes,
+        mut steps,
+        mut placeholders,
+        mut found,
+        mut notes,
     } = plan::plan(policy, fs)?;
+    let kept = kept_roots(policy);
+    if image.is_some() {
+        let inside = |p: &Path| kept.iter().any(|k| p.starts_with(k));
+        // Notes on the host's paths the image replaces say nothing here.
+        notes.retain(|n| kept.iter().any(|k| n.contains(&*k.to_string_lossy())));
+        let dropped: Vec<String> = policy
+            .grants
+            .iter()
+            .filter(|g| !inside(&g.path))
+            .map(|g| g.path.display().to_string())
+            .collect();
+        if !dropped.is_empty() {
+            notes.push(format!(
+                "image: the image is the userland; these grants name the host's files and are \
+                 not bound: {}",
+                dropped.join(" ")
+            ));
+        }
+        steps.retain(|s| inside(s.path()));
+        placeholders.retain(|p| inside(&p.path));
+        found.retain(|p| inside(&p.path));
+    }
     let mut a = Args::default();
     a.flag("--die-with-parent");
     a.flag("--new-session");
@@ -136,6 +271,19 @@ pub fn lower(
         a.two("--ro-bind-try", p, p);
     }
     let mut sources = Vec::new();
+    if let Some(image) = image {
+        let mut dests: Vec<PathBuf> = steps.iter().map(|s| s.path().to_path_buf()).collect();
+        dests.extend(PRIVATE_TMP.iter().map(PathBuf::from));
+        dests.push(cwd.to_path_buf());
+        image_binds(
+            image,
+            Path::new("/"),
+            &dests,
+            &mut a,
+            &mut sources,
+            &mut notes,
+        );
+    }
     let mut source = |path: &Path, writable: bool| {
         sources.push(BindSource {
             path: path.to_path_buf(),
@@ -238,6 +386,86 @@ mod tests {
             .position(|l| l.starts_with("--bind ") || l.starts_with("--ro-bind /usr"))
             .unwrap();
         assert!(at("--tmpfs /var/tmp") < first_bind, "{lines:#?}");
+    }
+
+    /// On an image, `/` is the image's tree: its entries bound read-only,
+    /// links made as they are, the project with its protections and the
+    /// instance's directories bound on top, `/tmp` the sandbox's own; the
+    /// host's system directories and the policy's grants outside the
+    /// project are not there.
+    #[test]
+    fn on_an_image_the_tree_is_root_and_the_project_is_bound_on_top() {
+        let tree = FakeFs::new()
+            .dir("/t/usr/bin")
+            .symlink("/t/bin", "usr/bin")
+            .dir("/t/etc")
+            .dir("/t/tmp")
+            .dir("/t/var/tmp")
+            .dir("/t/var/lib")
+            .dir("/t/work/old")
+            .dir("/t/proc")
+            .dir("/t/dev")
+            .file("/t/work/readme");
+        let pf = profiles::load("default").unwrap();
+        let p = resolve(&pf, &vars()).unwrap();
+        let image = ImageRoot {
+            tree: Path::new("/t"),
+            fs: &tree,
+        };
+        let plan = lower_on_image(&p, &host(), &masks(), &vars().project, &image).unwrap();
+        let lines = plan.display_lines();
+        let has = |l: &str| lines.iter().any(|x| x == l);
+        let at = |l: &str| {
+            lines
+                .iter()
+                .position(|x| x == l)
+                .unwrap_or_else(|| panic!("{l}: {lines:#?}"))
+        };
+        for l in [
+            "--ro-bind /t/usr /usr",
+            "--symlink usr/bin /bin",
+            "--ro-bind /t/etc /etc",
+            "--dir /var",
+            "--ro-bind /t/var/lib /var/lib",
+            "--dir /work",
+            "--ro-bind /t/work/old /work/old",
+            "--ro-bind /t/work/readme /work/readme",
+            "--bind /work/proj /work/proj",
+            "--ro-bind /work/proj/.git /work/proj/.git",
+            "--tmpfs /tmp",
+            "--tmpfs /var/tmp",
+            "--remount-ro /",
+        ] {
+            assert!(has(l), "{l}: {lines:#?}");
+        }
+        // The image's own /tmp, /var/tmp, /proc, /dev and the project's
+        // place are not bound from it; the host's directories are not there.
+        for l in [
+            "--ro-bind /t/tmp /tmp",
+            "--ro-bind /t/var/tmp /var/tmp",
+            "--ro-bind /t/proc /proc",
+            "--ro-bind /t/dev /dev",
+            "--ro-bind /usr /usr",
+            "--ro-bind /etc/ssl /etc/ssl",
+        ] {
+            assert!(!has(l), "{l}: {lines:#?}");
+        }
+        assert!(!lines.iter().any(|l| l.contains("/home/u")), "{lines:#?}");
+        // The image first, the project over it.
+        assert!(at("--dir /work") < at("--bind /work/proj /work/proj"));
+        assert!(at("--ro-bind /t/usr /usr") < at("--bind /work/proj /work/proj"));
+        assert!(
+            plan.notes
+                .iter()
+                .any(|n| n.contains("not bound") && n.contains("/usr /bin")),
+            "{:?}",
+            plan.notes
+        );
+        // The image's tree is a source the sandbox user must reach.
+        assert!(plan
+            .sources
+            .iter()
+            .any(|s| s.path == Path::new("/t/usr") && !s.writable));
     }
 
     #[test]

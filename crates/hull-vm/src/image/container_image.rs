@@ -23,6 +23,7 @@ use super::{Cache, ImageError};
 const BLOBS: &str = "oci-blobs";
 const ROOTFS: &str = "oci-rootfs";
 const SOURCES: &str = "oci-sources.json";
+const TREES: &str = "oci-trees";
 const LOCK: &str = "oci.lock";
 /// The most references the record remembers.
 const MAX_SOURCES: usize = 256;
@@ -190,6 +191,88 @@ pub fn import(
     found(&image.digest).ok_or_else(|| oci_err(reference, "the flattened image is gone"))
 }
 
+/// The image unpacked into a directory tree of the cache: a bwrap
+/// sandbox's `/` (`hull run --tier bwrap --image REF`). Made once per image
+/// (the imports' lock held), by [`hull_oci::unpack`] relative to held
+/// descriptors, first under a name of its own, then renamed to the
+/// image's digest: a tree with that name is whole. Removed with the image
+/// (`hull image rm`, eviction).
+pub fn tree(
+    cache: &Cache,
+    image: &Imported,
+    on: &mut dyn FnMut(&str),
+) -> Result<PathBuf, ImageError> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    let hex = image.digest.trim_start_matches("sha256:").to_string();
+    let dir = cache.open_private()?;
+    let io = |what: &'static str| ImageError::io(cache.root(), what);
+    let trees = dir
+        .subdir(TREES)
+        .map_err(io("open the unpacked images of"))?;
+    let path = cache.root().join(TREES).join(&hex);
+    let whole = |trees: &OwnedFd| {
+        rustix::fs::statat(trees, hex.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory)
+    };
+    if whole(&trees) {
+        return Ok(path);
+    }
+    let lock = dir.open_lock(LOCK).map_err(io("open the import lock of"))?;
+    lock.lock().map_err(io("lock the imports of"))?;
+    if whole(&trees) {
+        return Ok(path);
+    }
+    on(&format!("unpacking {} for the sandbox's /", image.digest));
+    let part = format!(".{hex}.part");
+    let part_os = std::ffi::OsStr::new(&part);
+    // What a run that died while unpacking left (the lock is ours now).
+    hull_oci::unpack::remove_at(&trees, part_os).map_err(io("remove a partial tree in"))?;
+    rustix::fs::mkdirat(&trees, part.as_str(), Mode::from_raw_mode(0o700))
+        .map_err(|e| io("make a tree in")(e.into()))?;
+    let root = rustix::fs::openat(
+        &trees,
+        part.as_str(),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io("open a tree in")(e.into()))?;
+    let rootfs_fd = dir
+        .subdir(ROOTFS)
+        .map_err(io("open the imported images of"))?;
+    let tar = rustix::fs::openat(
+        &rootfs_fd,
+        format!("{hex}.tar").as_str(),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io("open the flattened image in")(e.into()))?;
+    let limits = hull_oci::Limits {
+        entries: super::rootfs::MAX_ENTRIES,
+        bytes: super::rootfs::MAX_UNPACKED,
+    };
+    let unpacked = hull_oci::unpack(
+        std::io::BufReader::new(std::fs::File::from(tar)),
+        root,
+        limits,
+    );
+    let unpacked = match unpacked {
+        Ok(u) => u,
+        Err(e) => {
+            let _ = hull_oci::unpack::remove_at(&trees, part_os);
+            return Err(oci_err(&image.digest, hull_protocol::error_chain(&e)));
+        }
+    };
+    tracing::debug!(
+        entries = unpacked.entries,
+        bytes = unpacked.bytes,
+        skipped = unpacked.skipped,
+        "image unpacked"
+    );
+    rustix::fs::renameat(&trees, part.as_str(), &trees, hex.as_str())
+        .map_err(|e| io("name the unpacked image in")(e.into()))?;
+    Ok(path)
+}
+
 /// The config as hull keeps it beside the tarball, with where the image
 /// came from and when.
 #[derive(Debug, serde::Serialize)]
@@ -340,6 +423,13 @@ pub fn remove(cache: &Cache, prefix: &str) -> Result<String, ImageError> {
         .subdir(ROOTFS)
         .map_err(ImageError::io(cache.root(), "open the imported images of"))?;
     let hex = &one.digest["sha256:".len()..];
+    let trees = dir
+        .subdir(TREES)
+        .map_err(ImageError::io(cache.root(), "open the unpacked images of"))?;
+    hull_oci::unpack::remove_at(&trees, std::ffi::OsStr::new(hex)).map_err(ImageError::io(
+        &cache.root().join(TREES).join(hex),
+        "remove",
+    ))?;
     for name in [format!("{hex}.tar"), format!("{hex}.json")] {
         match rustix::fs::unlinkat(&rootfs_fd, name.as_str(), rustix::fs::AtFlags::empty()) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => {}
