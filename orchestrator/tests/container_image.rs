@@ -242,44 +242,10 @@ fn explain_says_what_an_image_adds() {
     );
 }
 
-/// A userland of the host's static busybox: `sh`, `cat`, `stat`, ... and a
-/// few files of the image's own (an `os-release` the host does not have, a
-/// set-uid copy of busybox).
+/// A userland of the host's static busybox (`make.py busybox-layer`).
 fn busybox_layer(dir: &Path) -> std::path::PathBuf {
-    let busybox = ["/usr/bin/busybox", "/bin/busybox"]
-        .into_iter()
-        .map(Path::new)
-        .find(|p| p.is_file())
-        .expect("a static busybox (scripts/setup.sh installs busybox-static)");
-    let root = dir.join("busybox.d");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::create_dir_all(root.join("etc")).unwrap();
-    std::fs::create_dir_all(root.join("usr/share")).unwrap();
-    std::fs::create_dir_all(root.join("tmp")).unwrap();
-    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
-    std::fs::copy(busybox, root.join("bin/setuid-busybox")).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(
-        root.join("bin/setuid-busybox"),
-        std::fs::Permissions::from_mode(0o4755),
-    )
-    .unwrap();
-    for tool in ["sh", "cat", "echo", "stat", "touch", "test", "ls", "id"] {
-        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
-    }
-    std::os::unix::fs::symlink("../bin", root.join("usr/bin")).unwrap();
-    std::fs::write(root.join("etc/os-release"), "ID=hull-test-image\n").unwrap();
-    std::fs::write(root.join("usr/share/hello"), "from the image\n").unwrap();
     let out = dir.join("busybox.tar");
-    let st = Command::new("tar")
-        .arg("-C")
-        .arg(&root)
-        .args(["--sort=name", "-cf"])
-        .arg(&out)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(st.success());
+    make_image("busybox-layer", &out, &[]);
     out
 }
 

@@ -540,6 +540,72 @@ fn two_shards_merged_equal_one_unsharded_run() {
 /// (`hull_tests::slurm`), runs `hull batch --shard $SLURM_ARRAY_TASK_ID/2`
 /// in each task; `hull batch merge` of the two shards' directories finds
 /// every job exactly once, each with its own change set.
+/// Two jobs on bwrap, each on a container image of its own, and one on
+/// the host's userland: each sees its own `/etc/os-release`, and its
+/// receipt names its image.
+#[cfg(feature = "bwrap")]
+#[test]
+fn each_job_runs_on_its_own_container_image_on_bwrap() {
+    require_tier("bwrap");
+    let w = World::new();
+    let dir = w.root.path();
+    let make = |args: &[&str]| {
+        let o = Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/fixtures/container-image/make.py"
+            ))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", show(&o));
+    };
+    for (id, kind, name) in [
+        ("image-a", "oci-archive", "a.oci.tar"),
+        ("image-b", "docker-archive", "b.docker.tar"),
+    ] {
+        let layer = dir.join(format!("{id}.layer.tar"));
+        make(&["busybox-layer", layer.to_str().unwrap(), id]);
+        make(&[
+            kind,
+            dir.join(name).to_str().unwrap(),
+            layer.to_str().unwrap(),
+        ]);
+    }
+    let jobs = dir.join("jobs.jsonl");
+    let script = "cat /etc/os-release | grep ^ID=";
+    std::fs::write(
+        &jobs,
+        format!(
+            "{{\"id\": \"a\", \"sh\": \"{script}\", \"image\": \"oci-archive:a.oci.tar\"}}\n\
+             {{\"id\": \"b\", \"sh\": \"{script}\", \"image\": \"docker-archive:b.docker.tar\"}}\n\
+             {{\"id\": \"host\", \"sh\": \"{script}\"}}\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let o = batch_jobs(&w, &jobs, &["bwrap"], &out, &["--parallel", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let rs = results(&out);
+    assert_eq!(ids(&rs), ["a@bwrap", "b@bwrap", "host@bwrap"]);
+    let host_id = std::fs::read_to_string("/etc/os-release")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("ID="))
+        .unwrap()
+        .to_string();
+    for r in &rs {
+        assert_eq!(r["exit_code"], 0, "{r}");
+        let seen = std::fs::read_to_string(r["stdout"].as_str().unwrap()).unwrap();
+        let want = match r["id"].as_str().unwrap() {
+            "a" => "ID=image-a".to_string(),
+            "b" => "ID=image-b".to_string(),
+            _ => host_id.clone(),
+        };
+        assert_eq!(seen.trim_end(), want, "{r}");
+    }
+}
+
 #[cfg(feature = "bwrap")]
 #[test]
 #[ignore = "needs root: slurmd runs each job as its user"]
