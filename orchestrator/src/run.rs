@@ -407,7 +407,8 @@ pub fn run_process_tier(
                 None => lower_bwrap::lower(policy, &RealFs, &masks, &spec.cwd),
             }
             .map_err(|source| RunError::Lower { tier, source })?;
-            if private_tmp {
+            // An image's sandbox has its own already.
+            if private_tmp && image.is_none() {
                 plan.with_private_tmp(private_tmp_size(policy));
             }
             tracing::debug!("bwrap planned");

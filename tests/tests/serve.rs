@@ -330,6 +330,87 @@ fn bwrap_a_session_runs_commands_and_its_files() {
     a_session_runs_commands_and_its_files("bwrap");
 }
 
+/// A bwrap session of a container image: its one sandbox has the image
+/// as `/` for every exec (the image's `os-release`, read through the
+/// files API too), its own `/tmp` kept between execs, the project bound
+/// on top and written through; the image is read-only. The same session
+/// without the image sees the host's.
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_a_session_of_a_container_image_has_it_as_its_root() {
+    require_tier("bwrap");
+    let w = World::new();
+    let dir = w.root.path();
+    let make = |args: &[&str]| {
+        let o = Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/fixtures/container-image/make.py"
+            ))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", show(&o));
+    };
+    let layer = dir.join("bb.layer.tar");
+    make(&["busybox-layer", layer.to_str().unwrap(), "session-image"]);
+    let archive = dir.join("bb.oci.tar");
+    make(&[
+        "oci-archive",
+        archive.to_str().unwrap(),
+        layer.to_str().unwrap(),
+    ]);
+    let image = format!("oci-archive:{}", archive.display());
+    let s = Server::start(&w);
+    let (code, body) = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(
+            &serde_json::json!({"tier": "bwrap", "project": w.project, "image": image}).to_string(),
+        ),
+    );
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(json(&body)["image"], image.as_str(), "{body}");
+    let id = json(&body)["id"].as_str().unwrap().to_string();
+    let exec = |script: &str| {
+        let (code, body) = s.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(&serde_json::json!({"argv": ["sh", "-c", script]}).to_string()),
+        );
+        assert_eq!(code, 200, "{body}");
+        json(&body)["stdout"].as_str().unwrap().to_string()
+    };
+    assert_eq!(
+        exec("cat /etc/os-release; echo kept > /tmp/t; echo mine > in-project"),
+        "ID=session-image\n"
+    );
+    assert_eq!(
+        exec("cat /tmp/t; touch /usr/share/x 2>/dev/null || echo read-only"),
+        "kept\nread-only\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("in-project")).unwrap(),
+        "mine\n"
+    );
+    let got = s.get_bytes(
+        &format!("/v1/sessions/{id}/files?path=%2Fetc%2Fos-release"),
+        w.root.path(),
+    );
+    assert_eq!(got, (200, b"ID=session-image\n".to_vec()));
+    let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 204);
+    // The control: the same session without the image, the host's.
+    let id2 = open(&s, "bwrap", &w.project);
+    let (code, body) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id2}/exec"),
+        Some(r#"{"argv": ["cat", "/etc/os-release"]}"#),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(!body.contains("session-image"), "{body}");
+}
+
 #[cfg(feature = "landlock")]
 #[test]
 fn landlock_a_session_runs_commands_and_its_files() {

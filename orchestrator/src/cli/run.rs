@@ -76,14 +76,17 @@ pub struct RunArgs {
     /// share. Files it writes to the shares are the host owner's.
     #[arg(long, value_name = "NAME", value_parser = parse_user, conflicts_with = "session_leader")]
     pub user: Option<String>,
-    /// Tier vm: the container image whose layers are the container's
-    /// userland, instead of the policy's `[vm]` one: oci-archive:PATH,
+    /// A container image as the userland: oci-archive:PATH,
     /// docker-archive:PATH (what `docker save` writes) or oci:DIR[:TAG].
-    /// Read and flattened once per version of the image, then prepared
-    /// once like any userland. The image's Env is the command's (under the
-    /// policy's `env.set` and --env), its User the default --user, its
+    /// Tier vm: its layers are the container's userland, instead of the
+    /// policy's `[vm]` one, read and flattened once per version of the
+    /// image, then prepared once like any userland; its User is the
+    /// default --user, its WorkingDir where the project is. Tier bwrap:
+    /// the image, unpacked once into the image cache, is the sandbox's `/`
+    /// (read-only; the project and a /tmp of its own on top). Both: its
+    /// Env is the command's (under the policy's `env.set` and --env), its
     /// Entrypoint and Cmd the command when none is given.
-    #[arg(long, value_name = "REF", conflicts_with_all = ["session_leader", "vm"])]
+    #[arg(long, value_name = "REF", conflicts_with = "vm")]
     pub image: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required_unless_present_any = ["session_leader", "image"])]

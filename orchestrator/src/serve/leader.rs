@@ -141,13 +141,15 @@ impl Leader {
     /// Starts the leader of a `tier` session under `policy` on `project`
     /// and waits for its agent's hello. With `cow`, the run keeps the
     /// session's writes in a change set (`hull run --cow`), whose ID comes
-    /// back with the leader.
+    /// back with the leader. With `image` (bwrap), the container image is
+    /// the sandbox's `/`.
     pub async fn start(
         hull: &Path,
         tier: &str,
         policy: &str,
         project: &Path,
         cow: bool,
+        image: Option<&str>,
     ) -> Result<(Leader, Option<String>), LeaderError> {
         let mut c = tokio::process::Command::new(hull);
         c.args([
@@ -158,6 +160,9 @@ impl Leader {
             "--policy",
             policy,
         ]);
+        if let Some(r) = image {
+            c.args(["--image", r]);
+        }
         // The run tells the set's ID on a pipe of its own, before the
         // agent starts (so before its hello).
         let id_pipe = if cow {

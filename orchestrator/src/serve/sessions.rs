@@ -243,14 +243,22 @@ impl Sessions {
         // one named with `[vm] image` set (checked as any policy is).
         let image_text = match &req.image {
             None => None,
-            Some(_) if tier != crate::tier::Tier::Vm => {
+            Some(_) if tier == crate::tier::Tier::Landlock => {
                 return Err(Refusal::new(
                     400,
                     format!(
-                        "image: tier {tier} runs the host's programs; a container image is the \
-                         userland of tier vm"
+                        "image: tier {tier} runs the host's programs and cannot change the root; \
+                         a container image is the userland of tier vm or the root of a bwrap \
+                         sandbox"
                     ),
                 ))
+            }
+            // bwrap: the leader's run takes the image (`--image`); the
+            // policy is the one named.
+            Some(r) if tier != crate::tier::Tier::Vm => {
+                r.parse::<hull_oci::Reference>()
+                    .map_err(|e| Refusal::new(400, format!("image: {e}")))?;
+                None
             }
             Some(r) => {
                 r.parse::<hull_oci::Reference>()
@@ -320,7 +328,14 @@ impl Sessions {
         };
         let git_protected = git.map_or(true, |g| g == crate::policy::GitMetadata::ReadOnly);
         let made = self
-            .start(&id, tier, req.workspace, &project, &policy)
+            .start(
+                &id,
+                tier,
+                req.workspace,
+                &project,
+                &policy,
+                req.image.as_deref(),
+            )
             .await;
         let (vm, leader, changes) = match made {
             Ok(m) => m,
@@ -371,6 +386,7 @@ impl Sessions {
         workspace: Workspace,
         project: &Path,
         policy: &str,
+        image: Option<&str>,
     ) -> Result<(Option<SessionVm>, Option<Leader>, Option<String>), Refusal> {
         let cow = workspace == Workspace::Cow;
         if tier == crate::tier::Tier::Vm {
@@ -382,7 +398,7 @@ impl Sessions {
             let name = format!("session-{}", &id[..12]);
             return Ok((Some(self.vm_up(name, project, policy).await?), None, None));
         }
-        let (l, changes) = Leader::start(&self.hull, tier.name(), policy, project, cow)
+        let (l, changes) = Leader::start(&self.hull, tier.name(), policy, project, cow, image)
             .await
             .map_err(|e| Refusal::new(500, format!("tier {tier}: {e}")))?;
         Ok((None, Some(l), changes))
