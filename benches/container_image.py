@@ -4,9 +4,11 @@ and flatten, `hull image import`, into an empty cache) per form, what a
 later import costs (nothing read), and a run on it paired against a run
 on the same userland given as `[vm] rootfs` (they share the prepared
 snapshot: the image's flattened tarball is the rootfs when the image is
-one layer of it).
+one layer of it). On bwrap: the first run on an image (import, flatten
+and unpack into an empty cache, then the run), and later runs on it paired
+against plain bwrap runs on the host's userland.
 
-Usage: benches/container_image.py --hull PATH --rootfs TAR [--rounds N]
+Usage: benches/container_image.py --hull PATH --rootfs TAR [--rounds N] [--bwrap-only]
 """
 import argparse, os, shutil, statistics, subprocess, tempfile, time
 
@@ -26,6 +28,7 @@ def main():
     ap.add_argument("--hull", default="target/release/hull")
     ap.add_argument("--rootfs", required=True)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--bwrap-only", action="store_true")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="hull-bench-image-")
     refs = {}
@@ -36,6 +39,10 @@ def main():
         refs[kind] = {"oci-layout": f"oci:{out}:latest"}.get(kind, f"{kind}:{out}")
     size = os.path.getsize(args.rootfs) / 2**20
     print(f"one layer of {size:.0f} MiB (uncompressed; gzip'd in the OCI forms)")
+    bwrap(args, refs, work)
+    if args.bwrap_only:
+        shutil.rmtree(work)
+        return
     for kind, ref in refs.items():
         cache = os.path.join(work, "cache-" + kind)
         env = dict(os.environ, HULL_IMAGE_CACHE=cache)
@@ -62,6 +69,29 @@ def main():
     print(f"run --image (oci-archive) p50 {statistics.median(image):.2f} s   "
           f"run [vm] rootfs p50 {statistics.median(rootfs):.2f} s   ({args.rounds} pairs)")
     shutil.rmtree(work)
+
+
+def bwrap(args, refs, work):
+    cache = os.path.join(work, "cache-bwrap")
+    env = dict(os.environ, HULL_IMAGE_CACHE=cache)
+    project = tempfile.mkdtemp(prefix="hull-bench-image-bwrap-")
+    run = [args.hull, "run", "--tier", "bwrap", "--timeout", "120s", "--project", project]
+    for kind in ("oci-archive", "docker-archive"):
+        first = timed(run + ["--image", refs[kind], "--", "true"], env)
+        print(f"bwrap {kind:15} first run (import, flatten, unpack, run) {first:6.2f} s")
+        shutil.rmtree(cache)
+    timed(run + ["--image", refs["oci-archive"], "--", "true"], env)
+    rounds = max(args.rounds, 20)
+    image, host = [], []
+    for i in range(rounds):
+        pair = [(image, ["--image", refs["oci-archive"]]), (host, [])]
+        for acc, extra in (pair if i % 2 == 0 else pair[::-1]):
+            acc.append(timed(run + extra + ["--", "true"], env))
+    print(f"bwrap run --image p50 {statistics.median(image) * 1000:.1f} ms   "
+          f"bwrap run on the host's userland p50 {statistics.median(host) * 1000:.1f} ms   "
+          f"({rounds} pairs)")
+    shutil.rmtree(cache)
+    shutil.rmtree(project)
 
 
 if __name__ == "__main__":

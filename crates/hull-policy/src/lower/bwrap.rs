@@ -169,54 +169,69 @@ fn kept_roots(policy: &Policy) -> Vec<PathBuf> {
 }
 
 /// The binds of the image's tree below `dir` (a path in the sandbox):
-/// each entry bound read-only (a link made as it is), except where a
-/// destination of the plan lies: at one, nothing (the plan's bind is
-/// there); above one, a directory of the sandbox's root with the image's
-/// entries bound inside it, one level down.
+/// each entry bound read-only (a link made as it is, an empty directory
+/// made on the root instead of bound), except where a destination of the
+/// plan lies (`tops`: the outermost ones): at one, nothing (the plan's
+/// mount is there); above one, the entry bound whole when every
+/// destination below it is a directory of the image all the way down (the
+/// plan's mounts go over those), else a directory of the sandbox's root
+/// with the image's entries bound inside it, one level down.
 fn image_binds(
     image: &ImageRoot<'_>,
     dir: &Path,
-    dests: &[PathBuf],
+    tops: &[&PathBuf],
     a: &mut Args,
-    sources: &mut Vec<BindSource>,
     notes: &mut Vec<String>,
 ) {
     let rel = dir.strip_prefix("/").unwrap_or(dir);
     for (name, kind) in image.fs.entries(&image.tree.join(rel)) {
         let dest = dir.join(&name);
+        let source = image.tree.join(rel).join(&name);
         // bwrap makes these two.
         if dir == Path::new("/") && (name == "proc" || name == "dev") {
             continue;
         }
-        if dests.contains(&dest) {
+        if tops.iter().any(|d| **d == dest) {
             continue;
         }
-        if dests.iter().any(|d| d.starts_with(&dest)) {
-            if kind == NodeKind::Dir {
-                a.opt("--dir", &dest);
-                image_binds(image, &dest, dests, a, sources, notes);
-            } else {
+        let below: Vec<&&PathBuf> = tops.iter().filter(|d| d.starts_with(&dest)).collect();
+        if !below.is_empty() {
+            if kind != NodeKind::Dir {
                 notes.push(format!(
                     "image: {} is not a directory in the image; the sandbox has the \
                      project's directories there instead",
                     dest.display()
                 ));
+                continue;
+            }
+            if below.iter().all(|d| dir_all_the_way(image, &dest, d)) {
+                a.two("--ro-bind", &source, &dest);
+            } else {
+                a.opt("--dir", &dest);
+                image_binds(image, &dest, tops, a, notes);
             }
             continue;
         }
-        let source = image.tree.join(rel).join(&name);
         match kind {
-            NodeKind::Dir | NodeKind::File => {
-                sources.push(BindSource {
-                    path: source.clone(),
-                    writable: false,
-                });
-                a.two("--ro-bind", &source, &dest);
-            }
+            NodeKind::Dir if image.fs.children(&source).is_empty() => a.opt("--dir", &dest),
+            NodeKind::Dir | NodeKind::File => a.two("--ro-bind", &source, &dest),
             NodeKind::Symlink(target) => a.two("--symlink", &target, &dest),
             NodeKind::Missing => {}
         }
     }
+}
+
+/// Whether every component of `path` from `from` (both in the sandbox) is
+/// a directory in the image, no link among them.
+fn dir_all_the_way(image: &ImageRoot<'_>, from: &Path, path: &Path) -> bool {
+    let Ok(rest) = path.strip_prefix(from) else {
+        return false;
+    };
+    let mut at = image.tree.join(from.strip_prefix("/").unwrap_or(from));
+    rest.components().all(|c| {
+        at.push(c);
+        image.fs.kind(&at) == NodeKind::Dir
+    })
 }
 
 fn lower_with(
@@ -275,14 +290,17 @@ fn lower_with(
         let mut dests: Vec<PathBuf> = steps.iter().map(|s| s.path().to_path_buf()).collect();
         dests.extend(PRIVATE_TMP.iter().map(PathBuf::from));
         dests.push(cwd.to_path_buf());
-        image_binds(
-            image,
-            Path::new("/"),
-            &dests,
-            &mut a,
-            &mut sources,
-            &mut notes,
-        );
+        let tops: Vec<&PathBuf> = dests
+            .iter()
+            .filter(|d| !dests.iter().any(|o| o != *d && d.starts_with(o)))
+            .collect();
+        image_binds(image, Path::new("/"), &tops, &mut a, &mut notes);
+        // Reached as a whole by a command that is another uid: its
+        // entries are bound from it.
+        sources.push(BindSource {
+            path: image.tree.to_path_buf(),
+            writable: false,
+        });
     }
     let mut source = |path: &Path, writable: bool| {
         sources.push(BindSource {
@@ -398,11 +416,12 @@ mod tests {
         let tree = FakeFs::new()
             .dir("/t/usr/bin")
             .symlink("/t/bin", "usr/bin")
-            .dir("/t/etc")
+            .file("/t/etc/os-release")
+            .dir("/t/mnt")
             .dir("/t/tmp")
             .dir("/t/var/tmp")
             .dir("/t/var/lib")
-            .dir("/t/work/old")
+            .file("/t/work/old/x")
             .dir("/t/proc")
             .dir("/t/dev")
             .file("/t/work/readme");
@@ -425,8 +444,11 @@ mod tests {
             "--ro-bind /t/usr /usr",
             "--symlink usr/bin /bin",
             "--ro-bind /t/etc /etc",
-            "--dir /var",
-            "--ro-bind /t/var/lib /var/lib",
+            // /var/tmp is a directory of the image: /var is bound whole,
+            // the sandbox's /var/tmp mounted over it.
+            "--ro-bind /t/var /var",
+            // An empty directory is made, not bound.
+            "--dir /mnt",
             "--dir /work",
             "--ro-bind /t/work/old /work/old",
             "--ro-bind /t/work/readme /work/readme",
@@ -443,6 +465,8 @@ mod tests {
         for l in [
             "--ro-bind /t/tmp /tmp",
             "--ro-bind /t/var/tmp /var/tmp",
+            "--ro-bind /t/var/lib /var/lib",
+            "--ro-bind /t/mnt /mnt",
             "--ro-bind /t/proc /proc",
             "--ro-bind /t/dev /dev",
             "--ro-bind /usr /usr",
@@ -465,7 +489,7 @@ mod tests {
         assert!(plan
             .sources
             .iter()
-            .any(|s| s.path == Path::new("/t/usr") && !s.writable));
+            .any(|s| s.path == Path::new("/t") && !s.writable));
     }
 
     #[test]
