@@ -100,6 +100,12 @@ pub enum RunError {
         tree: PathBuf,
         root: PathBuf,
     },
+    #[error("tier {tier}: --image {image}: {why}. Nothing was run")]
+    ImageUserUnknown {
+        tier: Tier,
+        image: String,
+        why: String,
+    },
     #[error("--changes-id-fd: cannot tell the change set's ID: {0}")]
     ChangesId(#[source] std::io::Error),
     #[cfg(target_os = "linux")]
@@ -261,6 +267,14 @@ impl RunError {
     }
 }
 
+/// A container image unpacked for bwrap: its tree and the ids its `User`
+/// names there.
+#[derive(Debug, Clone)]
+pub struct ImageTree {
+    pub path: PathBuf,
+    pub ids: Option<(u32, u32)>,
+}
+
 /// What a process tier's sandbox has beyond what its policy says.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Extras<'a> {
@@ -269,7 +283,19 @@ pub struct Extras<'a> {
     /// `--session-leader`: the sandbox's own `/tmp` and `/var/tmp`.
     pub private_tmp: bool,
     /// `--image` on bwrap: the image's unpacked tree, the sandbox's `/`.
-    pub image: Option<&'a Path>,
+    pub image: Option<&'a ImageTree>,
+}
+
+/// The ids the image's `User` names in its tree (its own `/etc/passwd`).
+#[cfg(target_os = "linux")]
+fn image_ids(tree: &Path, user: &str) -> Result<(u32, u32), String> {
+    let root = std::fs::File::open(tree).map_err(|e| format!("{}: {e}", tree.display()))?;
+    hull_oci::resolve_user(&root, user)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn image_ids(_tree: &Path, _user: &str) -> Result<(u32, u32), String> {
+    Err("images run on Linux only".into())
 }
 
 /// Resolves the choice to a tier that is available, or fails.
@@ -402,7 +428,11 @@ pub fn run_process_tier(
                     &RealFs,
                     &masks,
                     &spec.cwd,
-                    &lower_bwrap::ImageRoot { tree, fs: &RealFs },
+                    &lower_bwrap::ImageRoot {
+                        tree: &tree.path,
+                        fs: &RealFs,
+                        ids: tree.ids,
+                    },
                 ),
                 None => lower_bwrap::lower(policy, &RealFs, &masks, &spec.cwd),
             }
@@ -1019,7 +1049,7 @@ pub fn execute(
     // Until the command starts, an error finishes the instance first (its
     // scratch removed), as the end of a run does.
     // `--image` on bwrap: the image's tree, the sandbox's `/`.
-    let mut image_tree: Option<PathBuf> = None;
+    let mut image_tree: Option<ImageTree> = None;
     let prepared = (|| -> Result<_, RunError> {
         let vars = instance.vars(&project, &home_dir());
         let (mut pol, repos_before) = resolve_policy(&pf, &vars)?;
@@ -1056,14 +1086,27 @@ pub fn execute(
                             root: g.path.clone(),
                         });
                     }
-                    image_tree = Some(tree);
+                    let d = crate::tier::vm::image_defaults(r)?;
+                    // The image's `User`: the ids bwrap maps the caller's
+                    // (the sandbox user's when hull is root) to.
+                    let ids =
+                        match &d.user_raw {
+                            None => None,
+                            Some(u) => Some(image_ids(&tree, u).map_err(|why| {
+                                RunError::ImageUserUnknown {
+                                    tier,
+                                    image: r.clone(),
+                                    why,
+                                }
+                            })?),
+                        };
+                    image_tree = Some(ImageTree { path: tree, ids });
                     Some(crate::tier::vm::ImageDefaults {
-                        // bwrap runs the command as the caller (the
-                        // sandbox's user when hull is root), at the
-                        // project's own path.
+                        // bwrap runs the command at the project's own
+                        // path, as the ids above.
                         user: None,
                         working_dir: None,
-                        ..crate::tier::vm::image_defaults(r)?
+                        ..d
                     })
                 }
                 _ => None,
@@ -1216,7 +1259,7 @@ pub fn execute(
             Extras {
                 cow: cow_dir.as_deref(),
                 private_tmp: opts.session_leader,
-                image: image_tree.as_deref(),
+                image: image_tree.as_ref(),
             },
         ),
     };

@@ -42,7 +42,13 @@ fn layer(dir: &Path, name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
 }
 
 fn make_image(kind: &str, out: &Path, layers: &[&Path]) {
+    make_image_as(kind, out, layers, "1000")
+}
+
+/// The same, its config's `User` being `user`.
+fn make_image_as(kind: &str, out: &Path, layers: &[&Path], user: &str) {
     let o = Command::new("python3")
+        .env("IMAGE_USER", user)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../tests/fixtures/container-image/make.py"
@@ -267,7 +273,7 @@ fn an_image_is_the_root_of_a_bwrap_sandbox() {
                   stat -c %a /bin/setuid-busybox; echo mine > made-in-project; \
                   echo scratch > /tmp/t && cat /tmp/t; \
                   touch /usr/share/new 2>/dev/null || echo no write to the image; \
-                  test -e /usr/bin/bwrap || echo no host bwrap";
+                  test -e /usr/bin/bwrap || echo no host bwrap; id -u; id -g";
     let run = |image: Option<&str>| {
         let mut args = vec![
             "run",
@@ -298,7 +304,7 @@ fn an_image_is_the_root_of_a_bwrap_sandbox() {
     assert_eq!(
         text(&o.stdout),
         "ID=hull-test-image\nfrom the image\nfrom image: yes\n755\nscratch\n\
-         no write to the image\nno host bwrap\n",
+         no write to the image\nno host bwrap\n1000\n1000\n",
         "{}",
         text(&o.stderr)
     );
@@ -374,4 +380,64 @@ fn an_image_run_whose_project_holds_the_cache_is_refused() {
     assert_eq!(o.status.code(), Some(125), "{err}");
     assert!(err.contains("which this policy makes writable"), "{err}");
     assert!(!t.path().join("ran").exists());
+}
+
+/// The image's `User` on bwrap: a name looked up in the image's own
+/// `/etc/passwd` (root there is uid 0 in the sandbox, no capability); one
+/// the image does not have is refused by name, nothing run.
+#[test]
+fn an_image_s_user_is_the_command_s_ids_on_bwrap() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let project = t.path().join("p");
+    std::fs::create_dir(&project).unwrap();
+    let bb = busybox_layer(t.path());
+    let run = |user: &str| {
+        let archive = t.path().join(format!("{user}.oci.tar"));
+        make_image_as("oci-archive", &archive, &[&bb], user);
+        hull(
+            &cache,
+            &[
+                "run",
+                "--tier",
+                "bwrap",
+                "--timeout",
+                "60s",
+                "--project",
+                project.to_str().unwrap(),
+                "--image",
+                &format!("oci-archive:{}", archive.display()),
+                "--",
+                "sh",
+                "-c",
+                "id -u; id -g; cat /proc/self/status | grep ^CapEff; echo ran > ran",
+            ],
+        )
+    };
+    let o = run("root");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        "0\n0\nCapEff:\t0000000000000000\n",
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::remove_file(project.join("ran")).unwrap();
+    let o = run("app");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        "1500\n1600\nCapEff:\t0000000000000000\n",
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::remove_file(project.join("ran")).unwrap();
+    let o = run("ghost");
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("\"ghost\" is not in the image's /etc/passwd"),
+        "{err}"
+    );
+    assert!(!project.join("ran").exists());
 }

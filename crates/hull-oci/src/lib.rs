@@ -21,6 +21,8 @@ pub mod source;
 pub mod tar_guard;
 #[cfg(target_os = "linux")]
 pub mod unpack;
+#[cfg(target_os = "linux")]
+pub mod user;
 
 pub use flatten::{flatten, FlattenError, Flattened, Layer, Limits};
 pub use reference::{Reference, ReferenceError};
@@ -29,3 +31,5 @@ pub use source::{read, Image, RunConfig, SourceError};
 pub use tar_guard::TarGuard;
 #[cfg(target_os = "linux")]
 pub use unpack::{unpack, UnpackError, Unpacked};
+#[cfg(target_os = "linux")]
+pub use user::resolve_user;

@@ -579,6 +579,8 @@ pub struct ImageDefaults {
     pub user: Option<String>,
     /// Entrypoint then Cmd.
     pub argv: Vec<String>,
+    /// `User` as the image writes it (bwrap maps the command's ids to it).
+    pub user_raw: Option<String>,
     /// `WorkingDir`, checked ([`crate::policy::check_project_at`]): where
     /// the container sees the project unless the policy says otherwise.
     pub working_dir: Option<PathBuf>,
@@ -601,6 +603,7 @@ pub fn image_defaults(reference: &str) -> Result<ImageDefaults, VmTierError> {
         })
         .collect();
     let user = image_user(reference, c.user.as_deref())?;
+    let user_raw = c.user.clone().filter(|u| !u.is_empty());
     let working_dir = image_working_dir(reference, c.working_dir.as_deref())?;
     let argv = c
         .entrypoint
@@ -612,6 +615,7 @@ pub fn image_defaults(reference: &str) -> Result<ImageDefaults, VmTierError> {
         env,
         user,
         argv,
+        user_raw,
         working_dir,
     })
 }

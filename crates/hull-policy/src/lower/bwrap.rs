@@ -112,6 +112,9 @@ pub struct ImageRoot<'a> {
     pub tree: &'a Path,
     /// How the tree's directories are listed.
     pub fs: &'a dyn HostFs,
+    /// The uid and gid the command has in the sandbox (the image's
+    /// `User`); none: the caller's.
+    pub ids: Option<(u32, u32)>,
 }
 
 impl std::fmt::Debug for ImageRoot<'_> {
@@ -147,6 +150,21 @@ pub fn lower_on_image(
 ) -> Result<BwrapPlan, PlanError> {
     let mut plan = lower_with(policy, fs, masks, cwd, Some(image))?;
     plan.with_private_tmp(IMAGE_TMP_SIZE);
+    if let Some((uid, gid)) = image.ids {
+        // bwrap maps the caller's ids to these in its user namespace.
+        let at = plan
+            .args
+            .iter()
+            .position(|a| a == "--unshare-user")
+            .map_or(0, |i| i + 1);
+        let ids = [
+            "--uid".into(),
+            uid.to_string().into(),
+            "--gid".into(),
+            gid.to_string().into(),
+        ];
+        plan.args.splice(at..at, ids);
+    }
     Ok(plan)
 }
 
@@ -430,6 +448,7 @@ mod tests {
         let image = ImageRoot {
             tree: Path::new("/t"),
             fs: &tree,
+            ids: Some((1500, 1600)),
         };
         let plan = lower_on_image(&p, &host(), &masks(), &vars().project, &image).unwrap();
         let lines = plan.display_lines();
@@ -457,6 +476,8 @@ mod tests {
             "--tmpfs /tmp",
             "--tmpfs /var/tmp",
             "--remount-ro /",
+            "--uid 1500",
+            "--gid 1600",
         ] {
             assert!(has(l), "{l}: {lines:#?}");
         }
