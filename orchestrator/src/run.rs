@@ -273,6 +273,8 @@ impl RunError {
 pub struct ImageTree {
     pub path: PathBuf,
     pub ids: Option<(u32, u32)>,
+    /// Where the sandbox sees the project; none: at its host path.
+    pub project_at: Option<PathBuf>,
 }
 
 /// What a process tier's sandbox has beyond what its policy says.
@@ -432,6 +434,7 @@ pub fn run_process_tier(
                         tree: &tree.path,
                         fs: &RealFs,
                         ids: tree.ids,
+                        project_at: tree.project_at.as_deref(),
                     },
                 ),
                 None => lower_bwrap::lower(policy, &RealFs, &masks, &spec.cwd),
@@ -1100,10 +1103,21 @@ pub fn execute(
                                 }
                             })?),
                         };
-                    image_tree = Some(ImageTree { path: tree, ids });
+                    // Where the project is: `[vm] project_at`, else the
+                    // image's WorkingDir; a session's at its host path
+                    // (its API's paths are the host's).
+                    let project_at = match (&pol.vm.project_at, opts.session_leader) {
+                        (_, true) | (policy::ProjectAt::Host, _) => None,
+                        (policy::ProjectAt::Path(p), _) => Some(p.clone()),
+                        (policy::ProjectAt::Image, _) => d.working_dir.clone(),
+                    };
+                    image_tree = Some(ImageTree {
+                        path: tree,
+                        ids,
+                        project_at,
+                    });
                     Some(crate::tier::vm::ImageDefaults {
-                        // bwrap runs the command at the project's own
-                        // path, as the ids above.
+                        // bwrap runs the command as the ids above.
                         user: None,
                         working_dir: None,
                         ..d

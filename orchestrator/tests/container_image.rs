@@ -273,7 +273,7 @@ fn an_image_is_the_root_of_a_bwrap_sandbox() {
                   stat -c %a /bin/setuid-busybox; echo mine > made-in-project; \
                   echo scratch > /tmp/t && cat /tmp/t; \
                   touch /usr/share/new 2>/dev/null || echo no write to the image; \
-                  test -e /usr/bin/bwrap || echo no host bwrap; id -u; id -g";
+                  test -e /usr/bin/bwrap || echo no host bwrap; id -u; id -g; pwd";
     let run = |image: Option<&str>| {
         let mut args = vec![
             "run",
@@ -304,7 +304,7 @@ fn an_image_is_the_root_of_a_bwrap_sandbox() {
     assert_eq!(
         text(&o.stdout),
         "ID=hull-test-image\nfrom the image\nfrom image: yes\n755\nscratch\n\
-         no write to the image\nno host bwrap\n1000\n1000\n",
+         no write to the image\nno host bwrap\n1000\n1000\n/work\n",
         "{}",
         text(&o.stderr)
     );

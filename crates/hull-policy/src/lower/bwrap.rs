@@ -115,6 +115,9 @@ pub struct ImageRoot<'a> {
     /// The uid and gid the command has in the sandbox (the image's
     /// `User`); none: the caller's.
     pub ids: Option<(u32, u32)>,
+    /// Where the sandbox sees the project (the image's `WorkingDir`,
+    /// checked by [`crate::check_project_at`]); none: at its host path.
+    pub project_at: Option<&'a Path>,
 }
 
 impl std::fmt::Debug for ImageRoot<'_> {
@@ -266,6 +269,23 @@ fn lower_with(
         mut notes,
     } = plan::plan(policy, fs)?;
     let kept = kept_roots(policy);
+    // Where a host path of the plan is in the sandbox: the project (and
+    // what lies in it) may be elsewhere on an image.
+    let at = image.and_then(|i| i.project_at);
+    let project = &policy.vars.project;
+    let dest = |p: &Path| -> PathBuf {
+        match (at, p.strip_prefix(project)) {
+            (Some(at), Ok(rest)) if rest.as_os_str().is_empty() => at.to_path_buf(),
+            (Some(at), Ok(rest)) => at.join(rest),
+            _ => p.to_path_buf(),
+        }
+    };
+    if let Some(at) = at {
+        crate::check_project_at(at).map_err(|why| PlanError::ProjectAt {
+            at: at.to_path_buf(),
+            why,
+        })?;
+    }
     if image.is_some() {
         let inside = |p: &Path| kept.iter().any(|k| p.starts_with(k));
         // Notes on the host's paths the image replaces say nothing here.
@@ -305,9 +325,9 @@ fn lower_with(
     }
     let mut sources = Vec::new();
     if let Some(image) = image {
-        let mut dests: Vec<PathBuf> = steps.iter().map(|s| s.path().to_path_buf()).collect();
+        let mut dests: Vec<PathBuf> = steps.iter().map(|s| dest(s.path())).collect();
         dests.extend(PRIVATE_TMP.iter().map(PathBuf::from));
-        dests.push(cwd.to_path_buf());
+        dests.push(dest(cwd));
         let tops: Vec<&PathBuf> = dests
             .iter()
             .filter(|d| !dests.iter().any(|o| o != *d && d.starts_with(o)))
@@ -334,9 +354,9 @@ fn lower_with(
                     Access::Read | Access::ReadExec => "--ro-bind",
                 };
                 source(path, *access == Access::ReadWrite);
-                a.two(op, path, path);
+                a.two(op, path, dest(path));
             }
-            Step::Symlink { path, target } => a.two("--symlink", target, path),
+            Step::Symlink { path, target } => a.two("--symlink", target, dest(path)),
             Step::Hide { path, dir, .. } => {
                 let mask = if *dir {
                     &masks.empty_dir
@@ -344,20 +364,20 @@ fn lower_with(
                     &masks.empty_file
                 };
                 source(mask, false);
-                a.two("--ro-bind", mask, path);
+                a.two("--ro-bind", mask, dest(path));
             }
             Step::ReadOnly { path, .. } => {
                 source(path, false);
-                a.two("--ro-bind", path, path)
+                a.two("--ro-bind", path, dest(path))
             }
             // A mount point cannot be renamed (EBUSY): the protection
             // below it stays where it is. Inside a writable root, so the
             // sandbox user reaches it through that root's mount.
-            Step::Pin { path } => a.two("--bind", path, path),
+            Step::Pin { path } => a.two("--bind", path, dest(path)),
         }
     }
     a.opt("--remount-ro", "/");
-    a.opt("--chdir", cwd);
+    a.opt("--chdir", dest(cwd));
     Ok(BwrapPlan {
         args: a.0,
         placeholders,
@@ -449,6 +469,7 @@ mod tests {
             tree: Path::new("/t"),
             fs: &tree,
             ids: Some((1500, 1600)),
+            project_at: None,
         };
         let plan = lower_on_image(&p, &host(), &masks(), &vars().project, &image).unwrap();
         let lines = plan.display_lines();
@@ -511,6 +532,42 @@ mod tests {
             .sources
             .iter()
             .any(|s| s.path == Path::new("/t") && !s.writable));
+    }
+
+    /// An image's `WorkingDir`: the project (its protections with it) is
+    /// bound there and the command starts there; sources stay the host's.
+    #[test]
+    fn on_an_image_the_project_may_be_at_its_working_dir() {
+        let tree = FakeFs::new().dir("/t/usr/bin").dir("/t/testbed/old");
+        let pf = profiles::load("default").unwrap();
+        let p = resolve(&pf, &vars()).unwrap();
+        let image = |at: &'static str| ImageRoot {
+            tree: Path::new("/t"),
+            fs: &tree,
+            ids: None,
+            project_at: Some(Path::new(at)),
+        };
+        let cwd = vars().project.join("src");
+        let plan = lower_on_image(&p, &host(), &masks(), &cwd, &image("/testbed")).unwrap();
+        let lines = plan.display_lines();
+        for l in [
+            "--bind /work/proj /testbed",
+            "--ro-bind /work/proj/.git /testbed/.git",
+            "--chdir /testbed/src",
+        ] {
+            assert!(lines.iter().any(|x| x == l), "{l}: {lines:#?}");
+        }
+        // The image's own /testbed is under the project, not bound.
+        assert!(
+            !lines.iter().any(|l| l.contains("/t/testbed")),
+            "{lines:#?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.ends_with(" /work/proj")),
+            "{lines:#?}"
+        );
+        let e = lower_on_image(&p, &host(), &masks(), &cwd, &image("/etc")).unwrap_err();
+        assert!(e.to_string().contains("/etc"), "{e}");
     }
 
     #[test]

@@ -95,6 +95,8 @@ pub enum PlanError {
     },
     #[error("{0}")]
     CrossesSymlink(Box<LinkCrossing>),
+    #[error("the project cannot be at {at} in the sandbox: {why}")]
+    ProjectAt { at: PathBuf, why: String },
 }
 
 /// A policy path that goes through a symlink inside a writable root.
