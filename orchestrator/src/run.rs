@@ -90,10 +90,10 @@ pub enum RunError {
     )]
     ImageRefused { tier: Tier, image: String },
     #[error(
-        "tier {tier}: --image: the image's tree {tree} lies in {root}, which this policy makes \
-         writable: the command could change the image every later run starts from. Run from a \
-         project that does not hold hull's image cache, or set HULL_IMAGE_CACHE elsewhere. \
-         Nothing was run"
+        "tier {tier}: --image: the image's tree {tree} and {root}, which this policy makes \
+         writable, overlap: the command could change the image every later run starts from. \
+         Run from a project that neither holds hull's image cache nor lies in it, or set \
+         HULL_IMAGE_CACHE elsewhere. Nothing was run"
     )]
     ImageCacheWritable {
         tier: Tier,
@@ -1082,7 +1082,13 @@ pub fn execute(
             _ => match (&opts.image, tier) {
                 (Some(r), Tier::Bwrap) => {
                     let tree = crate::tier::vm::image_tree(r)?;
-                    if let Some(g) = pol.writable_roots().find(|g| tree.starts_with(&g.path)) {
+                    // Either way round: a project inside the cache's trees
+                    // would write one of them as well.
+                    let trees = tree.parent().unwrap_or(&tree);
+                    if let Some(g) = pol
+                        .writable_roots()
+                        .find(|g| tree.starts_with(&g.path) || g.path.starts_with(trees))
+                    {
                         return Err(RunError::ImageCacheWritable {
                             tier,
                             tree,

@@ -380,6 +380,36 @@ fn an_image_run_whose_project_holds_the_cache_is_refused() {
     assert_eq!(o.status.code(), Some(125), "{err}");
     assert!(err.contains("which this policy makes writable"), "{err}");
     assert!(!t.path().join("ran").exists());
+    // A project inside the trees: the same.
+    let inside = std::fs::read_dir(cache.join("oci-trees"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("usr").is_dir())
+        .unwrap()
+        .join("usr/share");
+    let before: Vec<_> = std::fs::read_dir(&inside).unwrap().collect();
+    let o = hull(
+        &cache,
+        &[
+            "run",
+            "--tier",
+            "bwrap",
+            "--timeout",
+            "60s",
+            "--project",
+            inside.to_str().unwrap(),
+            "--image",
+            &format!("oci-archive:{}", archive.display()),
+            "--",
+            "touch",
+            "ran",
+        ],
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("which this policy makes writable"), "{err}");
+    assert!(!inside.join("ran").exists());
+    assert_eq!(std::fs::read_dir(&inside).unwrap().count(), before.len());
 }
 
 /// The image's `User` on bwrap: a name looked up in the image's own
