@@ -269,12 +269,14 @@ impl RunError {
 
 /// A container image unpacked for bwrap: its tree and the ids its `User`
 /// names there.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ImageTree {
     pub path: PathBuf,
     pub ids: Option<(u32, u32)>,
     /// Where the sandbox sees the project; none: at its host path.
     pub project_at: Option<PathBuf>,
+    /// The tree's lock, held shared until the run ends.
+    _in_use: std::fs::File,
 }
 
 /// What a process tier's sandbox has beyond what its policy says.
@@ -1081,7 +1083,7 @@ pub fn execute(
             (Some(r), Tier::Vm) => Some(crate::tier::vm::image_defaults(r)?),
             _ => match (&opts.image, tier) {
                 (Some(r), Tier::Bwrap) => {
-                    let tree = crate::tier::vm::image_tree(r)?;
+                    let (tree, in_use) = crate::tier::vm::image_tree(r)?;
                     // Either way round: a project inside the cache's trees
                     // would write one of them as well.
                     let trees = tree.parent().unwrap_or(&tree);
@@ -1121,6 +1123,7 @@ pub fn execute(
                         path: tree,
                         ids,
                         project_at,
+                        _in_use: in_use,
                     });
                     Some(crate::tier::vm::ImageDefaults {
                         // bwrap runs the command as the ids above.

@@ -345,6 +345,48 @@ fn an_image_is_the_root_of_a_bwrap_sandbox() {
         .find(|w| w.starts_with("sha256:"))
         .unwrap_or_else(|| panic!("{list}"))
         .to_string();
+    // Not while a run uses it.
+    let mut running = Command::new(env!("CARGO_BIN_EXE_hull"))
+        .args([
+            "run",
+            "--tier",
+            "bwrap",
+            "--timeout",
+            "60s",
+            "--project",
+            project.to_str().unwrap(),
+            "--image",
+            &reference,
+            "--",
+            "sh",
+            "-c",
+            "echo up > up; sleep 60",
+        ])
+        .env("HULL_IMAGE_CACHE", &cache)
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !project.join("up").exists() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "the run did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = hull(&cache, &["image", "rm", &digest]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("a run is using it"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(trees[0].join("usr/share/hello").exists());
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(running.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    running.wait().unwrap();
     let o = hull(&cache, &["image", "rm", &digest]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(!trees[0].exists());

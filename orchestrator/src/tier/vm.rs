@@ -640,19 +640,20 @@ fn image_working_dir(reference: &str, dir: Option<&str>) -> Result<Option<PathBu
 }
 
 /// The image `reference` unpacked into a tree of the image cache (a
-/// bwrap sandbox's `/`), imported and unpacked when it is not there yet.
+/// bwrap sandbox's `/`), imported and unpacked when it is not there yet:
+/// its path and its lock, held shared while the run uses it (no removal
+/// takes it meanwhile).
 #[cfg(target_os = "linux")]
-pub fn image_tree(reference: &str) -> Result<PathBuf, VmTierError> {
+pub fn image_tree(reference: &str) -> Result<(PathBuf, std::fs::File), VmTierError> {
     let cache = crate::vm::image::Cache::default_location()?;
     let mut say = crate::vm::image::container_image::say(false);
     let imported = crate::vm::image::container_image::import(&cache, reference, &mut say)?;
-    Ok(crate::vm::image::container_image::tree(
-        &cache, &imported, &mut say,
-    )?)
+    let t = crate::vm::image::container_image::tree(&cache, &imported, &mut say)?;
+    Ok((t.path, t.in_use))
 }
 
 #[cfg(not(target_os = "linux"))]
-pub fn image_tree(_reference: &str) -> Result<PathBuf, VmTierError> {
+pub fn image_tree(_reference: &str) -> Result<(PathBuf, std::fs::File), VmTierError> {
     Err(VmTierError::Unsupported)
 }
 

@@ -196,20 +196,24 @@ pub fn import(
 /// (the imports' lock held), by [`hull_oci::unpack`] relative to held
 /// descriptors, first under a name of its own, then renamed to the
 /// image's digest: a tree with that name is whole. Removed with the image
-/// (`hull image rm`, eviction).
-pub fn tree(
-    cache: &Cache,
-    image: &Imported,
-    on: &mut dyn FnMut(&str),
-) -> Result<PathBuf, ImageError> {
+/// (`hull image rm`, eviction), never while a run holds it: the tree comes
+/// with a shared lock the run keeps until it ends.
+pub fn tree(cache: &Cache, image: &Imported, on: &mut dyn FnMut(&str)) -> Result<Tree, ImageError> {
     use rustix::fs::{AtFlags, FileType, Mode, OFlags};
     let hex = image.digest.trim_start_matches("sha256:").to_string();
     let dir = cache.open_private()?;
     let io = |what: &'static str| ImageError::io(cache.root(), what);
+    let in_use = dir
+        .open_lock(&tree_lock(&hex))
+        .map_err(io("open a tree's lock in"))?;
+    in_use.lock_shared().map_err(io("lock a tree in"))?;
     let trees = dir
         .subdir(TREES)
         .map_err(io("open the unpacked images of"))?;
-    let path = cache.root().join(TREES).join(&hex);
+    let path = Tree {
+        path: cache.root().join(TREES).join(&hex),
+        in_use,
+    };
     let whole = |trees: &OwnedFd| {
         rustix::fs::statat(trees, hex.as_str(), AtFlags::SYMLINK_NOFOLLOW)
             .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory)
@@ -271,6 +275,20 @@ pub fn tree(
     rustix::fs::renameat(&trees, part.as_str(), &trees, hex.as_str())
         .map_err(|e| io("name the unpacked image in")(e.into()))?;
     Ok(path)
+}
+
+/// An unpacked image in use: removal waits for its lock.
+#[derive(Debug)]
+pub struct Tree {
+    pub path: PathBuf,
+    /// Held shared while a run uses the tree.
+    pub in_use: std::fs::File,
+}
+
+/// The lock file of the tree of `hex` (in the cache's root; never removed,
+/// so a run and a removal always lock the same file).
+fn tree_lock(hex: &str) -> String {
+    format!("oci-tree-{hex}.lock")
 }
 
 /// The config as hull keeps it beside the tarball, with where the image
@@ -423,6 +441,16 @@ pub fn remove(cache: &Cache, prefix: &str) -> Result<String, ImageError> {
         .subdir(ROOTFS)
         .map_err(ImageError::io(cache.root(), "open the imported images of"))?;
     let hex = &one.digest["sha256:".len()..];
+    // Not under a run that uses it.
+    let in_use = dir
+        .open_lock(&tree_lock(hex))
+        .map_err(ImageError::io(cache.root(), "open a tree's lock in"))?;
+    if in_use.try_lock().is_err() {
+        return Err(ImageError::ContainerImage {
+            reference: one.digest.clone(),
+            why: "a run is using it (its unpacked tree); remove it once the run ends".into(),
+        });
+    }
     let trees = dir
         .subdir(TREES)
         .map_err(ImageError::io(cache.root(), "open the unpacked images of"))?;
