@@ -345,6 +345,13 @@ fn an_image_is_the_root_of_a_bwrap_sandbox() {
         .find(|w| w.starts_with("sha256:"))
         .unwrap_or_else(|| panic!("{list}"))
         .to_string();
+    // Its tarball and its unpacked tree, each with its size.
+    let line = list.lines().find(|l| l.starts_with(&digest)).unwrap();
+    let sizes: Vec<&str> = line.split_whitespace().skip(1).take(4).collect();
+    assert!(
+        sizes.len() == 4 && sizes[0] != "-" && sizes[2] != "-" && sizes[1].ends_with('B'),
+        "{list}"
+    );
     // Not while a run uses it.
     let mut running = Command::new(env!("CARGO_BIN_EXE_hull"))
         .args([

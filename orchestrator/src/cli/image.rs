@@ -103,14 +103,19 @@ fn list_imported(imported: &[image::container_image::Listed]) {
         return;
     }
     println!(
-        "{:<71} {:>9}  {:<20} SOURCE",
-        "IMPORTED IMAGE", "SIZE", "IMPORTED"
+        "{:<71} {:>9} {:>9}  {:<20} SOURCE",
+        "IMPORTED IMAGE", "SIZE", "UNPACKED", "IMPORTED"
     );
     for i in imported {
         println!(
-            "{:<71} {:>9}  {:<20} {}",
+            "{:<71} {:>9} {:>9}  {:<20} {}",
             i.digest,
             human(i.bytes),
+            if i.unpacked == 0 {
+                "-".to_string()
+            } else {
+                human(i.unpacked)
+            },
             humantime::format_rfc3339_seconds(
                 std::time::UNIX_EPOCH + Duration::from_secs(i.imported_unix)
             ),

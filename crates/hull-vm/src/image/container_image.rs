@@ -344,7 +344,7 @@ pub fn evictable(cache: &Cache) -> Vec<(std::time::SystemTime, String, u64)> {
                 .and_then(|m| m.modified())
                 .ok()?;
             let idle = now.duration_since(used).unwrap_or_default();
-            (idle >= EVICT_AFTER).then_some((used, l.digest, l.bytes))
+            (idle >= EVICT_AFTER).then_some((used, l.digest, l.bytes + l.unpacked))
         })
         .collect();
     out.sort();
@@ -359,6 +359,8 @@ pub struct Listed {
     pub source: String,
     /// The flattened tarball's size.
     pub bytes: u64,
+    /// What its tree unpacked for bwrap holds on disk (0: none).
+    pub unpacked: u64,
     pub imported_unix: u64,
 }
 
@@ -393,10 +395,12 @@ pub fn list(cache: &Cache) -> Result<Vec<Listed>, ImageError> {
             .flatten()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let bytes = std::fs::symlink_metadata(e.path()).map_or(0, |m| m.len());
+        let unpacked = super::dir_usage(&cache.root().join(TREES).join(hex));
         out.push(Listed {
             digest: format!("sha256:{hex}"),
             source: kept.as_ref().map(|k| k.source.clone()).unwrap_or_default(),
             bytes,
+            unpacked,
             imported_unix: kept.map_or(0, |k| k.imported_unix),
         });
     }
