@@ -9,7 +9,8 @@
 //! made as a link (`symlinkat`) and only ever resolved inside the sandbox,
 //! whose `/` is the image. Files are new (`O_CREAT | O_EXCL | O_NOFOLLOW`),
 //! a hard link must name an earlier regular file of the tree, device
-//! nodes, fifos and sockets are not made (the sandbox gets its own `/dev`),
+//! nodes in `/dev` are not made (the sandbox gets its own `/dev`) and any
+//! other (one elsewhere, a fifo, a sparse file) refuses the image,
 //! and no owner is taken from the image: everything is the unpacking
 //! user's, with the image's mode less set-id, sticky and group or other
 //! write bits (directories keep the owner's `rwx`, so the tree can be
@@ -49,7 +50,7 @@ pub enum UnpackError {
 pub struct Unpacked {
     pub entries: usize,
     pub bytes: u64,
-    /// Device nodes, fifos and sockets not made.
+    /// Device nodes in `/dev` not made.
     pub skipped: usize,
 }
 
@@ -297,15 +298,20 @@ pub fn unpack(tar: impl Read, root: OwnedFd, limits: Limits) -> Result<Unpacked,
             let parent = chain.parent(&parts, &entry)?;
             rustix::fs::linkat(tdir, tname, parent, name, AtFlags::empty())
                 .map_err(io("make the hard link"))?;
-        } else if matches!(
-            kind,
-            tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo
-        ) {
+        } else if matches!(kind, tar::EntryType::Char | tar::EntryType::Block)
+            && parts.first() == Some(&&b"dev"[..])
+        {
+            // /dev/null and friends: the sandbox's /dev is bwrap's own.
             done.skipped += 1;
         } else {
-            // Metadata entries (pax, GNU long names) are read by the tar
-            // crate itself; anything else is not made.
-            done.skipped += 1;
+            // As tier 3's rewrite of a rootfs: a device node elsewhere, a
+            // fifo, a sparse file or a global header is nothing a userland
+            // needs. (Pax headers and GNU long names are read by the tar
+            // crate itself.)
+            return Err(refuse(&format!(
+                "an entry of type {kind:?} (a device node outside /dev, a fifo, ...), which a \
+                 userland does not need"
+            )));
         }
     }
     // Deepest first: a directory's mode may take the owner's write away
