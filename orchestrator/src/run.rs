@@ -1083,7 +1083,11 @@ pub fn execute(
             (Some(r), Tier::Vm) => Some(crate::tier::vm::image_defaults(r)?),
             _ => match (&opts.image, tier) {
                 (Some(r), Tier::Bwrap) => {
-                    let (tree, in_use) = crate::tier::vm::image_tree(r)?;
+                    let crate::tier::vm::BwrapImage {
+                        defaults,
+                        tree,
+                        in_use,
+                    } = crate::tier::vm::image_on_bwrap(r)?;
                     // Either way round: a project inside the cache's trees
                     // would write one of them as well.
                     let trees = tree.parent().unwrap_or(&tree);
@@ -1097,11 +1101,10 @@ pub fn execute(
                             root: g.path.clone(),
                         });
                     }
-                    let d = crate::tier::vm::image_defaults(r)?;
                     // The image's `User`: the ids bwrap maps the caller's
                     // (the sandbox user's when hull is root) to.
                     let ids =
-                        match &d.user_raw {
+                        match &defaults.user_raw {
                             None => None,
                             Some(u) => Some(image_ids(&tree, u).map_err(|why| {
                                 RunError::ImageUserUnknown {
@@ -1111,38 +1114,35 @@ pub fn execute(
                                 }
                             })?),
                         };
-                    // Where the project is: `[vm] project_at`, else the
-                    // image's WorkingDir; a session's at its host path
-                    // (its API's paths are the host's).
-                    let project_at = match (&pol.vm.project_at, opts.session_leader) {
-                        (_, true) | (policy::ProjectAt::Host, _) => None,
-                        (policy::ProjectAt::Path(p), _) => Some(p.clone()),
-                        (policy::ProjectAt::Image, _) => d.working_dir.clone(),
-                    };
                     image_tree = Some(ImageTree {
                         path: tree,
                         ids,
-                        project_at,
+                        // Set below, with tier 3's.
+                        project_at: None,
                         _in_use: in_use,
                     });
-                    Some(crate::tier::vm::ImageDefaults {
-                        // bwrap runs the command as the ids above.
-                        user: None,
-                        working_dir: None,
-                        ..d
-                    })
+                    Some(defaults)
                 }
                 _ => None,
             },
         };
-        // Where the container sees the project, now that the image's
-        // config is known: its `WorkingDir` unless the policy names one. A
-        // kept VM (a session's) has its shares from `hull vm up`, which
-        // reads no image config: the host's path there.
+        // Where the container (or bwrap's sandbox) sees the project, now
+        // that the image's config is known: its `WorkingDir` unless the
+        // policy names one. A kept VM (a session's) has its shares from
+        // `hull vm up`, which reads no image config, and a session's API
+        // names the host's paths: the host's path there.
         if pol.vm.project_at == policy::ProjectAt::Image {
             pol.vm.project_at = match image.as_ref().and_then(|d| d.working_dir.clone()) {
-                Some(dir) if opts.vm.is_none() => policy::ProjectAt::Path(dir),
+                Some(dir) if opts.vm.is_none() && !opts.session_leader => {
+                    policy::ProjectAt::Path(dir)
+                }
                 _ => policy::ProjectAt::Host,
+            };
+        }
+        if let Some(t) = &mut image_tree {
+            t.project_at = match &pol.vm.project_at {
+                policy::ProjectAt::Path(p) if !opts.session_leader => Some(p.clone()),
+                _ => None,
             };
         }
         let mut env = command_env(&pol, &opts.env, instance.child_env());

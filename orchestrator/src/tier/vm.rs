@@ -586,13 +586,23 @@ pub struct ImageDefaults {
     pub working_dir: Option<PathBuf>,
 }
 
-/// The defaults of the container image `reference` (imported into the
-/// image cache when it is not there yet).
+/// The defaults of the container image `reference` on tier 3 (imported
+/// into the image cache when it is not there yet).
 #[cfg(target_os = "linux")]
 pub fn image_defaults(reference: &str) -> Result<ImageDefaults, VmTierError> {
     let cache = crate::vm::image::Cache::default_location()?;
     let mut say = crate::vm::image::container_image::say(false);
     let c = crate::vm::image::container_image::import(&cache, reference, &mut say)?.config;
+    Ok(ImageDefaults {
+        user: image_user(reference, c.user.as_deref())?,
+        ..defaults_of(reference, c)?
+    })
+}
+
+/// What an image's config gives a run on any tier: its `User` as written
+/// (a tier makes it its own user), none in `user`.
+#[cfg(target_os = "linux")]
+fn defaults_of(reference: &str, c: hull_oci::RunConfig) -> Result<ImageDefaults, VmTierError> {
     let env = c
         .env
         .unwrap_or_default()
@@ -602,8 +612,6 @@ pub fn image_defaults(reference: &str) -> Result<ImageDefaults, VmTierError> {
             Some((k.to_string(), v.to_string()))
         })
         .collect();
-    let user = image_user(reference, c.user.as_deref())?;
-    let user_raw = c.user.clone().filter(|u| !u.is_empty());
     let working_dir = image_working_dir(reference, c.working_dir.as_deref())?;
     let argv = c
         .entrypoint
@@ -613,9 +621,9 @@ pub fn image_defaults(reference: &str) -> Result<ImageDefaults, VmTierError> {
         .collect();
     Ok(ImageDefaults {
         env,
-        user,
+        user: None,
         argv,
-        user_raw,
+        user_raw: c.user.filter(|u| !u.is_empty()),
         working_dir,
     })
 }
@@ -639,21 +647,36 @@ fn image_working_dir(reference: &str, dir: Option<&str>) -> Result<Option<PathBu
     }
 }
 
-/// The image `reference` unpacked into a tree of the image cache (a
-/// bwrap sandbox's `/`), imported and unpacked when it is not there yet:
-/// its path and its lock, held shared while the run uses it (no removal
-/// takes it meanwhile).
+/// A container image as a bwrap sandbox's `/`.
+#[derive(Debug)]
+pub struct BwrapImage {
+    /// Its config's defaults (`user` none: bwrap maps ids from
+    /// `user_raw` instead).
+    pub defaults: ImageDefaults,
+    /// The image unpacked into a tree of the image cache.
+    pub tree: PathBuf,
+    /// The tree's lock, held shared while the run uses it (no removal
+    /// takes it meanwhile).
+    pub in_use: std::fs::File,
+}
+
+/// The image `reference` for bwrap, imported and unpacked when it is not
+/// there yet (one import for its config and its tree).
 #[cfg(target_os = "linux")]
-pub fn image_tree(reference: &str) -> Result<(PathBuf, std::fs::File), VmTierError> {
+pub fn image_on_bwrap(reference: &str) -> Result<BwrapImage, VmTierError> {
     let cache = crate::vm::image::Cache::default_location()?;
     let mut say = crate::vm::image::container_image::say(false);
     let imported = crate::vm::image::container_image::import(&cache, reference, &mut say)?;
     let t = crate::vm::image::container_image::tree(&cache, &imported, &mut say)?;
-    Ok((t.path, t.in_use))
+    Ok(BwrapImage {
+        defaults: defaults_of(reference, imported.config)?,
+        tree: t.path,
+        in_use: t.in_use,
+    })
 }
 
 #[cfg(not(target_os = "linux"))]
-pub fn image_tree(_reference: &str) -> Result<(PathBuf, std::fs::File), VmTierError> {
+pub fn image_on_bwrap(_reference: &str) -> Result<BwrapImage, VmTierError> {
     Err(VmTierError::Unsupported)
 }
 
