@@ -9,11 +9,35 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn hull(cache: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hull"))
-        .args(args)
-        .env("HULL_IMAGE_CACHE", cache)
-        .output()
-        .unwrap()
+    hull_cmd(cache, args).output().unwrap()
+}
+
+fn hull_cmd(cache: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hull"));
+    c.args(args).env("HULL_IMAGE_CACHE", cache);
+    c
+}
+
+/// `hull run --tier bwrap` in `project`, on `image` if given, of `argv`
+/// (none: the image's own command).
+fn on_bwrap(cache: &Path, project: &Path, image: Option<&str>, argv: &[&str]) -> Command {
+    let mut args = vec![
+        "run",
+        "--tier",
+        "bwrap",
+        "--timeout",
+        "60s",
+        "--project",
+        project.to_str().unwrap(),
+    ];
+    if let Some(r) = image {
+        args.extend(["--image", r]);
+    }
+    if !argv.is_empty() {
+        args.push("--");
+        args.extend(argv);
+    }
+    hull_cmd(cache, &args)
 }
 
 fn text(b: &[u8]) -> String {
@@ -275,20 +299,9 @@ fn an_image_is_the_root_of_a_bwrap_sandbox() {
                   touch /usr/share/new 2>/dev/null || echo no write to the image; \
                   test -e /usr/bin/bwrap || echo no host bwrap; id -u; id -g; pwd";
     let run = |image: Option<&str>| {
-        let mut args = vec![
-            "run",
-            "--tier",
-            "bwrap",
-            "--timeout",
-            "60s",
-            "--project",
-            project.to_str().unwrap(),
-        ];
-        if let Some(r) = image {
-            args.extend(["--image", r]);
-        }
-        args.extend(["--", "sh", "-c", script]);
-        hull(&cache, &args)
+        on_bwrap(&cache, &project, image, &["sh", "-c", script])
+            .output()
+            .unwrap()
     };
     // The control: without the image, the host's userland.
     let o = run(None);
@@ -322,20 +335,9 @@ fn an_image_is_the_root_of_a_bwrap_sandbox() {
     assert!(!trees[0].join("usr/share/new").exists());
     assert!(!trees[0].join("tmp/t").exists());
     // No command: the image's own.
-    let o = hull(
-        &cache,
-        &[
-            "run",
-            "--tier",
-            "bwrap",
-            "--timeout",
-            "60s",
-            "--project",
-            project.to_str().unwrap(),
-            "--image",
-            &reference,
-        ],
-    );
+    let o = on_bwrap(&cache, &project, Some(&reference), &[])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "the image says hello\n");
     // `hull image rm` takes the tree with the image.
@@ -353,25 +355,14 @@ fn an_image_is_the_root_of_a_bwrap_sandbox() {
         "{list}"
     );
     // Not while a run uses it.
-    let mut running = Command::new(env!("CARGO_BIN_EXE_hull"))
-        .args([
-            "run",
-            "--tier",
-            "bwrap",
-            "--timeout",
-            "60s",
-            "--project",
-            project.to_str().unwrap(),
-            "--image",
-            &reference,
-            "--",
-            "sh",
-            "-c",
-            "echo up > up; sleep 60",
-        ])
-        .env("HULL_IMAGE_CACHE", &cache)
-        .spawn()
-        .unwrap();
+    let mut running = on_bwrap(
+        &cache,
+        &project,
+        Some(&reference),
+        &["sh", "-c", "echo up > up; sleep 60"],
+    )
+    .spawn()
+    .unwrap();
     let t0 = std::time::Instant::now();
     while !project.join("up").exists() {
         assert!(
@@ -408,23 +399,10 @@ fn an_image_run_whose_project_holds_the_cache_is_refused() {
     let bb = busybox_layer(t.path());
     let archive = t.path().join("bb.oci.tar");
     make_image("oci-archive", &archive, &[&bb]);
-    let o = hull(
-        &cache,
-        &[
-            "run",
-            "--tier",
-            "bwrap",
-            "--timeout",
-            "60s",
-            "--project",
-            t.path().to_str().unwrap(),
-            "--image",
-            &format!("oci-archive:{}", archive.display()),
-            "--",
-            "touch",
-            "ran",
-        ],
-    );
+    let reference = format!("oci-archive:{}", archive.display());
+    let o = on_bwrap(&cache, t.path(), Some(&reference), &["touch", "ran"])
+        .output()
+        .unwrap();
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(125), "{err}");
     assert!(err.contains("which this policy makes writable"), "{err}");
@@ -437,23 +415,9 @@ fn an_image_run_whose_project_holds_the_cache_is_refused() {
         .unwrap()
         .join("usr/share");
     let before: Vec<_> = std::fs::read_dir(&inside).unwrap().collect();
-    let o = hull(
-        &cache,
-        &[
-            "run",
-            "--tier",
-            "bwrap",
-            "--timeout",
-            "60s",
-            "--project",
-            inside.to_str().unwrap(),
-            "--image",
-            &format!("oci-archive:{}", archive.display()),
-            "--",
-            "touch",
-            "ran",
-        ],
-    );
+    let o = on_bwrap(&cache, &inside, Some(&reference), &["touch", "ran"])
+        .output()
+        .unwrap();
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(125), "{err}");
     assert!(err.contains("which this policy makes writable"), "{err}");
@@ -474,24 +438,19 @@ fn an_image_s_user_is_the_command_s_ids_on_bwrap() {
     let run = |user: &str| {
         let archive = t.path().join(format!("{user}.oci.tar"));
         make_image_as("oci-archive", &archive, &[&bb], user);
-        hull(
+        let reference = format!("oci-archive:{}", archive.display());
+        on_bwrap(
             &cache,
+            &project,
+            Some(&reference),
             &[
-                "run",
-                "--tier",
-                "bwrap",
-                "--timeout",
-                "60s",
-                "--project",
-                project.to_str().unwrap(),
-                "--image",
-                &format!("oci-archive:{}", archive.display()),
-                "--",
                 "sh",
                 "-c",
                 "id -u; id -g; cat /proc/self/status | grep ^CapEff; echo ran > ran",
             ],
         )
+        .output()
+        .unwrap()
     };
     let o = run("root");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));

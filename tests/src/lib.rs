@@ -189,6 +189,21 @@ impl Default for World {
 }
 
 /// Output as text, for assertion messages.
+/// Runs the fixture that writes container images
+/// (`fixtures/container-image/make.py ARGS...`), failing the test with
+/// what it said when it fails.
+pub fn make_image(args: &[&str]) {
+    let o = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/container-image/make.py"
+        ))
+        .args(args)
+        .output()
+        .expect("python3 fixtures/container-image/make.py");
+    assert!(o.status.success(), "make.py {args:?}: {}", show(&o));
+}
+
 pub fn show(o: &Output) -> String {
     format!(
         "status {:?}\n--- stdout\n{}\n--- stderr\n{}",

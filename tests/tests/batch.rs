@@ -549,17 +549,7 @@ fn each_job_runs_on_its_own_container_image_on_bwrap() {
     require_tier("bwrap");
     let w = World::new();
     let dir = w.root.path();
-    let make = |args: &[&str]| {
-        let o = Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/fixtures/container-image/make.py"
-            ))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", show(&o));
-    };
+    let make = hull_tests::make_image;
     for (id, kind, name) in [
         ("image-a", "oci-archive", "a.oci.tar"),
         ("image-b", "docker-archive", "b.docker.tar"),
@@ -811,19 +801,11 @@ mod vm {
             ("oci-archive", "a.oci.tar"),
             ("docker-archive", "b.docker.tar"),
         ] {
-            let o = Command::new("python3")
-                .arg(concat!(
-                    env!("CARGO_MANIFEST_DIR"),
-                    "/fixtures/container-image/make.py"
-                ))
-                .args([
-                    kind,
-                    dir.join(name).to_str().unwrap(),
-                    rootfs.to_str().unwrap(),
-                ])
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "{}", show(&o));
+            hull_tests::make_image(&[
+                kind,
+                dir.join(name).to_str().unwrap(),
+                rootfs.to_str().unwrap(),
+            ]);
         }
         let jobs = dir.join("jobs.jsonl");
         let script = "hello 2>/dev/null || echo no hello; command -v python3 || echo no python3";

@@ -341,17 +341,7 @@ fn bwrap_a_session_of_a_container_image_has_it_as_its_root() {
     require_tier("bwrap");
     let w = World::new();
     let dir = w.root.path();
-    let make = |args: &[&str]| {
-        let o = Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/fixtures/container-image/make.py"
-            ))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", show(&o));
-    };
+    let make = hull_tests::make_image;
     let layer = dir.join("bb.layer.tar");
     make(&["busybox-layer", layer.to_str().unwrap(), "session-image"]);
     let archive = dir.join("bb.oci.tar");
@@ -1479,19 +1469,11 @@ mod vm {
             "HULL_TEST_ROOTFS names no file: scripts/test.sh makes it"
         );
         let archive = w.root.path().join("image.oci.tar");
-        let o = Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/fixtures/container-image/make.py"
-            ))
-            .args([
-                "oci-archive",
-                archive.to_str().unwrap(),
-                rootfs.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", show(&o));
+        hull_tests::make_image(&[
+            "oci-archive",
+            archive.to_str().unwrap(),
+            rootfs.to_str().unwrap(),
+        ]);
         let image = format!("oci-archive:{}", archive.display());
         let s = Server::start(&w);
         let create = |tier: &str| {
