@@ -470,6 +470,15 @@ fn an_image_s_user_is_the_command_s_ids_on_bwrap() {
         text(&o.stderr)
     );
     std::fs::remove_file(project.join("ran")).unwrap();
+    // A number: its own, the image's primary group of it.
+    let o = run("1500");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).starts_with("1500\n1600\n"),
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::remove_file(project.join("ran")).unwrap();
     let o = run("ghost");
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(125), "{err}");
