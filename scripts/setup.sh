@@ -82,6 +82,9 @@ if [ "$want_test" -eq 1 ]; then
   [ -x /usr/sbin/slurmctld ] || need_pkgs+=(slurmctld)
   [ -x /usr/sbin/slurmd ] || need_pkgs+=(slurmd)
   command -v sbatch >/dev/null || need_pkgs+=(slurm-client)
+  # `--image docker://...`: the tests pull from a registry of their own on
+  # loopback (Debian's docker-registry, started by the test).
+  [ -x /usr/bin/docker-registry ] || need_pkgs+=(docker-registry)
 fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)

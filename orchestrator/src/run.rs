@@ -1076,12 +1076,22 @@ pub fn execute(
         if let Some(f) = result_file {
             f.check_outside(pol.writable_roots().map(|g| g.path.as_path()))?;
         }
+        // A registry's image is pulled now, through the policy's network
+        // (its registry must be allowed there), and named by its digest
+        // from here on.
+        let bwrap_image = match (&opts.image, tier) {
+            (Some(r), Tier::Bwrap) => Some(crate::tier::vm::pull_image(r, &net)?),
+            _ => None,
+        };
+        if let (Some(r), Tier::Vm) = (&pol.vm.image, tier) {
+            pol.vm.image = Some(crate::tier::vm::pull_image(r, &net)?);
+        }
         // A container image's config on tier 3: its environment (the
         // policy's `env.set`, the caller's and hull's own win), its user
         // (unless the run names one) and its command (when none is given).
         let image = match (&pol.vm.image, tier) {
             (Some(r), Tier::Vm) => Some(crate::tier::vm::image_defaults(r)?),
-            _ => match (&opts.image, tier) {
+            _ => match (&bwrap_image, tier) {
                 (Some(r), Tier::Bwrap) => {
                     let crate::tier::vm::BwrapImage {
                         defaults,

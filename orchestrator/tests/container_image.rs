@@ -488,3 +488,263 @@ fn an_image_s_user_is_the_command_s_ids_on_bwrap() {
     );
     assert!(!project.join("ran").exists());
 }
+
+/// `hull run --tier bwrap --policy POLICY --image REF -- argv` in
+/// `project`, with no auth file of the caller's but `auth`.
+fn pull_on_bwrap(
+    cache: &Path,
+    project: &Path,
+    policy: Option<&Path>,
+    image: &str,
+    auth: Option<&Path>,
+    argv: &[&str],
+) -> Output {
+    let mut args = vec![
+        "run",
+        "--tier",
+        "bwrap",
+        "--timeout",
+        "60s",
+        "--project",
+        project.to_str().unwrap(),
+        "--image",
+        image,
+    ];
+    if let Some(p) = policy {
+        args.extend(["--policy", p.to_str().unwrap()]);
+    }
+    args.push("--");
+    args.extend(argv);
+    let mut c = hull_cmd(cache, &args);
+    // The caller's own docker config is not this test's.
+    c.env(
+        "DOCKER_CONFIG",
+        cache.parent().unwrap().join("no-docker-config"),
+    )
+    .env_remove("REGISTRY_AUTH_FILE");
+    if let Some(a) = auth {
+        c.env("REGISTRY_AUTH_FILE", a);
+    }
+    c.output().unwrap()
+}
+
+/// A policy whose network allows the registry on `port` (the project
+/// writable, as the default's).
+fn registry_policy(dir: &Path, name: &str, port: u16) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(
+        &p,
+        format!(
+            "version = 1\n[fs]\nread_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\n\
+             allow = [\"127.0.0.1\"]\nports = [{port}]\nallow_private = [\"127.0.0.1/32\"]\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Pushes the busybox image to `reg` as `team/tool` (`:plain` its
+/// manifest, `:multi` an index of it and an arm64 one); its digest.
+fn push(t: &Path, reg: &hull_tests::registry::Registry, login: Option<(&str, &str)>) -> String {
+    let bb = busybox_layer(t);
+    let mut c = Command::new("python3");
+    c.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/container-image/make.py"
+    ))
+    .args(["push", &reg.host, "team/tool"])
+    .arg(&bb);
+    if let Some((u, p)) = login {
+        c.env("REGISTRY_USER", u).env("REGISTRY_PASSWORD", p);
+    }
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "push: {}", text(&o.stderr));
+    text(&o.stdout).trim().to_string()
+}
+
+/// `docker://`: an image pulled from a registry on loopback (Debian's
+/// docker-registry) through hull's proxy holding the policy's allowlist.
+/// Refused, with nothing pulled, when the policy has no network or not the
+/// registry's port; pulled once allowed (an index followed to the host's
+/// platform) and run; the same manifest by another tag or by its digest
+/// reads nothing again; a digest the registry does not have is refused.
+#[test]
+fn a_registry_s_image_is_pulled_through_the_policy_s_allowlist() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let project = t.path().join("p");
+    std::fs::create_dir(&project).unwrap();
+    let reg = hull_tests::registry::Registry::start(t.path(), None);
+    let digest = push(t.path(), &reg, None);
+    let allowed = registry_policy(t.path(), "allowed.toml", reg.port);
+    let other_port = registry_policy(t.path(), "other-port.toml", reg.port + 1);
+    let multi = format!("docker://{}/team/tool:multi", reg.host);
+    let argv = ["sh", "-c", "cat /etc/os-release; pwd"];
+    for (policy, why) in [
+        (None, "the policy's network mode is none"),
+        (
+            Some(other_port.as_path()),
+            &*format!("port {} is not allowed", reg.port),
+        ),
+    ] {
+        let o = pull_on_bwrap(&cache, &project, policy, &multi, None, &argv);
+        assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+        let err = text(&o.stderr);
+        assert!(err.contains(&multi) && err.contains(why), "{err}");
+        assert!(err.contains("to allow it: [net]"), "{err}");
+        assert_eq!(text(&o.stdout), "");
+    }
+    let l = hull(&cache, &["image", "list"]);
+    assert!(!text(&l.stdout).contains("sha256:"), "{}", text(&l.stdout));
+    let o = pull_on_bwrap(&cache, &project, Some(&allowed), &multi, None, &argv);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "ID=hull-test-image\n/work\n");
+    assert!(
+        text(&o.stderr).contains("flattening 1 layer(s)"),
+        "{}",
+        text(&o.stderr)
+    );
+    let l = hull(&cache, &["image", "list"]);
+    let listed = text(&l.stdout);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with(&digest) && l.ends_with(&multi)),
+        "{digest} from {multi} not listed: {listed}"
+    );
+    // The same manifest by its tag, pinned by its digest, and by the
+    // digest hull names it with: nothing flattened or unpacked again.
+    for r in [
+        format!("docker://{}/team/tool:plain", reg.host),
+        format!("docker://{}/team/tool@{digest}", reg.host),
+        digest.clone(),
+    ] {
+        let o = pull_on_bwrap(&cache, &project, Some(&allowed), &r, None, &argv);
+        assert_eq!(o.status.code(), Some(0), "{r}: {}", text(&o.stderr));
+        assert_eq!(text(&o.stdout), "ID=hull-test-image\n/work\n", "{r}");
+        let err = text(&o.stderr);
+        assert!(
+            !err.contains("flattening") && !err.contains("unpacking"),
+            "{r}: {err}"
+        );
+    }
+    let unknown = format!("docker://{}/team/tool@sha256:{}", reg.host, "0".repeat(64));
+    let o = pull_on_bwrap(&cache, &project, Some(&allowed), &unknown, None, &argv);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("404"), "{}", text(&o.stderr));
+}
+
+/// A layer the registry serves that is not the one its manifest names
+/// (its stored bytes changed, the size kept) is refused naming both
+/// digests, and nothing of it is imported or run.
+#[test]
+fn a_registry_s_blob_that_is_not_its_digest_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let project = t.path().join("p");
+    std::fs::create_dir(&project).unwrap();
+    let reg = hull_tests::registry::Registry::start(t.path(), None);
+    push(t.path(), &reg, None);
+    let allowed = registry_policy(t.path(), "allowed.toml", reg.port);
+    // The largest blob is the layer; one byte of it flipped.
+    let mut blobs: Vec<(u64, std::path::PathBuf)> = Vec::new();
+    let mut stack = vec![reg.storage.join("docker/registry/v2/blobs")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                blobs.push((e.metadata().unwrap().len(), e.path()));
+            }
+        }
+    }
+    blobs.sort();
+    let (_, layer) = blobs.last().unwrap();
+    let layer_digest = format!(
+        "sha256:{}",
+        layer
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+    );
+    let mut bytes = std::fs::read(layer).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(layer, &bytes).unwrap();
+    let r = format!("docker://{}/team/tool:plain", reg.host);
+    let o = pull_on_bwrap(&cache, &project, Some(&allowed), &r, None, &["true"]);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&format!("for {layer_digest}: not the blob asked for")),
+        "{err}"
+    );
+    let l = hull(&cache, &["image", "list"]);
+    assert!(!text(&l.stdout).contains("sha256:"), "{}", text(&l.stdout));
+    let left: Vec<_> = std::fs::read_dir(cache.join("oci-blobs"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A registry that asks for a login: refused anonymously (naming where
+/// credentials are looked for); pulled with the caller's auth file, whose
+/// credentials stay out of the sandbox (neither the file nor the variable
+/// is there).
+#[test]
+fn a_registry_s_login_comes_from_the_caller_s_auth_file_and_stays_outside() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let project = t.path().join("p");
+    std::fs::create_dir(&project).unwrap();
+    let login = ("puller", "s3cret-pw");
+    let reg = hull_tests::registry::Registry::start(t.path(), Some(login));
+    push(t.path(), &reg, Some(login));
+    let allowed = registry_policy(t.path(), "allowed.toml", reg.port);
+    let r = format!("docker://{}/team/tool:plain", reg.host);
+    let auth = t.path().join("auth.json");
+    let script = format!(
+        "echo \"auth=${{REGISTRY_AUTH_FILE:-none}}\"; cat {} 2>/dev/null || echo no file",
+        auth.display()
+    );
+    let argv = ["sh", "-c", script.as_str()];
+    let o = pull_on_bwrap(&cache, &project, Some(&allowed), &r, None, &argv);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("asks for credentials") && err.contains("REGISTRY_AUTH_FILE"),
+        "{err}"
+    );
+    // Wrong password: refused, naming the user and the file, not the
+    // password.
+    let write_auth = |pw: &str| {
+        use base64::Engine as _;
+        let encode = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        std::fs::write(
+            &auth,
+            format!(
+                "{{\"auths\":{{\"{}\":{{\"auth\":\"{}\"}}}}}}",
+                reg.host,
+                encode(&format!("{}:{pw}", login.0))
+            ),
+        )
+        .unwrap();
+    };
+    write_auth("wrong-pw");
+    let o = pull_on_bwrap(&cache, &project, Some(&allowed), &r, Some(&auth), &argv);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("as puller from") && err.contains(auth.to_str().unwrap()),
+        "{err}"
+    );
+    assert!(!err.contains("wrong-pw"), "{err}");
+    write_auth(login.1);
+    let o = pull_on_bwrap(&cache, &project, Some(&allowed), &r, Some(&auth), &argv);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "auth=none\nno file\n");
+}

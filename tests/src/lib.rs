@@ -13,6 +13,7 @@
 //! never by a test that passes without running.
 
 pub mod nobody;
+pub mod registry;
 pub mod slurm;
 pub mod workloads;
 

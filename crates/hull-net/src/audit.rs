@@ -130,7 +130,8 @@ impl Audit {
         }
     }
 
-    /// Counts refusals only (tests).
+    /// Counts refusals only (tests, and hull's own pulls of an image,
+    /// whose refusals go into the error).
     pub fn in_memory() -> Audit {
         Audit {
             file: None,

@@ -10,12 +10,17 @@
 //! blobs, entries, bytes), every blob is named by the digest hull computed
 //! of it, and a layer must match the digest its config names.
 //!
+//! A registry's image is pulled by [`registry`], through the proxy the
+//! caller names (hull's, holding the run's allowlist).
+//!
 //! Reading a source is Linux's only so far (a layout is read with
 //! `openat2`); the rest is portable, and [`TarGuard`] is what every tar
 //! hull reads goes through (`[vm] rootfs` too).
 
 pub mod flatten;
 pub mod reference;
+#[cfg(target_os = "linux")]
+pub mod registry;
 #[cfg(target_os = "linux")]
 pub mod source;
 pub mod tar_guard;

@@ -1,5 +1,6 @@
 //! Image references, as skopeo names them: `oci-archive:PATH`,
-//! `docker-archive:PATH`, `oci:DIR[:TAG]` and `docker://HOST/NAME[:TAG]`.
+//! `docker-archive:PATH`, `oci:DIR[:TAG]` and `docker://HOST/NAME[:TAG]`
+//! (or `@sha256:DIGEST`); and `sha256:DIGEST`, an image hull has imported.
 
 use std::path::PathBuf;
 
@@ -13,18 +14,29 @@ pub enum Reference {
     /// An OCI layout directory, and the tag of the manifest to take (its
     /// only manifest when none is named).
     OciLayout { dir: PathBuf, tag: Option<String> },
-    /// An image in a registry.
+    /// An image in a registry: `tag` is a tag, or the manifest's digest
+    /// (`sha256:HEX`, written after `@`).
     Registry {
         host: String,
         name: String,
         tag: String,
     },
+    /// An image already imported into hull's cache, by the digest `hull
+    /// image list` shows (`sha256:HEX`, whole).
+    Imported(String),
+}
+
+impl Reference {
+    /// Whether a registry reference names its manifest by digest.
+    pub fn is_pinned(&self) -> bool {
+        matches!(self, Reference::Registry { tag, .. } if tag.starts_with("sha256:"))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error(
     "image reference {reference:?}: {why} (the forms: oci-archive:PATH, docker-archive:PATH, \
-     oci:DIR[:TAG], docker://HOST/NAME[:TAG])"
+     oci:DIR[:TAG], docker://HOST/NAME[:TAG|@sha256:DIGEST], sha256:DIGEST)"
 )]
 pub struct ReferenceError {
     pub reference: String,
@@ -48,6 +60,10 @@ impl std::str::FromStr for Reference {
             }
             Ok(PathBuf::from(p))
         };
+        if let Some(h) = s.strip_prefix("sha256:") {
+            check_hex(h).map_err(|why| refuse(&why))?;
+            return Ok(Reference::Imported(s.to_string()));
+        }
         if let Some(p) = s.strip_prefix("oci-archive:") {
             return Ok(Reference::OciArchive(path(p)?));
         }
@@ -84,8 +100,15 @@ impl std::str::FromStr for Reference {
                     "name the registry's host (hull assumes no default registry)",
                 ));
             }
-            let (name, tag) = match name.rsplit_once(':') {
-                Some((n, t)) if !t.contains('/') => (n, t),
+            let (name, tag) = match (name.split_once('@'), name.rsplit_once(':')) {
+                (Some((n, d)), _) => {
+                    let h = d.strip_prefix("sha256:").ok_or_else(|| {
+                        refuse("a registry image is pinned by @sha256:DIGEST only")
+                    })?;
+                    check_hex(h).map_err(|why| refuse(&why))?;
+                    (n, d)
+                }
+                (None, Some((n, t))) if !t.contains('/') => (n, t),
                 _ => (name, "latest"),
             };
             if name.is_empty()
@@ -98,7 +121,9 @@ impl std::str::FromStr for Reference {
             {
                 return Err(refuse("the image name is not a repository path"));
             }
-            check_tag(tag).map_err(|why| refuse(&why))?;
+            if !tag.starts_with("sha256:") {
+                check_tag(tag).map_err(|why| refuse(&why))?;
+            }
             return Ok(Reference::Registry {
                 host: host.to_string(),
                 name: name.to_string(),
@@ -106,6 +131,16 @@ impl std::str::FromStr for Reference {
             });
         }
         Err(refuse("unknown form"))
+    }
+}
+
+/// The hex of a whole sha256 digest: 64 lowercase hex digits.
+fn check_hex(h: &str) -> Result<(), String> {
+    match h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        true => Ok(()),
+        false => Err(format!(
+            "{h:?} is not the 64 lowercase hex digits of a sha256 digest"
+        )),
     }
 }
 
@@ -127,7 +162,11 @@ impl std::fmt::Display for Reference {
             Reference::DockerArchive(p) => write!(f, "docker-archive:{}", p.display()),
             Reference::OciLayout { dir, tag: None } => write!(f, "oci:{}", dir.display()),
             Reference::OciLayout { dir, tag: Some(t) } => write!(f, "oci:{}:{t}", dir.display()),
+            Reference::Registry { host, name, tag } if tag.starts_with("sha256:") => {
+                write!(f, "docker://{host}/{name}@{tag}")
+            }
             Reference::Registry { host, name, tag } => write!(f, "docker://{host}/{name}:{tag}"),
+            Reference::Imported(digest) => f.write_str(digest),
         }
     }
 }
@@ -170,6 +209,18 @@ mod tests {
                 },
             ),
             (
+                format!("docker://[::1]:5000/tool@sha256:{}", "ab".repeat(32)).as_str(),
+                Reference::Registry {
+                    host: "[::1]:5000".into(),
+                    name: "tool".into(),
+                    tag: format!("sha256:{}", "ab".repeat(32)),
+                },
+            ),
+            (
+                format!("sha256:{}", "0f".repeat(32)).as_str(),
+                Reference::Imported(format!("sha256:{}", "0f".repeat(32))),
+            ),
+            (
                 "docker://localhost/tool",
                 Reference::Registry {
                     host: "localhost".into(),
@@ -195,6 +246,9 @@ mod tests {
             "oci-archive:",
             "oci:/d:bad tag",
             "docker://a.b/x:../../y",
+            "docker://a.b/x@md5:00",
+            "docker://a.b/x@sha256:00",
+            "sha256:0f",
         ] {
             let e = bad.parse::<Reference>().expect_err(bad).to_string();
             assert!(e.contains("oci-archive:PATH"), "{bad}: {e}");

@@ -20,7 +20,7 @@ use crate::flatten::{normalise, Layer};
 use crate::Reference;
 
 /// The largest metadata file read (an index, a manifest, a config).
-const MAX_JSON: u64 = 4 << 20;
+pub(crate) const MAX_JSON: u64 = 4 << 20;
 /// The most entries an archive may hold.
 const MAX_ARCHIVE_ENTRIES: usize = 100_000;
 
@@ -78,7 +78,7 @@ pub struct Image {
 }
 
 /// A blob of the store, by digest.
-fn blob_path(store: &Path, digest: &str) -> PathBuf {
+pub(crate) fn blob_path(store: &Path, digest: &str) -> PathBuf {
     store.join(digest.trim_start_matches("sha256:"))
 }
 
@@ -104,11 +104,13 @@ pub fn read(
                     let index = files.json.get("index.json").ok_or_else(|| {
                         refuse("no index.json in the archive (not an OCI archive)".into())
                     })?;
-                    let mut fetch =
-                        |d: &str| match files.blobs.contains(d.trim_start_matches("sha256:")) {
-                            true => Ok(()),
-                            false => Err(refuse(format!("the blob {d} is not in the archive"))),
-                        };
+                    let mut fetch = |d: &str, _: Kind| match files
+                        .blobs
+                        .contains(d.trim_start_matches("sha256:"))
+                    {
+                        true => Ok(()),
+                        false => Err(refuse(format!("the blob {d} is not in the archive"))),
+                    };
                     oci_image(&r, index, None, store, &mut fetch)
                 }
                 _ => docker_image(&r, &files, store),
@@ -126,7 +128,7 @@ pub fn read(
             // Each blob the image needs is copied from the layout as it is
             // named, and checked.
             let mut total = 0u64;
-            let mut fetch = |digest: &str| -> Result<(), SourceError> {
+            let mut fetch = |digest: &str, _: Kind| -> Result<(), SourceError> {
                 let hexd = digest_hex(digest).map_err(refuse)?;
                 let name = format!("blobs/sha256/{hexd}");
                 let f = open_beneath(&root, &name)
@@ -148,14 +150,15 @@ pub fn read(
             oci_image(&r, &index, tag.as_deref(), store, &mut fetch)
         }
         Reference::Registry { .. } => Err(refuse(
-            "pulling from a registry is not built yet: save the image as an archive \
-             (skopeo copy docker://... oci-archive:PATH) and name that"
+            "a registry's image is pulled with the network its run allows \
+             (hull_oci::registry::pull)"
                 .into(),
         )),
+        Reference::Imported(_) => Err(refuse("an imported image is in hull's cache".into())),
     }
 }
 
-fn io_err(r: &str, what: &'static str, path: &Path, source: io::Error) -> SourceError {
+pub(crate) fn io_err(r: &str, what: &'static str, path: &Path, source: io::Error) -> SourceError {
     SourceError::Io {
         reference: r.to_string(),
         what,
@@ -165,7 +168,7 @@ fn io_err(r: &str, what: &'static str, path: &Path, source: io::Error) -> Source
 }
 
 /// The hex of a `sha256:HEX` digest, checked.
-fn digest_hex(d: &str) -> Result<String, String> {
+pub(crate) fn digest_hex(d: &str) -> Result<String, String> {
     let h = d
         .strip_prefix("sha256:")
         .ok_or_else(|| format!("the digest {d:?} is not sha256"))?;
@@ -285,7 +288,11 @@ fn read_archive(
 
 /// Copies `from` into the store under the hex of its digest (at most
 /// `left` bytes); returns the hex and the size.
-fn store_blob(store: &OwnedFd, from: &mut dyn Read, left: u64) -> io::Result<(String, u64)> {
+pub(crate) fn store_blob(
+    store: &OwnedFd,
+    from: &mut dyn Read,
+    left: u64,
+) -> io::Result<(String, u64)> {
     let tmp = format!(".part-{}", std::process::id());
     let f = rustix::fs::openat(
         store,
@@ -319,7 +326,7 @@ fn store_blob(store: &OwnedFd, from: &mut dyn Read, left: u64) -> io::Result<(St
     Ok((digest, n))
 }
 
-fn store_bytes(store: &OwnedFd, digest: &str, body: &[u8]) -> io::Result<()> {
+pub(crate) fn store_bytes(store: &OwnedFd, digest: &str, body: &[u8]) -> io::Result<()> {
     let (got, _) = store_blob(store, &mut &body[..], u64::MAX)?;
     debug_assert_eq!(got, digest);
     Ok(())
@@ -398,32 +405,70 @@ fn host_arch() -> &'static str {
     }
 }
 
+/// What a digest names, for a source that keeps the two apart (a
+/// registry serves manifests and blobs at different places).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Manifest,
+    Blob,
+}
+
+/// Puts the blob a digest names into the store, checked, or says why it
+/// cannot.
+pub(crate) type Fetch<'a> = dyn FnMut(&str, Kind) -> Result<(), SourceError> + 'a;
+
+/// A metadata blob of the store (an index, a manifest, a config): fetched
+/// first, at most [`MAX_JSON`] bytes.
+fn read_json_blob(
+    r: &str,
+    store: &Path,
+    d: &str,
+    kind: Kind,
+    fetch: &mut Fetch,
+) -> Result<Vec<u8>, SourceError> {
+    digest_hex(d).map_err(|why| refused(r, why))?;
+    fetch(d, kind)?;
+    let p = blob_path(store, d);
+    let body = std::fs::read(&p).map_err(|e| io_err(r, "read", &p, e))?;
+    if body.len() as u64 > MAX_JSON {
+        return Err(refused(r, format!("{d} is larger than {MAX_JSON} bytes")));
+    }
+    Ok(body)
+}
+
+fn refused(r: &str, why: String) -> SourceError {
+    SourceError::Refused {
+        reference: r.to_string(),
+        why,
+    }
+}
+
 /// The image an OCI index names (by `tag`, else its one manifest, an index
-/// within followed once, the host's platform taken); `fetch` puts a blob
-/// in the store, checked, or says why it cannot.
+/// within followed once, the host's platform taken).
 fn oci_image(
     r: &str,
     index: &[u8],
     tag: Option<&str>,
     store: &Path,
-    fetch: &mut dyn FnMut(&str) -> Result<(), SourceError>,
+    fetch: &mut Fetch,
 ) -> Result<Image, SourceError> {
-    let refuse = |why: String| SourceError::Refused {
-        reference: r.to_string(),
-        why,
-    };
+    let (digest, body) = pick_manifest(r, index, tag, store, fetch)?;
+    image_of(r, digest, &body, store, fetch)
+}
+
+/// The digest and body of the manifest an index names for the host's
+/// platform (by `tag`, else its one manifest; an index within followed
+/// once).
+pub(crate) fn pick_manifest(
+    r: &str,
+    index: &[u8],
+    tag: Option<&str>,
+    store: &Path,
+    fetch: &mut Fetch,
+) -> Result<(String, Vec<u8>), SourceError> {
+    let refuse = |why: String| refused(r, why);
     let parse_index = |body: &[u8]| -> Result<Index, SourceError> {
         serde_json::from_slice(body).map_err(|e| refuse(format!("its index: {e}")))
-    };
-    let mut read_blob = |d: &str| -> Result<Vec<u8>, SourceError> {
-        digest_hex(d).map_err(refuse)?;
-        fetch(d)?;
-        let p = blob_path(store, d);
-        let body = std::fs::read(&p).map_err(|e| io_err(r, "read", &p, e))?;
-        if body.len() as u64 > MAX_JSON {
-            return Err(refuse(format!("{d} is larger than {MAX_JSON} bytes")));
-        }
-        Ok(body)
     };
     let index = parse_index(index)?;
     let pick = |idx: &Index, tag: Option<&str>| -> Result<(String, String), SourceError> {
@@ -461,15 +506,55 @@ fn oci_image(
         }
     };
     let (mut digest, kind) = pick(&index, tag)?;
-    let mut body = read_blob(&digest)?;
-    if INDEX_TYPES.contains(&kind.as_str()) {
+    let mut body = read_json_blob(r, store, &digest, Kind::Manifest, fetch)?;
+    if INDEX_TYPES.contains(&kind.as_str()) || is_index(&body) {
         let inner = parse_index(&body)?;
         digest = pick(&inner, None)?.0;
-        body = read_blob(&digest)?;
+        body = read_json_blob(r, store, &digest, Kind::Manifest, fetch)?;
+        if is_index(&body) {
+            return Err(refuse(format!(
+                "{digest} is an index inside an index inside the index (one level is followed)"
+            )));
+        }
     }
+    Ok((digest, body))
+}
+
+/// Whether a manifest is an index (its `mediaType`, or `manifests` and no
+/// `layers`).
+fn is_index(body: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Peek {
+        #[serde(default)]
+        media_type: Option<String>,
+        #[serde(default)]
+        manifests: Option<serde::de::IgnoredAny>,
+        #[serde(default)]
+        layers: Option<serde::de::IgnoredAny>,
+    }
+    match serde_json::from_slice::<Peek>(body) {
+        Ok(p) => match p.media_type {
+            Some(t) => INDEX_TYPES.contains(&t.as_str()),
+            None => p.manifests.is_some() && p.layers.is_none(),
+        },
+        Err(_) => false,
+    }
+}
+
+/// The image of the manifest `digest` (its `body`): its config and its
+/// layers fetched and checked.
+pub(crate) fn image_of(
+    r: &str,
+    digest: String,
+    body: &[u8],
+    store: &Path,
+    fetch: &mut Fetch,
+) -> Result<Image, SourceError> {
+    let refuse = |why: String| refused(r, why);
     let manifest: Manifest =
-        serde_json::from_slice(&body).map_err(|e| refuse(format!("its manifest {digest}: {e}")))?;
-    let config_body = read_blob(&manifest.config.digest)?;
+        serde_json::from_slice(body).map_err(|e| refuse(format!("its manifest {digest}: {e}")))?;
+    let config_body = read_json_blob(r, store, &manifest.config.digest, Kind::Blob, fetch)?;
     let config: ConfigFile = serde_json::from_slice(&config_body)
         .map_err(|e| refuse(format!("its config {}: {e}", manifest.config.digest)))?;
     if config.rootfs.diff_ids.len() != manifest.layers.len() {
@@ -483,7 +568,7 @@ fn oci_image(
     for (l, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
         digest_hex(&l.digest).map_err(refuse)?;
         digest_hex(diff_id).map_err(refuse)?;
-        fetch(&l.digest)?;
+        fetch(&l.digest, Kind::Blob)?;
         layers.push(Layer {
             blob: blob_path(store, &l.digest),
             diff_id: diff_id.clone(),

@@ -343,14 +343,21 @@ impl PolicyFile {
             None => None,
             Some(r) => {
                 let text = r.get_ref();
-                let known = ["oci-archive:", "docker-archive:", "oci:", "docker://"];
+                let known = [
+                    "oci-archive:",
+                    "docker-archive:",
+                    "oci:",
+                    "docker://",
+                    "sha256:",
+                ];
                 if !known.iter().any(|k| text.starts_with(k)) || text.contains('\0') {
                     return Err(self.error_at(
                         r.span(),
                         "vm.image",
                         format!(
                             "{text:?} is not an image reference (oci-archive:PATH, \
-                             docker-archive:PATH, oci:DIR[:TAG])"
+                             docker-archive:PATH, oci:DIR[:TAG], docker://HOST/NAME[:TAG], \
+                             sha256:DIGEST)"
                         ),
                     ));
                 }

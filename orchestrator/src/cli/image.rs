@@ -22,12 +22,18 @@ pub enum ImageCommand {
         agent: AgentArg,
     },
     /// Read a container image (oci-archive:PATH, docker-archive:PATH,
-    /// oci:DIR[:TAG]) into the cache and flatten its layers into the
-    /// userland tarball `hull run --tier vm --image REF` uses; says its
-    /// digest and where the tarball is.
+    /// oci:DIR[:TAG], docker://HOST/NAME[:TAG|@sha256:DIGEST]) into the
+    /// cache and flatten its layers into the userland tarball `hull run
+    /// --image REF` uses; says its digest (which names it from then on:
+    /// `--image sha256:DIGEST`) and where the tarball is.
     Import {
         /// The image reference.
         reference: String,
+        /// The policy whose network a registry's image is pulled through
+        /// (its `[net] allow` must name the registry's host); a profile
+        /// name or a file. Without it, nothing is pulled.
+        #[arg(long, value_name = "POLICY")]
+        policy: Option<String>,
     },
     /// Remove a cached image, an unfinished build, or an imported
     /// container image (by its digest, `sha256:...`, or a unique prefix).
@@ -77,7 +83,7 @@ pub fn image(c: ImageCommand) -> anyhow::Result<i32> {
         ImageCommand::Build(a) => build_cmd(&cache, a),
         ImageCommand::List => list(&cache),
         ImageCommand::Show { id, agent } => show(&cache, id, &agent),
-        ImageCommand::Import { reference } => import(&cache, &reference),
+        ImageCommand::Import { reference, policy } => import(&cache, &reference, policy.as_deref()),
         ImageCommand::Rm { id } if id.starts_with("sha256:") => {
             let digest = remove_imported(&cache, &id)?;
             println!("removed the imported image {digest}");
@@ -144,15 +150,25 @@ fn remove_imported(_cache: &Cache, digest: &str) -> anyhow::Result<String> {
 }
 
 #[cfg(target_os = "linux")]
-fn import(cache: &Cache, reference: &str) -> anyhow::Result<i32> {
+fn import(cache: &Cache, reference: &str, policy: Option<&str>) -> anyhow::Result<i32> {
     let mut say = image::container_image::say(false);
-    let i = image::container_image::import(cache, reference, &mut say)?;
+    let net = match policy {
+        Some(p) => crate::policy::profiles::load(p)?.net_policy()?,
+        None => crate::policy::net::NetPolicy::default(),
+    };
+    let i = image::container_image::import_with_network(cache, reference, &net, &mut say)
+        .with_context(|| match (policy, reference.starts_with("docker://")) {
+            (None, true) => "pulling needs a policy whose network allows the registry: \
+                             hull image import --policy POLICY REF"
+                .to_string(),
+            _ => format!("importing {reference}"),
+        })?;
     println!("{}\t{}", i.digest, i.rootfs.display());
     Ok(0)
 }
 
 #[cfg(not(target_os = "linux"))]
-fn import(_cache: &Cache, reference: &str) -> anyhow::Result<i32> {
+fn import(_cache: &Cache, reference: &str, _policy: Option<&str>) -> anyhow::Result<i32> {
     anyhow::bail!("container image {reference}: read on Linux hosts only so far")
 }
 

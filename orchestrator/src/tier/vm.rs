@@ -586,6 +586,33 @@ pub struct ImageDefaults {
     pub working_dir: Option<PathBuf>,
 }
 
+/// A registry's image (`docker://...`) pulled into the image cache through
+/// the run's network policy `net`, named by its digest from then on (the
+/// run's later steps find it in the cache, and read nothing again); any
+/// other reference as it is.
+#[cfg(target_os = "linux")]
+pub fn pull_image(
+    reference: &str,
+    net: &crate::policy::net::NetPolicy,
+) -> Result<String, VmTierError> {
+    if !reference.starts_with("docker://") {
+        return Ok(reference.to_string());
+    }
+    let cache = crate::vm::image::Cache::default_location()?;
+    let mut say = crate::vm::image::container_image::say(false);
+    let imported =
+        crate::vm::image::container_image::import_with_network(&cache, reference, net, &mut say)?;
+    Ok(imported.digest)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn pull_image(
+    reference: &str,
+    _net: &crate::policy::net::NetPolicy,
+) -> Result<String, VmTierError> {
+    Ok(reference.to_string())
+}
+
 /// The defaults of the container image `reference` on tier 3 (imported
 /// into the image cache when it is not there yet).
 #[cfg(target_os = "linux")]

@@ -48,10 +48,29 @@ fn oci_err(reference: &str, e: impl std::fmt::Display) -> ImageError {
 
 /// The userland tarball of the image `reference` names, imported into
 /// `cache` when it is not there yet (`on`: what is being done, for
-/// progress).
+/// progress). A registry's image is refused: [`import_with_network`]
+/// pulls it.
 pub fn import(
     cache: &Cache,
     reference: &str,
+    on: &mut dyn FnMut(&str),
+) -> Result<Imported, ImageError> {
+    import_with_network(
+        cache,
+        reference,
+        &crate::policy::net::NetPolicy::default(),
+        on,
+    )
+}
+
+/// [`import`], a registry's image pulled through hull's proxy holding
+/// `net` (the run's network policy: the registry's host, its token service
+/// and wherever it sends a blob must be allowed there), with the caller's
+/// credentials for it ([`hull_oci::registry::credentials`]).
+pub fn import_with_network(
+    cache: &Cache,
+    reference: &str,
+    net: &crate::policy::net::NetPolicy,
     on: &mut dyn FnMut(&str),
 ) -> Result<Imported, ImageError> {
     let parsed: hull_oci::Reference = reference.parse().map_err(|e| oci_err(reference, e))?;
@@ -103,6 +122,21 @@ pub fn import(
             },
         )
     };
+    if let hull_oci::Reference::Imported(digest) = &parsed {
+        return found(digest).ok_or_else(|| {
+            oci_err(
+                reference,
+                "no image of that digest is in the image cache (`hull image list` shows \
+                 what is; `hull image import REF` reads one)",
+            )
+        });
+    }
+    // A pull's way out: hull's proxy with the run's allowlist, checked for
+    // the registry's host before anything is sent.
+    let pulling = match &parsed {
+        hull_oci::Reference::Registry { host, .. } => Some(pull_access(reference, host, net)?),
+        _ => None,
+    };
     if let (Some(stamp), Some((was, digest))) = (&stamp, known(&dir).get(&key)) {
         if was == stamp {
             if let Some(i) = found(digest) {
@@ -116,12 +150,45 @@ pub fn import(
     let blobs_fd = dir.subdir(BLOBS).map_err(io("open the image blobs of"))?;
     let blobs = cache.root().join(BLOBS);
     on(&format!("reading {reference}"));
-    let image =
-        hull_oci::read(&parsed, &blobs, &blobs_fd, super::rootfs::MAX_TARBALL).map_err(|e| {
-            ImageError::ContainerImageRead {
-                why: hull_protocol::error_chain(&e),
+    let read = match &pulling {
+        Some((access, _proxy)) => hull_oci::registry::pull(
+            &parsed,
+            &blobs,
+            &blobs_fd,
+            super::rootfs::MAX_TARBALL,
+            access,
+            &|d| found(d).is_some(),
+        )
+        .map(|p| match p {
+            hull_oci::registry::Pulled::Have(d) => Err(d),
+            hull_oci::registry::Pulled::Read(image) => Ok(image),
+        }),
+        None => hull_oci::read(&parsed, &blobs, &blobs_fd, super::rootfs::MAX_TARBALL).map(Ok),
+    };
+    // What the proxy refused, for the error (a redirect or a token
+    // service the allowlist does not have).
+    let proxy_refused = pulling
+        .as_ref()
+        .map(|(_, p)| p.audit().refused_lines())
+        .unwrap_or_default();
+    drop(pulling);
+    let image = match read {
+        Ok(Ok(image)) => image,
+        // The registry's manifest is one imported already.
+        Ok(Err(digest)) => {
+            empty_store(&blobs_fd);
+            drop(lock);
+            return found(&digest).ok_or_else(|| oci_err(reference, "the imported image is gone"));
+        }
+        Err(e) => {
+            empty_store(&blobs_fd);
+            let mut why = hull_protocol::error_chain(&e);
+            for line in proxy_refused {
+                why.push_str(&format!("; {line}"));
             }
-        })?;
+            return Err(ImageError::ContainerImageRead { why });
+        }
+    };
     let hex = image.digest.trim_start_matches("sha256:").to_string();
     if found(&image.digest).is_none() {
         on(&format!(
@@ -189,6 +256,59 @@ pub fn import(
     }
     drop(lock);
     found(&image.digest).ok_or_else(|| oci_err(reference, "the flattened image is gone"))
+}
+
+/// How a pull of the registry image `reference` at `host` reaches it:
+/// refused unless `net` allows the host (its name, port and, for an
+/// address written in the reference, the address); else through a proxy
+/// of hull's holding `net`, serving this pull only (stopped when the
+/// returned proxy is dropped).
+fn pull_access(
+    reference: &str,
+    host: &str,
+    net: &crate::policy::net::NetPolicy,
+) -> Result<(hull_oci::registry::Access, crate::net::Proxy), ImageError> {
+    use hull_oci::registry;
+    let name = registry::host_name(host);
+    let port = registry::host_port(host);
+    let refused = |e: crate::policy::net::Refusal| {
+        oci_err(
+            reference,
+            format!(
+                "pulling it is refused by the policy's network: {e}{}",
+                e.allow_with(port)
+                    .map(|a| format!(" (to allow it: {a})"))
+                    .unwrap_or_default()
+            ),
+        )
+    };
+    net.check_request(name, port).map_err(refused)?;
+    if let Ok(addr) = name.parse::<std::net::IpAddr>() {
+        net.check_address(addr).map_err(refused)?;
+    }
+    let credentials = registry::credentials(host, &|k| std::env::var_os(k))
+        .map_err(|why| oci_err(reference, why))?;
+    let io = |what: &'static str| {
+        move |e: std::io::Error| oci_err(reference, format!("cannot {what}: {e}"))
+    };
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(io("listen for its proxy"))?;
+    let addr = listener.local_addr().map_err(io("listen for its proxy"))?;
+    let proxy = crate::net::Proxy::start(
+        crate::net::Listener::Tcp(listener),
+        crate::net::Shared {
+            policy: net.clone(),
+            audit: crate::net::Audit::in_memory(),
+        },
+    )
+    .map_err(io("start its proxy"))?;
+    Ok((
+        registry::Access {
+            proxy: Some(format!("http://{addr}")),
+            credentials,
+        },
+        proxy,
+    ))
 }
 
 /// The image unpacked into a directory tree of the cache: a bwrap
@@ -496,7 +616,7 @@ fn source_stamp(r: &hull_oci::Reference) -> Option<String> {
     let path = match r {
         hull_oci::Reference::OciArchive(p) | hull_oci::Reference::DockerArchive(p) => p.clone(),
         hull_oci::Reference::OciLayout { dir, .. } => dir.join("index.json"),
-        hull_oci::Reference::Registry { .. } => return None,
+        hull_oci::Reference::Registry { .. } | hull_oci::Reference::Imported(_) => return None,
     };
     Some(super::stamp_of(&std::fs::symlink_metadata(path).ok()?))
 }
