@@ -1180,6 +1180,49 @@ fn a_container_image_is_the_containers_whole_userland() {
         );
         runs.push(o);
     }
+    // From a registry (Debian's docker-registry on loopback), pulled
+    // through the policy's allowlist: the same manifest as the archive's,
+    // so the pull reads it and builds nothing again.
+    let reg = hull_tests::registry::Registry::start(dir, None);
+    let pushed = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/container-image/make.py"
+        ))
+        .args(["push", &reg.host, "team/userland"])
+        .arg(&tar)
+        .output()
+        .unwrap();
+    assert!(pushed.status.success(), "push: {}", text(&pushed.stderr));
+    let pulling = dir.join("pulling.toml");
+    std::fs::write(
+        &pulling,
+        format!(
+            "version = 1\n[fs]\nread_write = [\"${{PROJECT}}\"]\n[net]\nmode = \"allowlist\"\n\
+             allow = [\"127.0.0.1\"]\nports = [{}]\nallow_private = [\"127.0.0.1/32\"]\n",
+            reg.port
+        ),
+    )
+    .unwrap();
+    let reference = format!("docker://{}/team/userland:multi", reg.host);
+    let o = w.run(
+        &["--image", &reference, "--policy", pulling.to_str().unwrap()],
+        "hello; echo \"$FROM_IMAGE\"; pwd",
+    );
+    assert_eq!(o.status.code(), Some(0), "{reference}: {}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        "Hello, world!\nyes\n/work\n",
+        "{reference}: {}",
+        text(&o.stderr)
+    );
+    assert!(
+        !text(&o.stderr).contains("flattening"),
+        "{reference} was read again: {}",
+        text(&o.stderr)
+    );
+    runs.push(o);
+    drop(reg);
     // The policy may keep the project at the host's path instead.
     let policy = dir.join("host-path.toml");
     std::fs::write(

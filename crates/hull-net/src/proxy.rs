@@ -104,6 +104,42 @@ pub(super) fn refused(entry: Entry, e: &ProxyError) -> Entry {
 pub struct Shared {
     pub policy: NetPolicy,
     pub audit: Audit,
+    /// A key every request must carry (`Proxy-Authorization: Basic` of
+    /// `hull:KEY`; SOCKS refused), for a proxy on a port other processes
+    /// of the host could reach: hull's own pull of an image, whose policy
+    /// is not theirs. None: the listener itself is the command's only.
+    pub key: Option<String>,
+}
+
+impl Shared {
+    /// The `Proxy-Authorization` value `key` asks for.
+    pub fn authorization(key: &str) -> String {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("hull:{key}"))
+        )
+    }
+
+    /// Whether `req` carries the key (always, when there is none).
+    fn admits<B>(&self, req: &Request<B>) -> bool {
+        let Some(key) = &self.key else {
+            return true;
+        };
+        let want = Shared::authorization(key);
+        let got = req
+            .headers()
+            .get(hyper::header::PROXY_AUTHORIZATION)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        // Compared whole, in time that does not depend on where they differ.
+        got.len() == want.len()
+            && got
+                .iter()
+                .zip(want.as_bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
 }
 
 /// Serves one client connection: SOCKS5 when its first byte says so
@@ -117,6 +153,10 @@ where
         Err(_) => return,
     };
     if first == super::socks::VERSION {
+        // SOCKS carries no key: a keyed proxy speaks HTTP only.
+        if shared.key.is_some() {
+            return;
+        }
         return super::socks::serve(io, shared).await;
     }
     serve_http(Prefixed::new(first, io), shared).await
@@ -206,6 +246,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 
 async fn handle(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
+    if !shared.admits(&req) {
+        let mut r = Response::new(full("hull: this proxy serves hull's own pull only\n"));
+        *r.status_mut() = StatusCode::PROXY_AUTHENTICATION_REQUIRED;
+        return Ok(r);
+    }
     if req.method() == Method::CONNECT {
         return Ok(connect(req, shared, started));
     }

@@ -48,6 +48,9 @@ pub struct Access {
     /// The proxy every connection goes through (`http://127.0.0.1:PORT`:
     /// hull's, holding the run's allowlist); none: connect directly.
     pub proxy: Option<String>,
+    /// The key the proxy asks for (`Proxy-Authorization: Basic` of
+    /// `hull:KEY`).
+    pub proxy_key: Option<String>,
     /// The caller's credentials for the registry's host.
     pub credentials: Option<Credentials>,
 }
@@ -552,8 +555,14 @@ pub fn pull(
         .tls_backend_rustls()
         .https_only(!is_loopback(host));
     builder = match &access.proxy {
-        Some(p) => builder
-            .proxy(reqwest::Proxy::all(p).map_err(|e| refuse(format!("the proxy {p}: {e}")))?),
+        Some(p) => {
+            let mut proxy =
+                reqwest::Proxy::all(p).map_err(|e| refuse(format!("the proxy {p}: {e}")))?;
+            if let Some(key) = &access.proxy_key {
+                proxy = proxy.basic_auth("hull", key);
+            }
+            builder.proxy(proxy)
+        }
         None => builder.no_proxy(),
     };
     let client = builder

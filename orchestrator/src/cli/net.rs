@@ -109,7 +109,14 @@ pub fn net_proxy(a: NetProxyArgs) -> anyhow::Result<i32> {
             .and_then(|p| hull_seccomp::apply(&p))
             .map_err(|e| anyhow::anyhow!("cannot confine the proxy with seccomp: {e}"))?;
     }
-    let proxy = Proxy::start(listener, Shared { policy, audit })?;
+    let proxy = Proxy::start(
+        listener,
+        Shared {
+            policy,
+            audit,
+            key: None,
+        },
+    )?;
     if let Some(addr) = announce {
         let mut out = std::io::stdout().lock();
         writeln!(out, "listening {addr}")?;

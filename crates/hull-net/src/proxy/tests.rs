@@ -80,6 +80,7 @@ fn proxy_with(p: NetPolicy) -> (Proxy, u16) {
         Shared {
             policy: p,
             audit: Audit::in_memory(),
+            key: None,
         },
     )
     .unwrap();
@@ -119,6 +120,50 @@ fn an_allowed_plain_request_arrives_in_origin_form() {
         "{seen}"
     );
     assert!(p.audit().refused().is_empty());
+}
+
+/// A keyed proxy (hull's own pull, on a port any local process may reach)
+/// serves only requests carrying its key, and passes the key on to no
+/// origin; SOCKS, which carries none, is closed at once.
+#[test]
+fn a_keyed_proxy_serves_only_requests_carrying_its_key() {
+    let origin = Origin::start(OK);
+    let mut p = policy(&["pkgs.test"], &["127.0.0.1/32"]);
+    p.ports = vec![origin.port];
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let _proxy = Proxy::start(
+        Listener::Tcp(l),
+        Shared {
+            policy: p,
+            audit: Audit::in_memory(),
+            key: Some("k3y".into()),
+        },
+    )
+    .unwrap();
+    let host = format!("pkgs.test:{}", origin.port);
+    let with = |auth: Option<&str>| {
+        let mut req = String::from_utf8(get("pkgs.test", origin.port, &host)).unwrap();
+        if let Some(a) = auth {
+            req = req.replacen("\r\n", &format!("\r\nProxy-Authorization: {a}\r\n"), 1);
+        }
+        ask(port, req.as_bytes())
+    };
+    for wrong in [None, Some("Basic aHVsbDp3cm9uZw=="), Some("k3y")] {
+        let r = with(wrong);
+        assert!(r.starts_with("HTTP/1.1 407"), "{wrong:?}: {r}");
+        assert!(origin.next().is_none(), "{wrong:?} reached the origin");
+    }
+    let r = with(Some(&Shared::authorization("k3y")));
+    assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("hello"), "{r}");
+    let seen = String::from_utf8(origin.next().expect("the origin saw nothing")).unwrap();
+    assert!(
+        !seen.to_ascii_lowercase().contains("proxy-authorization"),
+        "{seen}"
+    );
+    // SOCKS5's greeting: closed without an answer.
+    let r = ask(port, &[5, 1, 0]);
+    assert_eq!(r, "");
 }
 
 #[test]

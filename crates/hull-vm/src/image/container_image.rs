@@ -291,6 +291,18 @@ fn pull_access(
     let io = |what: &'static str| {
         move |e: std::io::Error| oci_err(reference, format!("cannot {what}: {e}"))
     };
+    // On loopback, where any process of the host may connect: a key of
+    // this pull's only, so no other (a sandboxed command of another run
+    // among them) reaches what this policy allows through it.
+    let key = {
+        let mut b = [0u8; 16];
+        std::io::Read::read_exact(
+            &mut std::fs::File::open("/dev/urandom").map_err(io("read a key for its proxy"))?,
+            &mut b,
+        )
+        .map_err(io("read a key for its proxy"))?;
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    };
     let listener =
         std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(io("listen for its proxy"))?;
     let addr = listener.local_addr().map_err(io("listen for its proxy"))?;
@@ -299,12 +311,14 @@ fn pull_access(
         crate::net::Shared {
             policy: net.clone(),
             audit: crate::net::Audit::in_memory(),
+            key: Some(key.clone()),
         },
     )
     .map_err(io("start its proxy"))?;
     Ok((
         registry::Access {
             proxy: Some(format!("http://{addr}")),
+            proxy_key: Some(key),
             credentials,
         },
         proxy,
