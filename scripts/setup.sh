@@ -85,6 +85,8 @@ if [ "$want_test" -eq 1 ]; then
   # `--image docker://...`: the tests pull from a registry of their own on
   # loopback (Debian's docker-registry, started by the test).
   [ -x /usr/bin/docker-registry ] || need_pkgs+=(docker-registry)
+  # ... and run images buildah made (from scratch, no runtime needed).
+  command -v buildah >/dev/null || need_pkgs+=(buildah)
 fi
 if [ "$want_tier3" -eq 1 ]; then
   command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)

@@ -748,3 +748,125 @@ fn a_registry_s_login_comes_from_the_caller_s_auth_file_and_stays_outside() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "auth=none\nno file\n");
 }
+
+/// An image made by buildah (from scratch: the busybox layer added, and
+/// `ENV`, `WORKDIR`, `USER` and `CMD` set by `buildah config`), written by
+/// `buildah push` as an OCI archive, a docker archive, an OCI layout and
+/// into a registry on loopback: each runs on bwrap with the image's
+/// environment, working directory, user and command.
+#[test]
+fn a_buildah_made_image_runs_in_every_form_on_bwrap() {
+    assert!(
+        Path::new("/usr/bin/buildah").exists(),
+        "/usr/bin/buildah is missing: `scripts/setup.sh --test` installs buildah"
+    );
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let project = t.path().join("p");
+    std::fs::create_dir(&project).unwrap();
+    let bb = t.path().join("bb.tar");
+    // The layer's /etc/os-release says which image this is.
+    let o = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/container-image/make.py"
+        ))
+        .args(["busybox-layer", bb.to_str().unwrap(), "made-by-buildah"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let storage = t.path().join("buildah");
+    let buildah = |args: &[&str]| -> String {
+        let o = Command::new("buildah")
+            .arg("--root")
+            .arg(storage.join("root"))
+            .arg("--runroot")
+            .arg(storage.join("run"))
+            .args(["--storage-driver", "vfs"])
+            .args(args)
+            .env("HOME", t.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "buildah {args:?}: {}", text(&o.stderr));
+        text(&o.stdout).trim().to_string()
+    };
+    let ctr = buildah(&["from", "scratch"]);
+    buildah(&["add", &ctr, bb.to_str().unwrap(), "/"]);
+    buildah(&[
+        "config",
+        "--env",
+        "FROM_BUILDAH=yes",
+        "--workingdir",
+        "/srv/app",
+        "--user",
+        "app",
+        "--cmd",
+        r#"["sh","-c","echo hello from buildah; pwd; id -u"]"#,
+        &ctr,
+    ]);
+    buildah(&["commit", "-q", &ctr, "localhost/hull-test:1"]);
+    let reg = hull_tests::registry::Registry::start(t.path(), None);
+    let oci = t.path().join("img.oci.tar");
+    let docker = t.path().join("img.docker.tar");
+    let layout = t.path().join("layout");
+    let pushed = format!("docker://{}/buildah/img:1", reg.host);
+    for dest in [
+        format!("oci-archive:{}", oci.display()),
+        format!("docker-archive:{}", docker.display()),
+        format!("oci:{}:v1", layout.display()),
+    ] {
+        buildah(&["push", "-q", "localhost/hull-test:1", &dest]);
+    }
+    buildah(&[
+        "push",
+        "-q",
+        "--tls-verify=false",
+        "localhost/hull-test:1",
+        &pushed,
+    ]);
+    let allowed = registry_policy(t.path(), "allowed.toml", reg.port);
+    for r in [
+        format!("oci-archive:{}", oci.display()),
+        format!("docker-archive:{}", docker.display()),
+        format!("oci:{}:v1", layout.display()),
+        pushed.clone(),
+    ] {
+        let script = "cat /etc/os-release; echo $FROM_BUILDAH; pwd; id -u; id -g";
+        let o = pull_on_bwrap(
+            &cache,
+            &project,
+            Some(&allowed),
+            &r,
+            None,
+            &["sh", "-c", script],
+        );
+        assert_eq!(o.status.code(), Some(0), "{r}: {}", text(&o.stderr));
+        assert_eq!(
+            text(&o.stdout),
+            "ID=made-by-buildah\nyes\n/srv/app\n1500\n1600\n",
+            "{r}: {}",
+            text(&o.stderr)
+        );
+    }
+    // No command: the image's own.
+    let o = hull_cmd(
+        &cache,
+        &[
+            "run",
+            "--tier",
+            "bwrap",
+            "--timeout",
+            "60s",
+            "--project",
+            project.to_str().unwrap(),
+            "--policy",
+            allowed.to_str().unwrap(),
+            "--image",
+            &format!("oci-archive:{}", oci.display()),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "hello from buildah\n/srv/app\n1500\n");
+}

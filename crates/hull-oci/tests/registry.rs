@@ -29,12 +29,14 @@ fn digest(b: &[u8]) -> String {
 
 /// One answer: status, headers, body.
 type Answer = (u16, Vec<(String, String)>, Vec<u8>);
+/// The requests served: path and `Authorization`.
+type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
 /// Serves `route(path, authorization)` on loopback, one request per
 /// connection; records each request's path and `Authorization`.
 struct Server {
     port: u16,
-    seen: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    seen: Seen,
 }
 
 impl Server {
