@@ -6,11 +6,16 @@ on the same userland given as `[vm] rootfs` (they share the prepared
 snapshot: the image's flattened tarball is the rootfs when the image is
 one layer of it). On bwrap: the first run on an image (import, flatten
 and unpack into an empty cache, then the run), and later runs on it paired
-against plain bwrap runs on the host's userland.
+against plain bwrap runs on the host's userland. With --registry, the
+same on bwrap from a registry (Debian's docker-registry, started on
+loopback): the first run (pull through the policy's allowlist, flatten,
+unpack, run) and later runs (the tag's manifest asked for again, found
+imported) paired against later runs on the OCI archive under the same
+policy.
 
-Usage: benches/container_image.py --hull PATH --rootfs TAR [--rounds N] [--bwrap-only]
+Usage: benches/container_image.py --hull PATH --rootfs TAR [--rounds N] [--bwrap-only] [--registry]
 """
-import argparse, os, shutil, statistics, subprocess, tempfile, time
+import argparse, os, shutil, socket, statistics, subprocess, tempfile, time
 
 MAKE = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "container-image", "make.py")
 
@@ -29,6 +34,7 @@ def main():
     ap.add_argument("--rootfs", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--bwrap-only", action="store_true")
+    ap.add_argument("--registry", action="store_true")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="hull-bench-image-")
     refs = {}
@@ -40,6 +46,8 @@ def main():
     size = os.path.getsize(args.rootfs) / 2**20
     print(f"one layer of {size:.0f} MiB (uncompressed; gzip'd in the OCI forms)")
     bwrap(args, refs, work)
+    if args.registry:
+        registry(args, refs, work)
     if args.bwrap_only:
         shutil.rmtree(work)
         return
@@ -92,6 +100,55 @@ def bwrap(args, refs, work):
           f"({rounds} pairs)")
     shutil.rmtree(cache)
     shutil.rmtree(project)
+
+
+def registry(args, refs, work):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = os.path.join(work, "registry-data")
+    config = os.path.join(work, "registry.yml")
+    with open(config, "w") as f:
+        f.write(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+                f"    rootdirectory: {data}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    reg = subprocess.Popen(["/usr/bin/docker-registry", "serve", config],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        subprocess.run(["python3", MAKE, "push", f"127.0.0.1:{port}", "bench/image", args.rootfs],
+                       check=True, capture_output=True)
+        policy = os.path.join(work, "pull.toml")
+        with open(policy, "w") as f:
+            f.write(f'version = 1\n[fs]\nread_write = ["${{PROJECT}}"]\n[net]\nmode = "allowlist"\n'
+                    f'allow = ["127.0.0.1"]\nports = [{port}]\nallow_private = ["127.0.0.1/32"]\n')
+        cache = os.path.join(work, "cache-registry")
+        env = dict(os.environ, HULL_IMAGE_CACHE=cache)
+        project = tempfile.mkdtemp(prefix="hull-bench-image-registry-")
+        run = [args.hull, "run", "--tier", "bwrap", "--timeout", "120s", "--project", project,
+               "--policy", policy]
+        pulled = f"docker://127.0.0.1:{port}/bench/image:plain"
+        first = timed(run + ["--image", pulled, "--", "true"], env)
+        print(f"bwrap docker://        first run (pull, flatten, unpack, run) {first:6.2f} s")
+        timed(run + ["--image", refs["oci-archive"], "--", "true"], env)
+        rounds = max(args.rounds, 20)
+        by_tag, archive = [], []
+        for i in range(rounds):
+            pair = [(by_tag, ["--image", pulled]), (archive, ["--image", refs["oci-archive"]])]
+            for acc, extra in (pair if i % 2 == 0 else pair[::-1]):
+                acc.append(timed(run + extra + ["--", "true"], env))
+        print(f"bwrap run --image docker://...:TAG p50 {statistics.median(by_tag) * 1000:.1f} ms   "
+              f"--image oci-archive: p50 {statistics.median(archive) * 1000:.1f} ms   "
+              f"({rounds} pairs, the same policy)")
+        shutil.rmtree(cache)
+        shutil.rmtree(project)
+    finally:
+        reg.kill()
+        reg.wait()
 
 
 if __name__ == "__main__":

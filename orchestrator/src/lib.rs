@@ -6,6 +6,7 @@
 //! - [`tier`]: the closed set of tiers, probing, and each tier's launcher;
 //! - [`exec`]: starting a lowered command, streaming it, killing its tree;
 //! - [`vm`]: tier 3, the outer VM and its guest agent;
+//! - [`templates`]: sessions' workspaces kept under a name to start from;
 //! - [`cli`]: argument parsing and output only.
 
 pub mod batch;
@@ -17,6 +18,8 @@ pub mod result_file;
 pub mod run;
 #[cfg(target_os = "linux")]
 pub mod serve;
+#[cfg(target_os = "linux")]
+pub mod templates;
 pub mod tier;
 
 /// Tier 3, the outer VM, and what every run is prepared from: the `hull-vm`

@@ -749,11 +749,12 @@ fn a_registry_s_login_comes_from_the_caller_s_auth_file_and_stays_outside() {
     assert_eq!(text(&o.stdout), "auth=none\nno file\n");
 }
 
-/// An image made by buildah (from scratch: the busybox layer added, and
-/// `ENV`, `WORKDIR`, `USER` and `CMD` set by `buildah config`), written by
-/// `buildah push` as an OCI archive, a docker archive, an OCI layout and
-/// into a registry on loopback: each runs on bwrap with the image's
-/// environment, working directory, user and command.
+/// An image buildah builds from a Containerfile (`FROM scratch`, the
+/// busybox layer added, a small program copied in, `ENV`, `WORKDIR`,
+/// `USER`, `CMD`; a layer per step), written by `buildah push` as an OCI
+/// archive, a docker archive, an OCI layout and into a registry on
+/// loopback: each runs on bwrap with the image's environment, working
+/// directory, user, program and command.
 #[test]
 fn a_buildah_made_image_runs_in_every_form_on_bwrap() {
     assert!(
@@ -764,17 +765,40 @@ fn a_buildah_made_image_runs_in_every_form_on_bwrap() {
     let cache = t.path().join("cache");
     let project = t.path().join("p");
     std::fs::create_dir(&project).unwrap();
-    let bb = t.path().join("bb.tar");
+    let context = t.path().join("context");
+    std::fs::create_dir(&context).unwrap();
     // The layer's /etc/os-release says which image this is.
     let o = Command::new("python3")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../tests/fixtures/container-image/make.py"
         ))
-        .args(["busybox-layer", bb.to_str().unwrap(), "made-by-buildah"])
+        .arg("busybox-layer")
+        .arg(context.join("busybox.tar"))
+        .arg("made-by-buildah")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o.stderr));
+    std::fs::write(
+        context.join("hello"),
+        "#!/bin/sh\necho \"a program the Containerfile installed\"\n",
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            context.join("hello"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        context.join("Containerfile"),
+        "FROM scratch\nADD busybox.tar /\nCOPY hello /usr/local/bin/hello\n\
+         ENV FROM_BUILDAH=yes PATH=/usr/local/bin:/usr/bin:/bin\nWORKDIR /srv/app\nUSER app\n\
+         CMD [\"sh\", \"-c\", \"hello; pwd; id -u\"]\n",
+    )
+    .unwrap();
     let storage = t.path().join("buildah");
     let buildah = |args: &[&str]| -> String {
         let o = Command::new("buildah")
@@ -790,21 +814,14 @@ fn a_buildah_made_image_runs_in_every_form_on_bwrap() {
         assert!(o.status.success(), "buildah {args:?}: {}", text(&o.stderr));
         text(&o.stdout).trim().to_string()
     };
-    let ctr = buildah(&["from", "scratch"]);
-    buildah(&["add", &ctr, bb.to_str().unwrap(), "/"]);
     buildah(&[
-        "config",
-        "--env",
-        "FROM_BUILDAH=yes",
-        "--workingdir",
-        "/srv/app",
-        "--user",
-        "app",
-        "--cmd",
-        r#"["sh","-c","echo hello from buildah; pwd; id -u"]"#,
-        &ctr,
+        "bud",
+        "-q",
+        "--layers",
+        "-t",
+        "localhost/hull-test:1",
+        context.to_str().unwrap(),
     ]);
-    buildah(&["commit", "-q", &ctr, "localhost/hull-test:1"]);
     let reg = hull_tests::registry::Registry::start(t.path(), None);
     let oci = t.path().join("img.oci.tar");
     let docker = t.path().join("img.docker.tar");
@@ -868,5 +885,8 @@ fn a_buildah_made_image_runs_in_every_form_on_bwrap() {
     .output()
     .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    assert_eq!(text(&o.stdout), "hello from buildah\n/srv/app\n1500\n");
+    assert_eq!(
+        text(&o.stdout),
+        "a program the Containerfile installed\n/srv/app\n1500\n"
+    );
 }

@@ -1939,3 +1939,159 @@ fn landlock_a_session_as_a_user_has_its_own_tmp_and_terminals() {
     assert_eq!(std::fs::read_to_string(&host_file).unwrap(), "c\n");
     let _ = std::fs::remove_file(&host_file);
 }
+
+/// A template of a session's workspace (issue 58, the process tiers):
+/// made while the session runs, then forked into four sessions at once,
+/// each copy-on-write over it: each sees what was prepared, not what the
+/// session wrote after, and its own writes only; the template is
+/// unchanged after. A fork under another policy or tier, or naming a
+/// project, is refused (another caller's template is not found:
+/// `templates::tests`); the template cannot be removed while a fork runs,
+/// and can once none does.
+fn a_template_is_forked_into_sessions_that_keep_their_writes_apart(tier: &str) {
+    require_tier(tier);
+    let w = World::new();
+    std::fs::write(w.project.join("a.txt"), "base\n").unwrap();
+    let images = w.root.path().join("images");
+    let socket = w.root.path().join("serve").join("s.sock");
+    let mut c = w.hull();
+    c.env("HULL_IMAGE_CACHE", &images)
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let s = Server::wait(c.spawn().expect("spawn hull serve"), socket);
+    let exec = |id: &str, script: &str| {
+        let (code, body) = s.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(&serde_json::json!({"argv": ["sh", "-c", script]}).to_string()),
+        );
+        assert_eq!(code, 200, "{body}");
+        let r = json(&body);
+        assert_eq!(r["exit_code"], 0, "{r}");
+        r["stdout"].as_str().unwrap().to_string()
+    };
+    let prep = open(&s, tier, &w.project);
+    exec(
+        &prep,
+        "mkdir -p lib && echo v1 > lib/mod.py && echo installed > pkg.txt",
+    );
+    let make = |name: &str| {
+        s.call(
+            "POST",
+            &format!("/v1/sessions/{prep}/template"),
+            Some(&format!("{{\"name\": \"{name}\"}}")),
+        )
+    };
+    let (code, body) = make("prepared");
+    assert_eq!(code, 201, "{body}");
+    let t = json(&body);
+    assert_eq!(
+        (t["name"].as_str(), t["tier"].as_str(), t["policy"].as_str()),
+        (Some("prepared"), Some(tier), Some("default")),
+        "{t}"
+    );
+    let (code, body) = make("prepared");
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = make("../escape");
+    assert_eq!(code, 400, "{body}");
+    // Written after: not in the template.
+    exec(&prep, "echo later > later.txt");
+    let forks: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    let (code, body) = s.call(
+                        "POST",
+                        "/v1/sessions",
+                        Some(&format!("{{\"tier\": \"{tier}\", \"from\": \"prepared\"}}")),
+                    );
+                    assert_eq!(code, 201, "{body}");
+                    let v = json(&body);
+                    assert_eq!(v["workspace"], "cow", "{v}");
+                    v["id"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(
+            exec(f, &format!("cat a.txt pkg.txt lib/mod.py; test -e later.txt || echo no later; echo fork{i} > mine.txt")),
+            "base\ninstalled\nv1\nno later\n"
+        );
+    }
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(exec(f, "cat mine.txt"), format!("fork{i}\n"));
+    }
+    let kept = images.join("templates/prepared/workspace");
+    assert_eq!(
+        std::fs::read_to_string(kept.join("pkg.txt")).unwrap(),
+        "installed\n"
+    );
+    assert!(!kept.join("mine.txt").exists() && !kept.join("later.txt").exists());
+    // Refused: another policy, another tier, a project of its own, a
+    // template that is not there.
+    let other_tier = if tier == "bwrap" { "landlock" } else { "bwrap" };
+    for (body, want) in [
+        (
+            format!("{{\"tier\": \"{tier}\", \"from\": \"prepared\", \"policy\": \"readonly\"}}"),
+            409,
+        ),
+        (
+            format!("{{\"tier\": \"{other_tier}\", \"from\": \"prepared\"}}"),
+            409,
+        ),
+        (
+            format!(
+                "{{\"tier\": \"{tier}\", \"from\": \"prepared\", \"project\": \"{}\"}}",
+                w.project.display()
+            ),
+            400,
+        ),
+        (
+            format!("{{\"tier\": \"{tier}\", \"from\": \"nothing\"}}"),
+            404,
+        ),
+    ] {
+        let (code, got) = s.call("POST", "/v1/sessions", Some(&body));
+        assert_eq!(code, want, "{body}: {got}");
+    }
+    // In use: not removed; once no fork runs, removed.
+    let rm = || {
+        let mut c = w.hull();
+        c.env("HULL_IMAGE_CACHE", &images)
+            .args(["templates", "rm", "prepared"])
+            .output()
+            .unwrap()
+    };
+    let o = rm();
+    assert!(!o.status.success(), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("in use"),
+        "{}",
+        show(&o)
+    );
+    assert!(kept.join("pkg.txt").exists());
+    for f in &forks {
+        let (code, _) = s.call("DELETE", &format!("/v1/sessions/{f}"), None);
+        assert_eq!(code, 204);
+    }
+    let o = rm();
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(!images.join("templates/prepared").exists());
+}
+
+#[cfg(feature = "bwrap")]
+#[test]
+fn bwrap_a_template_is_forked_into_sessions_that_keep_their_writes_apart() {
+    a_template_is_forked_into_sessions_that_keep_their_writes_apart("bwrap");
+}
+
+#[cfg(feature = "landlock")]
+#[test]
+fn landlock_a_template_is_forked_into_sessions_that_keep_their_writes_apart() {
+    a_template_is_forked_into_sessions_that_keep_their_writes_apart("landlock");
+}

@@ -18,6 +18,10 @@
 //! new files made under a temporary name and renamed into place, and never
 //! a path through `.git` or `.hull`.
 //!
+//! [`copy`] copies a tree the command may still be changing (a session's
+//! workspace, for a template) into one of hull's the same way: from held
+//! descriptors, no link followed.
+//!
 //! One change set is a directory `<store>/<ID>/` ([`Store`]): `meta.json`
 //! (what ran, where, when, and the baseline of the changed paths),
 //! `changes.json` (the scan), `layers/upper/` and `layers/work/` (the
@@ -36,6 +40,7 @@
 mod apply;
 mod at;
 mod baseline;
+pub mod copy;
 mod diff;
 mod scan;
 mod store;
@@ -47,6 +52,7 @@ use serde::{Deserialize, Serialize};
 pub use apply::{apply, ApplyReport, Skipped};
 pub use at::digest as file_digest;
 pub use baseline::{Baseline, Stamp};
+pub use copy::{copy_tree, Copied, CopyError, CopyLimits};
 pub use diff::diff;
 pub use scan::scan;
 pub use store::{ChangeSet, Counts, Layers, Meta, Store};

@@ -81,13 +81,22 @@ pub fn resolve_policy(
     if pol.net.mode == policy::NetMode::Allowlist {
         crate::net::registry::apply(&mut pol.net)?;
     }
-    for path in crate::state::hidden() {
-        if !pol.protects.iter().any(|p| p.path == path) {
-            pol.protects.push(policy::Protect {
-                path,
-                protection: policy::Protection::Hidden,
-                reason: policy::ProtectReason::HullState,
-            });
+    for root in crate::state::hidden() {
+        // A session started from a template works on the template's
+        // workspace, in the image cache: the rest of hull's state there
+        // stays hidden, entry by entry down to it.
+        let hidden = match template_workspace_below(&root, &vars.project) {
+            Some(components) => hidden_beside(&root, &components),
+            None => vec![root],
+        };
+        for path in hidden {
+            if !pol.protects.iter().any(|p| p.path == path) {
+                pol.protects.push(policy::Protect {
+                    path,
+                    protection: policy::Protection::Hidden,
+                    reason: policy::ProtectReason::HullState,
+                });
+            }
         }
     }
     pol.protects
@@ -104,6 +113,46 @@ pub fn resolve_policy(
     #[cfg(not(unix))]
     let repos = ();
     Ok((pol, repos))
+}
+
+/// The components from the image cache `root` down to `project` when the
+/// project is a template's workspace (`templates/<NAME>/workspace`, as
+/// `hull serve` starts a session from a template), else none.
+fn template_workspace_below(root: &Path, project: &Path) -> Option<Vec<std::ffi::OsString>> {
+    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    let rel = project.strip_prefix(&root).ok()?;
+    let parts: Vec<std::ffi::OsString> = rel
+        .components()
+        .map(|c| c.as_os_str().to_os_string())
+        .collect();
+    match parts.as_slice() {
+        [t, _, w] if t == "templates" && w == "workspace" => Some(parts),
+        _ => None,
+    }
+}
+
+/// Every entry beside the way from `root` down `components` (each
+/// directory's other entries, as they are now), to hide them.
+fn hidden_beside(root: &Path, components: &[std::ffi::OsString]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dir = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    for next in components {
+        match std::fs::read_dir(&dir) {
+            Ok(entries) => out.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name() != *next)
+                    .map(|e| e.path()),
+            ),
+            // What cannot be listed is hidden whole (and the way on with it).
+            Err(_) => {
+                out.push(dir);
+                return out;
+            }
+        }
+        dir.push(next);
+    }
+    out
 }
 
 /// The variables for resolving a policy in an instance.

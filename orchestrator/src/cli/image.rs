@@ -358,7 +358,7 @@ fn show(cache: &Cache, id: Option<String>, agent: &AgentArg) -> anyhow::Result<i
     Ok(0)
 }
 
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes as f64;
     let mut u = 0;

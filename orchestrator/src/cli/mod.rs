@@ -17,6 +17,7 @@ pub mod read;
 pub mod run;
 pub mod runs;
 pub mod serve;
+pub mod templates;
 pub mod vm;
 
 use std::path::PathBuf;
@@ -80,6 +81,10 @@ pub enum Command {
     /// Keep a tier-3 VM up between runs.
     #[command(subcommand)]
     Vm(vm::VmCommand),
+    /// List or remove templates (sessions' workspaces kept under a name,
+    /// made and started from through `hull serve`).
+    #[command(subcommand)]
+    Templates(templates::TemplatesCommand),
     /// Print the completion script for a shell (`hull completions bash >
     /// /etc/bash_completion.d/hull`).
     Completions(docs::CompletionsArgs),
@@ -179,6 +184,7 @@ pub fn main() -> i32 {
         Command::Read(a) => read::read(a),
         Command::Image(c) => image::image(c),
         Command::Vm(c) => vm::vm(c),
+        Command::Templates(c) => templates::templates(c),
         Command::Batch(a) => batch::batch(a),
         Command::Completions(a) => docs::completions(a),
         Command::Man(a) => docs::man(a),
@@ -222,6 +228,7 @@ fn prints_only(c: &Command) -> bool {
             )
             | Command::Image(image::ImageCommand::List | image::ImageCommand::Show { .. })
             | Command::Vm(vm::VmCommand::Status { .. })
+            | Command::Templates(templates::TemplatesCommand::List)
     )
 }
 

@@ -71,6 +71,18 @@ pub struct CreateSession {
     /// `oci:DIR[:TAG]`), instead of the policy's.
     #[serde(default)]
     pub image: Option<String>,
+    /// A template of the caller's to start from (landlock, bwrap): the
+    /// session's workspace is a copy-on-write layer over the template's;
+    /// its tier, policy and image must be the template's.
+    #[serde(default)]
+    pub from: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/template`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MakeTemplate {
+    pub name: String,
 }
 
 fn default_policy() -> String {
@@ -217,9 +229,9 @@ mod tests {
         }
         assert_eq!(exec.as_object().unwrap().len(), 9);
         let create = &doc["components"]["schemas"]["CreateSession"]["properties"];
-        for f in ["tier", "policy", "project", "workspace", "image"] {
+        for f in ["tier", "policy", "project", "workspace", "image", "from"] {
             assert!(create.get(f).is_some(), "{f}");
         }
-        assert_eq!(create.as_object().unwrap().len(), 5);
+        assert_eq!(create.as_object().unwrap().len(), 6);
     }
 }

@@ -159,6 +159,11 @@ async fn route(
             let r = sessions.exec(&s, &exec, stdin, true, &|_, _| {}).await?;
             Ok(json(200, &r))
         }
+        (["", "v1", "sessions", id, "template"], &Method::POST) => {
+            let s = sessions.get(caller, id).await?;
+            let make: api::MakeTemplate = parse(req).await?;
+            Ok(json(201, &sessions.template(caller, &s, &make.name).await?))
+        }
         (["", "v1", "sessions", id, "changes"], &Method::GET) => {
             let s = sessions.get(caller, id).await?;
             Ok(json(200, &s.changes().await?))

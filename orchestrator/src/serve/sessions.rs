@@ -39,6 +39,78 @@ impl Refusal {
     }
 }
 
+/// The caller's template `name`, held, for a session of `req` on `tier`
+/// under the policy `pf`: refused unless it was made on that tier, under
+/// that policy (its name and its text then) and image, and unless the
+/// session names no project of its own and is not a copy session.
+fn from_template(
+    caller: u32,
+    name: &str,
+    tier: crate::tier::Tier,
+    req: &CreateSession,
+    pf: &crate::policy::PolicyFile,
+) -> Result<crate::templates::InUse, Refusal> {
+    use crate::templates::{Store, TemplateError};
+    if tier == crate::tier::Tier::Vm {
+        return Err(Refusal::new(
+            422,
+            "from: tier vm sessions do not start from templates yet; landlock and bwrap \
+             sessions do",
+        ));
+    }
+    if req.project.is_some() {
+        return Err(Refusal::new(
+            400,
+            format!("project: a session from template {name} works on the template's workspace"),
+        ));
+    }
+    if req.workspace == Workspace::Copy {
+        return Err(Refusal::new(
+            400,
+            format!(
+                "workspace: a session from template {name} is copy-on-write over it, not a copy"
+            ),
+        ));
+    }
+    let t = Store::open()
+        .and_then(|s| s.take(name, caller))
+        .map_err(|e| match e {
+            TemplateError::NotFound(_) => Refusal::new(404, e.to_string()),
+            TemplateError::Name(_) => Refusal::new(400, e.to_string()),
+            e => Refusal::new(500, crate::cli::error_text(&e)),
+        })?;
+    let m = &t.meta;
+    let refuse = |what: String| {
+        Refusal::new(
+            409,
+            format!("from: template {name} was made {what}: start it as it was made"),
+        )
+    };
+    if m.tier != tier.name() {
+        return Err(refuse(format!("on tier {}, not {}", m.tier, tier.name())));
+    }
+    if m.policy != req.policy {
+        return Err(refuse(format!(
+            "under policy {}, not {}",
+            m.policy, req.policy
+        )));
+    }
+    if m.policy_sha256 != crate::templates::policy_digest(pf) {
+        return Err(refuse(format!(
+            "under policy {} as its text was then; it has changed since",
+            m.policy
+        )));
+    }
+    if m.image != req.image {
+        return Err(refuse(format!(
+            "on image {}, not {}",
+            m.image.as_deref().unwrap_or("(none)"),
+            req.image.as_deref().unwrap_or("(none)")
+        )));
+    }
+    Ok(t)
+}
+
 /// One session.
 #[derive(Debug)]
 pub struct Session {
@@ -64,6 +136,9 @@ pub struct Session {
     changes: Mutex<Option<String>>,
     /// The `hull run` of each exec in progress.
     execs: Execs,
+    /// A session from a template: the template, held (no removal takes it
+    /// meanwhile).
+    _template: Option<crate::templates::InUse>,
 }
 
 /// A session's kept VM: its name, and its turn, held for the session's
@@ -239,6 +314,15 @@ impl Sessions {
         }
         let mut pf = crate::policy::profiles::load(&req.policy)
             .map_err(|e| Refusal::new(400, format!("policy {}: {e}", req.policy)))?;
+        let from = match &req.from {
+            None => None,
+            Some(name) => Some(from_template(caller, name, tier, &req, &pf)?),
+        };
+        // A session from a template is copy-on-write over its workspace.
+        let workspace = match from {
+            Some(_) => Workspace::Cow,
+            None => req.workspace,
+        };
         // A container image is the session's userland: its policy is the
         // one named with `[vm] image` set (checked as any policy is).
         let image_text = match &req.image {
@@ -271,7 +355,8 @@ impl Sessions {
                 Some(text)
             }
         };
-        let named = match (&req.project, req.workspace) {
+        let named = match (&req.project, workspace) {
+            _ if from.is_some() => from.as_ref().map(|t| t.workspace.clone()),
             (Some(p), _) => Some(checked_project(p)?),
             (None, Workspace::Copy) => None,
             (None, w) => {
@@ -293,7 +378,7 @@ impl Sessions {
         let id = uuid::Uuid::new_v4().simple().to_string();
         // A copy session's own workspace and policy; the session is then a
         // shared one on them.
-        let own = match req.workspace {
+        let own = match workspace {
             Workspace::Copy => Some(
                 super::workspace::OwnWorkspace::make(&self.work, &id, named.as_deref(), &pf)
                     .await?,
@@ -331,7 +416,7 @@ impl Sessions {
             .start(
                 &id,
                 tier,
-                req.workspace,
+                workspace,
                 &project,
                 &policy,
                 req.image.as_deref(),
@@ -355,7 +440,7 @@ impl Sessions {
             policy: req.policy,
             roots: vec![project.clone()],
             project,
-            workspace: req.workspace,
+            workspace,
             source,
             image: req.image,
         };
@@ -370,9 +455,62 @@ impl Sessions {
             own_policy,
             changes: Mutex::new(changes),
             execs: Execs::default(),
+            _template: from,
         });
         self.map.lock().await.insert(id, session);
         Ok(info)
+    }
+
+    /// Makes the template `name` of the caller's session `s`: a copy of its
+    /// workspace ([`crate::templates`]), made while its commands may run.
+    pub async fn template(
+        &self,
+        caller: u32,
+        s: &Session,
+        name: &str,
+    ) -> Result<crate::templates::Meta, Refusal> {
+        use crate::templates::{check_name, Meta, Store, TemplateError};
+        check_name(name).map_err(|e| Refusal::new(400, e.to_string()))?;
+        if s.info.tier == crate::tier::Tier::Vm.name() {
+            return Err(Refusal::new(
+                422,
+                "tier vm: a template of a tier-3 session (its memory, disk and workspace) is \
+                 not made yet; a landlock or bwrap session's workspace is",
+            ));
+        }
+        if s.info.workspace == Workspace::Cow {
+            return Err(Refusal::new(
+                422,
+                "a copy-on-write session's workspace (the project under its changes) is not \
+                 made into a template yet; a shared or copy session's is",
+            ));
+        }
+        let pf = crate::policy::profiles::load(&s.info.policy)
+            .map_err(|e| Refusal::new(409, format!("policy {}: {e}", s.info.policy)))?;
+        let meta = Meta {
+            name: name.to_string(),
+            owner: caller,
+            tier: s.info.tier.clone(),
+            policy: s.info.policy.clone(),
+            policy_sha256: crate::templates::policy_digest(&pf),
+            image: s.info.image.clone(),
+            made_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            from_session: s.info.id.clone(),
+            entries: 0,
+            bytes: 0,
+            left_out: 0,
+        };
+        let src = s.info.project.clone();
+        let made = tokio::task::spawn_blocking(move || Store::open()?.make(meta, &src))
+            .await
+            .map_err(|e| Refusal::new(500, format!("template {name}: {e}")))?;
+        made.map_err(|e| match e {
+            TemplateError::Exists(_) => Refusal::new(409, e.to_string()),
+            TemplateError::Name(_) => Refusal::new(400, e.to_string()),
+            e => Refusal::new(500, crate::cli::error_text(&e)),
+        })
     }
 
     /// What a session with its workspace on `project` keeps for its life:
