@@ -25,10 +25,8 @@ const DIR: &str = "templates";
 const META: &str = "meta.json";
 const WORKSPACE: &str = "workspace";
 /// What a template's workspace may hold.
-pub const LIMITS: crate::changes::CopyLimits = crate::changes::CopyLimits {
-    entries: 1_000_000,
-    bytes: 32 << 30,
-};
+pub const MAX_ENTRIES: u64 = 1_000_000;
+pub const MAX_BYTES: u64 = 32 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
@@ -201,8 +199,15 @@ impl Store {
                 Mode::empty(),
             )
             .map_err(|e| Store::io(&name, "open the session's workspace for")(e.into()))?;
+            // Only what the caller could read themselves: the copy is
+            // hull's, and a fork reads it as its own.
+            let limits = crate::changes::CopyLimits {
+                entries: MAX_ENTRIES,
+                bytes: MAX_BYTES,
+                reader: Some(meta.owner),
+            };
             let copied =
-                crate::changes::copy_tree(from.as_fd(), dst.as_fd(), LIMITS).map_err(|source| {
+                crate::changes::copy_tree(from.as_fd(), dst.as_fd(), limits).map_err(|source| {
                     TemplateError::Copy {
                         name: name.clone(),
                         source,

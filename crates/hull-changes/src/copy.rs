@@ -13,11 +13,32 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
-/// How much a copy may hold.
+/// How much a copy may hold, and for whom it is made.
 #[derive(Debug, Clone, Copy)]
 pub struct CopyLimits {
     pub entries: u64,
     pub bytes: u64,
+    /// The uid the copy is made for, when hull copies with more rights
+    /// than that user has (hull as root, for a caller): an entry that user
+    /// could not read (a directory: read and search) by its owner's or
+    /// others' bits is left out, so the copy, which is hull's, gives them
+    /// nothing they could not read before. None or 0: everything.
+    pub reader: Option<u32>,
+}
+
+/// Whether `reader` may read an entry of `st` (and search it, for a
+/// directory) by its owner's or others' bits (group bits are not
+/// counted: the reader's groups are not known here, so a group-only
+/// entry is left out).
+fn readable(st: &rustix::fs::Stat, reader: Option<u32>, dir: bool) -> bool {
+    let Some(uid) = reader.filter(|u| *u != 0) else {
+        return true;
+    };
+    let (own, other) = match dir {
+        true => (0o500, 0o005),
+        false => (0o400, 0o004),
+    };
+    (st.st_uid == uid && st.st_mode & own == own) || st.st_mode & other == other
 }
 
 /// What a copy held.
@@ -118,7 +139,12 @@ fn copy_dir(
             Err(e) => return Err(io_err(&path, "inspect")(e)),
         };
         let mode = Mode::from_raw_mode(st.st_mode & 0o1777);
-        match FileType::from_raw_mode(st.st_mode) {
+        let kind = FileType::from_raw_mode(st.st_mode);
+        if kind != FileType::Symlink && !readable(&st, limits.reader, kind == FileType::Directory) {
+            left_out(copied, path);
+            continue;
+        }
+        match kind {
             FileType::Directory => {
                 let inner = match rustix::fs::openat(
                     src,
@@ -169,9 +195,12 @@ fn copy_dir(
                     }
                     Err(e) => return Err(io_err(&path, "open")(e)),
                 };
-                // What was opened is what is copied: a regular file still.
+                // What was opened is what is copied: a regular file still,
+                // which the reader may read.
                 let now = rustix::fs::fstat(&from).map_err(io_err(&path, "inspect"))?;
-                if FileType::from_raw_mode(now.st_mode) != FileType::RegularFile {
+                if FileType::from_raw_mode(now.st_mode) != FileType::RegularFile
+                    || !readable(&now, limits.reader, false)
+                {
                     left_out(copied, path);
                     continue;
                 }
@@ -253,6 +282,7 @@ mod tests {
     const ROOMY: CopyLimits = CopyLimits {
         entries: 1000,
         bytes: 1 << 20,
+        reader: None,
     };
 
     #[test]
@@ -353,6 +383,59 @@ mod tests {
         flipper.join().unwrap();
     }
 
+    /// Copied as root for a user: what that user could not read (a file
+    /// of root's 0600, a file of another user's 0640, a directory they
+    /// cannot search) is left out; their own and world-readable ones are
+    /// copied. As the copy is hull's, it would otherwise hand them over.
+    #[test]
+    fn what_the_reader_could_not_read_is_left_out() {
+        assert!(
+            rustix::process::geteuid().is_root(),
+            "needs root, to make files of other owners (CI runs as root)"
+        );
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        std::fs::create_dir_all(src.join("closed")).unwrap();
+        std::fs::create_dir(&dst).unwrap();
+        let file = |name: &str, uid: u32, mode: u32| {
+            std::fs::write(src.join(name), name).unwrap();
+            std::os::unix::fs::chown(src.join(name), Some(uid), Some(uid)).unwrap();
+            std::fs::set_permissions(src.join(name), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        };
+        file("mine", 1500, 0o600);
+        file("roots", 0, 0o600);
+        file("group-only", 0, 0o640);
+        file("world", 0, 0o644);
+        file("closed/inside", 1500, 0o644);
+        std::os::unix::fs::chown(src.join("closed"), Some(0), Some(0)).unwrap();
+        std::fs::set_permissions(src.join("closed"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        let c = copy_tree(
+            open(&src).as_fd(),
+            open(&dst).as_fd(),
+            CopyLimits {
+                reader: Some(1500),
+                ..ROOMY
+            },
+        )
+        .unwrap();
+        let mut copied: Vec<_> = std::fs::read_dir(&dst)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        copied.sort();
+        assert_eq!(copied, ["mine", "world"]);
+        let mut left = c.left_out.clone();
+        left.sort();
+        assert_eq!(left, ["closed", "group-only", "roots"]);
+        // As root (or for no one in particular), everything.
+        let all = t.path().join("all");
+        std::fs::create_dir(&all).unwrap();
+        let c = copy_tree(open(&src).as_fd(), open(&all).as_fd(), ROOMY).unwrap();
+        assert!(c.left_out.is_empty(), "{c:?}");
+    }
+
     #[test]
     fn limits_end_the_copy_by_name() {
         let t = tempfile::tempdir().unwrap();
@@ -368,6 +451,7 @@ mod tests {
             CopyLimits {
                 entries: 3,
                 bytes: 1 << 20,
+                reader: None,
             },
         )
         .unwrap_err();
@@ -380,6 +464,7 @@ mod tests {
             CopyLimits {
                 entries: 100,
                 bytes: 25,
+                reader: None,
             },
         )
         .unwrap_err();
