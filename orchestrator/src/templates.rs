@@ -88,6 +88,30 @@ pub fn policy_digest(pf: &crate::policy::PolicyFile) -> String {
         .collect()
 }
 
+/// The template whose workspace holds `path`, if one does (a change set's
+/// project, say). Compared by device and inode, level by level, with the
+/// templates of the default image cache.
+pub fn holding(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let root = crate::vm::image::Cache::default_location()
+        .ok()?
+        .root()
+        .join(DIR);
+    let root_id = std::fs::metadata(&root).ok().map(|m| (m.dev(), m.ino()))?;
+    let mut at = Some(path);
+    let mut below: Vec<&std::ffi::OsStr> = Vec::new();
+    while let Some(p) = at {
+        if let Ok(m) = std::fs::metadata(p) {
+            if (m.dev(), m.ino()) == root_id {
+                return below.last().map(|n| n.to_string_lossy().into_owned());
+            }
+        }
+        below.extend(p.file_name());
+        at = p.parent();
+    }
+    None
+}
+
 /// Checks a template's name.
 pub fn check_name(name: &str) -> Result<(), TemplateError> {
     let ok = !name.is_empty()

@@ -2059,6 +2059,57 @@ fn a_template_is_forked_into_sessions_that_keep_their_writes_apart(tier: &str) {
         let (code, got) = s.call("POST", "/v1/sessions", Some(&body));
         assert_eq!(code, want, "{body}: {got}");
     }
+    // `hull run --from`: the same, as one run; its change set is never
+    // applied to the template.
+    let run_from = |extra: &[&str], script: &str| {
+        let mut c = w.hull();
+        c.env("HULL_IMAGE_CACHE", &images)
+            .args([
+                "run",
+                "--tier",
+                tier,
+                "--timeout",
+                "60s",
+                "--from",
+                "prepared",
+            ])
+            .args(extra)
+            .args(["--", "sh", "-c", script])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = run_from(&[], "cat pkg.txt; echo run > from-run.txt");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "installed\n");
+    assert!(!kept.join("from-run.txt").exists());
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let set = err
+        .split("changes kept as ")
+        .nth(1)
+        .and_then(|r| r.split(';').next())
+        .unwrap_or_else(|| panic!("no change set: {err}"))
+        .to_string();
+    let mut c = w.hull();
+    let o = c
+        .env("HULL_IMAGE_CACHE", &images)
+        .args(["changes", "apply", &set])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("template prepared"),
+        "{}",
+        show(&o)
+    );
+    assert!(!kept.join("from-run.txt").exists());
+    let o = run_from(&["--policy", "readonly"], "true");
+    assert!(!o.status.success(), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("made under policy default"),
+        "{}",
+        show(&o)
+    );
     // In use: not removed; once no fork runs, removed.
     let rm = || {
         let mut c = w.hull();

@@ -152,6 +152,16 @@ mod imp {
             }
             ChangesCommand::Apply { id, paths, json } => {
                 let set = store.get(&id)?;
+                // A run from a template wrote over the template's
+                // workspace, which every session started from it shares:
+                // never changed.
+                if let Some(name) = crate::templates::holding(&set.meta.project) {
+                    anyhow::bail!(
+                        "change set {id}: its project is the workspace of the template {name}, \
+                         which is never changed (sessions started from it share it); `hull \
+                         changes diff {id}` shows what the run wrote"
+                    );
+                }
                 let r = changes::apply(&set, &paths)?;
                 if json {
                     writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;

@@ -77,7 +77,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", value_parser = parse_user, conflicts_with = "session_leader")]
     pub user: Option<String>,
     /// A container image as the userland: oci-archive:PATH,
-    /// docker-archive:PATH (what `docker save` writes) or oci:DIR[:TAG].
+    /// docker-archive:PATH (what `docker save` writes), oci:DIR[:TAG],
+    /// docker://HOST/NAME[:TAG|@sha256:DIGEST] (pulled first, through the
+    /// policy's network allowlist) or sha256:DIGEST (an imported image).
     /// Tier vm: its layers are the container's userland, instead of the
     /// policy's `[vm]` one, read and flattened once per version of the
     /// image, then prepared once like any userland; its User is the
@@ -88,6 +90,16 @@ pub struct RunArgs {
     /// Entrypoint and Cmd the command when none is given.
     #[arg(long, value_name = "REF", conflicts_with = "vm")]
     pub image: Option<String>,
+    /// Start from the template NAME (made from a `hull serve` session):
+    /// copy-on-write over its workspace, on its tier, under its policy and
+    /// image (each checked; landlock, bwrap). The writes land in a change
+    /// set of the run's own; the template is unchanged.
+    #[arg(
+        long,
+        value_name = "NAME",
+        conflicts_with_all = ["project", "image", "vm", "cow_continue", "session_leader"]
+    )]
+    pub from: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required_unless_present_any = ["session_leader", "image"])]
     pub argv: Vec<OsString>,
@@ -128,6 +140,43 @@ fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
     crate::policy::resolve::parse_duration(s)
 }
 
+/// The template `name` of the caller's, held, for a run on `tier` (auto:
+/// the template's) under `policy`: refused unless it was made on that
+/// tier, under that policy as its text is now.
+#[cfg(target_os = "linux")]
+fn from_template(
+    name: &str,
+    tier: &TierChoice,
+    policy: &str,
+) -> anyhow::Result<crate::templates::InUse> {
+    let t = crate::templates::Store::open()?.take(name, rustix::process::geteuid().as_raw())?;
+    let m = &t.meta;
+    if let TierChoice::Named(named) = tier {
+        if named.name() != m.tier {
+            anyhow::bail!(
+                "--from {name}: the template was made on tier {}, not {}; run it on its tier",
+                m.tier,
+                named.name()
+            );
+        }
+    }
+    if m.policy != policy {
+        anyhow::bail!(
+            "--from {name}: the template was made under policy {}, not {policy}; run it under \
+             its policy (--policy {})",
+            m.policy,
+            m.policy
+        );
+    }
+    let pf = crate::policy::profiles::load(policy)?;
+    if crate::templates::policy_digest(&pf) != m.policy_sha256 {
+        anyhow::bail!(
+            "--from {name}: the policy {policy} has changed since the template was made under it"
+        );
+    }
+    Ok(t)
+}
+
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     #[cfg(target_os = "linux")]
     let a = {
@@ -145,6 +194,31 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         TierChoice::Named(crate::tier::Tier::Vm)
     } else {
         TierChoice::parse(&a.tier)?
+    };
+    // A template: its workspace is the project, copy-on-write, held
+    // until the run ends.
+    #[cfg(target_os = "linux")]
+    let template = match &a.from {
+        Some(name) => Some(from_template(name, &tier, &a.policy)?),
+        None => None,
+    };
+    #[cfg(not(target_os = "linux"))]
+    if let Some(name) = &a.from {
+        anyhow::bail!("--from {name}: templates are Linux's only so far");
+    }
+    #[cfg(target_os = "linux")]
+    let (tier, a) = match &template {
+        Some(t) => {
+            let mut a = a;
+            a.project = Some(t.workspace.clone());
+            a.cow = true;
+            a.image = t.meta.image.clone();
+            let tier = crate::tier::Tier::from_arg(&t.meta.tier)
+                .map(TierChoice::Named)
+                .unwrap_or(tier);
+            (tier, a)
+        }
+        None => (tier, a),
     };
     let project = match a.project {
         Some(p) => p,
