@@ -2103,6 +2103,40 @@ fn a_template_is_forked_into_sessions_that_keep_their_writes_apart(tier: &str) {
         show(&o)
     );
     assert!(!kept.join("from-run.txt").exists());
+    // `hull batch --from`: every job on a layer of its own over it.
+    let jobs = w.root.path().join("jobs.jsonl");
+    std::fs::write(
+        &jobs,
+        (0..3)
+            .map(|i| {
+                format!(
+                    "{{\"id\": \"j{i}\", \"sh\": \"cat pkg.txt; ls; echo {i} > job.txt; cat job.txt\"}}\n"
+                )
+            })
+            .collect::<String>(),
+    )
+    .unwrap();
+    let out = w.root.path().join("batch-out");
+    let o = w
+        .hull()
+        .env("HULL_IMAGE_CACHE", &images)
+        .args(["batch", "--tier", tier, "--from", "prepared", "--out"])
+        .arg(&out)
+        .arg(&jobs)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    for i in 0..3 {
+        let got = std::fs::read_to_string(out.join(format!("jobs/j{i}.{tier}.stdout")))
+            .unwrap_or_else(|e| panic!("j{i}: {e}"));
+        assert_eq!(
+            got,
+            format!("installed\na.txt\nlib\npkg.txt\nsrc\n{i}\n"),
+            "j{i}"
+        );
+    }
+    assert!(!kept.join("job.txt").exists());
     let o = run_from(&["--policy", "readonly"], "true");
     assert!(!o.status.success(), "{}", show(&o));
     assert!(

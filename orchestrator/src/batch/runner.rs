@@ -38,6 +38,9 @@ pub struct RunnerOptions {
     pub timeout: Option<Duration>,
     /// This executable.
     pub hull: PathBuf,
+    /// `--from NAME`: every job starts from this template (copy-on-write
+    /// over its workspace) instead of a project.
+    pub from: Option<String>,
     /// Each tier's receipt ([`receipt`]), taken once for the batch.
     pub receipts: std::collections::BTreeMap<String, Receipt>,
 }
@@ -287,20 +290,33 @@ fn spawn_and_wait(
         files.result.as_str(),
         rustix::fs::AtFlags::empty(),
     );
-    let project = job.project.clone().unwrap_or_else(|| opts.project.clone());
     let mut cmd = std::process::Command::new(&opts.hull);
     cmd.args(["run", "--tier", tier, "--policy", policy])
-        .arg("--project")
-        .arg(&project)
         .arg("--json-result")
         // Through the held descriptor: the caller's path is not resolved
         // again by the child.
         .arg(jobs.through_fd(&files.result));
-    if job.workspace == Workspace::Cow {
-        cmd.arg("--cow");
-    }
-    if let Some(image) = &job.image {
-        cmd.args(["--image", image]);
+    match &opts.from {
+        // The template is the job's workspace, copy-on-write.
+        Some(name) => {
+            if job.project.is_some() || job.image.is_some() {
+                return Err(format!(
+                    "the batch starts every job from the template {name}: a job names no \
+                     project or image of its own"
+                ));
+            }
+            cmd.args(["--from", name]);
+        }
+        None => {
+            let project = job.project.clone().unwrap_or_else(|| opts.project.clone());
+            cmd.arg("--project").arg(&project);
+            if job.workspace == Workspace::Cow {
+                cmd.arg("--cow");
+            }
+            if let Some(image) = &job.image {
+                cmd.args(["--image", image]);
+            }
+        }
     }
     if let Some(t) = job.timeout.or(opts.timeout) {
         cmd.args(["--timeout", &format!("{}ms", t.as_millis().max(1))]);

@@ -49,6 +49,12 @@ pub struct BatchArgs {
     /// The project directory (default: the current directory).
     #[arg(long)]
     pub project: Option<PathBuf>,
+    /// Start every job from the template NAME (made from a `hull serve`
+    /// session): each its own copy-on-write layer over the template's
+    /// workspace, on the template's tier, under its policy (landlock,
+    /// bwrap; `hull run --from`).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["project", "tier3"])]
+    pub from: Option<String>,
     /// Kill a job's process tree after this long (e.g. 90s, 10m).
     #[arg(long, value_parser = parse_timeout)]
     pub timeout: Option<std::time::Duration>,

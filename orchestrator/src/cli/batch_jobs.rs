@@ -113,6 +113,7 @@ pub fn run(a: BatchArgs, jobs_path: &Path, text: &str) -> anyhow::Result<i32> {
         policy: a.policy.clone(),
         timeout: a.timeout,
         hull: std::env::current_exe().context("hull's own path")?,
+        from: a.from.clone(),
         receipts: tiers
             .iter()
             .map(|t| (t.clone(), runner::receipt(t, &a.policy)))

@@ -101,6 +101,7 @@ pub fn compare(
             path: "/proc/self/exe".into(),
             source,
         })?,
+        from: None,
         receipts: names[1..]
             .iter()
             .map(|t| (t.clone(), runner::receipt(t, &opts.policy)))
