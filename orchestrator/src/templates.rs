@@ -192,8 +192,15 @@ impl Store {
         Ok(std::fs::File::from(fd))
     }
 
-    /// Makes the template `meta.name` of the workspace `src`.
-    pub fn make(&self, mut meta: Meta, src: &Path) -> Result<Meta, TemplateError> {
+    /// Makes the template `meta.name` of the workspace `src`, of what
+    /// `reader` could read there (none: all of it, a workspace of hull's
+    /// own).
+    pub fn make(
+        &self,
+        mut meta: Meta,
+        src: &Path,
+        reader: Option<u32>,
+    ) -> Result<Meta, TemplateError> {
         let name = meta.name.clone();
         check_name(&name)?;
         if self.open_dir(&name).is_ok() {
@@ -223,12 +230,12 @@ impl Store {
                 Mode::empty(),
             )
             .map_err(|e| Store::io(&name, "open the session's workspace for")(e.into()))?;
-            // Only what the caller could read themselves: the copy is
-            // hull's, and a fork reads it as its own.
+            // Only what `reader` could read: the copy is hull's, and a
+            // fork reads it as its own.
             let limits = crate::changes::CopyLimits {
                 entries: MAX_ENTRIES,
                 bytes: MAX_BYTES,
-                reader: Some(meta.owner),
+                reader,
             };
             let copied =
                 crate::changes::copy_tree(from.as_fd(), dst.as_fd(), limits).map_err(|source| {
@@ -391,10 +398,10 @@ mod tests {
         let src = t.path().join("src");
         std::fs::create_dir_all(src.join("lib")).unwrap();
         std::fs::write(src.join("lib/x"), "x").unwrap();
-        let made = store.make(meta("t", 1000), &src).unwrap();
+        let made = store.make(meta("t", 1000), &src, Some(1000)).unwrap();
         assert_eq!((made.entries, made.bytes), (2, 1));
         assert!(matches!(
-            store.make(meta("t", 1000), &src),
+            store.make(meta("t", 1000), &src, Some(1000)),
             Err(TemplateError::Exists(_))
         ));
         assert!(matches!(

@@ -503,7 +503,14 @@ impl Sessions {
             left_out: 0,
         };
         let src = s.info.project.clone();
-        let made = tokio::task::spawn_blocking(move || Store::open()?.make(meta, &src))
+        // The caller's project: only what the caller could read there. A
+        // copy session's workspace is the server's own copy, all of it
+        // the session's.
+        let reader = match s.info.workspace {
+            Workspace::Copy => None,
+            _ => Some(caller),
+        };
+        let made = tokio::task::spawn_blocking(move || Store::open()?.make(meta, &src, reader))
             .await
             .map_err(|e| Refusal::new(500, format!("template {name}: {e}")))?;
         made.map_err(|e| match e {
