@@ -22,8 +22,9 @@ use std::path::Path;
 const HULL: &[(&str, u8)] = &[
     // The tiers and the dispatch over them (tier 3's adapter among them).
     ("tier", 4),
-    // A run's result file.
+    // A run's result file; the templates runs and sessions start from.
     ("result_file", 5),
+    ("templates", 5),
     // One run, a batch, the canary.
     ("run", 6),
     ("batch", 6),

@@ -297,7 +297,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", src.join("out")).unwrap();
         std::os::unix::fs::symlink("a/b", src.join("in")).unwrap();
         rustix::fs::mknodat(
-            &open(&src),
+            open(&src),
             "fifo",
             FileType::Fifo,
             Mode::from_raw_mode(0o644),

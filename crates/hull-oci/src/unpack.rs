@@ -58,6 +58,12 @@ pub struct Unpacked {
 struct Chain {
     root: OwnedFd,
     held: Vec<(Vec<u8>, OwnedFd)>,
+    /// Whether a directory an entry lies in that is not there yet is made
+    /// (as `tar` does: a layer may hold `usr/local/bin/x` with no `usr`
+    /// entry, and flattening keeps an upper layer's `usr` entry after the
+    /// lower layer's `usr/bin`), and the paths of those made so.
+    make_missing: bool,
+    implied: Vec<Vec<u8>>,
 }
 
 impl Chain {
@@ -72,15 +78,42 @@ impl Chain {
             .take_while(|((held, _), want)| held.as_slice() == **want)
             .count();
         self.held.truncate(same);
-        for name in &dirs[same..] {
+        for (i, name) in dirs.iter().enumerate().skip(same) {
             let at = self.held.last().map_or(&self.root, |(_, fd)| fd);
-            let fd = rustix::fs::openat(
-                at,
-                OsStr::from_bytes(name),
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| UnpackError::Entry {
+            let open = || {
+                rustix::fs::openat(
+                    at,
+                    OsStr::from_bytes(name),
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+            };
+            let opened = match open() {
+                // Nothing there: made as a directory of the tree's own (a
+                // link or a file there is refused below, never followed).
+                Err(Errno::NOENT) if self.make_missing => {
+                    match rustix::fs::mkdirat(
+                        at,
+                        OsStr::from_bytes(name),
+                        Mode::from_raw_mode(0o700),
+                    ) {
+                        Ok(()) => self.implied.push(dirs[..=i].join(&b'/')),
+                        Err(Errno::EXIST) => {}
+                        Err(e) => {
+                            return Err(UnpackError::Entry {
+                                entry: entry.to_string(),
+                                why: format!(
+                                    "cannot make its directory {:?} ({e})",
+                                    String::from_utf8_lossy(name)
+                                ),
+                            })
+                        }
+                    }
+                    open()
+                }
+                r => r,
+            };
+            let fd = opened.map_err(|e| UnpackError::Entry {
                 entry: entry.to_string(),
                 why: format!(
                     "its directory {:?} is not a directory of the image ({e})",
@@ -175,6 +208,8 @@ pub fn unpack(tar: impl Read, root: OwnedFd, limits: Limits) -> Result<Unpacked,
     let mut chain = Chain {
         root,
         held: Vec::new(),
+        make_missing: true,
+        implied: Vec::new(),
     };
     let mut done = Unpacked::default();
     // Directories get their own mode once everything in them is made.
@@ -226,7 +261,7 @@ pub fn unpack(tar: impl Read, root: OwnedFd, limits: Limits) -> Result<Unpacked,
                 rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
                     .map_err(io("make the directory"))?;
             }
-            modes.push((raw.clone(), mode | 0o700));
+            modes.push((parts.join(&b'/'), mode | 0o700));
         } else if kind.is_file() || kind == tar::EntryType::Continuous {
             let size = e.header().size().map_err(UnpackError::Read)?;
             done.bytes = done.bytes.saturating_add(size);
@@ -288,6 +323,8 @@ pub fn unpack(tar: impl Read, root: OwnedFd, limits: Limits) -> Result<Unpacked,
                 root: rustix::io::fcntl_dupfd_cloexec(&chain.root, 0)
                     .map_err(io("reach the root for"))?,
                 held: Vec::new(),
+                make_missing: false,
+                implied: Vec::new(),
             };
             let tdir = other.parent(&tparts, &entry)?;
             let st = rustix::fs::statat(tdir, tname, AtFlags::SYMLINK_NOFOLLOW)
@@ -312,6 +349,13 @@ pub fn unpack(tar: impl Read, root: OwnedFd, limits: Limits) -> Result<Unpacked,
                 "an entry of type {kind:?} (a device node outside /dev, a fifo, ...), which a \
                  userland does not need"
             )));
+        }
+    }
+    // A directory made because an entry needed it and never named itself
+    // gets the mode `tar` gives such a one.
+    for p in std::mem::take(&mut chain.implied) {
+        if !modes.iter().any(|(m, _)| *m == p) {
+            modes.push((p, 0o755));
         }
     }
     // Deepest first: a directory's mode may take the owner's write away

@@ -122,6 +122,40 @@ fn a_tree_is_made_as_the_image_says_with_our_owner_and_safe_modes() {
     assert!(!root.exists());
 }
 
+/// Entries whose directories come later or never (a layer holding
+/// `usr/local/bin/x` alone; flattening that keeps an upper layer's `usr`
+/// entry after the lower layer's `usr/bin`): the directories are made,
+/// 0755 unless an entry names their mode, as `tar` does; buildah's layered
+/// images are written so.
+#[test]
+fn directories_an_entry_needs_are_made_when_they_come_later_or_never() {
+    use tar::EntryType as T;
+    let t = tar_of(|b| {
+        entry(b, T::Regular, "usr/bin/sh", 0o755, b"sh", None);
+        entry(b, T::Regular, "usr/local/bin/hello", 0o755, b"hi", None);
+        entry(b, T::Directory, "./usr/", 0o750, b"", None);
+    });
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("tree");
+    std::fs::create_dir(&root).unwrap();
+    hull_oci::unpack(&t[..], dir_fd(&root), LIMITS).unwrap();
+    assert_eq!(std::fs::read(root.join("usr/bin/sh")).unwrap(), b"sh");
+    assert_eq!(
+        std::fs::read(root.join("usr/local/bin/hello")).unwrap(),
+        b"hi"
+    );
+    let mode = |p: &str| {
+        std::fs::metadata(root.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("usr"), 0o750);
+    assert_eq!(mode("usr/bin"), 0o755);
+    assert_eq!(mode("usr/local/bin"), 0o755);
+}
+
 #[test]
 fn hostile_entries_are_refused_and_nothing_lands_outside() {
     use tar::EntryType as T;

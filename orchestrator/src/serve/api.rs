@@ -29,6 +29,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sessions/{id}/files"),
     ("PUT", "/v1/sessions/{id}/files"),
     ("GET", "/v1/sessions/{id}/changes"),
+    ("POST", "/v1/sessions/{id}/template"),
 ];
 
 /// The OpenAPI document the server serves (`GET /v1/openapi.json`).

@@ -77,7 +77,7 @@ fn from_template(
         .map_err(|e| match e {
             TemplateError::NotFound(_) => Refusal::new(404, e.to_string()),
             TemplateError::Name(_) => Refusal::new(400, e.to_string()),
-            e => Refusal::new(500, crate::cli::error_text(&e)),
+            e => Refusal::new(500, hull_protocol::error_chain(&e)),
         })?;
     let m = &t.meta;
     let refuse = |what: String| {
@@ -516,7 +516,7 @@ impl Sessions {
         made.map_err(|e| match e {
             TemplateError::Exists(_) => Refusal::new(409, e.to_string()),
             TemplateError::Name(_) => Refusal::new(400, e.to_string()),
-            e => Refusal::new(500, crate::cli::error_text(&e)),
+            e => Refusal::new(500, hull_protocol::error_chain(&e)),
         })
     }
 
