@@ -1079,12 +1079,13 @@ pub fn execute(
         // A registry's image is pulled now, through the policy's network
         // (its registry must be allowed there), and named by its digest
         // from here on.
+        // The resolved network: `registry:NAME` entries are hosts by now.
         let bwrap_image = match (&opts.image, tier) {
-            (Some(r), Tier::Bwrap) => Some(crate::tier::vm::pull_image(r, &net)?),
+            (Some(r), Tier::Bwrap) => Some(crate::tier::vm::pull_image(r, &pol.net)?),
             _ => None,
         };
-        if let (Some(r), Tier::Vm) = (&pol.vm.image, tier) {
-            pol.vm.image = Some(crate::tier::vm::pull_image(r, &net)?);
+        if let (Some(r), Tier::Vm) = (pol.vm.image.clone(), tier) {
+            pol.vm.image = Some(crate::tier::vm::pull_image(&r, &pol.net)?);
         }
         // A container image's config on tier 3: its environment (the
         // policy's `env.set`, the caller's and hull's own win), its user

@@ -31,7 +31,8 @@ pub const MAX_BYTES: u64 = 32 << 30;
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
     #[error(
-        "template name {0:?}: 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.`"
+        "template name {0:?}: 1 to 64 letters, digits, `.`, `_` or `-`, not starting with `.` \
+         nor ending in `.lock`"
     )]
     Name(String),
     #[error("template {0} exists already (`hull templates rm {0}` removes it)")]
@@ -117,6 +118,7 @@ pub fn check_name(name: &str) -> Result<(), TemplateError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
+        && !name.ends_with(".lock")
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
@@ -206,8 +208,8 @@ impl Store {
         if self.open_dir(&name).is_ok() {
             return Err(TemplateError::Exists(name));
         }
-        let part = format!(".{name}.part-{}", std::process::id());
-        let _ = crate::runtime::fsx::remove_tree(&self.root.join(&part));
+        // A name of this making's own (two may run at once).
+        let part = format!(".{name}.part-{}", uuid::Uuid::new_v4().simple());
         let made = (|| -> Result<Meta, TemplateError> {
             rustix::fs::mkdirat(&self.fd, part.as_str(), Mode::from_raw_mode(0o700))
                 .map_err(|e| Store::io(&name, "make")(e.into()))?;
@@ -355,7 +357,7 @@ impl Store {
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
             .map_err(|_| TemplateError::InUse(name.to_string()))?;
         // Renamed away first: no session finds a half-removed template.
-        let gone = format!(".{name}.gone-{}", std::process::id());
+        let gone = format!(".{name}.gone-{}", uuid::Uuid::new_v4().simple());
         rustix::fs::renameat(&self.fd, name, &self.fd, gone.as_str())
             .map_err(|e| Store::io(name, "remove")(e.into()))?;
         crate::runtime::fsx::remove_tree(&self.root.join(&gone))
@@ -436,7 +438,7 @@ mod tests {
         for ok in ["a", "py-env.2", "X_1"] {
             assert!(check_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", ".hidden", "a/b", "..", "a b", &"x".repeat(65)] {
+        for bad in ["", ".hidden", "a/b", "..", "a b", "x.lock", &"x".repeat(65)] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
     }
