@@ -36,6 +36,11 @@ struct Shared {
     host: Outbox,
     /// Exec ids relayed to the inner agent and not yet ended.
     running: Mutex<HashSet<u32>>,
+    /// The ids that ended last ([`ENDED_KEPT`]): stdin or a kill the host
+    /// sent before an exec's end reached it is dropped, not answered with
+    /// `UnknownId` (which could reach the host before the exec's `Exit`,
+    /// sent from the inner link's thread, and fail the exec there).
+    ended: Mutex<std::collections::VecDeque<u32>>,
     /// The container's memory peak, reset when each running exec started.
     peaks: Mutex<HashMap<u32, super::kernel::MemoryPeak>>,
     inner: Mutex<Option<InnerLink>>,
@@ -63,6 +68,7 @@ pub fn serve_session(t: Transport, backend: &Arc<dyn Backend>) -> SessionEnd {
     let shared = Arc::new(Shared {
         host: host.clone(),
         running: Mutex::new(HashSet::new()),
+        ended: Mutex::new(std::collections::VecDeque::new()),
         peaks: Mutex::new(HashMap::new()),
         inner: Mutex::new(None),
         no_inner: Mutex::new("not configured: send configure first".into()),
@@ -316,8 +322,15 @@ fn forward_exec(shared: &Arc<Shared>, id: u32, msg: Message) -> Step {
     Step::Continue
 }
 
+/// How many ended ids are remembered.
+const ENDED_KEPT: usize = 64;
+
 fn forward_to_running(shared: &Shared, id: u32, msg: Message) {
     if !lock(&shared.running).contains(&id) {
+        if lock(&shared.ended).contains(&id) {
+            tracing::debug!(id, "a frame for an exec that just ended, dropped");
+            return;
+        }
         shared.host.send(
             &Message::error(
                 ErrorCode::UnknownId,
@@ -417,6 +430,11 @@ fn relay_inner(mut reader: FrameReader<UnixStream>, shared: &Shared, alive: &Ato
                     let known = running.contains(&id);
                     if known && terminal {
                         running.remove(&id);
+                        let mut ended = lock(&shared.ended);
+                        if ended.len() == ENDED_KEPT {
+                            ended.pop_front();
+                        }
+                        ended.push_back(id);
                     }
                     known
                 };
